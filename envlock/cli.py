@@ -1,0 +1,251 @@
+"""``envlock`` command line: argument parsing and rendering only.
+
+The core raises typed exceptions (``envlock.errors``); this module turns them into one line on
+stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see one):
+
+    0  ok / no drift          1  drift or differences found
+    2  usage error, invalid or tampered lock
+    3  environment problem (no container engine, interpreter not found, build failed)
+
+Commands other than the core ones live in their own modules and register themselves through
+``register(subparsers)`` (see ``EXTENSIONS``); everything heavy is imported inside handlers,
+so ``envlock --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from envlock import __version__
+from envlock.errors import EnvlockError, UsageError
+
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli")
+FORMATS = ("text", "json", "markdown")
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+# -- capture -----------------------------------------------------------------------------------
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from envlock.capture import capture
+    from envlock.lockfile import dumps, save
+
+    lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
+                   image=args.image, note=args.note, in_process=False)
+    if args.output == "-":
+        _out(dumps(lock))
+        return EXIT_OK
+    path = save(lock, args.output, force=args.force)
+    if args.json:
+        from envlock.render import show_json
+
+        _out(show_json(lock))
+        return EXIT_OK
+    t = lock.torch
+    torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
+                  else "torch not captured")
+    gpu = lock.gpu
+    gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
+    _out(
+        f"wrote {path}  id {lock.short_id}\n"
+        f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
+        f"{len(lock.packages)} packages\n"
+    )
+    for section, reason in sorted(lock.probe.errors.items()):
+        if section not in ("torch", "gpu", "git") or args.verbose:
+            _err(f"  note: {section} not captured: {reason}\n")
+    return EXIT_OK
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from envlock.capture import capture
+    from envlock.compare import compare
+    from envlock.lockfile import load
+    from envlock.render import comparison_json, verify_text
+
+    expected = load(args.lock)
+    want_torch = expected.torch is not None and not args.no_torch
+    current = capture(python=args.python, torch=want_torch,
+                      canary=expected.canary is not None and want_torch, in_process=False)
+    cmp = compare(expected, current)
+    failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
+    if args.json:
+        _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id))
+    else:
+        _out(verify_text(cmp, expected, str(args.lock), show_info=args.all))
+    return EXIT_DRIFT if failed else EXIT_OK
+
+
+# -- diff / show / fmt / schema ----------------------------------------------------------------
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from envlock.compare import compare
+    from envlock.lockfile import load
+    from envlock.render import comparison_json, diff_markdown, diff_text
+
+    a, b = load(args.a), load(args.b)
+    cmp = compare(a, b)
+    if args.format == "json":
+        _out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
+    elif args.format == "markdown":
+        _out(diff_markdown(cmp, a, b, str(args.a), str(args.b)))
+    else:
+        _out(diff_text(cmp, str(args.a), str(args.b)))
+    significant = any(d.severity != "info" for d in cmp.differences)
+    return EXIT_DRIFT if significant else EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from envlock.lockfile import load
+    from envlock.render import show_json, show_markdown, show_text
+
+    lock = load(args.lock)
+    name = Path(args.lock).name
+    render = {"json": lambda: show_json(lock), "markdown": lambda: show_markdown(lock, name),
+              "text": lambda: show_text(lock, str(args.lock))}[args.format]
+    _out(render())
+    return EXIT_OK
+
+
+def cmd_fmt(args: argparse.Namespace) -> int:
+    from envlock.lockfile import atomic_write, dumps, load, read_text, seal
+
+    path = Path(args.lock)
+    before = read_text(path)
+    lock = seal(load(path, verify_seal=False))
+    after = dumps(lock, path.name)
+    if after == before:
+        _out(f"{path} is already normalised and sealed (id {lock.short_id})\n")
+        return EXIT_OK
+    if args.check:
+        _out(f"{path} would be re-sealed or reformatted\n")
+        return EXIT_DRIFT
+    atomic_write(path, after)
+    _out(f"re-sealed {path}  id {lock.short_id}\n")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from envlock.schema import schema_json
+
+    _out(schema_json())
+    return EXIT_OK
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="envlock",
+        description="Lock, verify and replay deep-learning environments.",
+        epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
+               "3 environment problem (engine, interpreter, build)",
+    )
+    parser.add_argument("--version", action="version", version=f"envlock {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("capture", help="record this environment into env.lock")
+    p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
+    p.add_argument("--python", help="probe this interpreter (path, command or venv directory)")
+    p.add_argument("--image", help="image reference REF[@sha256:...] this environment runs in")
+    p.add_argument("--no-torch", action="store_true", help="do not import torch")
+    p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
+    p.add_argument("--note", help="free text stored in [envlock].note")
+    p.add_argument("--json", action="store_true", help="print the lock as JSON after writing it")
+    p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("verify", help="does this environment match the lock?")
+    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("--python", help="verify this interpreter instead of the current one")
+    p.add_argument("--no-torch", action="store_true", help="do not import torch")
+    p.add_argument("--strict", action="store_true", help="warnings count as drift too")
+    p.add_argument("--all", action="store_true", help="also list info-level differences")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("diff", help="compare two locks")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("show", help="summarise a lock")
+    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
+    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("--check", action="store_true", help="only report whether it would change")
+    p.set_defaults(func=cmd_fmt)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of env.lock")
+    p.set_defaults(func=cmd_schema)
+
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except EnvlockError as exc:
+        _err(f"envlock: error: {exc.message}\n")
+        if exc.hint:
+            _err(f"  hint: {exc.hint}\n")
+        if os.environ.get("ENVLOCK_DEBUG"):
+            raise
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err("envlock: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        if os.environ.get("ENVLOCK_DEBUG"):
+            raise
+        _err(f"envlock: internal error: {type(exc).__name__}: {exc} "
+             "(rerun with ENVLOCK_DEBUG=1 for a traceback, and please report it)\n")
+        return EXIT_ENV
+
+
+def json_dump(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+__all__ = ["EXIT_DRIFT", "EXIT_ENV", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]

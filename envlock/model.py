@@ -1,0 +1,329 @@
+"""The lock as typed, frozen data.
+
+The probe emits plain JSON; these models are the single gate every value passes before it is
+written, compared or rendered into a Dockerfile. ``extra="forbid"`` everywhere: an unknown key
+in a lock is far more likely a typo or a lock from a newer envlock than something to ignore.
+Fields that only make sense on the host that captured (paths, kernel, UUIDs) are kept for the
+reader but excluded from the fingerprint (see ``FINGERPRINT_EXCLUDE``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+REDACTED = "<redacted>"
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_SECRET_RE = re.compile(
+    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
+    re.IGNORECASE,
+)
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503 normalisation, so ``Foo_Bar`` and ``foo-bar`` are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def looks_secret(name: str) -> bool:
+    """True for environment variable names whose values must never reach a lock."""
+    return bool(_SECRET_RE.search(name))
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(f"not a normalised (PEP 503) distribution name: {value!r}")
+    return value
+
+
+def _check_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("URL carries credentials (user:password@); envlock never stores them")
+    if any(c in value for c in "\n\r\t \"'`$\\"):
+        raise ValueError(f"URL contains a character that is not allowed: {value!r}")
+    return value
+
+
+DistName = Annotated[str, AfterValidator(_check_name)]
+# Versions are kept exactly as installed (local labels such as +cu121 included). Legacy,
+# non-PEP 440 versions exist in the wild, so the model only enforces an inert character set;
+# restore applies the strict PEP 440 check before a version reaches a Dockerfile.
+Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$", max_length=128)]
+Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+HexSha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_check_url)]
+Scalar = str | int | float | bool
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Meta(_Model):
+    """``[envlock]``: what wrote the file and the hashes that seal it."""
+
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str
+    created_at: datetime
+    fingerprint: Sha256Digest | None = None
+    integrity: Sha256Digest | None = None
+    note: str | None = Field(default=None, max_length=4096)
+
+
+ImageSource = Literal["env", "containerenv", "mountinfo", "cgroup", "dockerenv", "cli", "engine", "none"]
+
+
+class Image(_Model):
+    """``[image]``: the container the environment runs in, with where each value came from."""
+
+    in_container: bool = False
+    source: ImageSource = "none"
+    reference: str | None = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+    digest: Sha256Digest | None = None
+    id: Sha256Digest | None = None
+    engine: str | None = Field(default=None, max_length=64)
+    container_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{12,64}$")
+
+
+class Platform(_Model):
+    os: str
+    machine: str
+    os_id: str | None = None
+    os_version_id: str | None = None
+    os_pretty_name: str | None = None
+    libc: str | None = None
+    libc_version: str | None = None
+    kernel: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+
+
+class PythonInfo(_Model):
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+([a-z]+\d+)?\+?$")
+    implementation: str
+    soabi: str | None = None
+    platform_tag: str | None = None
+    prefix_kind: Literal["venv", "conda", "system"] = "system"
+    executable: str | None = None
+    prefix: str | None = None
+
+
+class TorchInfo(_Model):
+    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it."""
+
+    version: Version
+    git_version: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    nccl: str | None = None
+    hip: str | None = None
+    debug: bool | None = None
+    cxx11_abi: bool | None = None
+    arch_list: list[str] = Field(default_factory=list)
+    config_sha256: HexSha256 | None = None
+    mkl: bool | None = None
+    mkldnn: bool | None = None
+    openmp: bool | None = None
+    cuda_available: bool | None = None
+    device_count: int | None = None
+
+
+class GpuDevice(_Model):
+    index: int
+    name: str
+    compute_capability: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
+    memory_total_mib: int | None = None
+    mig_mode: bool | None = None
+    uuid_sha256: HexSha256 | None = None
+
+
+class GpuInfo(_Model):
+    """``[gpu]``: from NVML when available, else torch.cuda. UUIDs are only kept hashed."""
+
+    source: Literal["nvml", "torch"]
+    driver: str | None = None
+    cuda_driver: str | None = None
+    devices: list[GpuDevice] = Field(default_factory=list)
+
+
+class Determinism(_Model):
+    """``[determinism]``: every knob that changes numerics, read from the live process.
+
+    ``None`` means the knob does not exist in this torch (or torch was not captured), which is
+    different from ``False``.
+    """
+
+    torch_loaded: bool = False
+    deterministic_algorithms: bool | None = None
+    deterministic_warn_only: bool | None = None
+    cudnn_enabled: bool | None = None
+    cudnn_deterministic: bool | None = None
+    cudnn_benchmark: bool | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    fp32_precision: str | None = None
+    cuda_matmul_fp32_precision: str | None = None
+    cudnn_conv_fp32_precision: str | None = None
+    cudnn_rnn_fp32_precision: str | None = None
+    mkldnn_fp32_precision: str | None = None
+    cuda_matmul_allow_fp16_reduced_precision_reduction: bool | None = None
+    cuda_matmul_allow_bf16_reduced_precision_reduction: bool | None = None
+    sdpa_flash: bool | None = None
+    sdpa_mem_efficient: bool | None = None
+    sdpa_math: bool | None = None
+    sdpa_cudnn: bool | None = None
+    fill_uninitialized_memory: bool | None = None
+    num_threads: int | None = None
+    num_interop_threads: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    late: list[str] = Field(default_factory=list)
+
+
+class Seeds(_Model):
+    seed: int | None = None
+    seed_source: Literal["envlock", "env"] | None = None
+    python_hash_seed: str | None = None
+    hash_randomization: bool = True
+    torch_initial_seed: int | None = None
+
+
+class GitInfo(_Model):
+    commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{40,64}$")
+    branch: str | None = None
+    dirty: bool | None = None
+    untracked: int | None = None
+    diff_sha256: HexSha256 | None = None
+    remote: Url | None = None
+
+
+PackageSource = Literal["index", "url", "vcs", "editable", "local", "unknown"]
+
+
+class Package(_Model):
+    """One installed distribution, exactly as found on the interpreter's path."""
+
+    name: DistName
+    version: Version
+    source: PackageSource = "index"
+    installer: str | None = None
+    requested: bool | None = None
+    url: Url | None = None
+    vcs: str | None = Field(default=None, pattern=r"^(git|hg|svn|bzr)$")
+    commit: str | None = Field(default=None, pattern=r"^[0-9A-Za-z._/-]{1,128}$")
+    requested_revision: str | None = None
+    archive_hash: str | None = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
+    hashes: list[Sha256Digest] = Field(default_factory=list)
+    record_sha256: HexSha256 | None = None
+
+
+class Duplicate(_Model):
+    """A distribution shadowed by another of the same name earlier on the path."""
+
+    name: DistName
+    version: Version
+    active_version: Version
+    path_index: int
+
+
+class CondaPackage(_Model):
+    name: str
+    version: str
+    build: str | None = None
+    channel: str | None = None
+
+
+class Conda(_Model):
+    packages: list[CondaPackage] = Field(default_factory=list)
+
+
+class CanaryResult(_Model):
+    name: str
+    device: str
+    dtype: str
+    sha256: HexSha256
+
+
+class Canary(_Model):
+    """``[canary]``: hashes of a fixed seeded set of kernels and the settings they ran under."""
+
+    version: int = 1
+    torch: Version | None = None
+    settings: dict[str, Scalar] = Field(default_factory=dict)
+    results: list[CanaryResult] = Field(default_factory=list)
+    duration_ms: float | None = None
+
+
+class ProbeInfo(_Model):
+    """``[probe]``: what the probe could not collect, and why."""
+
+    version: int = 1
+    errors: dict[str, str] = Field(default_factory=dict)
+    duration_ms: float | None = None
+
+
+class Lock(_Model):
+    """The whole ``env.lock``."""
+
+    envlock: Meta
+    image: Image = Field(default_factory=Image)
+    platform: Platform
+    python: PythonInfo
+    torch: TorchInfo | None = None
+    gpu: GpuInfo | None = None
+    determinism: Determinism = Field(default_factory=Determinism)
+    seeds: Seeds = Field(default_factory=Seeds)
+    env: dict[str, str] = Field(default_factory=dict)
+    git: GitInfo | None = None
+    canary: Canary | None = None
+    conda: Conda | None = None
+    packages: list[Package] = Field(default_factory=list)
+    duplicates: list[Duplicate] = Field(default_factory=list)
+    probe: ProbeInfo = Field(default_factory=ProbeInfo)
+
+    # -- convenience -------------------------------------------------------------------
+    def package(self, name: str) -> Package | None:
+        """The active distribution called ``name`` (any spelling), or None."""
+        wanted = canonicalize_name(name)
+        for pkg in self.packages:
+            if pkg.name == wanted:
+                return pkg
+        return None
+
+    @property
+    def short_id(self) -> str:
+        """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
+        fp = self.envlock.fingerprint
+        return fp.split(":", 1)[1][:12] if fp else "unsealed"
+
+    def save(self, path: Any) -> Any:
+        """Seal (fingerprint) and write atomically; returns the path written."""
+        from envlock.lockfile import save
+
+        return save(self, path)
+
+
+# Content that identifies the environment. Everything not listed here is still sealed by
+# ``integrity`` (tamper detection), but two captures of the same stack on different hosts must
+# share a fingerprint, so host- and time-specific values stay out of it.
+FINGERPRINT_EXCLUDE: dict[str, Any] = {
+    "envlock": True,
+    "probe": True,
+    "git": True,
+    "env": True,
+    "canary": True,
+    "image": {"source", "reference", "container_id", "in_container", "engine"},
+    "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
+    "python": {"executable", "prefix"},
+    "torch": {"cuda_available", "device_count"},
+    "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
+    "determinism": {"num_threads", "num_interop_threads", "late"},
+    "packages": {"__all__": {"installer", "requested"}},
+}

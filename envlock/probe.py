@@ -1,0 +1,976 @@
+"""The envlock probe: everything envlock knows about an environment comes from here.
+
+Stdlib only, Python >= 3.8, and runnable by path (``python probe.py``), so the very same code
+runs in-process inside a training script, in another interpreter (``--python``), and inside a
+restored container that has nothing of envlock installed. It prints one JSON document; all
+validation, TOML and diffing happen in envlock's own process on that document.
+
+Rules every collector follows: a subprocess is an argv list with no shell and a timeout; a
+missing tool or library leaves the field out and records the reason in ``probe.errors``; a
+collector that raises never takes the whole probe down. Torch is imported only when it is
+installed and asked for; if the calling process already imported it, its *live* flags are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+PROBE_VERSION = 1
+REDACTED = "<redacted>"
+DEFAULT_GIT_TIMEOUT = 5.0
+DEFAULT_NVML_TIMEOUT = 10.0
+
+# Environment variables worth recording: they select libraries, devices, threads or indexes.
+ENV_PREFIXES = (
+    "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "OMP_", "MKL_",
+    "KMP_", "OPENBLAS_", "NVIDIA_", "NVTE_", "TRITON_", "XLA_", "JAX_", "HF_", "TRANSFORMERS_",
+    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_",
+)
+ENV_NAMES = (
+    "PYTHONHASHSEED", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "CONDA_DEFAULT_ENV", "TOKENIZERS_PARALLELISM", "CC", "CXX", "MAX_JOBS",
+)
+# The variables that change numerics on their own; they are sealed in the fingerprint.
+NUMERICS_ENV = (
+    "CUBLAS_WORKSPACE_CONFIG", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE",
+    "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+    "TORCH_CUDNN_V8_API_DISABLED", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
+    "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
+    "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED",
+)
+# Names are ignored for the secret check when they are known to hold no secret even though
+# they contain a suspicious word (e.g. KMP_..._AFFINITY has none; HF_HUB_DISABLE_IMPLICIT_TOKEN).
+_SECRET_RE = re.compile(
+    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
+    re.IGNORECASE,
+)
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+_SECRET_QUERY_RE = re.compile(
+    r"(token|secret|password|passwd|key|sig|signature|auth|credential|session)", re.IGNORECASE
+)
+
+
+def looks_secret(name: str) -> bool:
+    return bool(_SECRET_RE.search(name))
+
+
+def canonicalize_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ---------------------------------------------------------------------------------------------
+# URL hygiene: applied to every URL that reaches the document, wherever it came from.
+# ---------------------------------------------------------------------------------------------
+
+
+def strip_url(url: str) -> str:
+    """Drop ``user:password@`` and secret-looking query parameters from a URL."""
+    try:
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        if not parts.scheme:
+            return url
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = netloc.rsplit("@", 1)[1]
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            cleaned = [(k, REDACTED if _SECRET_QUERY_RE.search(k) else v) for k, v in pairs]
+            query = urlencode(cleaned, safe="<>")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except Exception:
+        # A URL we cannot parse is not worth the risk of keeping.
+        return REDACTED
+
+
+def scrub_text(text: str) -> str:
+    """Strip credentials from every URL embedded in free text (an env value, a remote)."""
+    if "://" not in text:
+        return text
+    return _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses: argv only, no shell, always a timeout, started early so they overlap.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Proc:
+    """A subprocess started now and collected later, so slow tools overlap with torch import."""
+
+    def __init__(self, argv: List[str], timeout: float, cwd: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None) -> None:
+        self.argv = argv
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.error: Optional[str] = None
+        self.proc: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
+        try:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            self.error = "%s not found" % argv[0]
+        except OSError as exc:
+            self.error = "%s could not start: %s" % (argv[0], exc)
+
+    def result(self) -> Tuple[Optional[int], bytes, str]:
+        """Return (returncode, stdout, error); returncode None means it did not finish."""
+        if self.proc is None:
+            return None, b"", self.error or "not started"
+        remaining = max(0.05, self.deadline - time.monotonic())
+        try:
+            out, err = self.proc.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            try:
+                self.proc.communicate(timeout=2)
+            except Exception:
+                pass
+            return None, b"", "%s timed out after %gs" % (" ".join(self.argv[:2]), self.timeout)
+        msg = err.decode("utf-8", "replace").strip().splitlines()
+        return self.proc.returncode, out, (msg[-1] if msg else "")
+
+
+def _git_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    # No pager, no prompt for credentials, no index.lock taken by a read-only status.
+    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C",
+                "GIT_PAGER": "cat", "GIT_ASKPASS": "true", "SSH_ASKPASS": "true"})
+    return env
+
+
+class _GitJob:
+    """All git commands for the capture, started together."""
+
+    def __init__(self, cwd: str, timeout: float) -> None:
+        env = _git_env()
+        git = os.environ.get("ENVLOCK_GIT", "git")
+        self.rev = _Proc([git, "rev-parse", "HEAD", "--abbrev-ref", "HEAD"], timeout, cwd, env)
+        self.status = _Proc([git, "status", "--porcelain=v1", "-z", "--untracked-files=all"],
+                            timeout, cwd, env)
+        self.diff = _Proc([git, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary"],
+                          timeout, cwd, env)
+        self.remote = _Proc([git, "config", "--get", "remote.origin.url"], timeout, cwd, env)
+
+    def collect(self) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        rc, out, err = self.rev.result()
+        if rc != 0:
+            # Make sure the siblings do not outlive a failed or hung git.
+            for job in (self.status, self.diff, self.remote):
+                job.result()
+            if rc is None:
+                return None, err
+            if "not a git repository" in err.lower():
+                return None, "not a git repository"
+            return None, "git rev-parse failed: %s" % (err or "exit %s" % rc)
+        lines = out.decode("utf-8", "replace").split()
+        info: Dict[str, Any] = {"commit": lines[0] if lines else None}
+        if len(lines) > 1 and lines[1] != "HEAD":
+            info["branch"] = lines[1]
+        rc, out, err = self.status.result()
+        untracked: List[str] = []
+        if rc == 0:
+            dirty = False
+            for entry in out.decode("utf-8", "surrogateescape").split("\0"):
+                if not entry:
+                    continue
+                if entry.startswith("??"):
+                    untracked.append(entry[3:])
+                else:
+                    dirty = True
+            info["dirty"] = dirty
+            info["untracked"] = len(untracked)
+        rc, out, err = self.diff.result()
+        if rc == 0:
+            h = hashlib.sha256(out)
+            for path in sorted(untracked):
+                h.update(b"\0untracked\0" + path.encode("utf-8", "surrogateescape"))
+            info["diff_sha256"] = h.hexdigest()
+        rc, out, err = self.remote.result()
+        if rc == 0 and out.strip():
+            info["remote"] = strip_url(out.decode("utf-8", "replace").strip())
+        return info, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectors
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def collect_platform() -> Dict[str, Any]:
+    import platform
+
+    info: Dict[str, Any] = {"os": platform.system() or sys.platform, "machine": platform.machine()}
+    text = _read_text("/etc/os-release") or _read_text("/usr/lib/os-release")
+    if text:
+        fields = {}
+        for line in text.splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                fields[key.strip()] = value.strip().strip('"').strip("'")
+        info["os_id"] = fields.get("ID")
+        info["os_version_id"] = fields.get("VERSION_ID")
+        info["os_pretty_name"] = fields.get("PRETTY_NAME")
+    info["kernel"] = platform.release()
+    libc = None
+    try:
+        # confstr is a syscall-free lookup; platform.libc_ver() scans the interpreter binary.
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):
+        pass
+    if libc:
+        name, _, version = libc.partition(" ")
+        info["libc"], info["libc_version"] = name, version
+    elif sys.platform.startswith("linux"):
+        import glob
+
+        musl = glob.glob("/lib/ld-musl-*.so.1")
+        if musl:
+            info["libc"] = "musl"
+    cpuinfo = _read_text("/proc/cpuinfo", 1 << 16)
+    if cpuinfo:
+        for line in cpuinfo.splitlines():
+            if line.startswith(("model name", "Model", "cpu model", "Processor")):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    elif sys.platform == "darwin":
+        info["cpu_model"] = platform.processor() or None
+    try:
+        info["cpu_count"] = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        info["cpu_count"] = os.cpu_count()
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def prefix_kind() -> str:
+    if os.path.isdir(os.path.join(sys.prefix, "conda-meta")):
+        return "conda"
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return "venv"
+    return "system"
+
+
+def collect_python() -> Dict[str, Any]:
+    import platform
+    import sysconfig
+
+    return {
+        "version": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "soabi": sysconfig.get_config_var("SOABI"),
+        "platform_tag": sysconfig.get_platform(),
+        "prefix_kind": prefix_kind(),
+        "executable": sys.executable or None,
+        "prefix": sys.prefix,
+    }
+
+
+def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:
+    name = version = None
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if name is None and line[:5].lower() == "name:":
+            name = line[5:].strip()
+        elif version is None and line[:8].lower() == "version:":
+            version = line[8:].strip()
+        if name is not None and version is not None:
+            break
+    return name, version
+
+
+def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """Name and Version from a METADATA/PKG-INFO file, reading only the header block."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+            name, version = _metadata_fields(head.decode("utf-8", "replace"))
+            if (name is None or version is None) and b"\n\n" not in head:
+                head += fh.read()
+                name, version = _metadata_fields(head.decode("utf-8", "replace"))
+    except OSError:
+        return None, None
+    return name, version
+
+
+_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
+
+
+def record_sha256(path: str) -> Optional[str]:
+    """sha256 over the hashed, in-site-packages lines of RECORD, sorted.
+
+    The raw RECORD differs between two venvs installing the same wheel: console scripts land
+    in ``../../../bin`` with the venv's own interpreter in their shebang, and the installer adds
+    INSTALLER/REQUESTED/direct_url.json. Dropping those lines keeps a hash that names the exact
+    build (every shipped file's hash) and is the same wherever that build is installed.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    keep = []
+    for raw in data.splitlines():
+        if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):
+            continue
+        head, sep, tail = raw.rpartition(b",")
+        path_part, sep2, digest = head.rpartition(b",")
+        if not sep or not sep2 or not digest:
+            continue
+        leaf = path_part.rstrip(b'"').rsplit(b"/", 1)[-1].decode("utf-8", "replace")
+        if leaf in _NO_HASH_IN_RECORD:
+            continue
+        keep.append(raw)
+    keep.sort()
+    return hashlib.sha256(b"\n".join(keep)).hexdigest()
+
+
+def _direct_url(path: str) -> Dict[str, Any]:
+    """Source of a distribution from PEP 610 ``direct_url.json``."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {"source": "unknown"}
+    url = strip_url(str(data.get("url", "")))
+    out: Dict[str, Any] = {"url": url or None}
+    if "vcs_info" in data:
+        vcs = data["vcs_info"] or {}
+        out.update({"source": "vcs", "vcs": vcs.get("vcs"), "commit": vcs.get("commit_id"),
+                    "requested_revision": vcs.get("requested_revision")})
+    elif "dir_info" in data:
+        out["source"] = "editable" if (data["dir_info"] or {}).get("editable") else "local"
+    elif "archive_info" in data:
+        archive = data["archive_info"] or {}
+        hashes = archive.get("hashes") or {}
+        if "sha256" in hashes:
+            out["archive_hash"] = "sha256=%s" % hashes["sha256"]
+        elif archive.get("hash"):
+            out["archive_hash"] = str(archive["hash"])
+        out["source"] = "local" if url.startswith("file:") else "url"
+    else:
+        out["source"] = "unknown"
+    return out
+
+
+def _path_entries(skip: Optional[str]) -> List[str]:
+    seen = set()
+    entries = []
+    for entry in sys.path:
+        entry = os.path.abspath(entry or os.getcwd())
+        if entry in seen or (skip and entry == skip):
+            continue
+        seen.add(entry)
+        entries.append(entry)
+    return entries
+
+
+def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
+
+    Scanning ``*.dist-info`` directories ourselves is what importlib.metadata does, minus the
+    full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
+    """
+    packages: List[Dict[str, Any]] = []
+    duplicates: List[Dict[str, Any]] = []
+    active: Dict[str, str] = {}
+    for index, entry in enumerate(_path_entries(skip_dir)):
+        try:
+            names = sorted(os.listdir(entry))
+        except OSError:
+            continue
+        for fname in names:
+            if fname.endswith(".dist-info"):
+                kind = "dist-info"
+            elif fname.endswith(".egg-info"):
+                kind = "egg-info"
+            else:
+                continue
+            full = os.path.join(entry, fname)
+            files: Tuple[str, ...] = ()
+            if os.path.isdir(full):
+                try:
+                    files = tuple(os.listdir(full))
+                except OSError:
+                    continue
+                meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
+                name, version = _read_headers(os.path.join(full, meta))
+            else:
+                name, version = _read_headers(full)
+            if not name or not version:
+                continue
+            cname = canonicalize_name(name)
+            if cname in active:
+                duplicates.append({"name": cname, "version": version,
+                                   "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
+            if "INSTALLER" in files:
+                installer = (_read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
+                if installer:
+                    pkg["installer"] = installer
+            if kind == "dist-info":
+                pkg["requested"] = "REQUESTED" in files
+            if "direct_url.json" in files:
+                pkg.update(_direct_url(os.path.join(full, "direct_url.json")))
+            if pkg.get("installer") == "conda" and pkg["source"] in ("local", "unknown", "index"):
+                # conda-built wheels point at the build machine's file:// path; the package
+                # really came from a conda channel (see [conda]).
+                pkg["source"] = "conda"
+                pkg.pop("url", None)
+            if "RECORD" in files:
+                pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
+            if kind == "egg-info" and pkg["source"] == "index":
+                pkg["source"] = "unknown"
+            packages.append({k: v for k, v in pkg.items() if v is not None})
+    packages.sort(key=lambda p: p["name"])
+    return packages, duplicates
+
+
+def collect_conda() -> Optional[Dict[str, Any]]:
+    meta = os.path.join(sys.prefix, "conda-meta")
+    if not os.path.isdir(meta):
+        return None
+    pkgs = []
+    for fname in sorted(os.listdir(meta)):
+        if not fname.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(meta, fname), "rb") as fh:
+                data = json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue
+        channel = data.get("channel") or data.get("schannel")
+        pkgs.append({k: v for k, v in {
+            "name": data.get("name"), "version": data.get("version"), "build": data.get("build"),
+            "channel": strip_url(str(channel)) if channel else None}.items() if v is not None})
+    return {"packages": pkgs}
+
+
+def _cudnn_str(v: Optional[int]) -> Optional[str]:
+    if not v:
+        return None
+    if v >= 90000:  # cuDNN 9 encodes major*10000 + minor*100 + patch
+        return "%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100)
+    return "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100)
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    """Read one torch attribute; deprecation warnings and missing APIs become None."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn()
+        except Exception:
+            return None
+
+
+def collect_torch(torch: Any) -> Dict[str, Any]:
+    info: Dict[str, Any] = {
+        "version": str(torch.__version__),
+        "git_version": _quiet(lambda: torch.version.git_version),
+        "cuda": _quiet(lambda: torch.version.cuda),
+        "hip": _quiet(lambda: torch.version.hip),
+        "debug": _quiet(lambda: bool(torch.version.debug)),
+        "cxx11_abi": _quiet(lambda: bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        "mkl": _quiet(lambda: bool(torch.backends.mkl.is_available())),
+        "mkldnn": _quiet(lambda: bool(torch.backends.mkldnn.is_available())),
+        "openmp": _quiet(lambda: bool(torch.backends.openmp.is_available())),
+    }
+    info["cudnn"] = _quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))
+    if info["cuda"]:
+        info["nccl"] = _quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))
+    info["cuda_available"] = _quiet(lambda: bool(torch.cuda.is_available()))
+    info["device_count"] = _quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
+    info["arch_list"] = _quiet(lambda: list(torch.cuda.get_arch_list())) or []
+    config = _quiet(lambda: torch.__config__.show())
+    if config:
+        info["config_sha256"] = hashlib.sha256(config.encode("utf-8")).hexdigest()
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def collect_determinism(torch: Any) -> Dict[str, Any]:
+    det: Dict[str, Any] = {"torch_loaded": torch is not None}
+    if torch is not None:
+        b = torch.backends
+        readers: Dict[str, Callable[[], Any]] = {
+            "deterministic_algorithms": lambda: torch.are_deterministic_algorithms_enabled(),
+            "deterministic_warn_only": lambda: torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn_enabled": lambda: b.cudnn.enabled,
+            "cudnn_deterministic": lambda: b.cudnn.deterministic,
+            "cudnn_benchmark": lambda: b.cudnn.benchmark,
+            "cuda_matmul_allow_tf32": lambda: b.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": lambda: b.cudnn.allow_tf32,
+            "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
+            # PyTorch >= 2.9: the fp32_precision API that supersedes allow_tf32.
+            "fp32_precision": lambda: b.fp32_precision,
+            "cuda_matmul_fp32_precision": lambda: b.cuda.matmul.fp32_precision,
+            "cudnn_conv_fp32_precision": lambda: b.cudnn.conv.fp32_precision,
+            "cudnn_rnn_fp32_precision": lambda: b.cudnn.rnn.fp32_precision,
+            "mkldnn_fp32_precision": lambda: b.mkldnn.fp32_precision,
+            "cuda_matmul_allow_fp16_reduced_precision_reduction":
+                lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            "cuda_matmul_allow_bf16_reduced_precision_reduction":
+                lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+            "sdpa_flash": lambda: b.cuda.flash_sdp_enabled(),
+            "sdpa_mem_efficient": lambda: b.cuda.mem_efficient_sdp_enabled(),
+            "sdpa_math": lambda: b.cuda.math_sdp_enabled(),
+            "sdpa_cudnn": lambda: b.cuda.cudnn_sdp_enabled(),
+            "fill_uninitialized_memory": lambda: torch.utils.deterministic.fill_uninitialized_memory,
+            "num_threads": lambda: torch.get_num_threads(),
+            "num_interop_threads": lambda: torch.get_num_interop_threads(),
+        }
+        for key, read in readers.items():
+            value = _quiet(read)
+            if isinstance(value, (bool, int, str)):
+                det[key] = value
+    det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
+    late = []
+    if torch is not None and "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+        if _quiet(lambda: torch.cuda.is_initialized()):
+            ours = os.environ.get("ENVLOCK_CUBLAS_WORKSPACE_CONFIG_SET_AFTER_INIT")
+            if ours:
+                late.append("CUBLAS_WORKSPACE_CONFIG")
+    if late:
+        det["late"] = late
+    return det
+
+
+def collect_seeds(torch: Any) -> Dict[str, Any]:
+    seeds: Dict[str, Any] = {"hash_randomization": bool(sys.flags.hash_randomization)}
+    if "PYTHONHASHSEED" in os.environ:
+        seeds["python_hash_seed"] = os.environ["PYTHONHASHSEED"]
+    raw = os.environ.get("ENVLOCK_SEED")
+    if raw is not None:
+        try:
+            seeds["seed"] = int(raw)
+            seeds["seed_source"] = "envlock" if os.environ.get("ENVLOCK_SEED_SOURCE") != "env" else "env"
+        except ValueError:
+            pass
+        if torch is not None and "seed" in seeds:
+            value = _quiet(lambda: int(torch.initial_seed()))
+            if value is not None:
+                seeds["torch_initial_seed"] = value
+    return seeds
+
+
+def collect_env() -> Dict[str, str]:
+    out = {}
+    for name, value in os.environ.items():
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        out[name] = REDACTED if looks_secret(name) else scrub_text(value)
+    return dict(sorted(out.items()))
+
+
+def secret_values() -> List[str]:
+    """Values of every secret-looking variable in the environment, to scrub from the document."""
+    values = []
+    for name, value in os.environ.items():
+        if looks_secret(name) and len(value) >= 6:
+            values.append(value)
+    return sorted(set(values), key=len, reverse=True)
+
+
+def scrub_document(doc: Any, secrets: List[str]) -> Any:
+    """Last line of defence: no secret value survives anywhere in the document."""
+    if not secrets:
+        return doc
+    if isinstance(doc, dict):
+        return {k: scrub_document(v, secrets) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [scrub_document(v, secrets) for v in doc]
+    if isinstance(doc, str):
+        for secret in secrets:
+            if secret in doc:
+                doc = doc.replace(secret, REDACTED)
+    return doc
+
+
+# -- containers ---------------------------------------------------------------------------------
+
+_CID_RE = re.compile(r"(?:docker|libpod|containers|crio|cri-containerd)[-/]([0-9a-f]{64})")
+
+
+def _container_id() -> Tuple[Optional[str], Optional[str]]:
+    text = _read_text("/proc/self/mountinfo", 1 << 20) or ""
+    match = _CID_RE.search(text)
+    if match:
+        return match.group(1), "mountinfo"
+    text = _read_text("/proc/self/cgroup", 1 << 16) or ""
+    match = _CID_RE.search(text)
+    if match:
+        return match.group(1), "cgroup"
+    return None, None
+
+
+def _split_ref(ref: str) -> Tuple[str, Optional[str]]:
+    if "@sha256:" in ref:
+        name, _, digest = ref.partition("@")
+        return name, digest
+    return ref, None
+
+
+def collect_image(cli_ref: Optional[str]) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"in_container": False, "source": "none"}
+    containerenv = _read_text("/run/.containerenv")
+    if containerenv is not None:
+        info.update({"in_container": True, "engine": "podman", "source": "containerenv"})
+        fields = dict(
+            (k.strip(), v.strip().strip('"'))
+            for k, _, v in (line.partition("=") for line in containerenv.splitlines()) if v
+        )
+        # Podman fills these only for --privileged containers.
+        if fields.get("image"):
+            info["reference"], digest = _split_ref(fields["image"])
+            if digest:
+                info["digest"] = digest
+        if fields.get("imageid"):
+            iid = fields["imageid"]
+            info["id"] = iid if iid.startswith("sha256:") else "sha256:" + iid
+        if fields.get("id"):
+            info["container_id"] = fields["id"]
+    elif os.path.exists("/.dockerenv"):
+        info.update({"in_container": True, "engine": "docker", "source": "dockerenv"})
+    cid, cid_source = _container_id()
+    if cid:
+        info["in_container"] = True
+        info.setdefault("container_id", cid)
+        if info["source"] == "none":
+            info["source"] = cid_source
+    # Values injected by `envlock restore/run` (or by a CI job) win: inside a container there
+    # is no reliable way to learn one's own image otherwise.
+    env_ref = os.environ.get("ENVLOCK_IMAGE")
+    env_digest = os.environ.get("ENVLOCK_IMAGE_DIGEST")
+    env_id = os.environ.get("ENVLOCK_IMAGE_ID")
+    if env_ref or env_digest or env_id:
+        info["source"] = "env"
+        if env_ref:
+            info["reference"], digest = _split_ref(env_ref)
+            if digest:
+                info["digest"] = digest
+        if env_digest:
+            info["digest"] = env_digest
+        if env_id:
+            info["id"] = env_id
+    if cli_ref:
+        info["source"] = "cli"
+        info["reference"], digest = _split_ref(cli_ref)
+        if digest:
+            info["digest"] = digest
+    return info
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+
+
+class _CtypesNvml:
+    """The handful of NVML calls envlock needs, straight from libnvidia-ml through ctypes.
+
+    Used when nvidia-ml-py is not importable, which is the normal case inside a restored
+    container: envlock installs nothing there, but the driver library is mounted by the runtime.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.ct = ctypes
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._check(self.lib.nvmlInit_v2(), "nvmlInit")
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError("%s failed with NVML error %d" % (what, rc))
+
+    def _string(self, fn: Any, *args: Any) -> str:
+        buf = self.ct.create_string_buffer(96)
+        self._check(fn(*args, buf, self.ct.c_uint(96)), getattr(fn, "__name__", "nvml"))
+        return buf.value.decode("utf-8", "replace")
+
+    def driver(self) -> str:
+        return self._string(self.lib.nvmlSystemGetDriverVersion)
+
+    def cuda_driver(self) -> int:
+        v = self.ct.c_int()
+        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "cuda version")
+        return v.value
+
+    def count(self) -> int:
+        n = self.ct.c_uint()
+        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "device count")
+        return n.value
+
+    def device(self, i: int) -> Dict[str, Any]:
+        ct = self.ct
+        h = ct.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "handle")
+        dev: Dict[str, Any] = {"index": i, "name": self._string(self.lib.nvmlDeviceGetName, h)}
+        try:
+            dev["uuid"] = self._string(self.lib.nvmlDeviceGetUUID, h)
+        except RuntimeError:
+            pass
+        major, minor = ct.c_int(), ct.c_int()
+        if self.lib.nvmlDeviceGetCudaComputeCapability(h, ct.byref(major), ct.byref(minor)) == 0:
+            dev["compute_capability"] = "%d.%d" % (major.value, minor.value)
+
+        class Memory(ct.Structure):
+            _fields_ = [("total", ct.c_ulonglong), ("free", ct.c_ulonglong), ("used", ct.c_ulonglong)]
+
+        mem = Memory()
+        if self.lib.nvmlDeviceGetMemoryInfo(h, ct.byref(mem)) == 0:
+            dev["memory_total_mib"] = int(mem.total // (1 << 20))
+        cur, pend = ct.c_uint(), ct.c_uint()
+        if self.lib.nvmlDeviceGetMigMode(h, ct.byref(cur), ct.byref(pend)) == 0:
+            dev["mig_mode"] = bool(cur.value)
+        return dev
+
+    def close(self) -> None:
+        self.lib.nvmlShutdown()
+
+
+class _PyNvml:
+    def __init__(self, mod: Any) -> None:
+        self.m = mod
+        mod.nvmlInit()
+
+    @staticmethod
+    def _s(value: Any) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    def driver(self) -> str:
+        return self._s(self.m.nvmlSystemGetDriverVersion())
+
+    def cuda_driver(self) -> int:
+        return int(self.m.nvmlSystemGetCudaDriverVersion_v2())
+
+    def count(self) -> int:
+        return int(self.m.nvmlDeviceGetCount())
+
+    def device(self, i: int) -> Dict[str, Any]:
+        m = self.m
+        h = m.nvmlDeviceGetHandleByIndex(i)
+        dev: Dict[str, Any] = {"index": i, "name": self._s(m.nvmlDeviceGetName(h))}
+        for key, fn in (("uuid", lambda: self._s(m.nvmlDeviceGetUUID(h))),
+                        ("compute_capability",
+                         lambda: "%d.%d" % tuple(m.nvmlDeviceGetCudaComputeCapability(h))),
+                        ("memory_total_mib", lambda: int(m.nvmlDeviceGetMemoryInfo(h).total // (1 << 20))),
+                        ("mig_mode", lambda: bool(m.nvmlDeviceGetMigMode(h)[0]))):
+            try:
+                dev[key] = fn()
+            except Exception:
+                pass
+        return dev
+
+    def close(self) -> None:
+        self.m.nvmlShutdown()
+
+
+def _nvml_query() -> Dict[str, Any]:
+    try:
+        import pynvml  # nvidia-ml-py
+
+        nvml: Any = _PyNvml(pynvml)
+    except ImportError:
+        nvml = _CtypesNvml()
+    try:
+        info: Dict[str, Any] = {"source": "nvml", "driver": nvml.driver()}
+        try:
+            v = nvml.cuda_driver()
+            info["cuda_driver"] = "%d.%d" % (v // 1000, (v % 1000) // 10)
+        except Exception:
+            pass
+        info["devices"] = [nvml.device(i) for i in range(nvml.count())]
+        return info
+    finally:
+        try:
+            nvml.close()
+        except Exception:
+            pass
+
+
+def _hash_uuids(info: Dict[str, Any]) -> Dict[str, Any]:
+    for dev in info.get("devices", []):
+        uuid = dev.pop("uuid", None)
+        if uuid:
+            dev["uuid_sha256"] = hashlib.sha256(uuid.encode("utf-8")).hexdigest()
+    return info
+
+
+def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """NVML in a watchdog thread (a wedged driver must not hang capture), then torch.cuda."""
+    box: Dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["info"] = _nvml_query()
+        except Exception as exc:
+            box["error"] = "%s: %s" % (type(exc).__name__, exc)
+
+    thread = threading.Thread(target=work, name="envlock-nvml", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        nvml_error = "NVML did not answer within %gs" % timeout
+    elif "info" in box:
+        return _hash_uuids(box["info"]), None
+    else:
+        nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
+    if torch is not None and _quiet(lambda: torch.cuda.is_available()):
+        devices = []
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            dev = {"index": i, "name": props.name,
+                   "compute_capability": "%d.%d" % (props.major, props.minor),
+                   "memory_total_mib": int(props.total_memory // (1 << 20))}
+            uuid = _quiet(lambda p=props: str(p.uuid))
+            if uuid:
+                dev["uuid"] = uuid
+            devices.append(dev)
+        return _hash_uuids({"source": "torch", "devices": devices}), None
+    return None, nvml_error
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _want_torch(mode: str) -> Tuple[Any, Optional[str]]:
+    if mode == "no":
+        return None, "skipped (--no-torch)"
+    if "torch" in sys.modules:
+        return sys.modules["torch"], None
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed"
+    try:
+        import torch
+
+        return torch, None
+    except Exception as exc:
+        return None, "import torch failed: %s: %s" % (type(exc).__name__, exc)
+
+
+def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = None,
+            cwd: Optional[str] = None, git_timeout: Optional[float] = None,
+            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Probe this interpreter and process; return a JSON-ready document (never raises)."""
+    start = time.perf_counter()
+    errors: Dict[str, str] = {}
+    doc: Dict[str, Any] = {}
+    git_timeout = git_timeout if git_timeout is not None else float(
+        os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
+    nvml_timeout = nvml_timeout if nvml_timeout is not None else float(
+        os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT))
+    git_job = _GitJob(cwd or os.getcwd(), git_timeout)
+
+    def guard(section: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # one broken collector must not lose the others
+            errors[section] = "%s: %s" % (type(exc).__name__, exc)
+            return None
+
+    doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
+    doc["platform"] = guard("platform", collect_platform)
+    doc["python"] = guard("python", collect_python)
+    pkgs = guard("packages", lambda: collect_packages(skip_dir))
+    doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    conda = guard("conda", collect_conda)
+    if conda is not None:
+        doc["conda"] = conda
+    torch_mod, why = _want_torch(torch)
+    if torch_mod is not None:
+        info = guard("torch", lambda: collect_torch(torch_mod))
+        if info:
+            doc["torch"] = info
+    elif why:
+        errors["torch"] = why
+    gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+    if gpu:
+        if gpu[0] is not None:
+            doc["gpu"] = gpu[0]
+        else:
+            errors["gpu"] = gpu[1]
+    doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
+    doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
+    doc["env"] = guard("env", collect_env) or {}
+    if canary:
+        result = guard("canary", lambda: _run_canary(torch_mod))
+        if result:
+            doc["canary"] = result
+    git, git_error = git_job.collect()
+    if git is not None:
+        doc["git"] = {k: v for k, v in git.items() if v is not None}
+    elif git_error:
+        errors["git"] = git_error
+    doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
+                    "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
+    return scrub_document(doc, secret_values())
+
+
+def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
+    """Run canary.py from beside this file: it travels with the probe into containers."""
+    if torch_mod is None:
+        raise RuntimeError("the canary needs torch")
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "canary.py")
+    spec = importlib.util.spec_from_file_location("_envlock_canary", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        raise RuntimeError("canary.py not found beside the probe")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result: Optional[Dict[str, Any]] = module.run(torch_mod)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="probe.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--canary", action="store_true")
+    parser.add_argument("--image")
+    parser.add_argument("--cwd")
+    parser.add_argument("--indent", type=int)
+    args = parser.parse_args(argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
+                  image=args.image, cwd=args.cwd, skip_dir=here)
+    sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run by path, the probe's own directory is sys.path[0]; drop it so none of its sibling
+    # modules can shadow what the probed environment would import.
+    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Human output: text for terminals, markdown for papers and pull requests, JSON for machines.
+
+Rendering only; nothing here decides what counts as drift (that is ``compare``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from envlock.compare import Comparison, Difference
+from envlock.model import Lock
+
+_SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
+
+
+def _dash(value: Any) -> str:
+    return "-" if value in (None, "", []) else str(value)
+
+
+def _flag(value: bool | None) -> str:
+    return "-" if value is None else ("on" if value else "off")
+
+
+def summary_rows(lock: Lock) -> list[tuple[str, str]]:
+    """(label, value) pairs shared by the text and markdown summaries."""
+    py = lock.python
+    plat = lock.platform
+    rows = [
+        ("id", f"{lock.short_id}  ({lock.envlock.fingerprint or 'unsealed'})"),
+        ("captured", f"{lock.envlock.created_at:%Y-%m-%d %H:%M:%S %Z} by envlock {lock.envlock.tool_version}"),
+        ("python", f"{py.version} {py.implementation} ({py.prefix_kind})"),
+        ("platform", " ".join(x for x in (
+            plat.os_pretty_name or plat.os, plat.machine,
+            f"{plat.libc} {plat.libc_version}" if plat.libc else None) if x)),
+    ]
+    if lock.torch:
+        t = lock.torch
+        rows.append(("torch", f"{t.version}  CUDA {_dash(t.cuda)}  cuDNN {_dash(t.cudnn)}  NCCL {_dash(t.nccl)}"
+                     + (f"  HIP {t.hip}" if t.hip else "")))
+    else:
+        rows.append(("torch", "not captured"))
+    if lock.gpu and lock.gpu.devices:
+        names: dict[str, int] = {}
+        for dev in lock.gpu.devices:
+            names[dev.name] = names.get(dev.name, 0) + 1
+        gpus = ", ".join(f"{n} x {name}" for name, n in names.items())
+        rows.append(("gpu", f"{gpus} (driver {_dash(lock.gpu.driver)}, CUDA driver {_dash(lock.gpu.cuda_driver)})"))
+    else:
+        rows.append(("gpu", "none"))
+    img = lock.image
+    if img.digest or img.id or img.reference:
+        ref = img.reference or ""
+        pin = img.digest or img.id or ""
+        rows.append(("image", f"{ref}{'@' + pin if pin else ''} (from {img.source})"))
+    else:
+        rows.append(("image", "not in a known container" if not img.in_container else "container, image unknown"))
+    sources: dict[str, int] = {}
+    for p in lock.packages:
+        if p.source != "index":
+            sources[p.source] = sources.get(p.source, 0) + 1
+    extra = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
+    rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
+    d = lock.determinism
+    if d.torch_loaded:
+        rows.append(("determinism",
+                     f"deterministic_algorithms {_flag(d.deterministic_algorithms)}, "
+                     f"cudnn.deterministic {_flag(d.cudnn_deterministic)}, "
+                     f"cudnn.benchmark {_flag(d.cudnn_benchmark)}, "
+                     f"tf32 matmul {_flag(d.cuda_matmul_allow_tf32)}, "
+                     f"float32_matmul_precision {_dash(d.float32_matmul_precision)}"))
+    if d.env:
+        rows.append(("numerics env", ", ".join(f"{k}={v}" for k, v in d.env.items())))
+    s = lock.seeds
+    seed_bits = [f"seed {s.seed}" if s.seed is not None else "seed not set through envlock"]
+    seed_bits.append(f"PYTHONHASHSEED={s.python_hash_seed}" if s.python_hash_seed is not None else "hash randomization on")
+    rows.append(("seeds", ", ".join(seed_bits)))
+    if lock.canary:
+        rows.append(("canary", f"{len(lock.canary.results)} kernels hashed"))
+    if lock.git:
+        g = lock.git
+        state = []
+        if g.dirty:
+            state.append("dirty")
+        if g.untracked:
+            state.append(f"{g.untracked} untracked")
+        rows.append(("git", f"{_dash(g.branch)} @ {(g.commit or '-')[:12]}" + (f" ({', '.join(state)})" if state else "")))
+    if lock.probe.errors:
+        rows.append(("not captured", "; ".join(f"{k}: {v}" for k, v in sorted(lock.probe.errors.items()))))
+    if lock.envlock.note:
+        rows.append(("note", lock.envlock.note))
+    return rows
+
+
+def show_text(lock: Lock, name: str = "env.lock") -> str:
+    rows = summary_rows(lock)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([name] + [f"  {k.ljust(width)}  {v}" for k, v in rows]) + "\n"
+
+
+def _md_cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def show_markdown(lock: Lock, name: str = "env.lock") -> str:
+    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {_md_cell(v)} |" for k, v in summary_rows(lock) if k != "id"]
+    out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
+            "| package | version | source |", "|---|---|---|"]
+    out += [f"| {p.name} | {_md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    out += ["", "</details>", "",
+            f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
+            f"`envlock verify {name}`; rebuild it with `envlock restore {name}`.", ""]
+    return "\n".join(out)
+
+
+def show_json(lock: Lock) -> str:
+    return json.dumps(lock.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
+
+
+def differences_text(differences: Iterable[Difference]) -> str:
+    rows = [( _SEVERITY_LABEL[d.severity], d.category, d.path, d.describe()) for d in differences]
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"  {r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[3]}" for r in rows) + "\n"
+
+
+def counts_line(cmp: Comparison) -> str:
+    return f"{cmp.count('breaking')} breaking, {cmp.count('warning')} warning, {cmp.count('info')} info"
+
+
+def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False) -> str:
+    shown = [d for d in cmp.differences if show_info or d.severity != "info"]
+    head = f"{name} (id {lock.short_id}): {counts_line(cmp)}"
+    body = differences_text(shown)
+    hidden = cmp.count("info") if not show_info else 0
+    tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
+    verdict = ("OK: the environment matches the lock\n" if cmp.ok
+               else f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n")
+    return head + "\n" + body + tail + verdict
+
+
+def diff_text(cmp: Comparison, a: str, b: str) -> str:
+    if not cmp.differences:
+        return f"{a} and {b} describe the same environment\n"
+    return f"{a} -> {b}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
+
+
+def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -> str:
+    out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
+    if not cmp.differences:
+        return "\n".join([*out, "No differences.", ""])
+    out += [f"{counts_line(cmp)} ({a_name} → {b_name})", "",
+            "| severity | what | before | after |", "|---|---|---|---|"]
+    for d in cmp.differences:
+        out.append(f"| {d.severity} | `{_md_cell(d.path)}` | {_md_cell(_dash(d.old))} | {_md_cell(_dash(d.new))} |")
+    out.append("")
+    return "\n".join(out)
+
+
+def comparison_json(cmp: Comparison, **extra: Any) -> str:
+    return json.dumps({**extra, **cmp.to_dict()}, indent=2, default=str) + "\n"
