@@ -47,8 +47,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from envlock.capture import capture
     from envlock.lockfile import dumps, save
 
-    lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
-                   image=args.image, note=args.note, in_process=False)
+    if args.in_image:
+        # Lock an image that is not running: the probe runs in a throwaway container.
+        from envlock.restore.inimage import capture_in_image
+
+        lock = capture_in_image(args.in_image, python=args.python, torch=not args.no_torch,
+                                canary=args.canary, note=args.note, engine=args.engine)
+    else:
+        lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
+                       image=args.image, note=args.note, in_process=False)
     if args.output == "-":
         _out(dumps(lock))
         return EXIT_OK
@@ -171,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
     p.add_argument("--python", help="probe this interpreter (path, command or venv directory)")
     p.add_argument("--image", help="image reference REF[@sha256:...] this environment runs in")
+    p.add_argument("--in-image", metavar="REF",
+                   help="capture an image that is not running, in a throwaway container")
+    p.add_argument("--engine", default=None,
+                   help="with --in-image: docker (default), podman, or a socket URL")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
     p.add_argument("--note", help="free text stored in [envlock].note")
