@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# The envlock test command: `bash scripts/test.sh [PYTEST ARGS...]`.
+#
+# Sets up everything the suite needs, idempotently and with caches, then runs
+# ruff, mypy and pytest (unit tests first, then `-m integration`):
+#   1. .venv in the repo root with `pip install -e '.[dev]'` (skipped while
+#      pyproject.toml and the interpreter are unchanged; stamp in .venv).
+#   2. a container engine (scripts/engine.sh): Docker is mandatory, Podman
+#      optional.
+#   3. the base image envlock-test/bookworm-python:1 (debootstrap minbase with
+#      python3, pip and venv), imported into Docker and, if up, Podman. The
+#      root fs tarball is cached in $ENVLOCK_TEST_CACHE.
+#   4. a wheelhouse of cp311 manylinux wheels for offline installs inside
+#      containers (they cannot reach any index).
+#
+# Exported to the tests:
+#   DOCKER_HOST                  Docker API endpoint
+#   ENVLOCK_TEST_PODMAN_HOST     Podman API endpoint (only when Podman works)
+#   CONTAINERS_CONF              Podman config in use (only when Podman works)
+#   ENVLOCK_TEST_BASE_IMAGE      base image name
+#   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
+#   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
+#
+# Knobs (environment):
+#   ENVLOCK_TEST_SKIP_LINT=1     skip ruff and mypy (e.g. while envlock/ is in flux)
+#   ENVLOCK_TEST_NO_PODMAN=1     do not set up Podman
+#   ENVLOCK_TEST_REBUILD=1       rebuild the venv install, tarball, images and wheelhouse
+#   ENVLOCK_TEST_CACHE=DIR       cache dir (default /var/cache/envlock-test)
+#
+# pytest exit code 5 (nothing collected): fine for the unit run, a failure for
+# the integration run (integration tests must really run). When PYTEST ARGS
+# are given, a run that selects nothing is fine as long as the other run
+# selected something.
+set -Eeuo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+CACHE="${ENVLOCK_TEST_CACHE:-/var/cache/envlock-test}"
+BASE_IMAGE="envlock-test/bookworm-python:1"
+TARBALL="$CACHE/bookworm-minbase.tar"
+WHEELHOUSE="$CACHE/wheelhouse"
+DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
+# One pip download per line (lines may conflict with each other, e.g. two
+# versions of six). Editing this list rebuilds the wheelhouse.
+WHEEL_SPECS=(
+    "torch==2.13.0+cpu"
+    "six==1.16.0 idna==3.10 packaging==24.2 attrs==24.2.0 tomli==2.0.1"
+    "six==1.17.0"
+)
+
+log() { echo "[test.sh] $*"; }
+
+CURRENT_STEP="start"
+SUMMARY=()
+_step_t0=0
+step() { CURRENT_STEP="$1"; _step_t0=$SECONDS; log "=== $1"; }
+step_done() {
+    local msg="$CURRENT_STEP: ${1:-ok} ($((SECONDS - _step_t0)) s)"
+    SUMMARY+=("$msg")
+    log "$msg"
+}
+on_err() {
+    local rc=$?
+    log "FAILED in step '$CURRENT_STEP' (line $1, exit $rc)"
+    for s in "${SUMMARY[@]}"; do log "  $s"; done
+    exit "$rc"
+}
+trap 'on_err $LINENO' ERR
+
+T_START=$SECONDS
+export CI="${CI:-}"
+export ENVLOCK_REQUIRE_ENGINE=1
+
+# Serialise setup with other test.sh runs on this machine (shared daemons,
+# images, caches and venv). Released before the tests run.
+mkdir -p "$CACHE" /run/lock
+exec 9>/run/lock/envlock-test.lock
+if ! flock -n 9; then
+    log "another test.sh is setting up; waiting for its lock"
+    flock 9
+fi
+
+# --- 1. virtualenv ----------------------------------------------------------
+step "venv"
+pick_python() {
+    local c
+    for c in "${ENVLOCK_TEST_PYTHON:-}" python3 python3.12 python3.11 python3.10 python3.13; do
+        [[ -n "$c" ]] || continue
+        command -v "$c" >/dev/null 2>&1 || continue
+        if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            command -v "$c"
+            return 0
+        fi
+    done
+    return 1
+}
+VENV="$ROOT/.venv"
+VPY="$VENV/bin/python"
+if [[ ! -x "$VPY" ]] || ! "$VPY" -c 'import sys' >/dev/null 2>&1; then
+    PY="$(pick_python)" || { log "need python >= 3.10"; false; }
+    log "creating .venv with $PY ($("$PY" --version 2>&1))"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.envlock-install-stamp"
+want_stamp="$( { sha256sum pyproject.toml; "$VPY" -VV; } | sha256sum | cut -d' ' -f1)"
+if [[ "$REBUILD" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]]; then
+    step_done "up to date (pyproject.toml unchanged)"
+else
+    rm -f "$STAMP"
+    log "pip install -e '.[dev]' (torch==2.13.0 resolves to the local CPU wheel)"
+    "$VPY" -m pip install -q --progress-bar off -e '.[dev]'
+    tv="$("$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+    log "torch in venv: $tv"
+    case "$tv" in
+        *+cpu) ;;
+        *) log "WARNING: torch $tv is not the CPU build" ;;
+    esac
+    echo "$want_stamp" >"$STAMP"
+    step_done "installed"
+fi
+
+# --- 2. container engines ---------------------------------------------------
+step "engines"
+# shellcheck source=scripts/engine.sh
+source "$ROOT/scripts/engine.sh"
+engine_setup
+step_done "docker at $DOCKER_HOST; podman ${ENVLOCK_TEST_PODMAN_HOST:-unavailable}"
+
+# --- 3. base image ----------------------------------------------------------
+step "base-image"
+build_tarball() {
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        _engine_apt_install debootstrap
+    fi
+    local dir="$CACHE/rootfs.tmp"
+    rm -rf "$dir" "$TARBALL.tmp"
+    log "debootstrap bookworm minbase into $dir (mirror $DEBIAN_MIRROR)"
+    local t0=$SECONDS
+    if ! debootstrap --variant=minbase --include=python3,python3-pip,python3-venv \
+            bookworm "$dir" "$DEBIAN_MIRROR" >"$CACHE/debootstrap.log" 2>&1; then
+        log "debootstrap failed; last lines of $CACHE/debootstrap.log:"
+        tail -n 30 "$CACHE/debootstrap.log"
+        false
+    fi
+    log "debootstrap took $((SECONDS - t0)) s"
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* \
+        "$dir"/var/log/* "$dir"/tmp/* "$dir"/debootstrap
+    tar --numeric-owner -C "$dir" -cf "$TARBALL.tmp" .
+    mv "$TARBALL.tmp" "$TARBALL"
+    rm -rf "$dir"
+}
+IMPORT_CHANGES=(
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+    --change 'ENV LANG=C.UTF-8'
+    --change 'CMD ["/bin/bash"]'
+)
+probe_cmd=(python3 -c 'import sys; print(sys.version)')
+if [[ "$REBUILD" == "1" ]]; then
+    rm -f "$TARBALL"
+    docker image rm -f "$BASE_IMAGE" >/dev/null 2>&1 || true
+fi
+if [[ ! -f "$TARBALL" ]]; then
+    build_tarball
+else
+    log "tarball cached: $TARBALL"
+fi
+if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    t0=$SECONDS
+    docker import "${IMPORT_CHANGES[@]}" "$TARBALL" "$BASE_IMAGE" >/dev/null
+    log "docker import took $((SECONDS - t0)) s"
+fi
+log "docker: $BASE_IMAGE runs python $(docker run --rm "$BASE_IMAGE" "${probe_cmd[@]}" | head -n1)"
+if [[ -n "${ENVLOCK_TEST_PODMAN_HOST:-}" ]]; then
+    if [[ "$REBUILD" == "1" ]]; then podman image rm -f "$BASE_IMAGE" >/dev/null 2>&1 || true; fi
+    podman_ok=1
+    if ! podman image exists "$BASE_IMAGE"; then
+        t0=$SECONDS
+        if podman import -q "${IMPORT_CHANGES[@]}" "$TARBALL" "$BASE_IMAGE" >/dev/null; then
+            log "podman import took $((SECONDS - t0)) s"
+        else
+            podman_ok=0
+        fi
+    fi
+    if [[ "$podman_ok" == "1" ]] && out="$(podman run --rm "$BASE_IMAGE" "${probe_cmd[@]}" 2>&1)"; then
+        log "podman: $BASE_IMAGE runs python $(head -n1 <<<"$out")"
+    else
+        log "podman cannot run $BASE_IMAGE; Podman tests will be skipped:"
+        printf '%s\n' "${out:-import failed}" | tail -n 10 | sed 's/^/[test.sh]   /'
+        unset ENVLOCK_TEST_PODMAN_HOST
+    fi
+fi
+export ENVLOCK_TEST_BASE_IMAGE="$BASE_IMAGE"
+step_done
+
+# --- 4. wheelhouse ----------------------------------------------------------
+step "wheelhouse"
+wh_stamp_want="$(printf '%s\n' "${WHEEL_SPECS[@]}" | sha256sum | cut -d' ' -f1)"
+WH_STAMP="$WHEELHOUSE/.stamp"
+if [[ "$REBUILD" != "1" && -f "$WH_STAMP" && "$(cat "$WH_STAMP")" == "$wh_stamp_want" ]]; then
+    step_done "cached ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
+else
+    rm -rf "$WHEELHOUSE.tmp"
+    mkdir -p "$WHEELHOUSE.tmp"
+    for spec in "${WHEEL_SPECS[@]}"; do
+        log "pip download $spec"
+        # shellcheck disable=SC2086  # one line holds several requirements
+        "$VPY" -m pip download -q --progress-bar off --only-binary=:all: \
+            --python-version 3.11 --implementation cp --abi cp311 \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform linux_x86_64 \
+            -d "$WHEELHOUSE.tmp" $spec
+    done
+    if ! compgen -G "$WHEELHOUSE.tmp/torch-2.13.0+cpu-*.whl" >/dev/null; then
+        log "torch did not resolve to the +cpu wheel:"
+        ls "$WHEELHOUSE.tmp" | sed 's/^/[test.sh]   /'
+        false
+    fi
+    rm -rf "$WHEELHOUSE"
+    mv "$WHEELHOUSE.tmp" "$WHEELHOUSE"
+    echo "$wh_stamp_want" >"$WH_STAMP"
+    step_done "built ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
+fi
+export ENVLOCK_TEST_WHEELHOUSE="$WHEELHOUSE"
+
+flock -u 9
+exec 9>&-
+
+# --- 5. lint and types ------------------------------------------------------
+# Failures here are recorded and reported at the end; the tests still run.
+LINT_FAIL=0
+if [[ "${ENVLOCK_TEST_SKIP_LINT:-0}" == "1" ]]; then
+    log "ruff and mypy skipped (ENVLOCK_TEST_SKIP_LINT=1)"
+    SUMMARY+=("lint: SKIPPED (ENVLOCK_TEST_SKIP_LINT=1)")
+else
+    step "ruff"
+    lint_paths=()
+    for d in envlock tests benchmarks; do
+        if [[ -e "$d" ]]; then lint_paths+=("$d"); fi
+    done
+    rc=0
+    "$VENV/bin/ruff" check "${lint_paths[@]}" || rc=$?
+    if [[ "$rc" -ne 0 ]]; then LINT_FAIL=1; step_done "FAILED (exit $rc)"; else step_done; fi
+    step "mypy"
+    rc=0
+    "$VENV/bin/mypy" || rc=$?
+    if [[ "$rc" -ne 0 ]]; then LINT_FAIL=1; step_done "FAILED (exit $rc)"; else step_done; fi
+fi
+
+# --- 6. tests ---------------------------------------------------------------
+log "DOCKER_HOST=$DOCKER_HOST"
+log "ENVLOCK_TEST_PODMAN_HOST=${ENVLOCK_TEST_PODMAN_HOST:-<unset>}"
+log "ENVLOCK_TEST_BASE_IMAGE=$ENVLOCK_TEST_BASE_IMAGE"
+log "ENVLOCK_TEST_WHEELHOUSE=$ENVLOCK_TEST_WHEELHOUSE"
+
+run_pytest() {  # run_pytest NAME MARKEXPR [ARGS...]; sets PYTEST_RC
+    local name="$1" mark="$2"
+    shift 2
+    step "pytest-$name"
+    PYTEST_RC=0
+    "$VPY" -m pytest -ra -m "$mark" "$@" || PYTEST_RC=$?
+    step_done "exit $PYTEST_RC"
+}
+
+run_pytest unit "not integration" "$@"
+UNIT_RC=$PYTEST_RC
+run_pytest integration "integration" "$@"
+INTEG_RC=$PYTEST_RC
+
+fail=0
+if [[ "$LINT_FAIL" -ne 0 ]]; then log "ruff/mypy FAILED (see above)"; fail=1; fi
+case "$UNIT_RC" in
+    0) ;;
+    5) log "unit run collected no tests" ;;
+    *) log "unit tests FAILED (exit $UNIT_RC)"; fail=1 ;;
+esac
+case "$INTEG_RC" in
+    0) ;;
+    5)
+        if [[ $# -gt 0 && "$UNIT_RC" != 5 ]]; then
+            log "integration run selected no tests (pytest args given)"
+        else
+            log "integration run collected no tests: FAILURE (they must run)"
+            fail=1
+        fi
+        ;;
+    *) log "integration tests FAILED (exit $INTEG_RC)"; fail=1 ;;
+esac
+
+trap - ERR
+log "summary (total $((SECONDS - T_START)) s):"
+for s in "${SUMMARY[@]}"; do log "  $s"; done
+if [[ "$fail" -ne 0 ]]; then
+    log "RESULT: FAILED"
+    exit 1
+fi
+log "RESULT: OK"

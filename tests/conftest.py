@@ -1,0 +1,156 @@
+"""Shared pytest fixtures and hooks for the envlock test suite."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+# =============================================================================
+# Container engines, base image and wheelhouse
+#
+# `bash scripts/test.sh` provides all of these and exports:
+#   DOCKER_HOST               Docker API endpoint (mandatory engine)
+#   ENVLOCK_TEST_PODMAN_HOST  Podman API endpoint (optional engine; unset when
+#                             Podman does not work on the machine)
+#   ENVLOCK_TEST_BASE_IMAGE   Debian bookworm minbase + python3/pip/venv image,
+#                             present in Docker (and in Podman, where its name
+#                             may read localhost/<name>)
+#   ENVLOCK_TEST_WHEELHOUSE   directory of cp311 manylinux x86_64 wheels for
+#                             offline `pip install --no-index --find-links`
+#                             inside containers (they reach no package index)
+#   ENVLOCK_REQUIRE_ENGINE=1  missing Docker/base image/wheelhouse fails the
+#                             test instead of skipping it
+#
+# Podman fixtures always skip when Podman is unavailable, unless
+# ENVLOCK_REQUIRE_PODMAN=1.
+#
+# This module defines pytest_collection_modifyitems (integration tests run
+# last). A second function of that name further down would silently replace
+# it: extend this one instead.
+# =============================================================================
+
+DEFAULT_BASE_IMAGE = "envlock-test/bookworm-python:1"
+
+
+def _unavailable(reason: str, *, required_env: str = "ENVLOCK_REQUIRE_ENGINE") -> NoReturn:
+    """Fail when the environment demands the resource, skip otherwise."""
+    if os.environ.get(required_env) == "1":
+        pytest.fail(f"{reason} ({required_env}=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _close_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run tests marked ``integration`` after all others (stable order otherwise)."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A pinged ``docker.DockerClient`` for the Docker engine (``docker.from_env()``)."""
+    import docker
+    from docker.errors import DockerException
+
+    where = os.environ.get("DOCKER_HOST", "the default socket")
+    try:
+        client = docker.from_env()
+    except DockerException as exc:
+        _unavailable(f"Docker not reachable at {where}: {exc}")
+    try:
+        client.ping()
+    except Exception as exc:
+        _close_quietly(client)
+        _unavailable(f"Docker not reachable at {where}: {exc}")
+    yield client
+    _close_quietly(client)
+
+
+@pytest.fixture(scope="session")
+def podman_client() -> Iterator[Any]:
+    """A pinged ``docker.DockerClient`` talking to Podman's Docker-compatible API."""
+    import docker
+    from docker.errors import DockerException
+
+    url = os.environ.get("ENVLOCK_TEST_PODMAN_HOST")
+    if not url:
+        _unavailable(
+            "Podman not available (ENVLOCK_TEST_PODMAN_HOST unset)",
+            required_env="ENVLOCK_REQUIRE_PODMAN",
+        )
+    try:
+        client = docker.DockerClient(base_url=url)
+    except DockerException as exc:
+        _unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
+    try:
+        client.ping()
+    except Exception as exc:
+        _close_quietly(client)
+        _unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
+    yield client
+    _close_quietly(client)
+
+
+def _base_image_name() -> str:
+    return os.environ.get("ENVLOCK_TEST_BASE_IMAGE") or DEFAULT_BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: Any) -> str:
+    """Name of the base image (python3 + pip + venv on bookworm) in Docker."""
+    from docker.errors import ImageNotFound
+
+    name = _base_image_name()
+    try:
+        docker_client.images.get(name)
+    except ImageNotFound:
+        _unavailable(f"base image {name} not found in Docker; run scripts/test.sh")
+    return name
+
+
+@pytest.fixture(scope="session")
+def podman_base_image(podman_client: Any) -> str:
+    """Name under which the base image is known to Podman (may be ``localhost/...``)."""
+    from docker.errors import ImageNotFound
+
+    name = _base_image_name()
+    for candidate in (name, f"localhost/{name}"):
+        try:
+            podman_client.images.get(candidate)
+        except ImageNotFound:
+            continue
+        return candidate
+    _unavailable(
+        f"base image {name} not found in Podman; run scripts/test.sh",
+        required_env="ENVLOCK_REQUIRE_PODMAN",
+    )
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """Directory of wheels to install offline inside containers.
+
+    Mount it read-only and install with
+    ``pip install --no-index --find-links /wheels ...`` (the containers reach
+    no package index).
+    """
+    raw = os.environ.get("ENVLOCK_TEST_WHEELHOUSE")
+    if not raw:
+        _unavailable("ENVLOCK_TEST_WHEELHOUSE is not set; run scripts/test.sh")
+    path = Path(raw)
+    if not path.is_dir() or not any(path.glob("*.whl")):
+        _unavailable(f"wheelhouse {path} is missing or holds no wheels; run scripts/test.sh")
+    return path
+
+
+# =============================================================================
+# End of the container-engine section.
+# =============================================================================
