@@ -151,7 +151,7 @@ def capture(
     else:
         proc = ProbeProcess(python or sys.executable, probe_args(**args))  # type: ignore[arg-type]
         # Import the heavy half of envlock while the probe imports torch.
-        import envlock.lockfile  # noqa: F401
+        import envlock.lockfile
         import envlock.model  # noqa: F401
 
         doc = proc.result()

@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name and name.startswith(exc.name):
                 continue
             raise
-        module.register(sub)
+        register = module.register
+        register(sub)
     return parser
 
 
@@ -233,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        result: int = args.func(args)
-        return result
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
     except EnvlockError as exc:
         _err(f"envlock: error: {exc.message}\n")
         if exc.hint:

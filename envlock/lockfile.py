@@ -194,6 +194,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
     import tomlkit
 
     data = lock.model_dump(mode="json", exclude_none=True)
+    data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
     doc = tomlkit.document()
     for line in HEADER.format(version=lock.envlock.tool_version, name=name).splitlines():
         doc.add(tomlkit.comment(line))

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 SCHEMA_VERSION = 1
 REDACTED = "<redacted>"
@@ -63,7 +71,7 @@ Scalar = str | int | float | bool
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Meta(_Model):
@@ -71,7 +79,7 @@ class Meta(_Model):
 
     schema_version: int = SCHEMA_VERSION
     tool_version: str
-    created_at: datetime
+    created_at: datetime = Field(strict=False)
     fingerprint: Sha256Digest | None = None
     integrity: Sha256Digest | None = None
     note: str | None = Field(default=None, max_length=4096)
@@ -287,6 +295,24 @@ class Lock(_Model):
     packages: list[Package] = Field(default_factory=list)
     duplicates: list[Duplicate] = Field(default_factory=list)
     probe: ProbeInfo = Field(default_factory=ProbeInfo)
+
+    @field_validator("packages")
+    @classmethod
+    def _sorted_unique(cls, packages: list[Package]) -> list[Package]:
+        # Sorted here, not by whoever built the list, so every writer produces small diffs.
+        ordered = sorted(packages, key=lambda p: p.name)
+        for a, b in pairwise(ordered):
+            if a.name == b.name:
+                raise ValueError(f"{a.name} is listed twice (shadowed copies belong in [[duplicates]])")
+        return ordered
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if looks_secret(name) and value != REDACTED:
+                raise ValueError(f"{name} looks like a secret; a lock only stores it as {REDACTED!r}")
+        return dict(sorted(env.items()))
 
     # -- convenience -------------------------------------------------------------------
     def package(self, name: str) -> Package | None:

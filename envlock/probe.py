@@ -118,14 +118,30 @@ class _Proc:
         self.error: Optional[str] = None
         self.proc: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
         try:
+            # Own process group: a hung tool's children (a credential helper, a pager) are
+            # killed with it and cannot keep our pipes open past the timeout.
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=os.name == "posix",
             )
         except FileNotFoundError:
             self.error = "%s not found" % argv[0]
         except OSError as exc:
             self.error = "%s could not start: %s" % (argv[0], exc)
+
+    def _kill(self) -> None:
+        assert self.proc is not None
+        try:
+            if os.name == "posix":
+                os.killpg(self.proc.pid, 9)
+            else:
+                self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.communicate(timeout=1)
+        except Exception:
+            pass
 
     def result(self) -> Tuple[Optional[int], bytes, str]:
         """Return (returncode, stdout, error); returncode None means it did not finish."""
@@ -135,11 +151,7 @@ class _Proc:
         try:
             out, err = self.proc.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            try:
-                self.proc.communicate(timeout=2)
-            except Exception:
-                pass
+            self._kill()
             return None, b"", "%s timed out after %gs" % (" ".join(self.argv[:2]), self.timeout)
         msg = err.decode("utf-8", "replace").strip().splitlines()
         return self.proc.returncode, out, (msg[-1] if msg else "")
@@ -258,7 +270,7 @@ def collect_platform() -> Dict[str, Any]:
     elif sys.platform == "darwin":
         info["cpu_model"] = platform.processor() or None
     try:
-        info["cpu_count"] = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+        info["cpu_count"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         info["cpu_count"] = os.cpu_count()
     return {k: v for k, v in info.items() if v is not None}
@@ -335,7 +347,7 @@ def record_sha256(path: str) -> Optional[str]:
     for raw in data.splitlines():
         if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):
             continue
-        head, sep, tail = raw.rpartition(b",")
+        head, sep, _size = raw.rpartition(b",")
         path_part, sep2, digest = head.rpartition(b",")
         if not sep or not sep2 or not digest:
             continue
@@ -738,8 +750,9 @@ class _CtypesNvml:
         if self.lib.nvmlDeviceGetCudaComputeCapability(h, ct.byref(major), ct.byref(minor)) == 0:
             dev["compute_capability"] = "%d.%d" % (major.value, minor.value)
 
-        class Memory(ct.Structure):
-            _fields_ = [("total", ct.c_ulonglong), ("free", ct.c_ulonglong), ("used", ct.c_ulonglong)]
+        class Memory(ct.Structure):  # type: ignore[name-defined,misc]
+            _fields_ = [("total", ct.c_ulonglong), ("free", ct.c_ulonglong),  # noqa: RUF012
+                        ("used", ct.c_ulonglong)]
 
         mem = Memory()
         if self.lib.nvmlDeviceGetMemoryInfo(h, ct.byref(mem)) == 0:
@@ -847,7 +860,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
             dev = {"index": i, "name": props.name,
                    "compute_capability": "%d.%d" % (props.major, props.minor),
                    "memory_total_mib": int(props.total_memory // (1 << 20))}
-            uuid = _quiet(lambda p=props: str(p.uuid))
+            uuid = _quiet(lambda p=props: str(p.uuid))  # type: ignore[misc]
             if uuid:
                 dev["uuid"] = uuid
             devices.append(dev)
@@ -930,7 +943,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         errors["git"] = git_error
     doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
-    return scrub_document(doc, secret_values())
+    scrubbed: Dict[str, Any] = scrub_document(doc, secret_values())
+    return scrubbed
 
 
 def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:

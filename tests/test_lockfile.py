@@ -1,0 +1,145 @@
+"""Lock files: round trip, seal, tamper detection, atomic writes, hostile input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import tomllib
+from helpers import make_lock
+
+from envlock import lockfile
+from envlock.errors import LockInvalid, LockTampered, UsageError
+from envlock.model import Lock
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    lock = make_lock()
+    path = lockfile.save(lock, tmp_path / "env.lock")
+    again = lockfile.load(path)
+    assert again == lockfile.seal(lock)
+    assert lockfile.dumps(again, "env.lock") == path.read_text()
+
+
+def test_output_is_valid_toml_with_header_and_sorted_packages(tmp_path: Path) -> None:
+    lock = make_lock(packages=[{"name": n, "version": "1.0"} for n in ("zeta", "alpha", "mid")])
+    text = lockfile.dumps(lockfile.seal(lock))
+    assert text.startswith("# env.lock")
+    assert "envlock verify" in text.splitlines()[1]
+    data = tomllib.loads(text)
+    assert [p["name"] for p in data["packages"]] == ["alpha", "mid", "zeta"]
+
+
+def test_tricky_strings_survive(tmp_path: Path) -> None:
+    note = 'quote " backslash \\ newline \n tab \t unicode é 漢 \u0007'
+    lock = make_lock(env={"NCCL_DEBUG": "INFO", "TORCH_X": "a\"b\\c"})
+    lock = lock.model_copy(update={"envlock": lock.envlock.model_copy(update={"note": note})})
+    path = lockfile.save(lock, tmp_path / "env.lock")
+    again = lockfile.load(path)
+    assert again.envlock.note == note and again.env["TORCH_X"] == 'a"b\\c'
+
+
+def test_fingerprint_ignores_host_specific_values() -> None:
+    a = make_lock()
+    b = make_lock(platform={**a.platform.model_dump(exclude_none=True), "kernel": "6.1", "cpu_count": 96},
+                  python={**a.python.model_dump(exclude_none=True), "executable": "/other/bin/python"},
+                  git={"commit": "f" * 40, "dirty": True})
+    assert lockfile.fingerprint(a) == lockfile.fingerprint(b)
+    assert lockfile.integrity(a) != lockfile.integrity(b)
+    c = make_lock(packages=[{"name": "numpy", "version": "2.1.1"}])
+    assert lockfile.fingerprint(a) != lockfile.fingerprint(c)
+
+
+def test_hand_edit_is_detected_and_fmt_reseals(tmp_path: Path) -> None:
+    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path.write_text(path.read_text().replace('version = "2.1.0"', 'version = "2.1.1"'))
+    with pytest.raises(LockTampered, match="edited after capture"):
+        lockfile.load(path)
+    lock = lockfile.load(path, verify_seal=False)
+    assert lock.package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+    lockfile.save(lock, path)
+    assert lockfile.load(path).package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+
+
+def test_edit_outside_fingerprint_is_still_detected(tmp_path: Path) -> None:
+    path = lockfile.save(make_lock(git={"commit": "a" * 40}), tmp_path / "env.lock")
+    path.write_text(path.read_text().replace("a" * 40, "b" * 40))
+    with pytest.raises(LockTampered):
+        lockfile.load(path)
+
+
+def test_unsealed_lock_is_rejected(tmp_path: Path) -> None:
+    lock = make_lock()
+    bare = lock.model_copy(update={"envlock": lock.envlock.model_copy(update={"fingerprint": None, "integrity": None})})
+    path = tmp_path / "env.lock"
+    path.write_text(lockfile.dumps(bare))
+    with pytest.raises(LockTampered, match="not sealed"):
+        lockfile.load(path)
+
+
+def test_refuses_to_overwrite_a_foreign_file(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('my precious experiment')\n")
+    with pytest.raises(UsageError, match=r"not an env\.lock"):
+        lockfile.save(make_lock(), script)
+    assert script.read_text() == "print('my precious experiment')\n"
+    lockfile.save(make_lock(), script, force=True)
+    assert lockfile.load(script).python.version == "3.11.7"
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    before = path.read_text()
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        lockfile.save(make_lock(packages=[]), path)
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["env.lock"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[envlock\nschema_version = 1", "not valid TOML"),
+        (b"\x00\x01\x02binary\xff" * 100, "binary file"),
+        (b"\xff\xfe\xfa not utf8", "not UTF-8"),
+        (b'title = "not a lock"\n', "no [envlock] table"),
+        (b"[envlock]\nschema_version = 99\n", "schema 99"),
+    ],
+)
+def test_bad_input_gives_one_clear_error(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "env.lock"
+    path.write_bytes(content)
+    with pytest.raises(LockInvalid, match=message.replace("[", r"\[")):
+        lockfile.load(path)
+
+
+def test_unknown_key_and_wrong_type(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(make_lock().model_dump(mode="json", exclude_none=True)))
+    data["python"]["flavour"] = "spicy"
+    with pytest.raises(LockInvalid, match=r"python\.flavour: unknown key"):
+        lockfile.from_dict(data)
+    data["python"].pop("flavour")
+    data["packages"][0]["version"] = 3
+    with pytest.raises(LockInvalid, match=r"packages\.0\.version"):
+        lockfile.from_dict(data)
+
+
+def test_huge_file_is_refused_without_reading(tmp_path: Path) -> None:
+    path = tmp_path / "env.lock"
+    with open(path, "wb") as fh:
+        fh.truncate(50 * 1024 * 1024)
+    with pytest.raises(LockInvalid, match="at most 16 MiB"):
+        lockfile.load(path)
+
+
+def test_credentials_in_urls_are_refused_by_the_model() -> None:
+    with pytest.raises(ValueError, match="credentials"):
+        Lock.model_validate({**make_lock().model_dump(mode="json", exclude_none=True),
+                             "git": {"remote": "https://u:p@github.com/o/r"}})

@@ -1,0 +1,260 @@
+"""The stdlib probe: packages, git, env, container identity, torch flags, old interpreters."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, make_dist
+
+from envlock import probe
+from envlock.capture import PROBE_PATH, build_lock
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated sys.path holding only the fake distributions a test writes."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [str(site)])
+    return site
+
+
+def test_packages_exact_versions_installer_requested(site: Path) -> None:
+    make_dist(site, "Torch", "2.4.1+cu121", requested=True)
+    make_dist(site, "typing_extensions", "4.12.2", installer="uv", requested=False)
+    pkgs, dups = probe.collect_packages()
+    by = {p["name"]: p for p in pkgs}
+    assert by["torch"]["version"] == "2.4.1+cu121"
+    assert by["torch"]["requested"] is True and by["torch"]["installer"] == "pip"
+    assert by["typing-extensions"]["installer"] == "uv"
+    assert by["typing-extensions"]["requested"] is False
+    assert [p["name"] for p in pkgs] == sorted(by)
+    assert dups == []
+
+
+def test_direct_url_sources_and_credentials(site: Path) -> None:
+    make_dist(site, "fromgit", "0.1", direct_url={
+        "url": "https://user:ghp_SECRETTOKEN@github.com/org/fromgit.git",
+        "vcs_info": {"vcs": "git", "commit_id": "a" * 40, "requested_revision": "main"}})
+    make_dist(site, "fromurl", "1.0", direct_url={
+        "url": "https://files.example.org/fromurl-1.0-py3-none-any.whl?token=abc123secret",
+        "archive_info": {"hashes": {"sha256": "b" * 64}}})
+    make_dist(site, "mine", "0.0.1", direct_url={"url": "file:///home/u/src/mine", "dir_info": {"editable": True}})
+    make_dist(site, "local", "2.0", direct_url={"url": "file:///tmp/local-2.0.tar.gz", "archive_info": {}})
+    pkgs, _ = probe.collect_packages()
+    by = {p["name"]: p for p in pkgs}
+    assert by["fromgit"]["source"] == "vcs"
+    assert by["fromgit"]["commit"] == "a" * 40
+    assert by["fromgit"]["url"] == "https://github.com/org/fromgit.git"
+    assert by["fromurl"]["source"] == "url"
+    assert by["fromurl"]["archive_hash"] == "sha256=" + "b" * 64
+    assert "abc123secret" not in by["fromurl"]["url"]
+    assert by["mine"]["source"] == "editable"
+    assert by["local"]["source"] == "local"
+    assert "SECRETTOKEN" not in json.dumps(pkgs)
+
+
+def test_record_hash_ignores_venv_specific_lines(tmp_path: Path) -> None:
+    a = make_dist(tmp_path / "a", "tool", "1.0", script="shebang-of-venv-a", installer="pip")
+    b = make_dist(tmp_path / "b", "tool", "1.0", script="shebang-of-venv-b", installer="uv", requested=False)
+    c = make_dist(tmp_path / "c", "tool", "1.0", files=4)
+    ha = probe.record_sha256(str(a / "RECORD"))
+    assert ha == probe.record_sha256(str(b / "RECORD"))
+    assert ha != probe.record_sha256(str(c / "RECORD"))
+
+
+def test_shadowed_duplicates_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    make_dist(first, "six", "1.17.0")
+    make_dist(second, "six", "1.16.0")
+    monkeypatch.setattr(sys, "path", [str(first), str(second)])
+    pkgs, dups = probe.collect_packages()
+    assert [(p["name"], p["version"]) for p in pkgs] == [("six", "1.17.0")]
+    assert dups == [{"name": "six", "version": "1.16.0", "active_version": "1.17.0", "path_index": 1}]
+
+
+def test_broken_metadata_is_skipped_not_fatal(site: Path) -> None:
+    broken = site / "broken-1.0.dist-info"
+    broken.mkdir()
+    (broken / "METADATA").write_bytes(b"\xff\xfe garbage without headers")
+    make_dist(site, "fine", "1.0")
+    pkgs, _ = probe.collect_packages()
+    assert [p["name"] for p in pkgs] == ["fine"]
+
+
+# -- env, secrets, URLs ---------------------------------------------------------------------------
+
+
+def test_env_allowlist_redaction_and_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://alice:s3cretpass@pypi.corp.example/simple")
+    monkeypatch.setenv("HOME_SECRET_THING", "not-allowlisted")
+    env = probe.collect_env()
+    assert env["HF_TOKEN"] == probe.REDACTED
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["PIP_INDEX_URL"] == "https://pypi.corp.example/simple"
+    assert "HOME_SECRET_THING" not in env
+
+
+def test_strip_url_variants() -> None:
+    assert probe.strip_url("https://tok@github.com/o/r.git") == "https://github.com/o/r.git"
+    assert probe.strip_url("ssh://git@host:22/o/r") == "ssh://host:22/o/r"
+    assert probe.strip_url("git@github.com:o/r.git") == "git@github.com:o/r.git"
+    cleaned = probe.strip_url("https://h/x?sig=abc&plain=1&api_key=zz")
+    assert "abc" not in cleaned and "zz" not in cleaned and "plain=1" in cleaned
+
+
+def test_secret_values_scrubbed_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-0123456789abcdef")
+    doc = probe.scrub_document({"a": ["x wandb-0123456789abcdef y"], "b": {"c": "wandb-0123456789abcdef"}},
+                               probe.secret_values())
+    assert "wandb-0123456789abcdef" not in json.dumps(doc)
+
+
+# -- git ------------------------------------------------------------------------------------------
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"})
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    r = tmp_path / "repo"
+    r.mkdir()
+    _git(r, "init", "-q", "-b", "main")
+    (r / "train.py").write_text("print(1)\n")
+    _git(r, "add", "train.py")
+    _git(r, "commit", "-qm", "init")
+    _git(r, "remote", "add", "origin", "https://x-access-token:ghp_0123456789abcdefSECRET@github.com/lab/paper.git")
+    return r
+
+
+def test_git_state_and_remote_without_credentials(repo: Path) -> None:
+    info, err = probe._GitJob(str(repo), 10).collect()
+    assert err is None and info is not None
+    assert len(info["commit"]) == 40 and info["branch"] == "main"
+    assert info["dirty"] is False and info["untracked"] == 0
+    assert info["remote"] == "https://github.com/lab/paper.git"
+    clean_hash = info["diff_sha256"]
+    (repo / "train.py").write_text("print(2)\n")
+    (repo / "notes.txt").write_text("x")
+    info2, _ = probe._GitJob(str(repo), 10).collect()
+    assert info2 is not None
+    assert info2["dirty"] is True and info2["untracked"] == 1
+    assert info2["diff_sha256"] != clean_hash
+
+
+def test_outside_git(tmp_path: Path) -> None:
+    info, err = probe._GitJob(str(tmp_path), 10).collect()
+    assert info is None and err == "not a git repository"
+
+
+def test_missing_git_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVLOCK_GIT", str(tmp_path / "no-such-git"))
+    info, err = probe._GitJob(str(tmp_path), 5).collect()
+    assert info is None and err is not None and "not found" in err
+
+
+def test_hanging_git_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    # The child sleep keeps the pipe open: killing only the shell would not end the wait.
+    fake.write_text("#!/bin/sh\nsleep 120 &\nsleep 120\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    doc = probe.collect(torch="no", cwd=str(tmp_path), git_timeout=1.0)
+    elapsed = time.monotonic() - started
+    assert "timed out" in doc["probe"]["errors"]["git"]
+    assert "git" not in doc
+    assert elapsed < 20, f"a hung git held the capture for {elapsed:.1f}s"
+
+
+# -- container identity -------------------------------------------------------------------------
+
+
+def test_image_from_env_and_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    digest = "sha256:" + "c" * 64
+    monkeypatch.setenv("ENVLOCK_IMAGE", "lab/train:1.0")
+    monkeypatch.setenv("ENVLOCK_IMAGE_DIGEST", digest)
+    info = probe.collect_image(None)
+    assert info["source"] == "env" and info["reference"] == "lab/train:1.0" and info["digest"] == digest
+    cli = probe.collect_image("nvcr.io/nvidia/pytorch:24.05-py3@sha256:" + "d" * 64)
+    assert cli["source"] == "cli" and cli["digest"] == "sha256:" + "d" * 64
+    assert cli["reference"] == "nvcr.io/nvidia/pytorch:24.05-py3"
+
+
+# -- whole documents ------------------------------------------------------------------------------
+
+
+def test_collect_without_torch_validates_as_lock(tmp_path: Path) -> None:
+    doc = probe.collect(torch="no", cwd=str(tmp_path))
+    assert "torch" not in doc and doc["determinism"]["torch_loaded"] is False
+    assert doc["probe"]["errors"]["torch"].startswith("skipped")
+    lock = build_lock(doc)
+    assert lock.python.version == ".".join(map(str, sys.version_info[:3]))
+    assert lock.package("pydantic") is not None
+
+
+def test_collect_with_live_torch_flags(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        doc = probe.collect(torch="auto", cwd=str(tmp_path))
+    finally:
+        torch.backends.cudnn.benchmark = before
+    assert doc["torch"]["version"] == torch.__version__
+    assert doc["determinism"]["cudnn_benchmark"] is True
+    assert doc["determinism"]["deterministic_algorithms"] is False
+    assert len(doc["torch"]["config_sha256"]) == 64
+    lock = build_lock(doc)
+    assert lock.torch is not None and lock.torch.version == torch.__version__
+
+
+def test_probe_file_is_python38_syntax() -> None:
+    source = PROBE_PATH.read_text()
+    ast.parse(source, feature_version=(3, 8))
+    imports = {n.names[0].name.split(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import)}
+    imports |= {n.module.split(".")[0] for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.ImportFrom) and n.module}
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    assert imports - stdlib == {"torch", "pynvml"}  # both optional, imported only when present
+
+
+def _old_pythons() -> list[str]:
+    found = []
+    for minor in (8, 9, 10):
+        candidates = sorted(glob.glob(str(Path.home() / f".pyenv/versions/3.{minor}*/bin/python3.{minor}")))
+        candidates.append(shutil.which(f"python3.{minor}") or "")
+        for exe in candidates:
+            # pyenv shims exist for versions that are not active; only keep ones that run.
+            if exe and subprocess.run([exe, "-c", "pass"], capture_output=True, check=False).returncode == 0:
+                found.append(exe)
+                break
+    return found
+
+
+@pytest.mark.parametrize("python", _old_pythons() or [pytest.param(None, marks=pytest.mark.skip("no Python 3.8-3.10 here"))])
+def test_probe_runs_under_older_interpreters(python: str, tmp_path: Path) -> None:
+    out = subprocess.run([python, str(PROBE_PATH), "--no-torch"], capture_output=True, timeout=120,
+                         cwd=tmp_path, check=True)
+    doc = json.loads(out.stdout)
+    lock = build_lock(doc)
+    assert lock.python.version.startswith("3.")
+    assert str(REPO) not in json.dumps(doc.get("packages", []))
