@@ -130,9 +130,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     lock = load(args.lock)
     name = Path(args.lock).name
-    render = {"json": lambda: show_json(lock), "markdown": lambda: show_markdown(lock, name),
-              "text": lambda: show_text(lock, str(args.lock))}[args.format]
-    _out(render())
+    if args.format == "json":
+        _out(show_json(lock))
+    elif args.format == "markdown":
+        _out(show_markdown(lock, name))
+    else:
+        _out(show_text(lock, str(args.lock)))
     return EXIT_OK
 
 
