@@ -133,7 +133,9 @@ step_done "docker at $DOCKER_HOST; podman ${ENVLOCK_TEST_PODMAN_HOST:-unavailabl
 step "base-image"
 build_tarball() {
     if ! command -v debootstrap >/dev/null 2>&1; then
+        local ta=$SECONDS
         _engine_apt_install debootstrap
+        log "apt install debootstrap took $((SECONDS - ta)) s"
     fi
     local dir="$CACHE/rootfs.tmp"
     rm -rf "$dir" "$TARBALL.tmp"
