@@ -151,6 +151,8 @@ def capture(
     else:
         proc = ProbeProcess(python or sys.executable, probe_args(**args))  # type: ignore[arg-type]
         # Import the heavy half of envlock while the probe imports torch.
+        import tomlkit  # noqa: F401
+
         import envlock.lockfile
         import envlock.model  # noqa: F401
 

@@ -191,7 +191,7 @@ def _array_of_tables(name: str, rows: list[dict[str, Any]]) -> str:
 
 def dumps(lock: Lock, name: str = "env.lock") -> str:
     """Render a lock as TOML: stable order (model field order, packages by name)."""
-    import tomlkit
+    import tomlkit  # imported early by capture(), in parallel with the probe
 
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
@@ -209,7 +209,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             continue
         table = tomlkit.table()
         if key in _SECTION_COMMENTS:
-            doc.add(tomlkit.comment(_SECTION_COMMENTS[key]))
+            table.add(tomlkit.comment(_SECTION_COMMENTS[key]))
         for k, v in value.items():
             if isinstance(v, list) and v and isinstance(v[0], dict):
                 aot = tomlkit.aot()
