@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,11 @@ def test_researcher_flow(venv: Path, tmp_path: Path) -> None:
     assert det["float32_matmul_precision"] == "highest"
 
     assert _envlock(venv, "verify", cwd=tmp_path).returncode == 0
+
+    # the same environment probed from another interpreter (`--python`, venv directory form)
+    other = run_cli("capture", "--python", str(venv), "-o", "other.lock", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert run_cli("diff", "env.lock", "other.lock", cwd=tmp_path).returncode == 0
 
     # one more package
     _pip(venv, "six==1.16.0")

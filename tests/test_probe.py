@@ -258,3 +258,24 @@ def test_probe_runs_under_older_interpreters(python: str, tmp_path: Path) -> Non
     lock = build_lock(doc)
     assert lock.python.version.startswith("3.")
     assert str(REPO) not in json.dumps(doc.get("packages", []))
+
+
+def test_conda_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = tmp_path / "conda-meta"
+    meta.mkdir()
+    (meta / "cudatoolkit-11.8.0-h6a678d5_0.json").write_text(json.dumps({
+        "name": "cudatoolkit", "version": "11.8.0", "build": "h6a678d5_0",
+        "channel": "https://user:pw@conda.anaconda.org/nvidia", "files": ["lib/libcudart.so"]}))
+    (meta / "history").write_text("")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert probe.prefix_kind() == "conda"
+    conda = probe.collect_conda()
+    assert conda == {"packages": [{"name": "cudatoolkit", "version": "11.8.0", "build": "h6a678d5_0",
+                                   "channel": "https://conda.anaconda.org/nvidia"}]}
+
+
+def test_conda_built_wheel_is_not_a_local_file(site: Path) -> None:
+    make_dist(site, "numpy", "1.26.4", installer="conda", direct_url={
+        "url": "file:///croot/numpy_1700000000/work", "dir_info": {}})
+    pkgs, _ = probe.collect_packages()
+    assert pkgs[0]["source"] == "conda" and "url" not in pkgs[0]
