@@ -270,8 +270,22 @@ def _conda(c: _Collector, old: Lock, new: Lock) -> None:
 
 
 def _canary(c: _Collector, old: Lock, new: Lock) -> None:
+    """Numeric drift: the same seeded kernels give other bytes, whatever the versions say.
+
+    Each mismatch names the settings that also differ (threads, oneDNN, CPU ISA, TF32), because
+    those are the usual explanation when every version matches.
+    """
     if old.canary is None or new.canary is None:
         return
+    if old.canary.version != new.canary.version:
+        c.add("canary", "canary.version", old.canary.version, new.canary.version, "warning",
+              "canary kernels changed between envlock versions; hashes not compared")
+        return
+    settings_a, settings_b = old.canary.settings, new.canary.settings
+    changed = [f"{k} {settings_a.get(k, '-')} -> {settings_b.get(k, '-')}"
+               for k in sorted(set(settings_a) | set(settings_b)) if settings_a.get(k) != settings_b.get(k)]
+    more = f", and {len(changed) - 4} more" if len(changed) > 4 else ""
+    hint = f" (settings differ: {', '.join(changed[:4])}{more})" if changed else ""
     a = {(r.name, r.device, r.dtype): r.sha256 for r in old.canary.results}
     b = {(r.name, r.device, r.dtype): r.sha256 for r in new.canary.results}
     for key in sorted(set(a) | set(b)):
@@ -280,12 +294,14 @@ def _canary(c: _Collector, old: Lock, new: Lock) -> None:
         if key in a and key in b:
             if a[key] != b[key]:
                 c.add("canary", path, a[key][:12], b[key][:12], "breaking",
-                      f"numeric drift: {name} on {device} ({dtype}) gives different bytes")
+                      f"numeric drift: {name} on {device} ({dtype}) gives different bytes{hint}")
         elif key in a:
-            c.add("canary", path, a[key][:12], None, "info", f"{name} on {device} not run here")
+            why = new.canary.errors.get(f"{name}[{device},{dtype}]")
+            c.add("canary", path, a[key][:12], None, "warning" if why else "info",
+                  f"{name} on {device} ({dtype}) " + (f"failed here: {why}" if why else "not run here"))
         else:
             c.add("canary", path, None, b[key][:12], "info", f"{name} on {device} not in the lock")
-    c.fields("canary", "canary.settings", old.canary.settings, new.canary.settings, {}, default="info")
+    c.fields("canary", "canary.settings", settings_a, settings_b, {}, default="info")
 
 
 def compare(old: Lock, new: Lock, *, expected_image_change: bool = False) -> Comparison:

@@ -192,7 +192,10 @@ class Determinism(_Model):
     num_threads: int | None = None
     num_interop_threads: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
-    late: list[str] = Field(default_factory=list)
+    # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
+    # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
+    late: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
+        default_factory=list)
 
 
 class Seeds(_Model):
@@ -253,19 +256,25 @@ class Conda(_Model):
 
 
 class CanaryResult(_Model):
-    name: str
-    device: str
-    dtype: str
+    """One kernel on one device: the sha256 of its output's dtype, shape and raw bytes."""
+
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=64)
+    device: str = Field(pattern=r"^[a-z]+(:\d+)?$", max_length=32)
+    dtype: str = Field(pattern=r"^[a-z0-9]+$", max_length=32)
     sha256: HexSha256
 
 
 class Canary(_Model):
     """``[canary]``: hashes of a fixed seeded set of kernels and the settings they ran under."""
 
+    # Kernels, shapes and inputs of this version; hashes of two versions are not comparable.
     version: int = 1
     torch: Version | None = None
     settings: dict[str, Scalar] = Field(default_factory=dict)
     results: list[CanaryResult] = Field(default_factory=list)
+    # "kernel[device,dtype]" -> why it could not run (bf16 on an old GPU); absent results
+    # are then explained instead of looking like a smaller canary.
+    errors: dict[str, str] = Field(default_factory=dict)
     duration_ms: float | None = None
 
 

@@ -562,14 +562,16 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             if isinstance(value, (bool, int, str)):
                 det[key] = value
     det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
-    late = []
-    if torch is not None and "CUBLAS_WORKSPACE_CONFIG" in os.environ:
-        if _quiet(lambda: torch.cuda.is_initialized()):
-            ours = os.environ.get("ENVLOCK_CUBLAS_WORKSPACE_CONFIG_SET_AFTER_INIT")
-            if ours:
-                late.append("CUBLAS_WORKSPACE_CONFIG")
-    if late:
-        det["late"] = late
+    # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
+    # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
+    # envlock to read it, tagged with the pid because children inherit the environment but not
+    # the lateness (a child that starts with CUBLAS_WORKSPACE_CONFIG set has it in effect). The
+    # leading underscore keeps it out of the [env] allow-list.
+    pid, _, names = os.environ.get("_ENVLOCK_LATE", "").partition(":")
+    if pid == str(os.getpid()):
+        late = sorted(set(n for n in names.split(",") if re.match(r"^[A-Za-z0-9_.]{1,128}$", n)))
+        if late:
+            det["late"] = late
     return det
 
 

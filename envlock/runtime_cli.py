@@ -1,0 +1,100 @@
+"""``envlock canary``: run the numeric canary here, print its hashes, optionally check a lock's.
+
+Registered by ``envlock.cli`` through ``register(subparsers)``; torch is imported only inside
+the handler, so ``envlock --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envlock.compare import Comparison
+    from envlock.model import Canary
+
+EXIT_OK, EXIT_DRIFT = 0, 1
+
+
+def _text(canary: Canary) -> str:
+    devices = sorted({r.device for r in canary.results})
+    duration = f" in {canary.duration_ms:.0f} ms" if canary.duration_ms is not None else ""
+    lines = [f"canary v{canary.version}, torch {canary.torch or '-'}: {len(canary.results)} "
+             f"results on {', '.join(devices) or 'no device'}{duration}"]
+    if canary.results:
+        wn = max(len(r.name) for r in canary.results)
+        wd = max(len(r.device) for r in canary.results)
+        wt = max(len(r.dtype) for r in canary.results)
+        lines += [f"  {r.name.ljust(wn)}  {r.device.ljust(wd)}  {r.dtype.ljust(wt)}  {r.sha256[:16]}"
+                  for r in canary.results]
+    for key, why in sorted(canary.errors.items()):
+        lines.append(f"  failed: {key}: {why}")
+    if canary.settings:
+        lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in canary.settings.items()))
+    return "\n".join(lines) + "\n"
+
+
+def _check_text(cmp: Comparison, name: str) -> str:
+    shown = [d for d in cmp.differences if d.severity != "info"]
+    if not shown:
+        return f"OK: same bytes as the canary in {name}\n"
+    body = "".join(f"  {d.severity.upper() if d.severity == 'breaking' else d.severity}  "
+                   f"{d.describe()}\n" for d in shown)
+    verdict = (f"NUMERIC DRIFT: {len(cmp.breaking)} kernel(s) differ from {name}\n"
+               if cmp.breaking else "OK: no breaking difference\n")
+    return body + verdict
+
+
+def cmd_canary(args: argparse.Namespace) -> int:
+    from envlock.errors import LockInvalid
+
+    if args.python:
+        from envlock.capture import capture
+
+        current = capture(python=args.python, canary=True, in_process=False).canary
+        if current is None:
+            raise LockInvalid(f"the probe under {args.python} could not run the canary (is torch installed?)")
+    else:
+        from envlock.runtime import canary
+
+        current = canary(args.device or None)
+    result = EXIT_OK
+    payload: dict[str, object] = {"canary": current.model_dump(mode="json", exclude_none=True)}
+    text = _text(current)
+    if args.against:
+        from envlock.compare import compare
+        from envlock.lockfile import load
+
+        expected = load(args.against)
+        if expected.canary is None:
+            raise LockInvalid(f"{args.against} has no [canary] table",
+                              hint="capture it with `envlock capture --canary`")
+        # Same lock, only the canary replaced: every difference compare() finds is numeric.
+        cmp = compare(expected, expected.model_copy(update={"canary": current}))
+        payload["comparison"] = cmp.to_dict()
+        text += _check_text(cmp, str(args.against))
+        result = EXIT_OK if cmp.ok else EXIT_DRIFT
+    if args.json:
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(text)
+    sys.stdout.flush()
+    return result
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "canary",
+        help="hash a fixed set of seeded torch kernels: numeric drift that versions miss",
+        description="Run fp32/bf16 matmul, conv, softmax, layer_norm and reductions on fixed "
+                    "inputs, on the CPU and each visible CUDA device, and print the sha256 of "
+                    "every output. Exit 1 with --against when the bytes differ from the lock's.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--device", action="append", metavar="DEV",
+                   help="run on DEV only (cpu, cuda:0, ...); repeatable")
+    p.add_argument("--against", metavar="LOCK", help="compare with the [canary] of LOCK")
+    p.add_argument("--python", help="run the canary under this interpreter instead")
+    p.set_defaults(func=cmd_canary)
