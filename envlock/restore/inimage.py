@@ -1,0 +1,66 @@
+"""``envlock capture --in-image REF``: lock an image that is not running.
+
+The probe runs in a throwaway container of REF with the image's main interpreter (the first of
+python3/python on the image's PATH, or the one given), with no network. The image's identity
+comes from the engine, not from inside: a container cannot learn its own image reliably, and
+``RepoDigests`` is empty for images built locally, so the ``Id`` is always recorded too.
+"""
+
+from __future__ import annotations
+
+import re
+
+from envlock.errors import EngineUnavailable, UsageError
+from envlock.model import Lock
+from envlock.restore import values
+
+CANDIDATES = ("python3", "python")
+
+
+def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
+                     canary: bool = False, note: str | None = None,
+                     engine: str | None = None) -> Lock:
+    from envlock.capture import build_lock
+    from envlock.restore.engine import connect
+    from envlock.restore.verify import InterpreterMissing, probe_in_image
+
+    values.image_ref(ref)
+    if python is not None and "/" in python:
+        values.abs_path(python, what="--python")
+    elif python is not None and not re.match(r"^python[0-9.]*$", python):
+        raise UsageError(f"--python must be a path inside the image or python/python3[.X], not {python!r}")
+    eng = connect(engine)
+    try:
+        eng.remove_stale()
+        info = eng.image(ref) or eng.pull(ref)
+        repo, _, _ = values.split_ref(ref) if not ref.startswith("sha256:") else ("", None, None)
+        digest = None
+        for rd in info.repo_digests:
+            r, _, d = rd.partition("@")
+            # Podman lists a local digest under localhost/: not something anyone can pull.
+            if not r.startswith("localhost/") and (not repo or r.endswith(repo.split("/")[-1])):
+                digest = d
+                break
+        env = {"ENVLOCK_IMAGE": ref, "ENVLOCK_IMAGE_ID": info.id}
+        if digest:
+            env["ENVLOCK_IMAGE_DIGEST"] = digest
+        doc = None
+        for cand in ([python] if python else list(CANDIDATES)):
+            try:
+                doc = probe_in_image(eng, info.id, python=cand, torch=torch, canary=canary, env=env)
+                break
+            except InterpreterMissing:
+                continue
+        if doc is None:
+            raise EngineUnavailable(f"no python found in {ref} (tried {', '.join(CANDIDATES)})",
+                                    hint="pass --python /path/to/python inside the image")
+    finally:
+        eng.close()
+    image = {"in_container": True, "source": "engine", "reference": ref, "id": info.id,
+             "engine": eng.name}
+    if digest:
+        image["digest"] = digest
+    doc["image"] = image
+    # The identity variables were ours, not the image's.
+    doc["env"] = {k: v for k, v in (doc.get("env") or {}).items() if not k.startswith("ENVLOCK_IMAGE")}
+    return build_lock(doc, note=note)

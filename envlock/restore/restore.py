@@ -1,0 +1,147 @@
+"""``envlock restore``: lock -> pinned build context -> image (or cache hit) -> verified.
+
+The cache key is the sha256 of the whole build context (Dockerfile, requirement files, wheels),
+stored as the image label ``org.envlock.context``: the same lock restored with the same options
+finds its image and skips the build entirely, while a different ``--base`` or wheelhouse builds
+anew. Images are tagged ``envlock/<name>:<short id>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envlock.errors import NotRestorable
+from envlock.model import Lock
+from envlock.restore import context as ctx
+from envlock.restore import values
+
+if TYPE_CHECKING:
+    from envlock.compare import Comparison
+    from envlock.restore.engine import ContainerEngine, Progress
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    plan: ctx.Plan
+    image_id: str
+    tag: str
+    cached: bool
+    seconds: float  # build (or cache lookup) time
+    context_dir: Path
+    log_path: Path | None
+    comparison: Comparison | None
+    size: int | None
+
+
+def image_name(lock_path: Path | None, name: str | None = None) -> str:
+    """``<name>`` of ``envlock/<name>``: given, else the lock's directory, made tag-safe."""
+    raw = name or (Path(lock_path).resolve().parent.name if lock_path else "") or "env"
+    clean = re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:64].strip("-")
+    return clean or "env"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envlock" / "restore"
+
+
+def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Options) -> ctx.BaseChoice:
+    """The base, pinned through the engine when it is a tag (pulled if missing)."""
+    base = ctx.choose_base(lock, options)
+    if engine is None:
+        return base
+    if base.ref.startswith("sha256:"):
+        if engine.image(base.ref) is None:
+            raise NotRestorable(
+                f"the lock's image {base.display} ({base.ref[:19]}...) exists only on the machine "
+                "that captured it (a local build without a registry digest)",
+                hint="push it to a registry and capture again, or pass --base REF")
+        return base
+    if base.pinned:
+        return base
+    repo, _, _ = values.split_ref(base.ref)
+    info = engine.image(base.ref) or engine.pull(base.ref)
+    pinned = info.pinned_ref(repo)
+    if "@" in pinned and pinned.split("@", 1)[0].startswith("localhost/"):
+        pinned = info.id  # Podman's local digest: the id says the same and is unambiguous
+    return ctx.BaseChoice(pinned, base.origin, True, base.ref)
+
+
+def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = None
+            ) -> tuple[ctx.Plan, dict[str, str]]:
+    """The validated plan and the rendered files, ready to write or build."""
+    base = resolve_base(engine, lock, options)
+    wheels_for = None
+    if options.wheelhouse is not None:
+        from envlock.restore import wheelhouse
+
+        wheels_for = wheelhouse.select(options.wheelhouse, lock.packages)
+        manifest = wheelhouse.read_manifest(options.wheelhouse)
+        if manifest and not options.extra_hashes:
+            options = dataclasses.replace(options, extra_hashes=manifest)
+    plan = ctx.plan(lock, options, base, wheels_for)
+    return plan, ctx.render(plan)
+
+
+def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path) -> ctx.Plan:
+    plan, rendered = prepare(lock, options, None)
+    ctx.write_context(plan, directory, rendered)
+    return plan
+
+
+def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
+            workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
+            use_cache: bool = True, say: Callable[[str], None] = lambda s: None) -> RestoreResult:
+    """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside."""
+    from envlock.restore.engine import make_progress
+
+    engine.remove_stale()
+    plan, rendered = prepare(lock, options, engine)
+    for note in plan.notes:
+        say(f"note: {note}")
+    if plan.skipped:
+        say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
+    key = ctx.context_key(plan, rendered)
+    tag = f"envlock/{name}:{lock.short_id}"
+    workdir = Path(workdir) if workdir else cache_dir() / f"{name}-{lock.short_id}"
+    context_dir = workdir / "context"
+    labels = {ctx.LABEL_CONTEXT: key}
+    t0 = time.monotonic()
+    found = engine.find_image(labels) if use_cache else None
+    log_path: Path | None = None
+    if found is not None:
+        image_id, cached = found.id, True
+        if not any(t.endswith(tag) for t in found.tags):
+            engine.tag(image_id, tag)
+        say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
+    else:
+        ctx.write_context(plan, context_dir, rendered)
+        log_path = workdir / "build.log"
+        say(f"building {tag} from {plan.base.display} (context: {context_dir})")
+        image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
+                                progress=progress or make_progress())
+        cached = False
+    seconds = time.monotonic() - t0
+    info = engine.image(image_id)
+    comparison = None
+    if verify:
+        say("verifying: running the probe inside a fresh container")
+        _, comparison = verify_image_for(engine, plan, image_id, tag)
+    return RestoreResult(plan=plan, image_id=image_id, tag=tag, cached=cached, seconds=seconds,
+                         context_dir=context_dir, log_path=log_path, comparison=comparison,
+                         size=info.size if info else None)
+
+
+def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str
+                     ) -> tuple[Lock, Comparison]:
+    from envlock.restore.verify import verify_image
+
+    return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
+                        skipped=plan.skipped)

@@ -1,0 +1,158 @@
+"""``envlock run LOCK -- CMD``: replay a command in the lock's image.
+
+The workspace is mounted at /workspace and CMD runs as the caller's uid:gid, so every file it
+writes there belongs to the caller (no root-owned leftovers). Output is streamed as it comes and
+envlock exits with CMD's exit code. GPUs go through a Docker DeviceRequest or, on Podman, the
+CDI device ``nvidia.com/gpu=all``; before asking for them, the host driver is checked against
+the minimum for the lock's CUDA (``envlock/data/cuda.toml``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envlock.errors import EnvlockError, UsageError
+from envlock.model import Lock
+from envlock.restore.context import WORKDIR
+from envlock.restore.engine import ContainerEngine, RunSpec
+from envlock.restore.tables import driver_older, driver_requirement
+
+JUPYTER_PORT = 8888
+_PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
+_GPUS_RE = re.compile(r"^(all|none|auto|\d+(,\d+)*)$")
+
+
+class HostIncompatible(EnvlockError):
+    """The host cannot run the lock's stack (driver too old, no GPU driver)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    command: Sequence[str]
+    gpus: str = "auto"
+    workspace: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    ports: Sequence[str] = ()
+    jupyter: bool = False
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``K=V`` pairs; names are checked, values pass as data (no shell ever sees them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            key, value = item, os.environ.get(item, "")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise UsageError(f"--env {item!r}: not NAME=VALUE")
+        if "\0" in value:
+            raise UsageError(f"--env {key}: value contains a NUL byte")
+        out[key] = value
+    return out
+
+
+def parse_ports(items: Sequence[str]) -> dict[str, tuple[str, int]]:
+    out: dict[str, tuple[str, int]] = {}
+    for item in items:
+        m = _PORT_RE.match(item)
+        if not m or not (0 < int(m.group(2)) < 65536 and 0 < int(m.group(3)) < 65536):
+            raise UsageError(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]")
+        out[f"{int(m.group(3))}/{m.group(4) or 'tcp'}"] = (m.group(1) or "0.0.0.0", int(m.group(2)))
+    return out
+
+
+def host_driver() -> str | None:
+    """The NVIDIA driver version of this host, from the kernel module or nvidia-smi."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
+        m = re.search(r"\b(\d{3,4}\.\d+(?:\.\d+)?)\b", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return first[0].strip() if out.returncode == 0 and first else None
+
+
+def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
+    """(the GPU request for the engine or None, warnings); refuses what cannot work."""
+    if not _GPUS_RE.match(gpus):
+        raise UsageError(f"--gpus {gpus!r}: expected all, none, auto or a list like 0,1")
+    cuda = lock.torch.cuda if lock.torch else None
+    if gpus == "none" or (gpus == "auto" and (not cuda or driver is None)):
+        return None, []
+    warnings: list[str] = []
+    if driver is None:
+        raise HostIncompatible("--gpus asks for GPUs, but this host has no NVIDIA driver "
+                               "(/proc/driver/nvidia/version and nvidia-smi not found)")
+    if cuda:
+        need = driver_requirement(cuda)
+        if need is None:
+            warnings.append(f"no driver minimum known for CUDA {cuda}; not checked")
+        elif driver_older(driver, need.min_driver):
+            raise HostIncompatible(
+                f"the host's NVIDIA driver {driver} cannot run CUDA {cuda} (torch "
+                f"{lock.torch.version if lock.torch else '?'}): it needs at least {need.min_driver}",
+                hint="upgrade the driver, or run on CPU with --gpus none")
+        elif need.toolkit_driver and driver_older(driver, need.toolkit_driver):
+            warnings.append(f"driver {driver} runs CUDA {cuda} under minor version compatibility "
+                            f"only (toolkit driver {need.toolkit_driver}); PTX JIT may fail")
+    return ("all" if gpus in ("all", "auto") else gpus), warnings
+
+
+def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
+                 *, python: str) -> int:
+    """Run the command (or JupyterLab) and return its exit code."""
+    command = list(opts.command)
+    env = {"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"}
+    env.update(opts.env or {})
+    ports = parse_ports(opts.ports)
+    if opts.jupyter:
+        if lock.package("jupyterlab") is None:
+            raise UsageError("--jupyter: the lock has no jupyterlab", hint="add jupyterlab to the "
+                             "environment and capture again")
+        token = secrets.token_hex(24)
+        env["JUPYTER_TOKEN"] = token  # an env var, not an argument: it does not show in `ps`
+        if not ports:
+            ports = {f"{JUPYTER_PORT}/tcp": ("127.0.0.1", JUPYTER_PORT)}
+        inner = int(next(iter(ports)).split("/")[0])
+        command = [python, "-m", "jupyterlab", "--ip=0.0.0.0", f"--port={inner}", "--no-browser",
+                   f"--ServerApp.root_dir={WORKDIR}"]
+        host_ip, host_port = next(iter(ports.values()))
+        shown = "127.0.0.1" if host_ip == "0.0.0.0" else host_ip
+        sys.stderr.write(f"JupyterLab: http://{shown}:{host_port}/lab?token={token}\n")
+    if not command:
+        raise UsageError("nothing to run: give a command after --, e.g. envlock run env.lock -- python train.py")
+    workspace = (opts.workspace or Path.cwd()).resolve()
+    if not workspace.is_dir():
+        raise UsageError(f"--workspace {workspace} is not a directory")
+    gpus, warnings = resolve_gpus(lock, opts.gpus, host_driver())
+    for w in warnings:
+        sys.stderr.write(f"envlock: warning: {w}\n")
+    spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
+                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False)], gpus=gpus, ports=ports)
+
+    def out(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    def err(data: bytes) -> None:
+        sys.stderr.buffer.write(data)
+        sys.stderr.buffer.flush()
+
+    result = engine.run(spec, on_stdout=out, on_stderr=err)
+    return result.exit_code

@@ -1,0 +1,180 @@
+"""Strict checks for every value that reaches a Dockerfile, a requirements file or a command.
+
+A lock is data from somewhere else (a paper's artifact, a colleague's branch). The model already
+limits character sets, but the model is about *storing* values faithfully; restore is about
+*executing* them, so it re-checks each value against the grammar of the place it goes to and
+refuses anything else with ``UnsafeValue`` (exit 2). Checks are allowlists: a value either
+matches a grammar that cannot express a command, or the restore stops.
+
+Even valid values never meet a shell: ``RUN`` lines are rendered in exec (JSON) form and the
+packages go to pip through requirement files, so these checks are a second wall, not the only one.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from envlock.errors import UnsafeValue
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
+_VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_HASH_RE = re.compile(r"^(sha256|sha384|sha512)[:=]([0-9a-f]+)$")
+_HASH_LEN = {"sha256": 64, "sha384": 96, "sha512": 128}
+_ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+# Printable ASCII without quotes, backslash, dollar and backtick: inert inside a double-quoted
+# Dockerfile ENV value (no escapes, no variable expansion) and inside any shell quoting.
+_ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9 _.,:;=/+@%*#!?&()\[\]{}<>|^~-]{0,4096}$")
+_PATH_RE = re.compile(r"^(/[A-Za-z0-9._+-]+)+/?$")
+# URL characters without anything a shell, pip's requirement-file parser (${VAR} expansion,
+# options after whitespace) or a Dockerfile would interpret.
+_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9._~:/?#@!&+,=%-]{1,2048}$")
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+# Docker's reference grammar (distribution/reference), without the parts nobody writes by hand.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?)"
+_REPO_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+ARCHIVE_SCHEMES = frozenset({"https", "http"})
+VCS_SCHEMES = {"git": frozenset({"https", "http", "ssh"}), "hg": frozenset({"https", "http", "ssh"})}
+FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr/bin",
+                           "/usr/sbin", "/usr/lib", "/boot", "/run")
+
+
+def _refuse(what: str, value: object, why: str) -> UnsafeValue:
+    shown = repr(value)
+    if len(shown) > 120:
+        shown = shown[:117] + "..."
+    return UnsafeValue(f"refusing {what} {shown}: {why}",
+                       hint="the lock was edited or crafted; restore only renders provably inert values")
+
+
+def dist_name(name: str) -> str:
+    """A PEP 503 normalised distribution name, exactly (``Foo_Bar`` is refused, not fixed)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or canonicalize_name(name) != name:
+        raise _refuse("package name", name, "not a normalised (PEP 503) distribution name")
+    return name
+
+
+def version(value: str, *, name: str = "package") -> str:
+    """A PEP 440 version (local labels such as ``+cu121`` kept), returned as written."""
+    if not isinstance(value, str) or not _VERSION_CHARS_RE.match(value):
+        raise _refuse(f"version of {name}", value, "not a PEP 440 version")
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise _refuse(f"version of {name}", value, "not a PEP 440 version") from None
+    return value
+
+
+def local_label(value: str) -> str | None:
+    """The local version label (``cu121`` of ``2.4.1+cu121``), or None."""
+    local = Version(value).local
+    return str(local) if local else None
+
+
+def digest(value: str) -> str:
+    if not isinstance(value, str) or not _DIGEST_RE.match(value):
+        raise _refuse("image digest", value, "not sha256:<64 hex digits>")
+    return value
+
+
+def package_hash(value: str, *, name: str = "package") -> str:
+    """A hash in pip's ``--hash`` spelling (``sha256:<hex>``); ``sha256=<hex>`` is accepted."""
+    m = _HASH_RE.match(value) if isinstance(value, str) else None
+    if not m or len(m.group(2)) != _HASH_LEN[m.group(1)]:
+        raise _refuse(f"hash of {name}", value, "not sha256/sha384/sha512 with the right length")
+    return f"{m.group(1)}:{m.group(2)}"
+
+
+def image_ref(value: str) -> str:
+    """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
+    if not isinstance(value, str) or len(value) > 512:
+        raise _refuse("image reference", value, "not an image reference")
+    if _DIGEST_RE.match(value):
+        return value  # an image id (sha256:...), as used for images that exist only locally
+    name, at, dig = value.partition("@")
+    if at:
+        digest(dig)
+    repo, tag = name, ""
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > slash:
+        repo, tag = name[:colon], name[colon + 1:]
+        if not _TAG_RE.match(tag):
+            raise _refuse("image reference", value, "bad tag")
+    if not _REPO_RE.match(repo):
+        raise _refuse("image reference", value, "not an image reference")
+    return value
+
+
+def split_ref(value: str) -> tuple[str, str | None, str | None]:
+    """(repository, tag, digest) of a validated reference; an image id gives ("", None, id)."""
+    image_ref(value)
+    if _DIGEST_RE.match(value):
+        return "", None, value
+    name, _, dig = value.partition("@")
+    slash, colon = name.rfind("/"), name.rfind(":")
+    if colon > slash:
+        return name[:colon], name[colon + 1:], dig or None
+    return name, None, dig or None
+
+
+def is_pinned(ref: str) -> bool:
+    """True when ``ref`` names immutable content: ``repo@sha256:...`` or an image id."""
+    _, _, dig = split_ref(ref)
+    return dig is not None
+
+
+def env_name(name: str) -> str:
+    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+        raise _refuse("environment variable name", name, "not [A-Z_][A-Z0-9_]*")
+    return name
+
+
+def env_value(value: str, *, name: str = "variable") -> str:
+    if not isinstance(value, str) or not _ENV_VALUE_RE.match(value):
+        raise _refuse(f"value of {name}", value,
+                      "contains a quote, backslash, $, backtick, newline or non-ASCII character")
+    return value
+
+
+def abs_path(value: str, *, what: str = "path") -> str:
+    """An absolute POSIX path of plain segments (no ``..``, no spaces), outside system dirs."""
+    if not isinstance(value, str) or not _PATH_RE.match(value) or len(value) > 1024:
+        raise _refuse(what, value, "not an absolute path of [A-Za-z0-9._+-] segments")
+    parts = value.rstrip("/").split("/")
+    if any(p in (".", "..") for p in parts):
+        raise _refuse(what, value, "contains . or .. segments")
+    clean = value.rstrip("/") or "/"
+    if clean == "/" or any(clean == p or clean.startswith(p + "/") for p in FORBIDDEN_PATH_PREFIXES):
+        raise _refuse(what, value, "is a system directory")
+    return clean
+
+
+def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL") -> str:
+    """A URL with an allowed scheme, a host, no credentials and only inert characters."""
+    if not isinstance(value, str) or not _URL_CHARS_RE.match(value):
+        raise _refuse(what, value, "contains characters that are not allowed in a restorable URL")
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise _refuse(what, value, f"scheme must be one of {', '.join(sorted(schemes))}")
+    if not parts.hostname:
+        raise _refuse(what, value, "has no host")
+    if parts.username is not None or parts.password is not None:
+        raise _refuse(what, value, "carries credentials")
+    return value
+
+
+def vcs_commit(value: str, *, vcs: str) -> str:
+    """A full commit id: a branch or tag name could move, a hash cannot."""
+    lengths = {"git": (40, 64), "hg": (40,)}
+    if not isinstance(value, str) or not _HEX_RE.match(value) or len(value) not in lengths.get(vcs, ()):
+        raise _refuse(f"{vcs} commit", value, "not a full commit hash")
+    return value

@@ -1,0 +1,91 @@
+"""Run the stdlib probe inside an image and compare what it sees with the lock.
+
+The probe (and the canary beside it) is copied into a fresh container with ``put_archive`` and
+run with the image's own python; nothing of envlock is installed into the image, because an
+image holding extra packages would not be the environment in the lock. All validation, TOML and
+comparison happen here, on the JSON the probe prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from envlock.capture import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.errors import ProbeFailed
+from envlock.restore.engine import ContainerEngine, RunSpec
+
+if TYPE_CHECKING:
+    from envlock.compare import Comparison
+    from envlock.model import Lock
+
+PROBE_DIR = "/tmp/envlock-probe"
+PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can take a while"
+
+
+def probe_files() -> dict[str, bytes]:
+    files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
+    if CANARY_PATH.exists():
+        files[f"{PROBE_DIR}/canary.py"] = CANARY_PATH.read_bytes()
+    return files
+
+
+class InterpreterMissing(ProbeFailed):
+    """The interpreter asked for does not exist in the image."""
+
+
+def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: bool = True,
+                   canary: bool = False, env: Mapping[str, str] | None = None,
+                   extra_args: Sequence[str] = ()) -> dict[str, Any]:
+    """The probe's JSON document from a throwaway container of ``image``."""
+    from envlock.errors import EngineUnavailable
+
+    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary), *extra_args]
+    spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
+    try:
+        result = engine.run(spec)
+    except EngineUnavailable as exc:
+        if "not found" in exc.message or "no such file" in exc.message.lower():
+            raise InterpreterMissing(f"{python} not found in {image}") from None
+        raise
+    if result.exit_code in (126, 127):
+        raise InterpreterMissing(f"{python} not found in {image}")
+    if result.exit_code != 0:
+        tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise ProbeFailed(f"the probe failed inside {image} with exit {result.exit_code}: "
+                          + (" | ".join(tail) or "no output"))
+    try:
+        doc = json.loads(result.stdout)
+    except ValueError:
+        raise ProbeFailed(f"the probe inside {image} printed no JSON document") from None
+    if not isinstance(doc, dict):
+        raise ProbeFailed("the probe returned something other than a JSON object")
+    return doc
+
+
+def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
+                 reference: str | None = None, digest: str | None = None,
+                 skipped: Sequence[str] = ()) -> tuple[Lock, Comparison]:
+    """(lock captured inside ``image_id``, comparison with ``lock``).
+
+    The image is new by construction, so its identity is an expected change; packages left
+    out on purpose (``--skip-local``) are not reported as missing.
+    """
+    from envlock.capture import build_lock
+    from envlock.compare import Comparison, compare
+
+    env = {"ENVLOCK_IMAGE_ID": image_id}
+    if reference:
+        env["ENVLOCK_IMAGE"] = reference
+    if digest:
+        env["ENVLOCK_IMAGE_DIGEST"] = digest
+    want_torch = lock.torch is not None
+    doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
+                         canary=lock.canary is not None and want_torch, env=env)
+    inside = build_lock(doc, note="captured inside the restored image by envlock restore")
+    cmp = compare(lock, inside, expected_image_change=True)
+    if skipped:
+        gone = {f"packages.{name}" for name in skipped}
+        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
+    return inside, cmp
