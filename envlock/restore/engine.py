@@ -228,6 +228,23 @@ def tar_files(files: Mapping[str, bytes], root: str) -> bytes:
     return buf.getvalue()
 
 
+def _no_timeout(sock: Any) -> None:
+    """A silent command (pip, a training epoch) must not hit the client's read timeout."""
+    for candidate in (sock, getattr(sock, "_sock", None)):
+        if candidate is not None and hasattr(candidate, "settimeout"):
+            with contextlib.suppress(Exception):
+                candidate.settimeout(None)
+
+
+def _close_socket(sock: Any) -> None:
+    """Close a hijacked attach socket for real (the SocketIO wrapper and the socket under it)."""
+    real = getattr(sock, "_sock", None)
+    for obj in (getattr(sock, "_response", None), sock, real):
+        if obj is not None:
+            with contextlib.suppress(Exception):
+                obj.close()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -392,6 +409,7 @@ class DockerEngine(ContainerEngine):
     def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
             on_stderr: Callable[[bytes], None] | None = None) -> RunResult:
         from docker.errors import APIError
+        from docker.utils.socket import STDERR, frames_iter
 
         api = self.api
         host_kwargs: dict[str, Any] = {}
@@ -420,20 +438,26 @@ class DockerEngine(ContainerEngine):
                 by_root.setdefault("/tmp", {})[path] = data
             for root, files in by_root.items():
                 api.put_archive(cid, root, tar_files(files, root))
-            stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            # Attach before start (as `docker run` does), so no early output is lost.
+            sock = api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
             try:
-                api.start(cid)
-            except APIError as exc:
-                raise EngineUnavailable(f"cannot start {spec.command[0]} in {spec.image}: {_short(exc)}") from None
-            for o, e in stream:
-                if o:
-                    out += o
-                    if on_stdout:
-                        on_stdout(o)
-                if e:
-                    err += e
-                    if on_stderr:
-                        on_stderr(e)
+                _no_timeout(sock)
+                try:
+                    api.start(cid)
+                except APIError as exc:
+                    raise EngineUnavailable(
+                        f"cannot start {spec.command[0]} in {spec.image}: {_short(exc)}") from None
+                for stream_id, data in frames_iter(sock, False):
+                    if stream_id == STDERR:
+                        err += data
+                        if on_stderr:
+                            on_stderr(data)
+                    else:
+                        out += data
+                        if on_stdout:
+                            on_stdout(data)
+            finally:
+                _close_socket(sock)
             code = int(api.wait(cid).get("StatusCode", 1))
         finally:
             with _no_interrupt(), contextlib.suppress(Exception):

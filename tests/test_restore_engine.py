@@ -1,0 +1,195 @@
+"""The docker-SDK engine against a fake API: build streaming, failures, cleanup, GPUs."""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envlock.errors import BuildFailed, EngineUnavailable, UsageError
+from envlock.restore.engine import DockerEngine, PlainProgress, RunSpec, connect, tar_files
+
+IMAGE_ID = "sha256:" + "cd" * 32
+
+
+def fake_attach_socket(frames: list[tuple[int, bytes]]) -> socket.socket:
+    """A real socket carrying a multiplexed attach stream (8-byte header per frame), then EOF."""
+    reader, writer = socket.socketpair()
+    writer.sendall(b"".join(struct.pack(">BxxxL", sid, len(d)) + d for sid, d in frames))
+    writer.close()
+    return reader
+
+
+class FakeAPI:
+    def __init__(self, chunks: list[dict[str, Any]] | None = None,
+                 frames: list[Any] | None = None) -> None:
+        self.chunks = chunks or []
+        self.frames = frames or []
+        self.removed: list[str] = []
+        self.archives: list[tuple[str, str, bytes]] = []
+        self.host_config: dict[str, Any] = {}
+        self.created: dict[str, Any] = {}
+
+    def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+        self.build_kwargs = kw
+        yield from self.chunks
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return {"Id": IMAGE_ID, "RepoTags": ["envlock/x:1"], "Config": {"Labels": {"a": "b"}}, "Size": 5}
+
+    def create_host_config(self, **kw: Any) -> dict[str, Any]:
+        self.host_config = kw
+        return kw
+
+    def create_container(self, image: str, command: list[str], **kw: Any) -> dict[str, str]:
+        self.created = {"image": image, "command": command, **kw}
+        return {"Id": "c" * 64}
+
+    def put_archive(self, cid: str, path: str, data: bytes) -> None:
+        self.archives.append((cid, path, data))
+
+    def attach_socket(self, cid: str, params: dict[str, Any]) -> socket.socket:
+        self.sock = fake_attach_socket(self.frames)
+        return self.sock
+
+    def start(self, cid: str) -> None:
+        pass
+
+    def wait(self, cid: str) -> dict[str, int]:
+        return {"StatusCode": 7}
+
+    def remove_container(self, cid: str, force: bool = False) -> None:
+        self.removed.append(cid)
+
+    def containers(self, **kw: Any) -> list[dict[str, Any]]:
+        return []
+
+
+class FakeClient:
+    def __init__(self, api: FakeAPI, podman: bool = False) -> None:
+        self.api = api
+        self.podman = podman
+
+    def ping(self) -> bool:
+        return True
+
+    def version(self) -> dict[str, Any]:
+        name = "Podman Engine" if self.podman else "Engine"
+        return {"Version": "1", "Components": [{"Name": name}]}
+
+    def close(self) -> None:
+        pass
+
+
+def engine(api: FakeAPI, podman: bool = False) -> DockerEngine:
+    return DockerEngine(lambda timeout: FakeClient(api, podman), "fake://")
+
+
+def test_build_streams_steps_and_returns_the_image(tmp_path: Path) -> None:
+    api = FakeAPI([{"stream": "Step 1/2 : FROM x\n"}, {"stream": " ---> abc\n"},
+                   {"stream": "Step 2/2 : RUN [\"true\"]\n"}, {"aux": {"ID": IMAGE_ID}},
+                   {"stream": "Successfully built cdcdcdcdcdcd\n"}])
+    log = tmp_path / "build.log"
+    image_id = engine(api).build(tmp_path, tag="envlock/x:1", labels={"org.envlock.context": "k"},
+                                 log_path=log, progress=PlainProgress(io.StringIO()))
+    assert image_id == IMAGE_ID
+    assert api.build_kwargs["decode"] is True and api.build_kwargs["labels"] == {"org.envlock.context": "k"}
+    assert "Step 2/2" in log.read_text()
+
+
+def test_build_error_chunk_names_the_step_and_keeps_the_log(tmp_path: Path) -> None:
+    api = FakeAPI([{"stream": "Step 6/9 : RUN [\"pip\", \"install\"]\n"},
+                   {"stream": "\x1b[91mERROR: No matching distribution found for six==9.9.9\n\x1b[0m"},
+                   {"stream": " ---> Running in 123\n"},
+                   {"error": "The command returned a non-zero code: 1",
+                    "errorDetail": {"message": "The command returned a non-zero code: 1"}}])
+    log = tmp_path / "ctx" / "build.log"
+    with pytest.raises(BuildFailed) as exc:
+        engine(api).build(tmp_path, tag="t:1", labels={}, log_path=log,
+                          progress=PlainProgress(io.StringIO()))
+    err = exc.value
+    assert err.exit_code == 3
+    assert err.step is not None and err.step.startswith("6/9: RUN")
+    assert "six==9.9.9" in err.message and "step 6/9" in err.message
+    assert err.log_path == str(log) and "non-zero code" in log.read_text()
+    assert all("Running in" not in line and "\x1b" not in line for line in err.log_tail)
+
+
+def test_run_streams_demuxed_output_and_always_removes_the_container() -> None:
+    api = FakeAPI(frames=[(1, b"out\n"), (2, b"err\n")])
+    seen: list[bytes] = []
+    result = engine(api).run(RunSpec(image=IMAGE_ID, command=["python3", "-c", "x"],
+                                     files={"/tmp/envlock-probe/probe.py": b"print(1)"}, network=False),
+                             on_stdout=seen.append)
+    assert (result.exit_code, result.stdout, result.stderr) == (7, b"out\n", b"err\n")
+    assert seen == [b"out\n"]
+    assert api.removed == ["c" * 64] and api.sock.fileno() == -1
+    assert api.archives[0][1] == "/tmp"
+    assert api.host_config["network_mode"] == "none"
+    assert "org.envlock.owner" in api.created["labels"]
+
+
+def test_interrupt_during_a_run_still_removes_the_container() -> None:
+    api = FakeAPI(frames=[(1, b"partial")])
+
+    def ctrl_c(data: bytes) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine(api).run(RunSpec(image=IMAGE_ID, command=["sleep", "100"]), on_stdout=ctrl_c)
+    assert api.removed == ["c" * 64]
+    assert api.sock.fileno() == -1  # the attach socket is closed too
+
+
+def test_gpus_use_device_requests_on_docker_and_cdi_on_podman() -> None:
+    api = FakeAPI()
+    engine(api).run(RunSpec(image=IMAGE_ID, command=["x"], gpus="all"))
+    req = api.host_config["device_requests"][0]
+    assert req["Count"] == -1 and req["Capabilities"] == [["gpu"]]
+    engine(api).run(RunSpec(image=IMAGE_ID, command=["x"], gpus="0,1"))
+    assert api.host_config["device_requests"][0]["DeviceIDs"] == ["0", "1"]
+    pod = engine(api, podman=True)
+    assert pod.name == "podman"
+    pod.run(RunSpec(image=IMAGE_ID, command=["x"], gpus="all"))
+    assert api.host_config["devices"] == ["nvidia.com/gpu=all:nvidia.com/gpu=all:rwm"]
+    assert "device_requests" not in api.host_config
+
+
+def test_tar_files_builds_a_tree_under_its_root() -> None:
+    import tarfile
+
+    data = tar_files({"/tmp/envlock-probe/probe.py": b"x", "/tmp/envlock-probe/canary.py": b"yy"}, "/tmp")
+    names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+    assert names == ["envlock-probe", "envlock-probe/canary.py", "envlock-probe/probe.py"]
+    with pytest.raises(ValueError):
+        tar_files({"/etc/passwd": b""}, "/tmp")
+
+
+def test_unreachable_engine_is_exit_3_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable) as exc:
+        connect(f"unix://{tmp_path}/nothing.sock")
+    assert exc.value.exit_code == 3 and "DOCKER_HOST" in (exc.value.hint or "")
+
+
+def test_podman_without_a_socket_says_how_to_start_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.restore import engine as eng
+
+    monkeypatch.delenv("CONTAINER_HOST", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(eng, "PODMAN_SOCKETS", ("{xdg}/podman/podman.sock",))
+    with pytest.raises(EngineUnavailable) as exc:
+        connect("podman")
+    assert "podman.socket" in (exc.value.hint or "")
+    (tmp_path / "podman").mkdir()
+    (tmp_path / "podman" / "podman.sock").touch()
+    assert eng.podman_socket() == f"unix://{tmp_path}/podman/podman.sock"
+
+
+def test_bad_engine_name_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        connect("kubernetes")

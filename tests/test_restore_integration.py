@@ -1,0 +1,241 @@
+"""End to end with a real engine: capture inside an image, restore it, verify inside, replay.
+
+A "source" image stands for a researcher's environment: the base image plus a venv with a few
+pinned packages installed from the local wheelhouse (containers reach no index). Its lock is
+captured with ``envlock capture --in-image``; ``envlock restore`` must rebuild it from the
+plain base image, prove it from inside, and ``envlock run`` must replay commands in it.
+The torch image is built once per session (the wheel is ~200 MB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envlock.cli import main
+
+pytestmark = pytest.mark.integration
+
+PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SMALL = ["six==1.16.0", "idna==3.10", "packaging==24.2"]
+TORCH = ["torch==2.13.0+cpu", "six==1.17.0"]
+
+
+def build_source_image(client: Any, base: str, wheelhouse: Path, packages: list[str],
+                       env: dict[str, str], tag_prefix: str) -> str:
+    """Base + /opt/venv with ``packages`` from the wheelhouse, committed as an image."""
+    key = hashlib.sha256(repr((base, packages, sorted(env.items()))).encode()).hexdigest()[:12]
+    tag = f"{tag_prefix}:{key}"
+    try:
+        client.images.get(tag)
+        return tag
+    except Exception:
+        pass
+    script = ("python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index "
+              "--disable-pip-version-check --find-links /wheels " + " ".join(packages))
+    container = client.containers.run(base, ["sh", "-c", script], detach=True, network_disabled=True,
+                                      volumes={str(wheelhouse): {"bind": "/wheels", "mode": "ro"}})
+    try:
+        result = container.wait()
+        logs = container.logs().decode(errors="replace")
+        assert result["StatusCode"] == 0, logs
+        changes = [f"ENV PATH={PATH}"] + [f"ENV {k}={v}" for k, v in env.items()]
+        repo, _, tag_part = tag.rpartition(":")
+        container.commit(repository=repo, tag=tag_part, changes=changes)
+    finally:
+        container.remove(force=True)
+    return tag
+
+
+def purge(client: Any, fingerprint: str) -> None:
+    """Remove restored images of a lock, so a test's first restore really builds."""
+    for image in client.images.list(filters={"label": f"org.envlock.fingerprint={fingerprint}"}):
+        try:
+            client.images.remove(image.id, force=True)
+        except Exception:
+            pass
+
+
+def capture(ref: str, path: Path, *extra: str) -> Any:
+    from envlock.lockfile import load
+
+    assert main(["capture", "--in-image", ref, "-o", str(path), *extra]) == 0
+    return load(path)
+
+
+def no_leftover_containers(client: Any) -> None:
+    left = client.containers.list(all=True, filters={"label": "org.envlock.owner"})
+    assert left == [], [c.name for c in left]
+
+
+@pytest.fixture(scope="session")
+def small_source(docker_client: Any, base_image: str, wheelhouse: Path) -> str:
+    return build_source_image(docker_client, base_image, wheelhouse, SMALL, {"PYTHONHASHSEED": "0"},
+                              "envlock-test/src-small")
+
+
+@pytest.fixture(scope="session")
+def torch_source(docker_client: Any, base_image: str, wheelhouse: Path) -> str:
+    return build_source_image(docker_client, base_image, wheelhouse, TORCH,
+                              {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, "envlock-test/src-torch")
+
+
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENVLOCK_PLAIN_PROGRESS", "1")
+    yield tmp_path / "cache"
+
+
+def test_small_lock_restores_verifies_runs_and_hits_the_cache(
+        docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
+        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    lock = capture(small_source, tmp_path / "env.lock")
+    assert lock.image.source == "engine" and lock.image.id and lock.python.prefix == "/opt/venv"
+    assert [p.name for p in lock.packages if p.name in ("six", "idna")] == ["idna", "six"]
+    purge(docker_client, str(lock.envlock.fingerprint))
+    capfd.readouterr()
+    common = [str(tmp_path / "env.lock"), "--base", base_image, "--wheelhouse", str(wheelhouse),
+              "--name", "it-small"]
+
+    t0 = time.monotonic()
+    assert main(["restore", *common]) == 0
+    first = time.monotonic() - t0
+    out, err = capfd.readouterr()
+    assert "built in" in out and "OK: the environment matches the lock" in out, out + err
+    assert "[1/" in err  # plain progress lines off a TTY
+
+    t0 = time.monotonic()
+    assert main(["restore", *common]) == 0
+    second = time.monotonic() - t0
+    out, err = capfd.readouterr()
+    assert "cache hit" in out and "OK: the environment matches the lock" in out
+    assert "[1/" not in err  # nothing was built
+    assert second < first
+
+    image = docker_client.images.get(f"envlock/it-small:{lock.short_id}")
+    labels = image.labels
+    assert labels["org.envlock.fingerprint"] == lock.envlock.fingerprint
+    assert labels["org.envlock.schema-version"] == "1"
+    assert image.attrs["Config"]["User"] == "1000:1000"
+    assert image.attrs["Config"]["WorkingDir"] == "/workspace"
+    # Nothing of envlock in the image: the probe was copied into throwaway containers only.
+    tmp_listing = docker_client.containers.run(image.id, ["ls", "/tmp"], remove=True).decode()
+    assert "envlock-probe" not in tmp_listing
+    pip_list = docker_client.containers.run(image.id, ["python", "-m", "pip", "list"], remove=True).decode()
+    assert "envlock" not in pip_list.lower()
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = main(["run", *common, "--workspace", str(ws), "--gpus", "none", "--", "python", "-c",
+                 "import six, idna, os; print('versions', six.__version__, idna.__version__, "
+                 "os.getcwd(), os.environ['PYTHONHASHSEED']); open('made.txt', 'w').write('x'); "
+                 "raise SystemExit(5)"])
+    out, err = capfd.readouterr()
+    assert code == 5, err
+    assert "versions 1.16.0 3.10 /workspace 0" in out
+    made = ws / "made.txt"
+    assert made.exists() and (made.stat().st_uid, made.stat().st_gid) == (os.getuid(), os.getgid())
+    no_leftover_containers(docker_client)
+
+
+def test_restore_from_the_locks_own_image(docker_client: Any, small_source: str, tmp_path: Path,
+                                          cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    capture(small_source, tmp_path / "env.lock")
+    assert main(["restore", str(tmp_path / "env.lock"), "--name", "it-own", "--no-cache"]) == 0
+    out, _ = capfd.readouterr()
+    assert "OK: the environment matches the lock" in out
+    dockerfile = next((cache_home / "envlock" / "restore").glob("it-own-*/context/Dockerfile")).read_text()
+    image_id = docker_client.images.get(small_source).id
+    assert f"FROM {image_id}" in dockerfile
+
+
+def test_nonexistent_version_fails_at_its_step_with_exit_3(
+        docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
+        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from envlock.lockfile import save
+
+    lock = capture(small_source, tmp_path / "env.lock")
+    bad = [p.model_copy(update={"version": "9.9.9"}) if p.name == "six" else p for p in lock.packages]
+    save(lock.model_copy(update={"packages": bad}), tmp_path / "bad.lock")
+    capfd.readouterr()
+    code = main(["restore", str(tmp_path / "bad.lock"), "--base", base_image, "--wheelhouse",
+                 str(wheelhouse), "--name", "it-bad", "--context-dir", str(tmp_path / "work")])
+    out, err = capfd.readouterr()
+    assert code == 3
+    assert "image build failed at step" in err and "six==9.9.9" in err
+    assert "last lines of the build log" in err
+    assert "six==9.9.9" in (tmp_path / "work" / "build.log").read_text()
+    no_leftover_containers(docker_client)
+
+
+def test_bundle_then_offline_hash_checked_restore(
+        docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
+        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    lock = capture(small_source, tmp_path / "env.lock")
+    bundle = tmp_path / "bundle"
+    assert main(["bundle", str(tmp_path / "env.lock"), "-o", str(bundle), "--wheelhouse", str(wheelhouse)]) == 0
+    assert sorted(p.name.split("-")[0] for p in bundle.glob("*.whl")) == ["idna", "packaging", "six"]
+    assert main(["restore", str(tmp_path / "env.lock"), "--base", base_image, "--wheelhouse", str(bundle),
+                 "--name", "it-bundle", "--no-cache", "--context-dir", str(tmp_path / "work")]) == 0
+    out, _ = capfd.readouterr()
+    assert "OK: the environment matches the lock" in out
+    hashed = (tmp_path / "work" / "context" / "requirements" / "packages-hashed.txt").read_text()
+    assert "six==1.16.0" in hashed and "--hash=sha256:" in hashed
+    assert lock.package("six") is not None
+
+
+def test_torch_lock_with_determinism_env_round_trips(
+        docker_client: Any, base_image: str, wheelhouse: Path, torch_source: str, tmp_path: Path,
+        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    lock = capture(torch_source, tmp_path / "env.lock")
+    assert lock.torch is not None and lock.torch.version == "2.13.0+cpu"
+    assert lock.determinism.env.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
+    purge(docker_client, str(lock.envlock.fingerprint))
+    common = [str(tmp_path / "env.lock"), "--base", base_image, "--wheelhouse", str(wheelhouse),
+              "--name", "it-torch", "--context-dir", str(tmp_path / "work")]
+    capfd.readouterr()
+    assert main(["restore", *common]) == 0
+    out, err = capfd.readouterr()
+    assert "OK: the environment matches the lock" in out, out + err
+    dockerfile = (tmp_path / "work" / "context" / "Dockerfile").read_text()
+    assert dockerfile.index("torch.txt") < dockerfile.index("packages.txt")
+    assert "torch==2.13.0+cpu" in (tmp_path / "work" / "context" / "requirements" / "torch.txt").read_text()
+    code = main(["run", *common, "--workspace", str(tmp_path), "--", "python", "-c",
+                 "import os, torch, six; print('stack', torch.__version__, six.__version__, "
+                 "os.environ['CUBLAS_WORKSPACE_CONFIG'])"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "stack 2.13.0+cpu 1.17.0 :4096:8" in out
+    no_leftover_containers(docker_client)
+
+
+@pytest.mark.podman
+def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: str, wheelhouse: Path,
+                                       tmp_path: Path, cache_home: Path,
+                                       capfd: pytest.CaptureFixture[str]) -> None:
+    url = os.environ["ENVLOCK_TEST_PODMAN_HOST"]
+    source = build_source_image(podman_client, podman_base_image, wheelhouse, SMALL, {},
+                                "envlock-test/src-small-podman")
+    lock = capture(source, tmp_path / "env.lock", "--engine", url)
+    assert lock.image.engine == "podman" and lock.image.id
+    purge(podman_client, str(lock.envlock.fingerprint))
+    common = [str(tmp_path / "env.lock"), "--engine", url, "--base", podman_base_image,
+              "--wheelhouse", str(wheelhouse), "--name", "it-podman"]
+    capfd.readouterr()
+    assert main(["restore", *common]) == 0
+    out, err = capfd.readouterr()
+    assert "OK: the environment matches the lock" in out, out + err
+    assert main(["restore", *common]) == 0
+    assert "cache hit" in capfd.readouterr().out
+    code = main(["run", *common, "--workspace", str(tmp_path), "--", "python", "-c",
+                 "import six; print('podman', six.__version__); raise SystemExit(4)"])
+    out, _ = capfd.readouterr()
+    assert code == 4 and "podman 1.16.0" in out
+    no_leftover_containers(podman_client)
