@@ -164,7 +164,8 @@ def test_tar_files_builds_a_tree_under_its_root() -> None:
     import tarfile
 
     data = tar_files({"/tmp/envlock-probe/probe.py": b"x", "/tmp/envlock-probe/canary.py": b"yy"}, "/tmp")
-    names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
     assert names == ["envlock-probe", "envlock-probe/canary.py", "envlock-probe/probe.py"]
     with pytest.raises(ValueError):
         tar_files({"/etc/passwd": b""}, "/tmp")

@@ -167,7 +167,7 @@ def test_nonexistent_version_fails_at_its_step_with_exit_3(
     capfd.readouterr()
     code = main(["restore", str(tmp_path / "bad.lock"), "--base", base_image, "--wheelhouse",
                  str(wheelhouse), "--name", "it-bad", "--context-dir", str(tmp_path / "work")])
-    out, err = capfd.readouterr()
+    err = capfd.readouterr().err
     assert code == 3
     assert "image build failed at step" in err and "six==9.9.9" in err
     assert "last lines of the build log" in err

@@ -245,6 +245,22 @@ def _close_socket(sock: Any) -> None:
                 obj.close()
 
 
+def _check_unix_socket(endpoint: str) -> None:
+    """Fail fast on a dead unix socket, before the docker SDK (which leaks the socket then)."""
+    if not endpoint.startswith("unix://"):
+        return
+    path = endpoint[len("unix://"):]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)
+        sock.connect(path)
+    except OSError as exc:
+        raise EngineUnavailable(f"no container engine reachable at {endpoint} ({exc.strerror or exc})",
+                                hint=DOCKER_HINT) from None
+    finally:
+        sock.close()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -267,6 +283,7 @@ class DockerEngine(ContainerEngine):
 
     def __init__(self, make_client: Callable[[float | None], Any], endpoint: str) -> None:
         self.endpoint = endpoint
+        _check_unix_socket(endpoint)
         probe = None
         try:
             probe = make_client(15.0)
@@ -516,6 +533,19 @@ def podman_socket() -> str | None:
     return None
 
 
+def _docker_endpoint() -> str:
+    """Where the docker SDK will connect: $DOCKER_HOST, the current docker context, the default."""
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    with contextlib.suppress(Exception):
+        from docker.context import ContextAPI
+
+        ctx = ContextAPI.get_current_context()
+        if ctx is not None and ctx.Name != "default" and ctx.Host:
+            return str(ctx.Host)
+    return "unix:///var/run/docker.sock"
+
+
 def _docker_context_client(timeout: float | None) -> Any:
     """A client for $DOCKER_HOST, else the current docker context, else the default socket."""
     import docker
@@ -542,8 +572,7 @@ def connect(engine: str | None = None) -> ContainerEngine:
 
     spec = engine or os.environ.get("ENVLOCK_ENGINE") or "docker"
     if spec == "docker":
-        endpoint = os.environ.get("DOCKER_HOST") or "the Docker default (docker context or /var/run/docker.sock)"
-        return DockerEngine(_docker_context_client, endpoint)
+        return DockerEngine(_docker_context_client, _docker_endpoint())
     if spec == "podman":
         url = podman_socket()
         if url is None:
