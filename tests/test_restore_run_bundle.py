@@ -182,3 +182,9 @@ def test_restore_with_a_bundle_uses_its_hashes(restore_lock: Any, house: Path, t
     assert '"--no-index", "--find-links", "/tmp/envlock-wheels/packages"' in files["Dockerfile"]
     assert sorted(p.name for p in plan.wheels["packages"]) == ["idna-3.10-py3-none-any.whl",
                                                                "six-1.16.0-py3-none-any.whl"]
+    # The wheels stay in a build stage; the image gets the venv only.
+    df = files["Dockerfile"]
+    froms = [line for line in df.splitlines() if line.startswith("FROM ")]
+    assert len(froms) == 2 and froms[0].endswith(" AS envlock-build") and "AS" not in froms[1]
+    assert 'COPY --from=envlock-build ["/opt/venv", "/opt/venv"]' in df
+    assert df.index("wheels/packages/") < df.index(froms[1]) < df.index("LABEL ")
