@@ -187,4 +187,4 @@ def test_restore_with_a_bundle_uses_its_hashes(restore_lock: Any, house: Path, t
     froms = [line for line in df.splitlines() if line.startswith("FROM ")]
     assert len(froms) == 2 and froms[0].endswith(" AS envlock-build") and "AS" not in froms[1]
     assert 'COPY --from=envlock-build ["/opt/venv", "/opt/venv"]' in df
-    assert df.index("wheels/packages/") < df.index(froms[1]) < df.index("LABEL ")
+    assert df.index("wheels/packages/") < df.index("\n" + froms[1] + "\n") < df.index("LABEL ")
