@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.engine import DockerEngine, PlainProgress, RunSpec, connect, tar_files
+from envlock.restore.engine import DockerEngine, RunSpec, connect, tar_files
+from envlock.restore.progress import PlainProgress
 
 IMAGE_ID = "sha256:" + "cd" * 32
 

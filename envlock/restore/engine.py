@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import tarfile
 import threading
 from abc import ABC, abstractmethod
@@ -26,9 +25,10 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
+from envlock.restore.progress import Progress
 
 LABEL_OWNER = "org.envlock.owner"
 LOG_TAIL_LINES = 15
@@ -92,12 +92,6 @@ class RunResult:
     stderr: bytes
 
 
-class Progress(Protocol):
-    def step(self, number: int, total: int, text: str) -> None: ...
-    def line(self, text: str) -> None: ...
-    def close(self) -> None: ...
-
-
 class ContainerEngine(ABC):
     """What restore, run and capture --in-image need from an engine."""
 
@@ -129,61 +123,6 @@ class ContainerEngine(ABC):
 
     def close(self) -> None:
         return None
-
-
-# -- progress ----------------------------------------------------------------------------------
-
-
-class PlainProgress:
-    """One line per build output line: for logs and pipes."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-
-    def step(self, number: int, total: int, text: str) -> None:
-        self.stream.write(f"[{number}/{total}] {text}\n")
-        self.stream.flush()
-
-    def line(self, text: str) -> None:
-        self.stream.write(f"    {text}\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        return None
-
-
-class RichProgress:
-    """A live status line on a terminal: steps stay, the step's output scrolls in one line."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True, highlight=False)
-        self.status = self.console.status("starting build")
-        self.status.start()
-        self.current = ""
-
-    def step(self, number: int, total: int, text: str) -> None:
-        from rich.markup import escape
-
-        self.current = f"[{number}/{total}]"
-        self.console.print(f"[bold cyan]{self.current}[/] {escape(text[:160])}")
-        self.status.update(f"{self.current} {escape(text[:80])}")
-
-    def line(self, text: str) -> None:
-        from rich.markup import escape
-
-        self.status.update(f"{self.current} [dim]{escape(text[:100])}[/]")
-
-    def close(self) -> None:
-        self.status.stop()
-
-
-def make_progress(stream: Any = None) -> Progress:
-    stream = stream or sys.stderr
-    if stream.isatty() and not os.environ.get("ENVLOCK_PLAIN_PROGRESS"):
-        return RichProgress()
-    return PlainProgress(stream)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from envlock.restore import values
 
 if TYPE_CHECKING:
     from envlock.compare import Comparison
-    from envlock.restore.engine import ContainerEngine, Progress
+    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
             use_cache: bool = True, say: Callable[[str], None] = lambda s: None) -> RestoreResult:
     """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside."""
-    from envlock.restore.engine import make_progress
+    from envlock.restore.progress import make_progress
 
     engine.remove_stale()
     plan, rendered = prepare(lock, options, engine)
