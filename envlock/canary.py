@@ -143,6 +143,11 @@ def _settings(torch: Any, devices: List[str]) -> Dict[str, Any]:
     return out
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
 def default_devices(torch: Any) -> List[str]:
     devices = ["cpu"]
     if _read(lambda: torch.cuda.is_available()):
@@ -168,14 +173,17 @@ def run(torch: Any, devices: Optional[List[str]] = None) -> Dict[str, Any]:
                 inputs = cpu_inputs if device == "cpu" else {
                     k: v.to(device) for k, v in cpu_inputs.items()}
             except Exception as exc:
-                errors[device] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+                # One entry per kernel, so every missing hash is explained under its own name.
+                why = "%s: %s" % (type(exc).__name__, _first_line(exc))
+                for name, dtype, _ in _kernels(torch):
+                    errors["%s[%s,%s]" % (name, device, dtype)] = why
                 continue
             for name, dtype, kernel in _kernels(torch):
                 try:
                     sha = _digest(torch, kernel(inputs))
                 except Exception as exc:
                     errors["%s[%s,%s]" % (name, device, dtype)] = "%s: %s" % (
-                        type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+                        type(exc).__name__, _first_line(exc))
                     continue
                 results.append({"name": name, "device": device, "dtype": dtype, "sha256": sha})
     doc: Dict[str, Any] = {

@@ -353,37 +353,42 @@ def _read_state(torch: Any, keys: Iterable[str] | None = None) -> dict[str, Any]
 def _write_state(torch: Any, target: Mapping[str, Any]) -> dict[str, str]:
     """Bring the live knobs to ``target``; return {key: why} for those that did not take.
 
-    Each knob is compared with its live value right before the write, since an earlier write in
-    the sequence may already have moved it (the legacy/new TF32 coupling). Torch's own warnings
-    about the legacy TF32 API are silenced here: the order above is deliberate, and the result
-    is checked by reading every value back.
+    Each knob is compared with its live value right before the write, since an earlier write
+    may already have moved it (the legacy/new TF32 coupling). The sequence is repeated until a
+    pass writes nothing: the probe records resolved values, not the raw tree, so a leaf it does
+    not record (mkldnn.matmul) can leave a legacy getter unreadable until the legacy setter runs
+    once more after the tree is in place. Torch's own warnings about the legacy TF32 API are
+    silenced: the order is deliberate, and every value is read back at the end.
     """
     failures: dict[str, str] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if "deterministic_algorithms" in target:
-            algo = bool(target["deterministic_algorithms"])
-            warn_only = bool(target.get("deterministic_warn_only", False))
-            now = (_quiet(torch.are_deterministic_algorithms_enabled),
-                   _quiet(torch.is_deterministic_algorithms_warn_only_enabled))
-            if now != (algo, warn_only and algo):
-                torch.use_deterministic_algorithms(algo, warn_only=warn_only)
-        for key, read, write in _knobs(torch):
-            if key not in target or target[key] is None:
-                continue
-            if _quiet(read) == target[key]:
-                continue
-            try:
-                write(target[key])
-            except Exception as exc:
-                failures[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        for _ in range(3):
+            wrote = False
+            if "deterministic_algorithms" in target:
+                algo = bool(target["deterministic_algorithms"])
+                warn_only = bool(target.get("deterministic_warn_only", False))
+                now = (_quiet(torch.are_deterministic_algorithms_enabled),
+                       _quiet(torch.is_deterministic_algorithms_warn_only_enabled))
+                if now != (algo, warn_only):
+                    torch.use_deterministic_algorithms(algo, warn_only=warn_only)
+                    wrote = True
+            for key, read, write in _knobs(torch):
+                if key not in target or target[key] is None or key in failures:
+                    continue
+                if _quiet(read) == target[key]:
+                    continue
+                try:
+                    write(target[key])
+                    wrote = True
+                except Exception as exc:
+                    text = str(exc).splitlines()[0] if str(exc) else ""
+                    failures[key] = f"{type(exc).__name__}: {text}"
+            if not wrote:
+                break
     live = _read_state(torch, target)
     for key, value in target.items():
-        if value is None or key in failures:
-            continue
-        if key == "deterministic_warn_only" and not target.get("deterministic_algorithms"):
-            continue  # meaningless while the algorithms switch is off; torch may report either
-        if live.get(key) != value:
+        if value is not None and key not in failures and live.get(key) != value:
             failures[key] = f"torch kept {live.get(key)!r} after the write"
     return failures
 
@@ -393,6 +398,9 @@ def _cuda_initialized(torch: Any) -> bool:
 
 
 def _strict_target(torch: Any, mode: Mode) -> dict[str, Any]:
+    # Keyed on which knobs *exist*, not which read back: a legacy getter raises while the two
+    # TF32 APIs disagree, and that is exactly the state whose legacy flag must be written.
+    exists = {key for key, _, _ in _knobs(torch)}
     live = _read_state(torch)
     target: dict[str, Any] = {
         "deterministic_algorithms": True,
@@ -410,9 +418,11 @@ def _strict_target(torch: Any, mode: Mode) -> dict[str, Any]:
     for key in ("fp32_precision", "mkldnn_fp32_precision", "cuda_matmul_fp32_precision",
                 "cudnn_conv_fp32_precision", "cudnn_rnn_fp32_precision",
                 *(f"fp32.{n}" for n in _FP32_NODES)):
-        if key in live:
+        if key in exists:
             target[key] = "ieee"
-    return {k: v for k, v in target.items() if k in live or k in _ALGORITHMS}
+    if "fill_uninitialized_memory" not in live:  # torch < 2.1
+        del target["fill_uninitialized_memory"]
+    return target
 
 
 class Deterministic:
@@ -631,8 +641,10 @@ def _apply_flags(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
     recorded = det.model_dump(exclude={"env", "late", "torch_loaded"})
     target = {k: v for k, v in recorded.items() if v is not None}
     before = _read_state(torch, target)
-    # A knob this torch lacks cannot be set; compare reports it as a warning already.
-    for key in sorted(k for k in target if k not in before):
+    # A knob this torch lacks cannot be set; compare reports it as a warning already. (Not
+    # "cannot be read": legacy TF32 getters raise in a mixed state, which the write repairs.)
+    exists = {key for key, _, _ in _knobs(torch)} | set(_ALGORITHMS)
+    for key in sorted(k for k in target if k not in exists):
         missing.append(NotApplied(f"determinism.{key}", target.pop(key), None,
                                   "this torch has no such knob"))
     failures = _write_state(torch, target)

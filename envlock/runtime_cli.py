@@ -50,6 +50,14 @@ def _check_text(cmp: Comparison, name: str) -> str:
 def cmd_canary(args: argparse.Namespace) -> int:
     from envlock.errors import LockInvalid
 
+    expected = None
+    if args.against:  # read the lock before the (slow) canary, so a bad path fails at once
+        from envlock.lockfile import load
+
+        expected = load(args.against)
+        if expected.canary is None:
+            raise LockInvalid(f"{args.against} has no [canary] table",
+                              hint="capture it with `envlock capture --canary`")
     if args.python:
         from envlock.capture import capture
 
@@ -63,14 +71,9 @@ def cmd_canary(args: argparse.Namespace) -> int:
     result = EXIT_OK
     payload: dict[str, object] = {"canary": current.model_dump(mode="json", exclude_none=True)}
     text = _text(current)
-    if args.against:
+    if expected is not None:
         from envlock.compare import compare
-        from envlock.lockfile import load
 
-        expected = load(args.against)
-        if expected.canary is None:
-            raise LockInvalid(f"{args.against} has no [canary] table",
-                              hint="capture it with `envlock capture --canary`")
         # Same lock, only the canary replaced: every difference compare() finds is numeric.
         cmp = compare(expected, expected.model_copy(update={"canary": current}))
         payload["comparison"] = cmp.to_dict()

@@ -1,0 +1,202 @@
+"""The numeric canary: stable bytes in one environment, drift caught where versions match."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_cli
+
+from envlock import lockfile, probe, runtime
+from envlock.capture import capture, verify
+from envlock.compare import compare
+from envlock.lockfile import seal
+from envlock.model import Canary, Lock
+
+torch = pytest.importorskip("torch")
+
+CANARY_PATH = Path(runtime.__file__).with_name("canary.py")
+KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
+           ("matmul_large", "bfloat16"), ("conv2d", "float32"), ("conv2d", "bfloat16"),
+           ("softmax", "float32"), ("layer_norm", "float32"), ("sum", "float32"),
+           ("sum_dim", "float32")}
+
+
+@pytest.fixture
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Knobs, variables and RNG put back after the test; an empty cwd so captures skip git."""
+    env = dict(os.environ)
+    flags = runtime._read_state(torch)
+    rng = torch.get_rng_state()
+    mkldnn = torch.backends.mkldnn.enabled
+    monkeypatch.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        torch.backends.mkldnn.enabled = mkldnn
+        assert not runtime._write_state(torch, flags)
+        torch.set_rng_state(rng)
+
+
+def _hashes(c: Canary) -> dict[tuple[str, str, str], str]:
+    return {(r.name, r.device, r.dtype): r.sha256 for r in c.results}
+
+
+def test_canary_covers_every_kernel_on_cpu_and_is_bit_identical_across_runs() -> None:
+    start = time.perf_counter()
+    first = runtime.canary(["cpu"])
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"the canary took {elapsed:.2f}s on CPU"
+    assert {(r.name, r.dtype) for r in first.results} == KERNELS
+    assert {r.device for r in first.results} == {"cpu"} and not first.errors
+    assert first.torch == torch.__version__ and first.version == 1
+    assert first.settings["num_threads"] == torch.get_num_threads()
+    assert first.settings["mkldnn_enabled"] is True
+    for _ in range(2):
+        assert _hashes(runtime.canary(["cpu"])) == _hashes(first)
+    # The probe's own entry point (what capture --canary runs) gives the same bytes.
+    doc = probe._run_canary(torch)
+    assert doc is not None
+    assert {k: v for k, v in _hashes(Canary.model_validate(doc)).items() if k[1] == "cpu"} == _hashes(first)
+
+
+def test_canary_leaves_the_process_as_it_found_it() -> None:
+    rng = torch.get_rng_state()
+    flags = runtime._read_state(torch)
+    runtime.canary(["cpu"])
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert runtime._read_state(torch) == flags
+
+
+def test_a_device_that_fails_is_reported_not_fatal() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a torch without usable CUDA")
+    c = runtime.canary(["cpu", "cuda:0"])
+    assert {r.device for r in c.results} == {"cpu"}
+    # Every kernel of the failed device is listed, with why, so no hash goes missing unexplained.
+    assert len(c.errors) == len(KERNELS) and all("[cuda:0," in key for key in c.errors)
+
+
+def test_canary_file_is_stdlib_and_torch_only_and_python38_syntax() -> None:
+    source = CANARY_PATH.read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
+    imports |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imports - set(sys.stdlib_module_names) == {"torch"}
+
+
+def _flip_mkldnn() -> None:
+    torch.backends.mkldnn.enabled = False
+
+
+def _threads_3() -> None:
+    # Chunking of the full-tensor sum follows the thread count: 1, 2, 4, 8 and 16 threads give
+    # the same bytes, 3 and 7 do not (measured on an AVX-512 Xeon; see docs/runtime.md).
+    torch.set_num_threads(3)
+
+
+@pytest.mark.parametrize(("knob", "drifting"), [
+    (_flip_mkldnn, {"conv2d", "matmul_large"}),
+    (_threads_3, {"sum"}),
+])
+def test_verify_catches_numeric_drift_that_versions_and_flags_miss(
+        isolated: Path, knob: Any, drifting: set[str]) -> None:
+    lock = capture(canary=True)
+    knob()
+    cmp = verify(lock)
+    assert not cmp.ok
+    # Every version and every recorded flag still matches: only the canary is breaking.
+    assert {d.category for d in cmp.breaking} == {"canary"}
+    assert drifting <= {d.path.split(".")[1].split("[")[0] for d in cmp.breaking}
+    assert all(d.message.startswith("numeric drift:") for d in cmp.breaking)
+    assert "settings differ" in cmp.breaking[0].message
+
+
+@pytest.fixture(scope="module")
+def canary_lock(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lock with a canary, captured by the CLI in a fresh process."""
+    where = tmp_path_factory.mktemp("canary-lock")
+    out = run_cli("capture", "--canary", "-o", "env.lock", cwd=where)
+    assert out.returncode == 0, out.stderr
+    return where / "env.lock"
+
+
+def _envlock(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "envlock", *args], cwd=cwd, text=True,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: Path) -> None:
+    """ATEN_CPU_CAPABILITY picks torch's vectorised kernels; no version or [env] entry shows it."""
+    lock = lockfile.load(canary_lock)
+    assert lock.canary is not None and len(lock.canary.results) >= len(KERNELS)
+    # Two fresh processes at once: the canary as-is, and verify under the override.
+    same = _envlock("canary", "--against", canary_lock.name, cwd=canary_lock.parent)
+    drift = _envlock("verify", canary_lock.name, "--json", cwd=canary_lock.parent,
+                     ATEN_CPU_CAPABILITY="default")
+    same_out, _ = same.communicate(timeout=240)
+    drift_out, _ = drift.communicate(timeout=240)
+    assert same.returncode == 0, same_out  # bit-identical in another process
+    assert "OK: same bytes" in same_out
+    assert drift.returncode == 1
+    breaking = [d for d in json.loads(drift_out)["differences"] if d["severity"] == "breaking"]
+    # Same packages, same torch, same flags: the canary is the only thing that sees it.
+    assert breaking and {d["category"] for d in breaking} == {"canary"}
+    assert "softmax" in {d["path"].split(".")[1].split("[")[0] for d in breaking}
+    # The message names the settings that explain it.
+    assert "cpu_capability" in breaking[0]["message"]
+    assert "env.ATEN_CPU_CAPABILITY - -> default" in breaking[0]["message"]
+
+
+def test_cli_canary_against_a_lock(canary_lock: Path, tmp_path: Path) -> None:
+    drift = _envlock("canary", "--against", str(canary_lock), "--json", cwd=tmp_path,
+                     ATEN_CPU_CAPABILITY="default")
+    plain = capture(torch=False, cwd=str(tmp_path))
+    plain.save(tmp_path / "plain.lock")
+    out = run_cli("canary", "--against", "plain.lock", cwd=tmp_path)
+    assert out.returncode == 2 and "no [canary] table" in out.stderr
+    drift_out, _ = drift.communicate(timeout=240)
+    assert drift.returncode == 1
+    doc = json.loads(drift_out)
+    assert Canary.model_validate(doc["canary"]).settings["env.ATEN_CPU_CAPABILITY"] == "default"
+    assert doc["comparison"]["ok"] is False
+    assert {d["category"] for d in doc["comparison"]["differences"]} == {"canary"}
+
+
+def _with_canary(lock: Lock, canary: Canary) -> Lock:
+    return seal(lock.model_copy(update={"canary": canary}))
+
+
+def test_compare_canary_versions_errors_and_lock_round_trip() -> None:
+    base = capture(torch=False, cwd="/")
+    c = runtime.canary(["cpu"])
+    old = _with_canary(base, c)
+    newer = _with_canary(base, c.model_copy(update={"version": 2, "results": []}))
+    [diff] = compare(old, newer).differences
+    assert (diff.severity, diff.path) == ("warning", "canary.version")
+    failed = c.model_copy(update={"results": c.results[1:], "errors": {
+        f"{c.results[0].name}[cpu,{c.results[0].dtype}]": "RuntimeError: not supported"}})
+    [diff] = compare(old, _with_canary(base, failed)).differences
+    assert diff.severity == "warning" and "failed here: RuntimeError" in diff.message
+    # The [canary] table, errors included, survives TOML.
+    again = lockfile.parse(lockfile.dumps(_with_canary(base, failed)))
+    assert again.canary == failed
+
+
+def test_canary_in_a_lock_is_outside_the_fingerprint() -> None:
+    base = capture(torch=False, cwd="/")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = _with_canary(base, runtime.canary(["cpu"]))
+    assert a.envlock.fingerprint == seal(base).envlock.fingerprint

@@ -1,0 +1,119 @@
+"""envlock.distributed.check across real gloo ranks, spawned as separate processes.
+
+The test file doubles as the rank program (``python test_distributed.py --rank N ...``), so the
+ranks run exactly the code under test, each in a fresh interpreter like a torchrun rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORLD = 2
+ODD_RANK = 1
+
+
+def _rank_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--init", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    import envlock
+    from envlock import distributed
+
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
+    out = Path(args.out)
+    try:
+        if args.rank == ODD_RANK:
+            # The one knob this rank gets wrong: a flag that a stray import might flip.
+            torch.backends.cudnn.benchmark = True
+        against_rank0 = distributed.check()
+        lock_path = out.parent / "rank0.lock"
+        if args.rank == 0:
+            # The public name, as a training script writes it, after check() ran.
+            envlock.capture(canary=True).save(lock_path)
+        dist.barrier()
+        try:
+            distributed.check(envlock.load(lock_path), canary=True, raise_on_mismatch=True)
+            raised = None
+        except distributed.RankMismatch as exc:
+            raised = exc.result.to_dict()
+        (out / f"rank{args.rank}.json").write_text(json.dumps({
+            "against_rank0": against_rank0.to_dict(), "raised": raised}))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _differences(report: dict[str, object]) -> dict[int, list[str]]:
+    mismatches = report["mismatches"]
+    assert isinstance(mismatches, list)
+    return {m["rank"]: [d["path"] for d in m["differences"]] for m in mismatches}
+
+
+def test_check_names_exactly_the_rank_and_field_that_differ(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(r), "--world", str(WORLD), "--init", init,
+             "--out", str(tmp_path)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(WORLD)
+    ]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{err[-3000:]}"
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+    # Every rank returns the same verdict, so any rank can act on it.
+    assert reports[0]["against_rank0"] == reports[1]["against_rank0"]
+    result = reports[0]["against_rank0"]
+    assert result["ok"] is False and result["reference"] == "rank 0"
+    assert result["world_size"] == WORLD
+    assert _differences(result) == {ODD_RANK: ["determinism.cudnn_benchmark"]}
+    odd = result["mismatches"][0]
+    assert odd["host"] == socket.gethostname()
+    assert odd["differences"][0]["old"] is False and odd["differences"][0]["new"] is True
+    assert odd["differences"][0]["severity"] == "breaking"
+    # Ranks on one host with one stack share a fingerprint (cudnn_benchmark is sealed in it).
+    assert result["fingerprints"][0] != result["fingerprints"][ODD_RANK]
+
+    # Against a lock (with the canary on each rank): every rank raised, naming the same rank
+    # and field. The canary itself agrees across ranks, so it adds nothing.
+    for report in reports:
+        raised = report["raised"]
+        assert raised is not None and raised["reference"].startswith("lock ")
+        assert _differences(raised) == {ODD_RANK: ["determinism.cudnn_benchmark"]}
+
+
+def test_check_outside_a_process_group_is_a_usage_error() -> None:
+    pytest.importorskip("torch")
+    from envlock import distributed
+    from envlock.errors import UsageError
+
+    with pytest.raises(UsageError, match="process group"):
+        distributed.check()
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1:]))
