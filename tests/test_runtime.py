@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -154,6 +155,9 @@ def _worker_values(rank: str, workers: bool) -> list[list[float]]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+# Python >= 3.12 warns about fork() in a process with threads (torch's pool); the workers only
+# read tensors and seed generators, which is safe.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_worker_seeds_are_reproducible_and_differ_between_ranks(isolated: Path) -> None:
     rank0 = _worker_values("0", workers=True)
     assert _worker_values("0", workers=True) == rank0
@@ -310,6 +314,10 @@ def test_apply_twice_changes_nothing_the_second_time(isolated: Path) -> None:
     assert [c.knob for c in first.changed] == ["determinism.cudnn_deterministic"]
     assert envlock.apply(lock).changed == ()
     assert envlock.apply(lock).describe().startswith("nothing to change")
+    lock.save(isolated / "env.lock")  # a path works as well as a Lock
+    torch.backends.cudnn.deterministic = True
+    assert [c.knob for c in envlock.apply(isolated / "env.lock").changed] == [
+        "determinism.cudnn_deterministic"]
 
 
 def test_apply_reports_what_cannot_change_after_start_up(isolated: Path) -> None:
@@ -404,7 +412,7 @@ def test_apply_reproduces_a_recorded_flag_state_from_any_other(
             assert not runtime._write_state(torch, flags)
             for name, value in current:
                 _PUBLIC_SETTERS[name][1](value)
-        lock = Lock.model_validate({**_BASE.model_dump(), "determinism": wanted})
+        lock = Lock.model_validate({**_base_lock().model_dump(), "determinism": wanted})
         result = envlock.apply(lock)
         assert result.ok, result.describe()
         assert _live() == wanted
@@ -412,4 +420,7 @@ def test_apply_reproduces_a_recorded_flag_state_from_any_other(
         assert not runtime._write_state(torch, flags)
 
 
-_BASE = capture(torch=False, cwd="/")
+@functools.cache
+def _base_lock() -> Lock:
+    """Everything but [determinism] for the generated locks; captured once, without torch."""
+    return capture(torch=False, cwd="/")
