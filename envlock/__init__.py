@@ -27,10 +27,10 @@ __all__ = [
 
 _LAZY = {
     "Lock": ("envlock.model", "Lock"),
-    "capture": ("envlock.capture", "capture"),
-    "verify": ("envlock.capture", "verify"),
+    "capture": ("envlock.capturing", "capture"),
+    "verify": ("envlock.capturing", "verify"),
     "load": ("envlock.lockfile", "load"),
-    "compare": ("envlock.compare", "compare"),
+    "compare": ("envlock.drift", "compare"),
     "seed_everything": ("envlock.runtime", "seed_everything"),
     "deterministic": ("envlock.runtime", "deterministic"),
     "apply": ("envlock.runtime", "apply"),
@@ -40,10 +40,18 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from envlock.capture import capture, verify
-    from envlock.compare import compare
+    from envlock.capturing import capture, verify
+    from envlock.drift import compare
     from envlock.lockfile import load
     from envlock.model import Lock
+    from envlock.runtime import (
+        apply,
+        canary,
+        dataloader_generator,
+        deterministic,
+        seed_everything,
+        worker_init_fn,
+    )
 
 
 def __getattr__(name: str) -> Any:

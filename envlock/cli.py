@@ -45,7 +45,7 @@ def _err(text: str) -> None:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from envlock.capture import capture
+    from envlock.capturing import capture
     from envlock.lockfile import dumps, save
 
     if args.in_image:
@@ -86,8 +86,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from envlock.capture import capture
-    from envlock.compare import compare
+    from envlock.capturing import capture
+    from envlock.drift import compare
     from envlock.lockfile import load
     from envlock.render import comparison_json, verify_text
 
@@ -108,7 +108,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from envlock.compare import compare
+    from envlock.drift import compare
     from envlock.lockfile import load
     from envlock.render import comparison_json, diff_markdown, diff_text
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import EnvlockError, UsageError
 
 if TYPE_CHECKING:
-    from envlock.compare import Difference
+    from envlock.drift import Difference
     from envlock.model import Lock
 
 log = logging.getLogger("envlock.distributed")
@@ -126,15 +126,9 @@ def check(
     import torch
     import torch.distributed as dist
 
-    import envlock
     from envlock import probe
-
-    # envlock.capture is both a lazy function and a submodule: importing the submodule first
-    # would leave the *module* as envlock.capture and break a later envlock.capture() in the
-    # training script. Resolving the public name first caches the function.
-    getattr(envlock, "capture")  # noqa: B009
-    from envlock.capture import build_lock
-    from envlock.compare import Difference, compare
+    from envlock.capturing import build_lock
+    from envlock.drift import Difference, compare
 
     if not (dist.is_available() and dist.is_initialized()):
         raise UsageError("envlock.distributed.check() needs an initialised torch.distributed process group")

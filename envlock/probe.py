@@ -950,15 +950,15 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
-    """Run canary.py from beside this file: it travels with the probe into containers."""
+    """Run kernels.py from beside this file: it travels with the probe into containers."""
     if torch_mod is None:
         raise RuntimeError("the canary needs torch")
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "canary.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.py")
     spec = importlib.util.spec_from_file_location("_envlock_canary", path)
     if spec is None or spec.loader is None or not os.path.exists(path):
-        raise RuntimeError("canary.py not found beside the probe")
+        raise RuntimeError("kernels.py not found beside the probe")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     result: Optional[Dict[str, Any]] = module.run(torch_mod)

@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from envlock.compare import Comparison, Difference
+from envlock.drift import Comparison, Difference
 from envlock.model import Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}

@@ -696,14 +696,14 @@ def apply(lock: Lock | str | os.PathLike[str]) -> ApplyResult:
 
 
 def canary_module() -> Any:
-    """canary.py loaded by path, as the probe does (it must work where envlock is not installed)."""
+    """kernels.py loaded by path, as the probe does (it must work where envlock is not installed)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).with_name("canary.py")
+    path = Path(__file__).with_name("kernels.py")
     spec = importlib.util.spec_from_file_location("_envlock_canary", path)
     if spec is None or spec.loader is None:
-        raise UsageError(f"canary.py not found beside {Path(__file__).name}")
+        raise UsageError(f"kernels.py not found beside {Path(__file__).name}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from envlock.compare import Comparison
+    from envlock.drift import Comparison
     from envlock.model import Canary
 
 EXIT_OK, EXIT_DRIFT = 0, 1
@@ -59,7 +59,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
             raise LockInvalid(f"{args.against} has no [canary] table",
                               hint="capture it with `envlock capture --canary`")
     if args.python:
-        from envlock.capture import capture
+        from envlock.capturing import capture
 
         current = capture(python=args.python, canary=True, in_process=False).canary
         if current is None:
@@ -72,7 +72,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
     payload: dict[str, object] = {"canary": current.model_dump(mode="json", exclude_none=True)}
     text = _text(current)
     if expected is not None:
-        from envlock.compare import compare
+        from envlock.drift import compare
 
         # Same lock, only the canary replaced: every difference compare() finds is numeric.
         cmp = compare(expected, expected.model_copy(update={"canary": current}))

@@ -71,7 +71,7 @@ def probe_doc(**sections: Any) -> dict[str, Any]:
 
 def make_lock(**sections: Any) -> Any:
     """A sealed Lock built from ``probe_doc(**sections)`` with a fixed timestamp."""
-    from envlock.capture import build_lock
+    from envlock.capturing import build_lock
     from envlock.lockfile import seal
 
     lock = build_lock(probe_doc(**sections))

@@ -17,14 +17,14 @@ import pytest
 from helpers import run_cli
 
 from envlock import lockfile, probe, runtime
-from envlock.capture import capture, verify
-from envlock.compare import compare
+from envlock.capturing import capture, verify
+from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
 
 torch = pytest.importorskip("torch")
 
-CANARY_PATH = Path(runtime.__file__).with_name("canary.py")
+CANARY_PATH = Path(runtime.__file__).with_name("kernels.py")
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
            ("matmul_large", "bfloat16"), ("conv2d", "float32"), ("conv2d", "bfloat16"),
            ("softmax", "float32"), ("layer_norm", "float32"), ("sum", "float32"),

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from envlock.capture import PROBE_PATH, build_lock
-from envlock.compare import compare
+from envlock.capturing import PROBE_PATH, build_lock
+from envlock.drift import compare
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, make_dist
 
 from envlock import probe
-from envlock.capture import PROBE_PATH, build_lock
+from envlock.capturing import PROBE_PATH, build_lock
 
 
 @pytest.fixture

@@ -164,10 +164,10 @@ def test_gpus_use_device_requests_on_docker_and_cdi_on_podman() -> None:
 def test_tar_files_builds_a_tree_under_its_root() -> None:
     import tarfile
 
-    data = tar_files({"/tmp/envlock-probe/probe.py": b"x", "/tmp/envlock-probe/canary.py": b"yy"}, "/tmp")
+    data = tar_files({"/tmp/envlock-probe/probe.py": b"x", "/tmp/envlock-probe/kernels.py": b"yy"}, "/tmp")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
-    assert names == ["envlock-probe", "envlock-probe/canary.py", "envlock-probe/probe.py"]
+    assert names == ["envlock-probe", "envlock-probe/kernels.py", "envlock-probe/probe.py"]
     with pytest.raises(ValueError):
         tar_files({"/etc/passwd": b""}, "/tmp")
 

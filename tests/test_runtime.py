@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import envlock
 from envlock import probe, runtime
-from envlock.capture import capture, verify
+from envlock.capturing import capture, verify
 from envlock.errors import UsageError
 from envlock.lockfile import seal
 from envlock.model import Lock

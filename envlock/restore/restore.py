@@ -23,7 +23,7 @@ from envlock.restore import context as ctx
 from envlock.restore import values
 
 if TYPE_CHECKING:
-    from envlock.compare import Comparison
+    from envlock.drift import Comparison
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.progress import Progress
 

@@ -12,12 +12,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from envlock.capture import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.capturing import CANARY_PATH, PROBE_PATH, probe_args
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
-    from envlock.compare import Comparison
+    from envlock.drift import Comparison
     from envlock.model import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
@@ -27,7 +27,7 @@ PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can tak
 def probe_files() -> dict[str, bytes]:
     files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
     if CANARY_PATH.exists():
-        files[f"{PROBE_DIR}/canary.py"] = CANARY_PATH.read_bytes()
+        files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
     return files
 
 
@@ -72,8 +72,8 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     The image is new by construction, so its identity is an expected change; packages left
     out on purpose (``--skip-local``) are not reported as missing.
     """
-    from envlock.capture import build_lock
-    from envlock.compare import Comparison, compare
+    from envlock.capturing import build_lock
+    from envlock.drift import Comparison, compare
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:

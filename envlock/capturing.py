@@ -21,11 +21,11 @@ from envlock import __version__
 from envlock.errors import InterpreterNotFound, LockInvalid, ProbeFailed
 
 if TYPE_CHECKING:
-    from envlock.compare import Comparison
+    from envlock.drift import Comparison
     from envlock.model import Lock
 
 PROBE_PATH = Path(__file__).with_name("probe.py")
-CANARY_PATH = Path(__file__).with_name("canary.py")
+CANARY_PATH = Path(__file__).with_name("kernels.py")
 DEFAULT_PROBE_TIMEOUT = 600.0
 
 
@@ -168,7 +168,7 @@ def verify(
     in_process: bool | None = None,
 ) -> Comparison:
     """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first."""
-    from envlock.compare import compare
+    from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
     if isinstance(lock, (str, os.PathLike)):
