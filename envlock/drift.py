@@ -132,7 +132,7 @@ _GPU_DEVICE: dict[str, Severity] = {
     "mig_mode": "warning",
 }
 _DETERMINISM_SOFT: dict[str, Severity] = {
-    "num_threads": "warning", "num_interop_threads": "warning", "late": "info", "torch_loaded": "info",
+    "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
 }
 _SEEDS: dict[str, Severity] = {
     "seed": "breaking", "python_hash_seed": "breaking", "hash_randomization": "breaking",

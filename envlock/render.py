@@ -120,11 +120,11 @@ def show_json(lock: Lock) -> str:
 
 
 def differences_text(differences: Iterable[Difference]) -> str:
-    rows = [( _SEVERITY_LABEL[d.severity], d.category, d.path, d.describe()) for d in differences]
+    rows = [(_SEVERITY_LABEL[d.severity], d.path, d.describe()) for d in differences]
     if not rows:
         return ""
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    return "\n".join(f"  {r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[3]}" for r in rows) + "\n"
+    return "\n".join(f"  {r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}" for r in rows) + "\n"
 
 
 def counts_line(cmp: Comparison) -> str:
