@@ -1,0 +1,120 @@
+"""In-process timings, run by ``benchmarks/run.py`` under the benchmark venv's interpreter.
+
+Why a separate script: ``run.py`` may run under any Python (it only starts processes), while
+these measurements need envlock importable and must exclude interpreter start-up and imports,
+which process-level timings cannot separate. Each subcommand prints one JSON document.
+
+    python benchmarks/inproc.py load LOCK [--repeats N]
+    python benchmarks/inproc.py scan DIR [DIR ...] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _stats(samples: list[float]) -> dict[str, Any]:
+    return {"median_s": statistics.median(samples), "min_s": min(samples), "samples_s": samples}
+
+
+def _time(fn: Callable[[], object], repeats: int) -> dict[str, Any]:
+    fn()  # warm: first call pays lazy imports and cold caches, which a warm benchmark excludes
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return _stats(samples)
+
+
+def cmd_load(path: Path, repeats: int) -> dict[str, Any]:
+    """``envlock.lockfile.load`` as a whole, then its stages, to show where the time goes."""
+    from envlock import lockfile
+    from envlock.model import Lock
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    text = lockfile.read_text(path)
+    data = tomllib.loads(text)
+    lock = Lock.model_validate(data)
+    out: dict[str, Any] = {
+        "packages": len(lock.packages),
+        "bytes": len(text.encode("utf-8")),
+        "load": _time(lambda: lockfile.load(path), repeats),
+        "stages": {
+            "read_text": _time(lambda: lockfile.read_text(path), repeats),
+            "tomllib.loads": _time(lambda: tomllib.loads(text), repeats),
+            "Lock.model_validate": _time(lambda: Lock.model_validate(data), repeats),
+            "check_seal": _time(lambda: lockfile.check_seal(lock), repeats),
+        },
+    }
+    return out
+
+
+def cmd_scan(dirs: list[Path], repeats: int) -> dict[str, Any]:
+    """Listing distributions of one directory: envlock's probe vs importlib.metadata.
+
+    ``sys.path`` is narrowed to the directory so the figures are the per-distribution cost
+    alone, free of the venv's own packages and of interpreter start-up.
+    """
+    import importlib.metadata as md
+
+    from envlock import probe
+
+    results: dict[str, Any] = {}
+    saved = list(sys.path)
+    for d in dirs:
+        sys.path[:] = [str(d)]
+        try:
+            probe_count = len(probe.collect_packages()[0])
+
+            def names_versions(d: Path = d) -> list[tuple[str, str]]:
+                # What pip freeze needs from each distribution: the parsed METADATA.
+                return [(x.metadata["Name"], x.version) for x in md.distributions(path=[str(d)])]
+
+            def listing(d: Path = d) -> list[Any]:
+                return list(md.distributions(path=[str(d)]))
+
+            results[str(d)] = {
+                "probe_count": probe_count,
+                "importlib_count": len(names_versions()),
+                "probe.collect_packages": _time(probe.collect_packages, repeats),
+                "importlib.metadata name+version": _time(names_versions, repeats),
+                "importlib.metadata list": _time(listing, repeats),
+            }
+        finally:
+            sys.path[:] = saved
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("load")
+    p.add_argument("lock", type=Path)
+    p.add_argument("--repeats", type=int, default=20)
+    p = sub.add_parser("scan")
+    p.add_argument("dirs", type=Path, nargs="+")
+    p.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.cmd == "load":
+        doc = cmd_load(args.lock, args.repeats)
+    else:
+        doc = cmd_scan(args.dirs, args.repeats)
+    json.dump(doc, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

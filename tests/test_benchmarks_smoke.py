@@ -1,0 +1,131 @@
+"""Smoke tests of the benchmark tooling: correctness only, never timing.
+
+The scaling figures in benchmarks/README.md are only meaningful if the synthetic
+site-packages is something every tool reads the same way, so this checks that envlock's
+probe and importlib.metadata see exactly the distributions the generator wrote (names in all
+spellings, versions with local labels, sources from direct_url.json), and that each of them
+passes envlock's own model. The report code is exercised on made-up timings.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from envlock import probe
+from envlock.model import Package
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    """Import a benchmarks/ script by path: benchmarks/ is not an installed package."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+synth = _load("synth")
+run = _load("run")
+
+# 251 distributions reach every kind the generator writes, the rare editable (#250) included.
+N = 251
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[object]]:
+    site = tmp_path_factory.mktemp("synth") / "site-packages"
+    return site, synth.generate(site, N)
+
+
+def test_generator_writes_what_it_reports(generated: tuple[Path, list[object]]) -> None:
+    site, dists = generated
+    assert len(dists) == N
+    assert len(list(site.glob("*.dist-info"))) == N
+    kinds = {d.direct_url for d in dists}  # type: ignore[attr-defined]
+    assert kinds == {None, "archive", "vcs", "local", "editable"}
+    spellings = {d.name.split("0")[0] for d in dists}  # type: ignore[attr-defined]
+    assert spellings == {"synth-pkg-", "Synth_Pkg_", "synth.pkg."}
+    sizes = [(p / "METADATA").stat().st_size for p in site.glob("*.dist-info")]
+    assert min(sizes) > 2048, "descriptions are meant to be multi-KB, like real METADATA"
+    record = next(site.glob("*.dist-info")).joinpath("RECORD").read_text().splitlines()
+    assert sum(",sha256=" in line for line in record) >= 20
+
+
+def test_probe_and_importlib_metadata_see_the_same_distributions(
+    generated: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site, dists = generated
+    monkeypatch.setattr(sys, "path", [str(site)])
+    packages, duplicates = probe.collect_packages()
+    found = list(importlib.metadata.distributions(path=[str(site)]))
+
+    expected = {d.canonical: d for d in dists}  # type: ignore[attr-defined]
+    assert duplicates == []
+    assert len(packages) == len(found) == N
+    assert {p["name"] for p in packages} == set(expected)
+    assert {probe.canonicalize_name(d.metadata["Name"]) for d in found} == set(expected)
+    source = {None: "index", "archive": "url", "vcs": "vcs", "local": "local",
+              "editable": "editable"}
+    for pkg in packages:
+        want = expected[pkg["name"]]
+        assert pkg["version"] == want.version  # type: ignore[attr-defined]
+        assert pkg["requested"] is want.requested  # type: ignore[attr-defined]
+        assert pkg["source"] == source[want.direct_url]  # type: ignore[attr-defined]
+        assert len(pkg["record_sha256"]) == 64
+        Package.model_validate(pkg)  # every synthetic distribution is lockable
+
+
+def test_synth_indices_reads_every_spelling() -> None:
+    text = ("Synth_Pkg_00001==1.1.1\nsynth.pkg.00002 @ https://x.invalid/synth_pkg_00002.whl\n"
+            "# Editable install with no version control (synth-pkg-00250==1.0)\n"
+            "numpy==2.0\n")
+    assert synth.synth_indices(text) == {1, 2, 250}
+
+
+def _cmd(key: str, samples: list[float]) -> object:
+    cmd = run.Command(key, key, ["true"], {}, Path("."))
+    cmd.wall, cmd.cpu, cmd.rcs = samples, samples, [0] * len(samples)
+    return cmd
+
+
+def test_report_on_made_up_timings() -> None:
+    main = {k: _cmd(k, v) for k, v in {
+        "python": [0.02], "import_torch": [1.0, 1.2], "collect_env": [2.0],
+        "pip_freeze": [0.4], "importlib_list": [0.05], "capture": [1.1],
+        "capture_no_torch": [0.1], "verify": [1.2]}.items()}
+    synth_res = [run.SynthResult(size, {"capture_no_torch": _cmd("c", [0.1 + size * 1e-4]),
+                                        "pip_freeze": _cmd("p", [0.4 + size * 6e-4]),
+                                        "importlib_list": _cmd("i", [0.05])},
+                                 {"envlock": size, "pip_freeze": size, "importlib_metadata": size},
+                                 Path("x.lock"))
+                 for size in (0, 100, 5000)]
+    scan = {f"/d{n}": {"probe_count": n,
+                       "probe.collect_packages": {"median_s": n * 9e-5, "min_s": n * 8e-5},
+                       "importlib.metadata name+version": {"median_s": n * 2e-4},
+                       "importlib.metadata list": {"median_s": 1e-3}} for n in (100, 5000)}
+    load = {"packages": 1000, "bytes": 200_000, "load": {"median_s": 0.03, "min_s": 0.028},
+            "stages": {"tomllib.loads": {"median_s": 0.02, "min_s": 0.019}}}
+    targets = run.build_targets(main, synth_res, scan, load)
+    verdicts = {t.name: t.verdict for t in targets}
+    assert verdicts["capture <= 1.15 x import torch"] == "PASS"  # 1.1 / 1.1 (median of two)
+    assert verdicts["capture <= 0.8 x collect_env"] == "PASS"
+    assert verdicts["capture --no-torch <= 0.5 x pip freeze (bench venv)"] == "PASS"
+    assert any(name.startswith("linear") and v == "PASS" for name, v in verdicts.items())
+    assert verdicts["load+validate 1000-package lock <= 50 ms"] == "PASS"
+    doc = {"mode": "quick", "repeats": 1, "machine": {
+        "cpus": 2, "cpu_model": "cpu", "system": "linux", "loadavg_start": [0.1, 0, 0],
+        "loadavg_end": [0.2, 0, 0]}, "venv": {"python": "3.11", "torch": "2.13.0",
+                                               "numpy": "2", "pip": "23", "distributions": 30}}
+    text = run.render(doc, main, synth_res, scan, load, None, targets)
+    assert "| target |" in text and "MISMATCH" not in text
