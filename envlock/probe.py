@@ -490,8 +490,12 @@ def _cudnn_str(v: Optional[int]) -> Optional[str]:
     return "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100)
 
 
-def _quiet(fn: Callable[[], Any]) -> Any:
-    """Read one torch attribute; deprecation warnings and missing APIs become None."""
+def quiet(fn: Callable[[], Any]) -> Any:
+    """Read one torch attribute; deprecation warnings and missing APIs become None.
+
+    A knob this torch lacks, or one that raises on a mixed legacy/new TF32 state (torch >= 2.9),
+    reads as None rather than aborting the capture.
+    """
     import warnings
 
     with warnings.catch_warnings():
@@ -505,22 +509,22 @@ def _quiet(fn: Callable[[], Any]) -> Any:
 def collect_torch(torch: Any) -> Dict[str, Any]:
     info: Dict[str, Any] = {
         "version": str(torch.__version__),
-        "git_version": _quiet(lambda: torch.version.git_version),
-        "cuda": _quiet(lambda: torch.version.cuda),
-        "hip": _quiet(lambda: torch.version.hip),
-        "debug": _quiet(lambda: bool(torch.version.debug)),
-        "cxx11_abi": _quiet(lambda: bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
-        "mkl": _quiet(lambda: bool(torch.backends.mkl.is_available())),
-        "mkldnn": _quiet(lambda: bool(torch.backends.mkldnn.is_available())),
-        "openmp": _quiet(lambda: bool(torch.backends.openmp.is_available())),
+        "git_version": quiet(lambda: torch.version.git_version),
+        "cuda": quiet(lambda: torch.version.cuda),
+        "hip": quiet(lambda: torch.version.hip),
+        "debug": quiet(lambda: bool(torch.version.debug)),
+        "cxx11_abi": quiet(lambda: bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        "mkl": quiet(lambda: bool(torch.backends.mkl.is_available())),
+        "mkldnn": quiet(lambda: bool(torch.backends.mkldnn.is_available())),
+        "openmp": quiet(lambda: bool(torch.backends.openmp.is_available())),
     }
-    info["cudnn"] = _quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))
+    info["cudnn"] = quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))
     if info["cuda"]:
-        info["nccl"] = _quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))
-    info["cuda_available"] = _quiet(lambda: bool(torch.cuda.is_available()))
-    info["device_count"] = _quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
-    info["arch_list"] = _quiet(lambda: list(torch.cuda.get_arch_list())) or []
-    config = _quiet(lambda: torch.__config__.show())
+        info["nccl"] = quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))
+    info["cuda_available"] = quiet(lambda: bool(torch.cuda.is_available()))
+    info["device_count"] = quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
+    info["arch_list"] = quiet(lambda: list(torch.cuda.get_arch_list())) or []
+    config = quiet(lambda: torch.__config__.show())
     if config:
         info["config_sha256"] = hashlib.sha256(config.encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
@@ -558,7 +562,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             "num_interop_threads": lambda: torch.get_num_interop_threads(),
         }
         for key, read in readers.items():
-            value = _quiet(read)
+            value = quiet(read)
             if isinstance(value, (bool, int, str)):
                 det[key] = value
     det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
@@ -587,7 +591,7 @@ def collect_seeds(torch: Any) -> Dict[str, Any]:
         except ValueError:
             pass
         if torch is not None and "seed" in seeds:
-            value = _quiet(lambda: int(torch.initial_seed()))
+            value = quiet(lambda: int(torch.initial_seed()))
             if value is not None:
                 seeds["torch_initial_seed"] = value
     return seeds
@@ -855,14 +859,14 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
         return _hash_uuids(box["info"]), None
     else:
         nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
-    if torch is not None and _quiet(lambda: torch.cuda.is_available()):
+    if torch is not None and quiet(lambda: torch.cuda.is_available()):
         devices = []
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             dev = {"index": i, "name": props.name,
                    "compute_capability": "%d.%d" % (props.major, props.minor),
                    "memory_total_mib": int(props.total_memory // (1 << 20))}
-            uuid = _quiet(lambda p=props: str(p.uuid))  # type: ignore[misc]
+            uuid = quiet(lambda p=props: str(p.uuid))  # type: ignore[misc]
             if uuid:
                 dev["uuid"] = uuid
             devices.append(dev)

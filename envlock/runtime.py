@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from envlock.errors import UsageError
+from envlock.probe import quiet as _quiet
 
 if TYPE_CHECKING:
     from envlock.model import Canary, Lock
@@ -80,16 +81,6 @@ def _numpy() -> Any:
     import numpy
 
     return numpy
-
-
-def _quiet(fn: Callable[[], Any]) -> Any:
-    """Read one torch value; a knob this torch lacks (or a mixed TF32 state) reads as None."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return fn()
-        except Exception:
-            return None
 
 
 def derive_seed(seed: int, *keys: object) -> int:

@@ -472,23 +472,17 @@ def render(plan: Plan) -> dict[str, str]:
     return out
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
     """sha256 over everything that goes into the build: the image cache key."""
+    from envlock.restore.wheelhouse import sha256_file  # wheelhouse imports this module
+
     rendered = rendered if rendered is not None else render(plan)
     h = hashlib.sha256()
     for rel in sorted(rendered):
         h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
     for layer in sorted(plan.wheels):
         for wheel in sorted(plan.wheels[layer]):
-            h.update(f"wheels/{layer}/{wheel.name}".encode() + b"\0" + _sha256_file(wheel).encode())
+            h.update(f"wheels/{layer}/{wheel.name}".encode() + b"\0" + sha256_file(wheel).encode())
     return "sha256:" + h.hexdigest()
 
 
