@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -394,6 +394,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _pos_ratio(a: float | None, b: float | None) -> float | None:
+    """A ratio of two per-distribution costs; none when noise made either non-positive."""
+    return a / b if a is not None and b is not None and a > 0 and b > 0 else None
+
+
 @dataclass
 class Target:
     name: str
@@ -437,13 +442,13 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.2f}"
 
 
-def marginal_per_dist(results: list[SynthResult], key: str,
-                      stat: Callable[[list[float]], float] = statistics.median
+def marginal_per_dist(results: list[SynthResult], key: str, *, use_min: bool = False
                       ) -> dict[int, float | None]:
     """Seconds per distribution above the empty-directory baseline, per size.
 
-    Computed from per-round differences (size N minus size 0 in the same round), which
-    cancels load that drifts between rounds, then ``stat`` (median or min) over rounds.
+    The median is taken over per-round differences (size N minus size 0 in the same round),
+    which cancels load that drifts between rounds. With ``use_min`` it is the difference of
+    the two minima instead (the minimum of a difference would pick the noisiest round).
     """
     out: dict[int, float | None] = {}
     base = next((r for r in results if r.size == 0), None)
@@ -452,10 +457,12 @@ def marginal_per_dist(results: list[SynthResult], key: str,
     b = base.cmds[key].wall
     for r in results:
         w = r.cmds[key].wall
-        if r.size and w and len(w) == len(b):
-            out[r.size] = stat([x - y for x, y in zip(w, b, strict=True)]) / r.size
-        else:
+        if not r.size or not w or len(w) != len(b):
             out[r.size] = None
+        elif use_min:
+            out[r.size] = (min(w) - min(b)) / r.size
+        else:
+            out[r.size] = statistics.median([x - y for x, y in zip(w, b, strict=True)]) / r.size
     return out
 
 
@@ -501,18 +508,18 @@ def build_targets(main: dict[str, Command], synth_res: list[SynthResult],
             detail=f"{m_lo * 1e6:.0f} vs {m_hi * 1e6:.0f} us/dist"))
     if len(sizes) >= 2:
         med = marginal_per_dist(synth_res, "capture_no_torch")
-        mn = marginal_per_dist(synth_res, "capture_no_torch", min)
+        mn = marginal_per_dist(synth_res, "capture_no_torch", use_min=True)
         a, b = sizes[-2], sizes[-1]
         targets.append(Target(
             f"linear: per-dist cost at {b} / at {a} (whole process, above 0-dist baseline)",
-            _ratio(med[b], med[a]), LINEARITY_LIMIT, "x", value_min=_ratio(mn[b], mn[a]),
+            _pos_ratio(med[b], med[a]), LINEARITY_LIMIT, "x", value_min=_pos_ratio(mn[b], mn[a]),
             detail=f"{_fmt(_us(med[a]), 'us')} vs {_fmt(_us(med[b]), 'us')}/dist"))
         if len(sizes) >= 3:
             a = sizes[0]
             targets.append(Target(
                 f"(info) per-dist cost at {b} / at {a} (whole process)",
-                _ratio(med[b], med[a]), LINEARITY_LIMIT, "x", judged=False,
-                value_min=_ratio(mn[b], mn[a]),
+                _pos_ratio(med[b], med[a]), LINEARITY_LIMIT, "x", judged=False,
+                value_min=_pos_ratio(mn[b], mn[a]),
                 detail=f"{_fmt(_us(med[a]), 'us')} vs {_fmt(_us(med[b]), 'us')}/dist"))
     if load:
         targets.append(Target(f"load+validate {load['packages']}-package lock <= 50 ms",
