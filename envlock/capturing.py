@@ -78,6 +78,12 @@ class ProbeProcess:
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
 
+    def cancel(self) -> None:
+        """Stop a probe whose answer is no longer wanted (the lock turned out invalid)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
     def result(self) -> dict[str, Any]:
         try:
             out, err = self.proc.communicate(timeout=self.timeout)
@@ -150,14 +156,32 @@ def capture(
         doc = run_probe_in_process(**args)  # type: ignore[arg-type]
     else:
         proc = ProbeProcess(python or sys.executable, probe_args(**args))  # type: ignore[arg-type]
-        # Import the heavy half of envlock while the probe imports torch.
-        import tomlkit  # noqa: F401
-
-        import envlock.lockfile
-        import envlock.model  # noqa: F401
-
+        import_heavy_modules()
         doc = proc.result()
     return build_lock(doc, note=note)
+
+
+def import_heavy_modules() -> None:
+    """Import pydantic, the models and tomlkit: called while a probe subprocess runs.
+
+    Pydantic looks for plugins through the entry points of every installed distribution when
+    the first model class is built (~46 us each); envlock's own models need none, so the scan
+    is skipped for them. get_plugins() caches nothing while disabled, so models a training
+    script defines later still get their plugins.
+    """
+    if "envlock.model" not in sys.modules:
+        previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+        try:
+            import envlock.model
+        finally:
+            if previous is None:
+                del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+            else:
+                os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
+    import tomlkit  # noqa: F401
+
+    import envlock.lockfile  # noqa: F401
 
 
 def verify(

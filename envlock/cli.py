@@ -45,8 +45,9 @@ def _err(text: str) -> None:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    # Nothing heavy is imported before capture(): it starts the probe first and imports
+    # pydantic and tomlkit while the probe imports torch.
     from envlock.capturing import capture
-    from envlock.lockfile import dumps, save
 
     if args.in_image:
         # Lock an image that is not running: the probe runs in a throwaway container.
@@ -57,10 +58,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
     else:
         lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False)
+    from envlock.lockfile import dumps, save
+
     if args.output == "-":
         _out(dumps(lock))
         return EXIT_OK
-    path = save(lock, args.output, force=args.force)
+    path = save(lock, args.output, force=args.force, reseal=False)
     if args.json:
         from envlock.render import show_json
 
@@ -85,16 +88,45 @@ def cmd_capture(args: argparse.Namespace) -> int:
 # -- verify ------------------------------------------------------------------------------------
 
 
+def _peek(path: str) -> dict[str, Any] | None:
+    """The lock's raw tables, cheaply, to decide how to probe before the full validation."""
+    try:
+        if os.path.getsize(path) > (16 << 20):
+            return None
+        import tomllib
+
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except Exception:
+        return None  # load() below reports the problem properly
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    from envlock.capturing import capture
+    from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, probe_args
+
+    raw = _peek(args.lock)
+    proc = None
+    if raw is not None:
+        # Start the probe now, validate the lock while it imports torch.
+        want_torch = "torch" in raw and not args.no_torch
+        proc = ProbeProcess(args.python or sys.executable,
+                            probe_args(torch=want_torch, canary="canary" in raw and want_torch))
+    import_heavy_modules()
     from envlock.drift import compare
     from envlock.lockfile import load
     from envlock.render import comparison_json, verify_text
 
-    expected = load(args.lock)
+    try:
+        expected = load(args.lock)
+    except BaseException:
+        if proc is not None:
+            proc.cancel()
+        raise
     want_torch = expected.torch is not None and not args.no_torch
-    current = capture(python=args.python, torch=want_torch,
-                      canary=expected.canary is not None and want_torch, in_process=False)
+    want_canary = expected.canary is not None and want_torch
+    if proc is None:
+        proc = ProbeProcess(args.python or sys.executable, probe_args(torch=want_torch, canary=want_canary))
+    current = build_lock(proc.result())
     cmp = compare(expected, current)
     failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
     if args.json:
@@ -235,6 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None:
+        # Run as a program: everything is written and every container removed by now, so skip
+        # the interpreter's teardown of pydantic and friends (~30 ms per command).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
