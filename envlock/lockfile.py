@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from envlock import __version__
-from envlock.errors import LockInvalid, LockTampered, UsageError
+from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.model import FINGERPRINT_EXCLUDE, SCHEMA_VERSION, Lock
 
 if sys.version_info >= (3, 11):
@@ -289,8 +289,14 @@ def save(lock: Lock, path: str | os.PathLike[str], *, force: bool = False, resea
         raise UsageError(
             f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
         )
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {p}: directory {parent} does not exist")
     # reseal=False is for a lock that was sealed a moment ago (capture): hashing twice costs
     # ~25 ms on a 5,000-package environment.
     sealed = seal(lock) if reseal or lock.envlock.fingerprint is None else lock
-    atomic_write(p, dumps(sealed, p.name))
+    try:
+        atomic_write(p, dumps(sealed, p.name))
+    except OSError as exc:
+        raise EnvlockError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,17 @@ def test_schema_command_matches_committed_schema() -> None:
     assert res.returncode == 0
     committed = (Path(__file__).resolve().parent.parent / "schemas" / "env.lock.schema.json").read_text()
     assert res.stdout == committed, "schemas/ is stale: run `python -m envlock.schema`"
+
+
+def test_unwritable_destinations(tmp_path: Path) -> None:
+    res = run_cli("capture", "--no-torch", "-o", str(tmp_path / "missing" / "env.lock"), cwd=tmp_path)
+    assert res.returncode == 2 and "does not exist" in _one_line_error(res)
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        res = run_cli("capture", "--no-torch", "-o", str(locked / "env.lock"), cwd=tmp_path)
+        if os.geteuid() != 0:  # root writes anywhere
+            assert res.returncode == 3 and "cannot write" in _one_line_error(res)
+    finally:
+        locked.chmod(0o700)

@@ -11,7 +11,7 @@ import tomllib
 from helpers import make_lock
 
 from envlock import lockfile
-from envlock.errors import LockInvalid, LockTampered, UsageError
+from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.model import Lock
 
 
@@ -97,7 +97,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pyt
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(EnvlockError, match="disk full"):
         lockfile.save(make_lock(packages=[]), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["env.lock"]
