@@ -182,6 +182,11 @@ class Determinism(_Model):
     cudnn_conv_fp32_precision: str | None = None
     cudnn_rnn_fp32_precision: str | None = None
     mkldnn_fp32_precision: str | None = None
+    cuda_fp32_precision: str | None = None
+    mkldnn_matmul_fp32_precision: str | None = None
+    mkldnn_conv_fp32_precision: str | None = None
+    mkldnn_rnn_fp32_precision: str | None = None
+    mkldnn_enabled: bool | None = None
     cuda_matmul_allow_fp16_reduced_precision_reduction: bool | None = None
     cuda_matmul_allow_bf16_reduced_precision_reduction: bool | None = None
     sdpa_flash: bool | None = None

@@ -32,7 +32,7 @@ DEFAULT_NVML_TIMEOUT = 10.0
 ENV_PREFIXES = (
     "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "OMP_", "MKL_",
     "KMP_", "OPENBLAS_", "NVIDIA_", "NVTE_", "TRITON_", "XLA_", "JAX_", "HF_", "TRANSFORMERS_",
-    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_",
+    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_", "ATEN_",
 )
 ENV_NAMES = (
     "PYTHONHASHSEED", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PIP_INDEX_URL",
@@ -46,7 +46,7 @@ NUMERICS_ENV = (
     "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
     "TORCH_CUDNN_V8_API_DISABLED", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
-    "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED",
+    "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
 )
 # Names are ignored for the secret check when they are known to hold no secret even though
 # they contain a suspicious word (e.g. KMP_..._AFFINITY has none; HF_HUB_DISABLE_IMPLICIT_TOKEN).
@@ -549,6 +549,15 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             "cudnn_conv_fp32_precision": lambda: b.cudnn.conv.fp32_precision,
             "cudnn_rnn_fp32_precision": lambda: b.cudnn.rnn.fp32_precision,
             "mkldnn_fp32_precision": lambda: b.mkldnn.fp32_precision,
+            # The per-backend nodes; oneDNN's matmul/conv nodes change CPU bytes (bf16 on AMX).
+            "cuda_fp32_precision": lambda: torch._C._get_fp32_precision_getter("cuda", "all"),
+            "mkldnn_matmul_fp32_precision":
+                lambda: torch._C._get_fp32_precision_getter("mkldnn", "matmul"),
+            "mkldnn_conv_fp32_precision":
+                lambda: torch._C._get_fp32_precision_getter("mkldnn", "conv"),
+            "mkldnn_rnn_fp32_precision":
+                lambda: torch._C._get_fp32_precision_getter("mkldnn", "rnn"),
+            "mkldnn_enabled": lambda: b.mkldnn.enabled,
             "cuda_matmul_allow_fp16_reduced_precision_reduction":
                 lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
             "cuda_matmul_allow_bf16_reduced_precision_reduction":

@@ -237,7 +237,9 @@ def dataloader_generator(seed: int | None = None) -> Any:
 
 # The four (backend, op) nodes of the fp32_precision tree below the root; the probe records
 # only some, but deterministic() sets and restores them all.
-_FP32_NODES = ("cuda.all", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+# fp32_precision nodes below the root and the per-backend "all" nodes, by their lock names.
+_FP32_NODES = ("cuda_fp32_precision", "mkldnn_matmul_fp32_precision", "mkldnn_conv_fp32_precision",
+               "mkldnn_rnn_fp32_precision")
 
 
 def _fp32_get(torch: Any, backend: str, op: str) -> Callable[[], Any]:
@@ -268,6 +270,7 @@ def _knobs(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[Any], Non
         ("fill_uninitialized_memory", lambda: du().fill_uninitialized_memory,
          lambda v: setattr(du(), "fill_uninitialized_memory", v)),
         ("cudnn_enabled", lambda: b.cudnn.enabled, lambda v: setattr(b.cudnn, "enabled", v)),
+        ("mkldnn_enabled", lambda: b.mkldnn.enabled, lambda v: setattr(b.mkldnn, "enabled", v)),
         ("cudnn_deterministic", lambda: b.cudnn.deterministic,
          lambda v: setattr(b.cudnn, "deterministic", v)),
         ("cudnn_benchmark", lambda: b.cudnn.benchmark, lambda v: setattr(b.cudnn, "benchmark", v)),
@@ -280,7 +283,7 @@ def _knobs(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[Any], Non
     if hasattr(torch._C, "_get_fp32_precision_getter"):
         knobs += [
             ("fp32_precision", _fp32_get(torch, "generic", "all"), _fp32_set(torch, "generic", "all")),
-            ("fp32.cuda.all", _fp32_get(torch, "cuda", "all"), _fp32_set(torch, "cuda", "all")),
+            ("cuda_fp32_precision", _fp32_get(torch, "cuda", "all"), _fp32_set(torch, "cuda", "all")),
             ("mkldnn_fp32_precision", _fp32_get(torch, "mkldnn", "all"),
              _fp32_set(torch, "mkldnn", "all")),
             ("cuda_matmul_fp32_precision", _fp32_get(torch, "cuda", "matmul"),
@@ -289,10 +292,10 @@ def _knobs(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[Any], Non
              _fp32_set(torch, "cuda", "conv")),
             ("cudnn_rnn_fp32_precision", _fp32_get(torch, "cuda", "rnn"),
              _fp32_set(torch, "cuda", "rnn")),
-            ("fp32.mkldnn.matmul", _fp32_get(torch, "mkldnn", "matmul"),
+            ("mkldnn_matmul_fp32_precision", _fp32_get(torch, "mkldnn", "matmul"),
              _fp32_set(torch, "mkldnn", "matmul")),
-            ("fp32.mkldnn.conv", _fp32_get(torch, "mkldnn", "conv"), _fp32_set(torch, "mkldnn", "conv")),
-            ("fp32.mkldnn.rnn", _fp32_get(torch, "mkldnn", "rnn"), _fp32_set(torch, "mkldnn", "rnn")),
+            ("mkldnn_conv_fp32_precision", _fp32_get(torch, "mkldnn", "conv"), _fp32_set(torch, "mkldnn", "conv")),
+            ("mkldnn_rnn_fp32_precision", _fp32_get(torch, "mkldnn", "rnn"), _fp32_set(torch, "mkldnn", "rnn")),
         ]
     knobs += [
         ("cuda_matmul_allow_fp16_reduced_precision_reduction",
@@ -317,7 +320,7 @@ _OWNED = {
     "fill_uninitialized_memory", "cudnn_deterministic", "cudnn_benchmark", "cuda_matmul_allow_tf32",
     "float32_matmul_precision", "cudnn_allow_tf32", "fp32_precision", "mkldnn_fp32_precision",
     "cuda_matmul_fp32_precision", "cudnn_conv_fp32_precision", "cudnn_rnn_fp32_precision",
-} | {f"fp32.{n}" for n in _FP32_NODES}
+} | set(_FP32_NODES)
 _ALGORITHMS = ("deterministic_algorithms", "deterministic_warn_only")
 
 
@@ -408,7 +411,7 @@ def _strict_target(torch: Any, mode: Mode) -> dict[str, Any]:
     # (oneDNN uses bf16 for fp32 matmuls on AMX CPUs when allowed).
     for key in ("fp32_precision", "mkldnn_fp32_precision", "cuda_matmul_fp32_precision",
                 "cudnn_conv_fp32_precision", "cudnn_rnn_fp32_precision",
-                *(f"fp32.{n}" for n in _FP32_NODES)):
+                *_FP32_NODES):
         if key in exists:
             target[key] = "ieee"
     if "fill_uninitialized_memory" not in live:  # torch < 2.1

@@ -106,21 +106,24 @@ def _threads_3() -> None:
     torch.set_num_threads(3)
 
 
-@pytest.mark.parametrize(("knob", "drifting"), [
-    (_flip_mkldnn, {"conv2d", "matmul_large"}),
-    (_threads_3, {"sum"}),
+@pytest.mark.parametrize(("knob", "drifting", "also_breaking"), [
+    # The thread count is only a warning (defaults differ per host): the canary alone fails.
+    (_threads_3, {"sum"}, set()),
+    # mkldnn.enabled is a recorded flag too, so verify names it beside the numeric drift.
+    (_flip_mkldnn, {"conv2d", "matmul_large"}, {"determinism.mkldnn_enabled"}),
 ])
-def test_verify_catches_numeric_drift_that_versions_and_flags_miss(
-        isolated: Path, knob: Any, drifting: set[str]) -> None:
+def test_verify_catches_numeric_drift_that_versions_miss(
+        isolated: Path, knob: Any, drifting: set[str], also_breaking: set[str]) -> None:
     lock = capture(canary=True)
     knob()
     cmp = verify(lock)
     assert not cmp.ok
-    # Every version and every recorded flag still matches: only the canary is breaking.
-    assert {d.category for d in cmp.breaking} == {"canary"}
-    assert drifting <= {d.path.split(".")[1].split("[")[0] for d in cmp.breaking}
-    assert all(d.message.startswith("numeric drift:") for d in cmp.breaking)
-    assert "settings differ" in cmp.breaking[0].message
+    # Every version still matches; the bytes do not.
+    numeric = [d for d in cmp.breaking if d.category == "canary"]
+    assert {d.path for d in cmp.breaking if d.category != "canary"} == also_breaking
+    assert drifting <= {d.path.split(".")[1].split("[")[0] for d in numeric}
+    assert all(d.message.startswith("numeric drift:") for d in numeric)
+    assert "settings differ" in numeric[0].message
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +141,7 @@ def _envlock(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
 
 
 def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: Path) -> None:
-    """ATEN_CPU_CAPABILITY picks torch's vectorised kernels; no version or [env] entry shows it."""
+    """ATEN_CPU_CAPABILITY picks torch's vectorised kernels, as a host with another CPU would."""
     lock = lockfile.load(canary_lock)
     assert lock.canary is not None and len(lock.canary.results) >= len(KERNELS)
     # Two fresh processes at once: the canary as-is, and verify under the override.
@@ -151,12 +154,16 @@ def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: P
     assert "OK: same bytes" in same_out
     assert drift.returncode == 1
     breaking = [d for d in json.loads(drift_out)["differences"] if d["severity"] == "breaking"]
-    # Same packages, same torch, same flags: the canary is the only thing that sees it.
-    assert breaking and {d["category"] for d in breaking} == {"canary"}
-    assert "softmax" in {d["path"].split(".")[1].split("[")[0] for d in breaking}
+    # Same packages, same torch: the canary sees the numbers move, and the recorded variable
+    # says why.
+    assert {d["category"] for d in breaking} == {"canary", "determinism"}
+    assert [d["path"] for d in breaking if d["category"] == "determinism"] == [
+        "determinism.env.ATEN_CPU_CAPABILITY"]
+    numeric = [d for d in breaking if d["category"] == "canary"]
+    assert "softmax" in {d["path"].split(".")[1].split("[")[0] for d in numeric}
     # The message names the settings that explain it.
-    assert "cpu_capability" in breaking[0]["message"]
-    assert "env.ATEN_CPU_CAPABILITY - -> default" in breaking[0]["message"]
+    assert "cpu_capability" in numeric[0]["message"]
+    assert "env.ATEN_CPU_CAPABILITY - -> default" in numeric[0]["message"]
 
 
 def test_cli_canary_against_a_lock(canary_lock: Path, tmp_path: Path) -> None:
