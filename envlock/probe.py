@@ -61,10 +61,12 @@ _SECRET_QUERY_RE = re.compile(
 
 
 def looks_secret(name: str) -> bool:
+    """True for environment variable names whose values must never reach a lock."""
     return bool(_SECRET_RE.search(name))
 
 
 def canonicalize_name(name: str) -> str:
+    """PEP 503 normalisation, so ``Foo_Bar`` and ``foo-bar`` are one distribution."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -962,10 +964,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     return scrubbed
 
 
-def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
-    """Run kernels.py from beside this file: it travels with the probe into containers."""
-    if torch_mod is None:
-        raise RuntimeError("the canary needs torch")
+def load_kernels() -> Any:
+    """kernels.py from beside this file, loaded by path: it travels with the probe into
+    containers, where no envlock package exists to import it from."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.py")
@@ -974,7 +975,13 @@ def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
         raise RuntimeError("kernels.py not found beside the probe")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    result: Optional[Dict[str, Any]] = module.run(torch_mod)
+    return module
+
+
+def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
+    if torch_mod is None:
+        raise RuntimeError("the canary needs torch")
+    result: Optional[Dict[str, Any]] = load_kernels().run(torch_mod)
     return result
 
 

@@ -690,17 +690,13 @@ def apply(lock: Lock | str | os.PathLike[str]) -> ApplyResult:
 
 
 def canary_module() -> Any:
-    """kernels.py loaded by path, as the probe does (it must work where envlock is not installed)."""
-    import importlib.util
-    from pathlib import Path
+    """kernels.py, loaded by path exactly as the probe loads it."""
+    from envlock.probe import load_kernels
 
-    path = Path(__file__).with_name("kernels.py")
-    spec = importlib.util.spec_from_file_location("_envlock_canary", path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"kernels.py not found beside {Path(__file__).name}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return load_kernels()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def canary(devices: list[str] | None = None) -> Canary:
