@@ -24,24 +24,11 @@ from pydantic import (
     field_validator,
 )
 
+# The probe decides what is a secret and how names normalise; the model enforces the same rules.
+from envlock.probe import REDACTED, canonicalize_name, looks_secret
+
 SCHEMA_VERSION = 1
-REDACTED = "<redacted>"
-
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-_SECRET_RE = re.compile(
-    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
-    re.IGNORECASE,
-)
-
-
-def canonicalize_name(name: str) -> str:
-    """PEP 503 normalisation, so ``Foo_Bar`` and ``foo-bar`` are one distribution."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def looks_secret(name: str) -> bool:
-    """True for environment variable names whose values must never reach a lock."""
-    return bool(_SECRET_RE.search(name))
 
 
 def _check_name(value: str) -> str:
