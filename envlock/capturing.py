@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, LockInvalid, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -198,10 +198,7 @@ def verify(
     if isinstance(lock, (str, os.PathLike)):
         expected = load(lock)
     else:
-        try:
-            check_seal(lock)
-        except LockInvalid:
-            raise
+        check_seal(lock)
         expected = lock
     want_torch = expected.torch is not None if torch is None else torch
     current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -301,10 +300,6 @@ def _main(argv: list[str] | None) -> int:
         _err(f"envlock: internal error: {type(exc).__name__}: {exc} "
              "(rerun with ENVLOCK_DEBUG=1 for a traceback, and please report it)\n")
         return EXIT_ENV
-
-
-def json_dump(data: Any) -> str:
-    return json.dumps(data, indent=2, default=str) + "\n"
 
 
 __all__ = ["EXIT_DRIFT", "EXIT_ENV", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]

@@ -14,7 +14,7 @@ nowhere else, so every command agrees on what counts as drift.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -324,10 +324,3 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False) -> Com
     ordered = sorted(c.items, key=lambda d: SEVERITY_RANK[d.severity])
     return Comparison(tuple(ordered))
 
-
-def categories(differences: Iterable[Difference]) -> list[str]:
-    seen: list[str] = []
-    for d in differences:
-        if d.category not in seen:
-            seen.append(d.category)
-    return seen
