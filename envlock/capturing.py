@@ -162,7 +162,7 @@ def capture(
 
 
 def import_heavy_modules() -> None:
-    """Import pydantic, the models and tomlkit: called while a probe subprocess runs.
+    """Import pydantic, the models and the lock writer: called while a probe subprocess runs.
 
     Pydantic looks for plugins through the entry points of every installed distribution when
     the first model class is built (~46 us each); envlock's own models need none, so the scan
@@ -179,8 +179,6 @@ def import_heavy_modules() -> None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
             else:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
-    import tomlkit  # noqa: F401
-
     import envlock.lockfile  # noqa: F401
 
 

@@ -1,9 +1,9 @@
 """Reading, sealing and writing ``env.lock``.
 
-Reading uses ``tomllib`` (fast, strict); writing uses ``tomlkit`` for the document and its
-comments, with the long ``[[packages]]`` array emitted directly (tomlkit spends ~0.25 ms per
-table, a quarter of a second for a 1,000-package lock, at the start of every training job).
-Every write is atomic: a temp file in the same directory, fsync, ``os.replace``.
+Reading uses ``tomllib`` (fast, strict); writing uses ``envlock.tomlwriter``, linear in the
+size of the lock (tomlkit, used before, is quadratic in a table's size: 20,000 ``[env]`` keys
+took over 100 s). Every write is atomic: a temp file in the same directory, fsync,
+``os.replace``.
 
 Two hashes seal a lock, both over canonical JSON (sorted keys, no whitespace, UTF-8):
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envlock import __version__
+from envlock import __version__, tomlwriter
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.model import FINGERPRINT_EXCLUDE, SCHEMA_VERSION, Lock
 
@@ -108,6 +108,11 @@ def parse(text: str, name: str = "env.lock", *, verify_seal: bool = True) -> Loc
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockInvalid(f"{name} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise LockInvalid(f"{name} is not a lock: its arrays or tables nest too deeply") from None
+    except ValueError as exc:
+        # int() refuses integers of more than 4,300 digits (CVE-2020-10735 guard).
+        raise LockInvalid(f"{name} is not a lock: {exc}") from None
     return from_dict(data, name, verify_seal=verify_seal)
 
 
@@ -126,6 +131,8 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
         lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise LockInvalid(f"{name} does not match the lock schema: {_first_error(exc)}") from None
+    except RecursionError:
+        raise LockInvalid(f"{name} does not match the lock schema: values nest too deeply") from None
     if verify_seal:
         check_seal(lock, name)
     return lock
@@ -162,43 +169,14 @@ def load(path: str | os.PathLike[str], *, verify_seal: bool = True) -> Lock:
 # -- writing -----------------------------------------------------------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    # JSON's string escapes (\" \\ \n \uXXXX ...) are all valid in TOML basic strings, and so
-    # are its arrays of scalars; bool and int spell the same.
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + inner + " }" if inner else "{}"
-    if isinstance(value, float) and value != value:  # NaN has no place in a lock
-        raise ValueError("NaN cannot be written to a lock")
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _toml_key(key: str) -> str:
-    if key and all(c.isalnum() or c in "-_" for c in key) and key.isascii():
-        return key
-    return json.dumps(key, ensure_ascii=False)
-
-
-def _array_of_tables(name: str, rows: list[dict[str, Any]]) -> str:
-    out = []
-    for row in rows:
-        out.append(f"\n[[{name}]]\n")
-        out.extend(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in row.items())
-    return "".join(out)
-
-
 def dumps(lock: Lock, name: str = "env.lock") -> str:
-    """Render a lock as TOML: stable order (model field order, packages by name)."""
-    import tomlkit  # imported early by capture(), in parallel with the probe
-
+    """Render a lock as TOML: stable order (model field order, packages by name), linear time."""
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
-    doc = tomlkit.document()
-    for line in HEADER.format(version=lock.envlock.tool_version, name=name).splitlines():
-        doc.add(tomlkit.comment(line))
-    doc.add(tomlkit.nl())
+    # A comment cannot hold control characters: the version and file name go in escaped.
+    header = HEADER.format(version=tomlwriter.string(lock.envlock.tool_version)[1:-1],
+                           name=tomlwriter.string(name)[1:-1])
+    out = [f"# {line}\n" for line in header.splitlines()]
     tail = []
     for key, value in data.items():
         if key in ("packages", "duplicates"):
@@ -207,33 +185,14 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             continue
         if value in ({}, []) and key not in ("determinism", "seeds"):
             continue
-        table = tomlkit.table()
-        if key in _SECTION_COMMENTS:
-            table.add(tomlkit.comment(_SECTION_COMMENTS[key]))
-        for k, v in value.items():
-            if isinstance(v, list) and v and isinstance(v[0], dict):
-                aot = tomlkit.aot()
-                for row in v:
-                    aot.append(tomlkit.item(row))
-                table.add(k, aot)
-            elif isinstance(v, dict):
-                if not v:
-                    continue
-                sub = tomlkit.table()
-                for sk, sv in v.items():
-                    sub.add(sk, sv)
-                table.add(k, sub)
-            elif v != []:
-                table.add(k, v)
-        doc.add(key, table)
-    text = tomlkit.dumps(doc)
+        tomlwriter.table(out, key, value, _SECTION_COMMENTS.get(key))
     for key, rows in tail:
         if key == "packages":
-            text += f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n"
+            out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
         else:
-            text += "\n# Distributions shadowed by another of the same name earlier on sys.path.\n"
-        text += _array_of_tables(key, rows)
-    return text
+            out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
+        tomlwriter.array_of_tables(out, key, rows)
+    return "".join(out)
 
 
 def looks_like_lock(path: Path) -> bool:
