@@ -584,7 +584,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
     # leading underscore keeps it out of the [env] allow-list.
     pid, _, names = os.environ.get("_ENVLOCK_LATE", "").partition(":")
     if pid == str(os.getpid()):
-        late = sorted(set(n for n in names.split(",") if re.match(r"^[A-Za-z0-9_.]{1,128}$", n)))
+        late = sorted(set(n for n in names.split(",") if re.fullmatch(r"^[A-Za-z0-9_.]{1,128}$", n)))
         if late:
             det["late"] = late
     return det

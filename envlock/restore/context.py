@@ -284,7 +284,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     base_python = options.python or "python3"
     if options.python and "/" in options.python:
         values.abs_path(options.python, what="--python")
-    elif not re.match(r"^python[0-9.]*$", base_python):
+    elif not re.fullmatch(r"^python[0-9.]*$", base_python):
         raise UsageError(f"--python must be an absolute path or python/python3[.X], not {base_python!r}")
     python = f"{venv}/bin/python" if venv else base_python
 

@@ -27,7 +27,7 @@ def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
     values.image_ref(ref)
     if python is not None and "/" in python:
         values.abs_path(python, what="--python")
-    elif python is not None and not re.match(r"^python[0-9.]*$", python):
+    elif python is not None and not re.fullmatch(r"^python[0-9.]*$", python):
         raise UsageError(f"--python must be a path inside the image or python/python3[.X], not {python!r}")
     eng = connect(engine)
     try:

@@ -150,10 +150,10 @@ def _platform_args(lock: Lock) -> list[str]:
         args += ["--implementation", "cp"]
         if py.soabi and py.soabi.startswith("cpython-"):
             abi = "cp" + py.soabi.split("-")[1]
-            if re.match(r"^cp[0-9]+t?$", abi):
+            if re.fullmatch(r"^cp[0-9]+t?$", abi):
                 args += ["--abi", abi, "--abi", "abi3", "--abi", "none"]
     machine = lock.platform.machine
-    if lock.platform.os == "Linux" and re.match(r"^[A-Za-z0-9_]+$", machine):
+    if lock.platform.os == "Linux" and re.fullmatch(r"^[A-Za-z0-9_]+$", machine):
         glibc_minor = 17
         if lock.platform.libc == "glibc" and lock.platform.libc_version:
             parts = lock.platform.libc_version.split(".")
