@@ -43,6 +43,14 @@ def _err(text: str) -> None:
 # -- capture -----------------------------------------------------------------------------------
 
 
+def _say_link(path: Path) -> None:
+    """A lock that is a symbolic link is updated where it points; say so, it may be shared."""
+    if path.is_symlink():
+        from envlock.lockfile import write_target
+
+        _err(f"note: {path} is a symbolic link; updated its target {write_target(path)}\n")
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     # Nothing heavy is imported before capture(): it starts the probe first and imports
     # pydantic and tomlkit while the probe imports torch.
@@ -63,6 +71,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         _out(dumps(lock))
         return EXIT_OK
     path = save(lock, args.output, force=args.force, reseal=False)
+    _say_link(path)
     if args.json:
         from envlock.render import show_json
 
@@ -183,6 +192,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     if args.check:
         _out(f"{path} would be re-sealed or reformatted\n")
         return EXIT_DRIFT
+    _say_link(path)
     atomic_write(path, after)
     _out(f"re-sealed {path}  id {lock.short_id}\n")
     return EXIT_OK

@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -204,21 +206,102 @@ def looks_like_lock(path: Path) -> bool:
     return b"[envlock]" in head
 
 
-def atomic_write(path: Path, text: str) -> None:
+def _schema_of(path: Path) -> int | None:
+    """The schema_version an existing lock declares (read cheaply from its head), if any."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return None
+    m = re.search(rb"^schema_version\s*=\s*([0-9]{1,9})\s*$", head, re.M)
+    return int(m.group(1)) if m else None
+
+
+# Temp files of a write are named ``.<name>.<pid>.<random>.envlock-tmp`` so that the next write
+# can tell an interrupted one (its process is gone) from one in progress, and remove it.
+TMP_SUFFIX = ".envlock-tmp"
+_TMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX))
+STALE_TMP_SECONDS = 600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(directory: Path, name: str) -> list[Path]:
+    """Remove temp files of interrupted writes of ``name`` in ``directory``; returns them."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = _TMP_RE.fullmatch(entry)
+        if not m or m.group("name") != name:
+            continue
+        path = directory / entry
+        try:
+            st = os.lstat(path)
+            if _pid_alive(int(m.group("pid"))) and now - st.st_mtime < STALE_TMP_SECONDS:
+                continue  # a write in progress (or a pid reused: removed once it is old)
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it the only portable way, and put it back
+    os.umask(mask)
+    return mask
+
+
+def write_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: the link's final target when ``path`` is a link.
+
+    Replacing a symbolic link by a regular file would silently cut it from where it pointed
+    (a lock kept in a shared directory); the target is updated instead, and callers say so.
+    """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def atomic_write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically; returns the file written (a link's target).
+
+    New files get the mode the umask allows (as ``open()`` would); an existing file keeps its
+    mode. Temp files of earlier interrupted writes are removed first.
+    """
+    target = write_target(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    remove_stale_temps(directory, target.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         try:
-            mode = path.stat().st_mode & 0o777
+            mode = target.stat().st_mode & 0o7777
         except FileNotFoundError:
-            mode = 0o644
+            mode = 0o666 & ~_umask()
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -233,29 +316,43 @@ def atomic_write(path: Path, text: str) -> None:
             os.close(dfd)
     except OSError:
         pass
+    return target
 
 
 def save(lock: Lock, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
     """Seal and write ``lock`` atomically.
 
     An existing file that is not an env.lock is never overwritten without ``force``: one typo
-    in ``-o`` must not cost a researcher their training script.
+    in ``-o`` must not cost a researcher their training script. Nor is a lock of a newer
+    schema: this envlock cannot read it, so it cannot know what the overwrite would lose.
     """
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name such as {p / 'env.lock'}")
-    if p.exists() and not force and not looks_like_lock(p):
-        raise UsageError(
-            f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
-        )
-    parent = p.parent if str(p.parent) else Path(".")
+    if p.exists() and not force:
+        if not looks_like_lock(p):
+            raise UsageError(
+                f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
+            )
+        theirs = _schema_of(p)
+        if theirs is not None and theirs > SCHEMA_VERSION:
+            raise UsageError(
+                f"refusing to overwrite {p}: it is a lock of schema {theirs}, written by a newer "
+                f"envlock (this one, {__version__}, writes schema {SCHEMA_VERSION})",
+                hint="upgrade envlock, write elsewhere with -o, or pass --force to replace it")
+    target = write_target(p)
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"cannot write {p}: directory {parent} does not exist")
     # reseal=False is for a lock that was sealed a moment ago (capture): hashing twice costs
     # ~25 ms on a 5,000-package environment.
     sealed = seal(lock) if reseal or lock.envlock.fingerprint is None else lock
     try:
-        atomic_write(p, dumps(sealed, p.name))
+        text = dumps(sealed, p.name)
+    except ValueError as exc:
+        raise EnvlockError(f"cannot write {p}: {exc}") from None
+    try:
+        atomic_write(p, text)
     except OSError as exc:
         raise EnvlockError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p
