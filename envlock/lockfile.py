@@ -236,7 +236,7 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_temps(directory: Path, name: str) -> list[Path]:
     """Remove temp files of interrupted writes of ``name`` in ``directory``; returns them."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = os.listdir(directory)
     except OSError:

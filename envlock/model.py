@@ -37,9 +37,15 @@ def _check_name(value: str) -> str:
     return value
 
 
+_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
 def _check_url(value: str) -> str:
     parts = urlsplit(value)
-    if parts.username is not None or parts.password is not None:
+    # ssh://git@host names an account, not a secret (the probe keeps it; see strip_url).
+    ssh_user = parts.scheme in ("ssh", "git+ssh") and parts.username is not None \
+        and parts.password is None and _SSH_USER_RE.fullmatch(parts.username) is not None
+    if (parts.username is not None and not ssh_user) or parts.password is not None:
         raise ValueError("URL carries credentials (user:password@); envlock never stores them")
     if any(c in value for c in "\n\r\t \"'`$\\"):
         raise ValueError(f"URL contains a character that is not allowed: {value!r}")

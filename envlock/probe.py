@@ -75,6 +75,9 @@ def canonicalize_name(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\Z")
+
+
 def strip_url(url: str) -> str:
     """Drop ``user:password@`` and secret-looking query parameters from a URL."""
     try:
@@ -85,7 +88,11 @@ def strip_url(url: str) -> str:
             return url
         netloc = parts.netloc
         if "@" in netloc:
-            netloc = netloc.rsplit("@", 1)[1]
+            user, host = netloc.rsplit("@", 1)
+            # An ssh URL names an account (git@github.com), never a password: a plain user
+            # name is kept, or a restore would clone as the wrong user.
+            if not (parts.scheme in ("ssh", "git+ssh") and _SSH_USER_RE.match(user)):
+                netloc = host
         query = parts.query
         if query:
             pairs = parse_qsl(query, keep_blank_values=True)
@@ -345,6 +352,11 @@ def record_sha256(path: str) -> Optional[str]:
             data = fh.read()
     except OSError:
         return None
+    return record_digest(data)
+
+
+def record_digest(data: bytes) -> str:
+    """``record_sha256`` of a RECORD's bytes (also used on a wheel's own RECORD, unpacked)."""
     keep = []
     for raw in data.splitlines():
         if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):

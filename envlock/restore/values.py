@@ -34,6 +34,7 @@ _PATH_RE = re.compile(r"^(/[A-Za-z0-9._+-]+)+/?$")
 # options after whitespace) or a Dockerfile would interpret.
 _URL_CHARS_RE = re.compile(r"^[A-Za-z0-9._~:/?#@!&+,=%-]{1,2048}$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
+_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 # Docker's reference grammar (distribution/reference), without the parts nobody writes by hand.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -158,16 +159,29 @@ def abs_path(value: str, *, what: str = "path") -> str:
     return clean
 
 
-def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL") -> str:
-    """A URL with an allowed scheme, a host, no credentials and only inert characters."""
+class PlainHttp(UnsafeValue):
+    """An ``http://`` URL without ``--allow-http``: anyone on the path can swap what it serves."""
+
+
+def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL",
+        allow_http: bool = False) -> str:
+    """A URL with an allowed scheme, a host, no credentials and only inert characters.
+
+    Plain ``http`` needs ``allow_http``. An ``ssh`` URL keeps its user name (``git@host``): it
+    names the account, not a secret, and without it the clone logs in as the wrong user.
+    """
     if not isinstance(value, str) or not _URL_CHARS_RE.fullmatch(value):
         raise _refuse(what, value, "contains characters that are not allowed in a restorable URL")
     parts = urlsplit(value)
     if parts.scheme not in schemes:
         raise _refuse(what, value, f"scheme must be one of {', '.join(sorted(schemes))}")
+    if parts.scheme == "http" and not allow_http:
+        raise PlainHttp(f"refusing {what} {value!r}: plain http can be tampered with in transit",
+                        hint="use https, or pass --allow-http to accept the risk")
     if not parts.hostname:
         raise _refuse(what, value, "has no host")
-    if parts.username is not None or parts.password is not None:
+    if parts.password is not None or (parts.username is not None and not (
+            parts.scheme == "ssh" and _SSH_USER_RE.fullmatch(parts.username))):
         raise _refuse(what, value, "carries credentials")
     return value
 

@@ -8,16 +8,18 @@ comparison happen here, on the JSON the probe prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from envlock.capturing import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.drift import Comparison
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison
+    from envlock.drift import Difference
     from envlock.model import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
@@ -73,7 +75,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     out on purpose (``--skip-local``) are not reported as missing.
     """
     from envlock.capturing import build_lock
-    from envlock.drift import Comparison, compare
+    from envlock.drift import compare
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
@@ -88,4 +90,25 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
         cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
-    return inside, cmp
+    return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences))
+
+
+# pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
+# installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
+# rebuilds of them, so another build of them is reported but does not fail the restore.
+_TOOLING = frozenset({"pip", "setuptools", "wheel"})
+
+
+def _restore_severity(d: Difference) -> Difference:
+    """A restore must prove the build: another build of a locked package fails it.
+
+    An ordinary ``verify`` keeps a different ``record_sha256`` a warning (a rebuilt wheel of the
+    same version on a colleague's machine is worth a look, rarely different numbers); a restore
+    exists to reproduce the lock's exact artifacts, so there it is breaking.
+    """
+    parts = d.path.split(".")
+    if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
+            and parts[1] not in _TOOLING and d.severity != "breaking":
+        message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
+        return dataclasses.replace(d, severity="breaking", message=message)
+    return d
