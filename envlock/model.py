@@ -57,13 +57,14 @@ def _check_url(value: str) -> str:
     return value
 
 
-def _check_env(env: dict[str, str]) -> dict[str, str]:
+def _check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
+    # A validator on a dict cannot point its error at one key, so the message names it.
     for name, value in env.items():
         if looks_secret(name):
             if value != REDACTED:
-                raise ValueError(f"{name} looks like a secret; a lock only stores it as {REDACTED!r}")
+                raise ValueError(f"{table}.{name} looks like a secret; a lock only stores it as {REDACTED!r}")
         elif scrub_text(value) != value:
-            raise ValueError(f"the value of {name} {_CREDENTIALS}")
+            raise ValueError(f"{table}.{name} {_CREDENTIALS}")
     return dict(sorted(env.items()))
 
 
@@ -210,7 +211,7 @@ class Determinism(_Model):
     @field_validator("env")
     @classmethod
     def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        return _check_env(env)
+        return _check_env(env, "determinism.env")
 
     # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
     # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
@@ -302,7 +303,7 @@ class Canary(_Model):
     def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
         # env.NAME entries here are the numerics variables the kernels ran under.
         env = {k[4:]: v for k, v in settings.items() if k.startswith("env.") and isinstance(v, str)}
-        _check_env(env)
+        _check_env(env, "canary.settings.env")
         for value in settings.values():
             if isinstance(value, str):
                 _check_clean(value)

@@ -136,12 +136,15 @@ _SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha38
 # Users that name a service account, not a person or a token (git@github.com:org/repo.git).
 _SERVICE_USERS = ("git", "hg")
 # Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
-# the token. Gemfury https://pypi.fury.io/TOKEN/ACCOUNT/, anaconda.org and conda's own rule for
+# the token. Gemfury, anaconda.org and conda's own rule for
 # any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
 # (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
 # webhooks, Telegram bots.
 _PATH_TOKENS = (
-    (re.compile(r"(^|\.)fury\.io$", re.I), re.compile(r"^/([^/]+)/[^/]+")),
+    # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
+    # with capitals (tokens are mixed case, account names are lowercase), is the token.
+    (re.compile(r"(^|\.)fury\.io$", re.I),
+     re.compile(r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))")),
     (re.compile(r"."), re.compile(r"(?:^|/)t/([^/]+)")),
     (re.compile(r"(^|\.)packagecloud\.io$", re.I), re.compile(r"^/priv/([^/]+)")),
     (re.compile(r"^dl\.cloudsmith\.io$", re.I), re.compile(r"^/(?!public/|basic/)([^/]+)/")),
