@@ -254,7 +254,7 @@ def test_over_redaction_corpus_in_every_output(world: World, rendered: dict[str,
     # nothing at all redacted (conda-meta is shared with the leak capture, hence left out)
     for label in ("ordinary", *sorted(k for k in rendered if k.startswith("git-"))[-2:]):
         lock = tomllib.loads(rendered[label]["lock"])
-        assert "<redacted>" not in json.dumps({k: v for k, v in lock.items() if k != "conda"}), label
+        assert "<redacted>" not in json.dumps({k: v for k, v in lock.items() if k != "conda"}, default=str), label
 
 
 # -- one rule wherever a string enters the lock ---------------------------------------------
