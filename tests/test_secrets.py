@@ -16,12 +16,12 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import make_dist, run_cli
 from secret_corpus import LEAKS, ORDINARY, Case
 

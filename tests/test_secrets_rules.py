@@ -7,10 +7,10 @@ import os
 import string
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import make_dist, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
