@@ -122,10 +122,15 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
     from envlock.lockfile import seal
     from envlock.model import Lock, Meta
+    from envlock.probe import scrub_string, secret_values
 
-    meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                note=note)
+    if note:
+        # The note comes from the user, not the probe: the same scrub, with this process's
+        # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
+        note = scrub_string(note, secret_values())
     try:
+        meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
+                    note=note)
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -13,7 +13,6 @@ import re
 from datetime import datetime
 from itertools import pairwise
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -25,7 +24,7 @@ from pydantic import (
 )
 
 # The probe decides what is a secret and how names normalise; the model enforces the same rules.
-from envlock.probe import REDACTED, canonicalize_name, looks_secret
+from envlock.probe import REDACTED, canonicalize_name, looks_secret, scrub_text, strip_url
 
 SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -37,19 +36,36 @@ def _check_name(value: str) -> str:
     return value
 
 
-_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_CREDENTIALS = ("carries credentials (a URL's user:password@, a secret query parameter or fragment, "
+                "an index token in the path, or a token-shaped word); envlock never stores them")
+
+
+def _check_clean(value: str) -> str:
+    """The rule capture applies, enforced on every string a lock may carry from outside:
+    a value is clean when scrubbing would leave it unchanged. So a hand edit that puts a
+    credential back is refused (``fmt`` will not seal it) exactly as capture would strip it."""
+    if scrub_text(value) != value:
+        raise ValueError(_CREDENTIALS)
+    return value
 
 
 def _check_url(value: str) -> str:
-    parts = urlsplit(value)
-    # ssh://git@host names an account, not a secret (the probe keeps it; see strip_url).
-    ssh_user = parts.scheme in ("ssh", "git+ssh") and parts.username is not None \
-        and parts.password is None and _SSH_USER_RE.fullmatch(parts.username) is not None
-    if (parts.username is not None and not ssh_user) or parts.password is not None:
-        raise ValueError("URL carries credentials (user:password@); envlock never stores them")
+    if strip_url(value) != value or scrub_text(value) != value:
+        raise ValueError(f"URL {_CREDENTIALS}")
     if any(c in value for c in "\n\r\t \"'`$\\"):
         raise ValueError(f"URL contains a character that is not allowed: {value!r}")
     return value
+
+
+def _check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
+    # A validator on a dict cannot point its error at one key, so the message names it.
+    for name, value in env.items():
+        if looks_secret(name):
+            if value != REDACTED:
+                raise ValueError(f"{table}.{name} looks like a secret; a lock only stores it as {REDACTED!r}")
+        elif scrub_text(value) != value:
+            raise ValueError(f"{table}.{name} {_CREDENTIALS}")
+    return dict(sorted(env.items()))
 
 
 DistName = Annotated[str, AfterValidator(_check_name)]
@@ -60,6 +76,7 @@ Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_-
 Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 HexSha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_check_url)]
+CleanStr = Annotated[str, AfterValidator(_check_clean)]
 Scalar = str | int | float | bool
 
 
@@ -75,7 +92,7 @@ class Meta(_Model):
     created_at: datetime = Field(strict=False)
     fingerprint: Sha256Digest | None = None
     integrity: Sha256Digest | None = None
-    note: str | None = Field(default=None, max_length=4096)
+    note: CleanStr | None = Field(default=None, max_length=4096)
 
 
 ImageSource = Literal["env", "containerenv", "mountinfo", "cgroup", "dockerenv", "cli", "engine", "none"]
@@ -190,6 +207,12 @@ class Determinism(_Model):
     num_threads: int | None = None
     num_interop_threads: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        return _check_env(env, "determinism.env")
+
     # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
     # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
     late: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
@@ -227,7 +250,7 @@ class Package(_Model):
     url: Url | None = None
     vcs: str | None = Field(default=None, pattern=r"^(git|hg|svn|bzr)$")
     commit: str | None = Field(default=None, pattern=r"^[0-9A-Za-z._/-]{1,128}$")
-    requested_revision: str | None = None
+    requested_revision: CleanStr | None = None
     archive_hash: str | None = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
     hashes: list[Sha256Digest] = Field(default_factory=list)
     record_sha256: HexSha256 | None = None
@@ -246,7 +269,7 @@ class CondaPackage(_Model):
     name: str
     version: str
     build: str | None = None
-    channel: str | None = None
+    channel: CleanStr | None = None
 
 
 class Conda(_Model):
@@ -274,6 +297,17 @@ class Canary(_Model):
     # are then explained instead of looking like a smaller canary.
     errors: dict[str, str] = Field(default_factory=dict)
     duration_ms: float | None = None
+
+    @field_validator("settings")
+    @classmethod
+    def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
+        # env.NAME entries here are the numerics variables the kernels ran under.
+        env = {k[4:]: v for k, v in settings.items() if k.startswith("env.") and isinstance(v, str)}
+        _check_env(env, "canary.settings.env")
+        for value in settings.values():
+            if isinstance(value, str):
+                _check_clean(value)
+        return settings
 
 
 class ProbeInfo(_Model):
@@ -316,10 +350,7 @@ class Lock(_Model):
     @field_validator("env")
     @classmethod
     def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if looks_secret(name) and value != REDACTED:
-                raise ValueError(f"{name} looks like a secret; a lock only stores it as {REDACTED!r}")
-        return dict(sorted(env.items()))
+        return _check_env(env)
 
     # -- convenience -------------------------------------------------------------------
     def package(self, name: str) -> Package | None:

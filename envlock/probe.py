@@ -48,21 +48,63 @@ NUMERICS_ENV = (
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
     "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
 )
-# Names are ignored for the secret check when they are known to hold no secret even though
-# they contain a suspicious word (e.g. KMP_..._AFFINITY has none; HF_HUB_DISABLE_IMPLICIT_TOKEN).
-_SECRET_RE = re.compile(
-    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
-    re.IGNORECASE,
-)
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-_SECRET_QUERY_RE = re.compile(
-    r"(token|secret|password|passwd|key|sig|signature|auth|credential|session)", re.IGNORECASE
-)
+# ---------------------------------------------------------------------------------------------
+# Secrets: which variables hold one, and what of a value may be kept.
+# ---------------------------------------------------------------------------------------------
+
+# A name is split into words (on "_", ".", "-" and camelCase), and it is a secret when one of
+# its words says so. Whole words, not substrings: TOKENIZERS_PARALLELISM, DESKTOP_SESSION,
+# KMP_AFFINITY and XAUTHORITY hold settings, not credentials.
+_SECRET_WORDS = frozenset((
+    "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
+    "PASSPHRASE", "PWD", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "APIKEY", "KEY", "KEYS",
+    "PRIVATE", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT", "BEARER", "WEBHOOK", "DSN",
+    "SAS", "OTP", "SIGNATURE", "CONNSTR",
+))
+# Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
+                    "PRIVATEKEY", "ACCESSKEY")
+# A word that makes the variable a switch or a property *about* a secret, whose value is a
+# flag, a number or a mode (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, GIT_TERMINAL_PROMPT, ..._TTL).
+_SETTING_WORDS = frozenset((
+    "DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT", "TIMEOUT", "TTL",
+    "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND", "PROVIDER",
+    "HELPER", "PROMPT", "PARALLELISM", "AFFINITY", "URL", "URI", "ENDPOINT", "HOST", "PORT",
+    "SERVER", "REGION",
+))
+# Variables that hold a location, never a credential: the shell's and the desktop's own, and
+# any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
+_PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
+                         "KUBECONFIG", "KRB5CCNAME", "PATH"))
+_PATH_WORDS = frozenset(("PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "SOCK", "SOCKET",
+                         "HOME", "ROOT", "PREFIX", "CACHE", "LOCATION", "FOLDER"))
+_NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# The shortest value the last-line scrub replaces wherever it appears. Credentials issued by
+# services are far longer (hf_ 37, ghp_ 40, AWS 40, W&B 40 characters) and password policies
+# start at 8 (NIST SP 800-63B); a shorter value ("1", "true", "gpu0", a user name) is far more
+# likely to be part of a version, a path or a flag than a credential, and replacing it there
+# would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
+MIN_SECRET_LEN = 8
+
+
+def _name_words(name: str) -> List[str]:
+    return [w.upper() for w in _NAME_SPLIT_RE.split(name) if w]
+
+
+def is_path_variable(name: str) -> bool:
+    """True for variables that hold a filesystem location (PWD, HOME, *_PATH, *_DIR, ...)."""
+    words = _name_words(name)
+    return name.upper() in _PATH_NAMES or bool(words and words[-1] in _PATH_WORDS)
 
 
 def looks_secret(name: str) -> bool:
     """True for environment variable names whose values must never reach a lock."""
-    return bool(_SECRET_RE.search(name))
+    if is_path_variable(name):
+        return False
+    words = _name_words(name)
+    if any(w in _SETTING_WORDS for w in words):
+        return False
+    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
 
 
 def canonicalize_name(name: str) -> str:
@@ -72,43 +114,146 @@ def canonicalize_name(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
+# A URL keeps its scheme, host, path and harmless query parameters; it loses its userinfo
+# (except the service user of an ssh remote, "git@"), secret-looking query values, every
+# fragment other than pip's own (#egg=, #subdirectory=, #sha256=...), and the token segment of
+# index hosts known to carry one in the path. The functions only ever remove: a string that
+# needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
 
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# scp-style remotes (user[:password]@host:path) in free text; the userinfo is greedy up to the
+# last "@" before the host, so a password holding "@" goes with it.
+_SCP_RE = re.compile(r"(?<![^\s\"'(=,;])([^\s\"'<>`/]+)@([A-Za-z0-9][A-Za-z0-9.-]*):(?=\S)")
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
+_SECRET_QUERY_RE = re.compile(
+    r"(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)",
+    re.IGNORECASE,
+)
+# Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
+_SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
+# Users that name a service account, not a person or a token (git@github.com:org/repo.git).
+_SERVICE_USERS = ("git", "hg")
+# Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
+# the token. Gemfury, anaconda.org and conda's own rule for
+# any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
+# (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
+# webhooks, Telegram bots.
+_PATH_TOKENS = (
+    # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
+    # with capitals (tokens are mixed case, account names are lowercase), is the token.
+    (re.compile(r"(^|\.)fury\.io$", re.I),
+     re.compile(r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))")),
+    (re.compile(r"."), re.compile(r"(?:^|/)t/([^/]+)")),
+    (re.compile(r"(^|\.)packagecloud\.io$", re.I), re.compile(r"^/priv/([^/]+)")),
+    (re.compile(r"^dl\.cloudsmith\.io$", re.I), re.compile(r"^/(?!public/|basic/)([^/]+)/")),
+    (re.compile(r"^hooks\.slack\.com$", re.I), re.compile(r"^/services/(.+)")),
+    (re.compile(r"(^|\.)discord(app)?\.com$", re.I), re.compile(r"^/api/webhooks/(.+)")),
+    (re.compile(r"^api\.telegram\.org$", re.I), re.compile(r"^/(?:file/)?bot([^/]+)")),
+)
+# Credentials recognisable by their own shape, wherever they appear in text.
+_TOKEN_SHAPES_RE = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|hf_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{32,}|pypi-[A-Za-z0-9_-]{40,}|npm_[A-Za-z0-9]{36})"
+)
 
-_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\Z")
+
+def _strip_query(query: str) -> str:
+    out = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if not eq:
+            # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
+            out.append(REDACTED if key and key != REDACTED else key)
+        elif value and value != REDACTED and _SECRET_QUERY_RE.search(_unquote(key)):
+            out.append(key + "=" + REDACTED)
+        else:
+            out.append(item)
+    return "&".join(out)
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def _strip_fragment(fragment: str) -> str:
+    keep = []
+    for item in fragment.split("&"):
+        key, eq, value = item.partition("=")
+        if eq and key.lower() in _SAFE_FRAGMENT_KEYS and re.match(r"^[A-Za-z0-9._+/\[\],-]*\Z", value):
+            keep.append(item)
+    return "&".join(keep)
+
+
+def _split_authority(rest: str) -> Tuple[str, str]:
+    """(userinfo, remainder) of what follows ``scheme://``; userinfo is "" when there is none.
+
+    The authority ends at the first "/", so a password with an unencoded "#", "?" or "@"
+    (alice:p#SECRET@host) is still userinfo; a password with an unencoded "/" is recognised by
+    a ":" before it that is not a port (alice:p/SECRET@host).
+    """
+    slash = rest.find("/")
+    authority = rest if slash < 0 else rest[:slash]
+    at = authority.rfind("@")
+    if at >= 0:
+        return rest[:at], rest[at + 1:]
+    m = re.match(r"([^/@\s]*):([^@\s]*/[^@\s]*)@", rest)
+    if m and not re.match(r"\d*/", m.group(2)):
+        return rest[:m.end() - 1], rest[m.end():]
+    return "", rest
+
+
+def _path_tokens(host: str, path: str) -> str:
+    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    for host_re, path_re in _PATH_TOKENS:
+        if not host_re.search(host):
+            continue
+        m = path_re.search(path)
+        if m and m.group(1) != REDACTED:
+            path = path[:m.start(1)] + REDACTED + path[m.end(1):]
+    return path
 
 
 def strip_url(url: str) -> str:
-    """Drop ``user:password@`` and secret-looking query parameters from a URL."""
-    try:
-        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    """``url`` without credentials (see the rules above); unchanged when it has none."""
+    m = _SCHEME_RE.match(url)
+    if not m:
+        return _strip_scp(url)
+    scheme = m.group(1).lower()
+    userinfo, rest = _split_authority(url[m.end():])
+    keep_user = ""
+    if userinfo and "ssh" in scheme and userinfo in _SERVICE_USERS:
+        keep_user = userinfo + "@"
+    rest, hash_, fragment = rest.partition("#")
+    rest, qmark, query = rest.partition("?")
+    slash = rest.find("/")
+    host, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    path = _path_tokens(host, path)
+    out = url[:m.end()] + keep_user + host + path
+    if qmark:
+        out += "?" + _strip_query(query)
+    if hash_:
+        fragment = _strip_fragment(fragment)
+        if fragment:
+            out += "#" + fragment
+    return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
-        parts = urlsplit(url)
-        if not parts.scheme:
-            return url
-        netloc = parts.netloc
-        if "@" in netloc:
-            user, host = netloc.rsplit("@", 1)
-            # An ssh URL names an account (git@github.com), never a password: a plain user
-            # name is kept, or a restore would clone as the wrong user.
-            if not (parts.scheme in ("ssh", "git+ssh") and _SSH_USER_RE.match(user)):
-                netloc = host
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            cleaned = [(k, REDACTED if _SECRET_QUERY_RE.search(k) else v) for k, v in pairs]
-            query = urlencode(cleaned, safe="<>")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except Exception:
-        # A URL we cannot parse is not worth the risk of keeping.
-        return REDACTED
+
+def _strip_scp(text: str) -> str:
+    return _SCP_RE.sub(lambda m: m.group(0) if m.group(1) in _SERVICE_USERS else m.group(2) + ":", text)
 
 
 def scrub_text(text: str) -> str:
-    """Strip credentials from every URL embedded in free text (an env value, a remote)."""
-    if "://" not in text:
-        return text
-    return _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    """``text`` with every embedded URL and scp remote stripped and token-shaped words removed."""
+    if "://" in text:
+        text = _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    if "@" in text:
+        text = _strip_scp(text)
+    return _TOKEN_SHAPES_RE.sub(REDACTED, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,7 +733,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             value = quiet(read)
             if isinstance(value, (bool, int, str)):
                 det[key] = value
-    det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
+    det["env"] = {k: env_value(k, os.environ[k]) for k in NUMERICS_ENV if k in os.environ}
     # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
     # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
     # envlock to read it, tagged with the pid because children inherit the environment but not
@@ -620,36 +765,63 @@ def collect_seeds(torch: Any) -> Dict[str, Any]:
     return seeds
 
 
+def env_value(name: str, value: str) -> str:
+    """What a lock may keep of one variable: nothing of a secret, a URL without credentials."""
+    return REDACTED if looks_secret(name) else scrub_text(value)
+
+
 def collect_env() -> Dict[str, str]:
     out = {}
     for name, value in os.environ.items():
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
             continue
-        out[name] = REDACTED if looks_secret(name) else scrub_text(value)
+        out[name] = env_value(name, value)
     return dict(sorted(out.items()))
 
 
-def secret_values() -> List[str]:
-    """Values of every secret-looking variable in the environment, to scrub from the document."""
-    values = []
-    for name, value in os.environ.items():
-        if looks_secret(name) and len(value) >= 6:
-            values.append(value)
-    return sorted(set(values), key=len, reverse=True)
+def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """Values of the variables that hold a secret, to scrub from the whole document.
+
+    Only values that can be a credential: at least MIN_SECRET_LEN long, and not the location
+    of something on this machine (a secret-named variable may hold a path to a key file; its
+    directory must not vanish from every path in the lock).
+    """
+    values = set()
+    for name, value in (os.environ if environ is None else environ).items():
+        if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
+            continue
+        if os.path.isabs(value) and os.path.exists(value):
+            continue
+        values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def scrub_string(text: str, secrets: List[str]) -> str:
+    """One string as it may enter a lock: URLs stripped, secret values replaced.
+
+    Repeated until nothing changes, so that what it returns passes the model's own check
+    (``scrub_text(x) == x``) even when a replacement makes a new pattern appear."""
+    for _ in range(4):
+        before = text
+        text = scrub_text(text)
+        for secret in secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        if text == before:
+            break
+    return text
 
 
 def scrub_document(doc: Any, secrets: List[str]) -> Any:
-    """Last line of defence: no secret value survives anywhere in the document."""
-    if not secrets:
-        return doc
+    """Last line of defence: no credential-bearing URL and no secret value survives anywhere
+    in the document, keys included."""
     if isinstance(doc, dict):
-        return {k: scrub_document(v, secrets) for k, v in doc.items()}
+        return {scrub_string(k, secrets) if isinstance(k, str) else k: scrub_document(v, secrets)
+                for k, v in doc.items()}
     if isinstance(doc, list):
         return [scrub_document(v, secrets) for v in doc]
     if isinstance(doc, str):
-        for secret in secrets:
-            if secret in doc:
-                doc = doc.replace(secret, REDACTED)
+        return scrub_string(doc, secrets)
     return doc
 
 

@@ -6,6 +6,7 @@ Rendering only; nothing here decides what counts as drift (that is ``compare``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +14,24 @@ from envlock.drift import Comparison, Difference
 from envlock.model import Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
+# What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
+# sequences that retitle windows, rewrite lines or fake hyperlinks), DEL, C1 controls (CSI and
+# OSC have one-byte forms), line and paragraph separators, and the Unicode bidi controls that
+# display text in another order than it is stored. JSON output is escaped by json already.
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe(value: Any) -> str:
+    """``value`` as text a terminal shows literally: every control character escaped, a
+    newline in a value included (it would otherwise forge a line of output)."""
+    text = str(value)
+    return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
 
 
 def _dash(value: Any) -> str:
@@ -96,11 +115,11 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
 def show_text(lock: Lock, name: str = "env.lock") -> str:
     rows = summary_rows(lock)
     width = max(len(k) for k, _ in rows)
-    return "\n".join([name] + [f"  {k.ljust(width)}  {v}" for k, v in rows]) + "\n"
+    return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
 
 
 def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return safe(value).replace("|", "\\|")
 
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
@@ -111,7 +130,7 @@ def show_markdown(lock: Lock, name: str = "env.lock") -> str:
     out += [f"| {p.name} | {_md_cell(p.version)} | {p.source} |" for p in lock.packages]
     out += ["", "</details>", "",
             f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
-            f"`envlock verify {name}`; rebuild it with `envlock restore {name}`.", ""]
+            f"`envlock verify {_md_cell(name)}`; rebuild it with `envlock restore {_md_cell(name)}`.", ""]
     return "\n".join(out)
 
 
@@ -120,7 +139,7 @@ def show_json(lock: Lock) -> str:
 
 
 def differences_text(differences: Iterable[Difference]) -> str:
-    rows = [(_SEVERITY_LABEL[d.severity], d.path, d.describe()) for d in differences]
+    rows = [(_SEVERITY_LABEL[d.severity], safe(d.path), safe(d.describe())) for d in differences]
     if not rows:
         return ""
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
@@ -133,7 +152,7 @@ def counts_line(cmp: Comparison) -> str:
 
 def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False) -> str:
     shown = [d for d in cmp.differences if show_info or d.severity != "info"]
-    head = f"{name} (id {lock.short_id}): {counts_line(cmp)}"
+    head = f"{safe(name)} (id {lock.short_id}): {counts_line(cmp)}"
     body = differences_text(shown)
     hidden = cmp.count("info") if not show_info else 0
     tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
@@ -144,15 +163,15 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
 
 def diff_text(cmp: Comparison, a: str, b: str) -> str:
     if not cmp.differences:
-        return f"{a} and {b} describe the same environment\n"
-    return f"{a} -> {b}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
+        return f"{safe(a)} and {safe(b)} describe the same environment\n"
+    return f"{safe(a)} -> {safe(b)}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
 
 
 def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -> str:
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
-    out += [f"{counts_line(cmp)} ({a_name} → {b_name})", "",
+    out += [f"{counts_line(cmp)} ({_md_cell(a_name)} → {_md_cell(b_name)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
         out.append(f"| {d.severity} | `{_md_cell(d.path)}` | {_md_cell(_dash(d.old))} | {_md_cell(_dash(d.new))} |")
