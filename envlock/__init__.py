@@ -58,7 +58,15 @@ _SUBMODULES = (
 if TYPE_CHECKING:
     from typing import Any
 
-    from envlock import capturing, distributed, drift, errors, lockfile, model, restore, runtime, schema
+    from envlock import capturing as capturing
+    from envlock import distributed as distributed
+    from envlock import drift as drift
+    from envlock import errors as errors
+    from envlock import lockfile as lockfile
+    from envlock import model as model
+    from envlock import restore as restore
+    from envlock import runtime as runtime
+    from envlock import schema as schema
     from envlock.capturing import capture, verify
     from envlock.drift import compare
     from envlock.lockfile import load

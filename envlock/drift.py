@@ -123,8 +123,9 @@ _PYTHON: dict[str, Severity] = {
 _TORCH: dict[str, Severity] = {
     "version": "breaking", "git_version": "breaking", "cuda": "breaking", "cudnn": "breaking",
     "nccl": "breaking", "hip": "breaking", "debug": "breaking", "cxx11_abi": "breaking",
-    "arch_list": "warning", "config_sha256": "warning", "mkl": "warning", "mkldnn": "warning",
+    "arch_list": "warning", "mkl": "warning", "mkldnn": "warning",
     "openmp": "warning", "cuda_available": "warning", "device_count": "info",
+    "cpu_capability": "info",
 }
 _GPU: dict[str, Severity] = {"source": "info", "driver": "warning", "cuda_driver": "warning"}
 _GPU_DEVICE: dict[str, Severity] = {
@@ -183,7 +184,20 @@ def _torch(c: _Collector, old: Lock, new: Lock) -> None:
               "warning" if skipped else "breaking",
               "torch was not probed (--no-torch)" if skipped else "")
         return
-    c.fields("torch", "torch", _dump(old.torch), _dump(new.torch), _TORCH)
+    a, b = _dump(old.torch), _dump(new.torch)
+    build_a, build_b = a.pop("build", {}), b.pop("build", {})
+    opts_a, opts_b = build_a.pop("options", {}), build_b.pop("options", {})
+    explained = len(c.items)
+    c.fields("torch", "torch.build", build_a, build_b, {}, default="warning")
+    c.fields("torch", "torch.build.options", opts_a, opts_b, {}, default="warning")
+    explained = len(c.items) - explained
+    config_a, config_b = a.pop("config_sha256", None), b.pop("config_sha256", None)
+    if config_a != config_b and not explained:
+        # The readable build fields say what changed when they can; the hash is the fallback.
+        c.add("torch", "torch.config_sha256", config_a, config_b, "warning",
+              "torch.__config__.show() differs in a line envlock does not parse "
+              "(or one side predates [torch.build])")
+    c.fields("torch", "torch", a, b, _TORCH)
 
 
 def _gpu(c: _Collector, old: Lock, new: Lock) -> None:
