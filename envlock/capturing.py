@@ -190,8 +190,12 @@ def verify(
     python: str | None = None,
     torch: bool | None = None,
     in_process: bool | None = None,
+    strict: bool = False,
 ) -> Comparison:
-    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first."""
+    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
+
+    ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
+    """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
@@ -203,4 +207,4 @@ def verify(
     want_torch = expected.torch is not None if torch is None else torch
     current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
                       in_process=in_process)
-    return compare(expected, current)
+    return compare(expected, current, strict=strict)

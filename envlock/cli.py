@@ -126,13 +126,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if proc is None:
         proc = ProbeProcess(args.python or sys.executable, probe_args(torch=want_torch, canary=want_canary))
     current = build_lock(proc.result())
-    cmp = compare(expected, current)
-    failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
+    cmp = compare(expected, current, strict=args.strict)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id))
     else:
         _out(verify_text(cmp, expected, str(args.lock), show_info=args.all))
-    return EXIT_DRIFT if failed else EXIT_OK
+    return EXIT_OK if cmp.ok else EXIT_DRIFT
 
 
 # -- diff / show / fmt / schema ----------------------------------------------------------------
@@ -144,7 +143,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
-    cmp = compare(a, b)
+    cmp = compare(a, b, names=(str(args.a), str(args.b)))
     if args.format == "json":
         _out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
     elif args.format == "markdown":
