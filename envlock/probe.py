@@ -410,6 +410,9 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
     active: Dict[str, str] = {}
+    # name -> (position in packages, metadata path), to recognise an editable project's own
+    # build metadata when it shows up a second time on the path.
+    seen: Dict[str, Tuple[int, str]] = {}
     for index, entry in enumerate(_path_entries(skip_dir)):
         try:
             names = sorted(os.listdir(entry))
@@ -436,11 +439,10 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
             if not name or not version:
                 continue
             cname = canonicalize_name(name)
-            if cname in active:
-                duplicates.append({"name": cname, "version": version,
-                                   "active_version": active[cname], "path_index": index})
-                continue
-            active[cname] = version
+            if cname in active and kind == "egg-info":
+                pos, _ = seen[cname]
+                if _inside_editable(packages[pos], full):
+                    continue  # the editable project's own src/NAME.egg-info, not a second copy
             pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
             if "INSTALLER" in files:
                 installer = (_read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
@@ -459,9 +461,39 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
                 pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
-            packages.append({k: v for k, v in pkg.items() if v is not None})
+            pkg = {k: v for k, v in pkg.items() if v is not None}
+            if cname in active:
+                pos, first = seen[cname]
+                if first.endswith(".egg-info") and _inside_editable(pkg, first):
+                    # The project's egg-info came first (src/ on PYTHONPATH): the editable
+                    # install is the real entry, the egg-info its build metadata.
+                    packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                else:
+                    duplicates.append({"name": cname, "version": version,
+                                       "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            seen[cname] = (len(packages), full)
+            packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
+    """True when ``metadata_path`` lies in the project directory of editable ``pkg``.
+
+    setuptools leaves ``src/NAME.egg-info`` in a project whenever it builds it (a wheel, an
+    sdist, an older editable install); with the project's src/ on sys.path that directory looks
+    like a second, shadowed installation of the same distribution.
+    """
+    url = pkg.get("url") or ""
+    if pkg.get("source") != "editable" or not url.startswith("file:"):
+        return False
+    from urllib.parse import unquote, urlsplit
+
+    project = os.path.realpath(unquote(urlsplit(url).path))
+    where = os.path.realpath(metadata_path)
+    return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
 
 
 def collect_conda() -> Optional[Dict[str, Any]]:
