@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -149,6 +149,8 @@ def capture(
     With no ``python``, this process is probed in-process (its live seeds and flags are what
     get recorded); with ``python``, that interpreter runs the probe.
     """
+    if image is not None:
+        check_image_option(image)
     if in_process is None:
         in_process = python is None
     args = dict(torch=torch, canary=canary, image=image, cwd=cwd)
@@ -159,6 +161,19 @@ def capture(
         import_heavy_modules()
         doc = proc.result()
     return build_lock(doc, note=note)
+
+
+def check_image_option(image: str) -> None:
+    """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
+    something the probe found wrong with the environment."""
+    from envlock.restore.values import image_ref
+
+    try:
+        image_ref(image)
+    except UnsafeValue as exc:
+        why = exc.message.removeprefix("refusing ")
+        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+                         hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
 
 
 def import_heavy_modules() -> None:

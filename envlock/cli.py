@@ -60,7 +60,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
-        _out(dumps(lock))
+        if args.json:
+            # The one document on stdout is the lock, as JSON: nothing is written to disk.
+            from envlock.render import show_json
+
+            _out(show_json(lock))
+        else:
+            _out(dumps(lock))
         return EXIT_OK
     path = save(lock, args.output, force=args.force, reseal=False)
     if args.json:
@@ -219,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
     p.add_argument("--note", help="free text stored in [envlock].note")
-    p.add_argument("--json", action="store_true", help="print the lock as JSON after writing it")
+    p.add_argument("--json", action="store_true",
+                   help="print the lock as JSON after writing it (with -o -: JSON instead of TOML)")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
