@@ -125,6 +125,11 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                 note=note)
+    # Timings differ on every run: in a committed lock they would be churn in every diff of
+    # an unchanged environment, so they stay out (the model still reads older locks with them).
+    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
+    if isinstance(doc.get("canary"), dict):
+        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
     try:
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:

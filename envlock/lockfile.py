@@ -35,12 +35,13 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 MAX_LOCK_BYTES = 16 * 1024 * 1024
+# No file name in here: the same environment written to two names must give the same text.
 HEADER = """\
 env.lock - a replayable environment, written by envlock {version}.
-  envlock verify {name}     does the environment in front of you match it?
-  envlock show {name}       summary (--format markdown for a paper or pull request)
-  envlock restore {name}    rebuild it as a container
-Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt {name}`."""
+  envlock verify LOCK     does the environment in front of you match it?
+  envlock show LOCK       summary (--format markdown for a paper or pull request)
+  envlock restore LOCK    rebuild it as a container
+Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
 _SECTION_COMMENTS = {
     "image": "Container the environment ran in; `source` says where each value came from.",
@@ -185,7 +186,8 @@ def _array_of_tables(name: str, rows: list[dict[str, Any]]) -> str:
     out = []
     for row in rows:
         out.append(f"\n[[{name}]]\n")
-        out.extend(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in row.items())
+        # An empty list is the default: writing `hashes = []` on every row is only noise.
+        out.extend(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in row.items() if v != [])
     return "".join(out)
 
 
@@ -196,7 +198,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
     doc = tomlkit.document()
-    for line in HEADER.format(version=lock.envlock.tool_version, name=name).splitlines():
+    for line in HEADER.format(version=lock.envlock.tool_version).splitlines():
         doc.add(tomlkit.comment(line))
     doc.add(tomlkit.nl())
     tail = []
