@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -128,6 +128,11 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
         # The note comes from the user, not the probe: the same scrub, with this process's
         # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
         note = scrub_string(note, secret_values())
+    # Timings differ on every run: in a committed lock they would be churn in every diff of
+    # an unchanged environment, so they stay out (the model still reads older locks with them).
+    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
+    if isinstance(doc.get("canary"), dict):
+        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
     try:
         meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                     note=note)
@@ -154,6 +159,8 @@ def capture(
     With no ``python``, this process is probed in-process (its live seeds and flags are what
     get recorded); with ``python``, that interpreter runs the probe.
     """
+    if image is not None:
+        check_image_option(image)
     if in_process is None:
         in_process = python is None
     args = dict(torch=torch, canary=canary, image=image, cwd=cwd)
@@ -164,6 +171,19 @@ def capture(
         import_heavy_modules()
         doc = proc.result()
     return build_lock(doc, note=note)
+
+
+def check_image_option(image: str) -> None:
+    """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
+    something the probe found wrong with the environment."""
+    from envlock.restore.values import image_ref
+
+    try:
+        image_ref(image)
+    except UnsafeValue as exc:
+        why = exc.message.removeprefix("refusing ")
+        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+                         hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
 
 
 def import_heavy_modules() -> None:
@@ -193,8 +213,12 @@ def verify(
     python: str | None = None,
     torch: bool | None = None,
     in_process: bool | None = None,
+    strict: bool = False,
 ) -> Comparison:
-    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first."""
+    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
+
+    ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
+    """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
@@ -206,4 +230,4 @@ def verify(
     want_torch = expected.torch is not None if torch is None else torch
     current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
                       in_process=in_process)
-    return compare(expected, current)
+    return compare(expected, current, strict=strict)

@@ -68,7 +68,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
-        _out(dumps(lock))
+        if args.json:
+            # The one document on stdout is the lock, as JSON: nothing is written to disk.
+            from envlock.render import show_json
+
+            _out(show_json(lock))
+        else:
+            _out(dumps(lock))
         return EXIT_OK
     path = save(lock, args.output, force=args.force, reseal=False)
     _say_link(path)
@@ -135,13 +141,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if proc is None:
         proc = ProbeProcess(args.python or sys.executable, probe_args(torch=want_torch, canary=want_canary))
     current = build_lock(proc.result())
-    cmp = compare(expected, current)
-    failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
+    cmp = compare(expected, current, strict=args.strict)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id))
     else:
         _out(verify_text(cmp, expected, str(args.lock), show_info=args.all))
-    return EXIT_DRIFT if failed else EXIT_OK
+    return EXIT_OK if cmp.ok else EXIT_DRIFT
 
 
 # -- diff / show / fmt / schema ----------------------------------------------------------------
@@ -153,7 +158,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
-    cmp = compare(a, b)
+    cmp = compare(a, b, names=(str(args.a), str(args.b)))
     if args.format == "json":
         _out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
     elif args.format == "markdown":
@@ -230,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
     p.add_argument("--note", help="free text stored in [envlock].note")
-    p.add_argument("--json", action="store_true", help="print the lock as JSON after writing it")
+    p.add_argument("--json", action="store_true",
+                   help="print the lock as JSON after writing it (with -o -: JSON instead of TOML)")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)

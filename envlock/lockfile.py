@@ -37,12 +37,13 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 MAX_LOCK_BYTES = 16 * 1024 * 1024
+# No file name in here: the same environment written to two names must give the same text.
 HEADER = """\
 env.lock - a replayable environment, written by envlock {version}.
-  envlock verify {name}     does the environment in front of you match it?
-  envlock show {name}       summary (--format markdown for a paper or pull request)
-  envlock restore {name}    rebuild it as a container
-Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt {name}`."""
+  envlock verify LOCK     does the environment in front of you match it?
+  envlock show LOCK       summary (--format markdown for a paper or pull request)
+  envlock restore LOCK    rebuild it as a container
+Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
 _SECTION_COMMENTS = {
     "image": "Container the environment ran in; `source` says where each value came from.",
@@ -193,7 +194,9 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
         else:
             out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
-        tomlwriter.array_of_tables(out, key, rows)
+        # An empty list is the model's default: `hashes = []` on every row is only noise in a
+        # pull request's diff.
+        tomlwriter.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
     return "".join(out)
 
 

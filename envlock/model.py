@@ -133,8 +133,42 @@ class PythonInfo(_Model):
     prefix: str | None = None
 
 
+BuildText = Annotated[str, StringConstraints(max_length=4096)]
+
+
+class TorchBuild(_Model):
+    """``[torch.build]``: how this torch was built, parsed from ``torch.__config__``.
+
+    Readable fields, so that a diff of two builds names the BLAS or oneDNN that changed instead
+    of showing two hashes. ``options`` holds the remaining ``Build settings`` (USE_*, flags).
+    """
+
+    compiler: BuildText | None = None
+    cxx_standard: BuildText | None = None
+    build_type: BuildText | None = None
+    blas: BuildText | None = None
+    lapack: BuildText | None = None
+    mkl_version: BuildText | None = None
+    onednn_version: BuildText | None = None
+    openmp_version: BuildText | None = None
+    parallel_backend: BuildText | None = None
+    cuda_runtime: BuildText | None = None
+    cudnn_version: BuildText | None = None
+    magma_version: BuildText | None = None
+    hip_runtime: BuildText | None = None
+    miopen_version: BuildText | None = None
+    cuda_arch_flags: list[Annotated[str, StringConstraints(max_length=128)]] | None = None
+    options: dict[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")], BuildText] = Field(
+        default_factory=dict)
+
+
 class TorchInfo(_Model):
-    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it."""
+    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it.
+
+    ``cpu_capability`` is the ISA torch's dispatcher picked on the capturing host (AVX2,
+    AVX512...): a host fact, kept for the reader and out of the fingerprint.
+    ``config_sha256`` hashes ``torch.__config__.show()`` without that host line.
+    """
 
     version: Version
     git_version: str | None = None
@@ -146,11 +180,13 @@ class TorchInfo(_Model):
     cxx11_abi: bool | None = None
     arch_list: list[str] = Field(default_factory=list)
     config_sha256: HexSha256 | None = None
+    cpu_capability: str | None = Field(default=None, max_length=64)
     mkl: bool | None = None
     mkldnn: bool | None = None
     openmp: bool | None = None
     cuda_available: bool | None = None
     device_count: int | None = None
+    build: TorchBuild | None = None
 
 
 class GpuDevice(_Model):
@@ -386,7 +422,7 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = {
     "image": {"source", "reference", "container_id", "in_container", "engine"},
     "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
     "python": {"executable", "prefix"},
-    "torch": {"cuda_available", "device_count"},
+    "torch": {"cuda_available", "device_count", "cpu_capability"},
     "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
     "determinism": {"num_threads", "num_interop_threads", "late"},
     "packages": {"__all__": {"installer", "requested"}},

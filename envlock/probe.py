@@ -567,6 +567,9 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
     active: Dict[str, str] = {}
+    # name -> (position in packages, metadata path), to recognise an editable project's own
+    # build metadata when it shows up a second time on the path.
+    seen: Dict[str, Tuple[int, str]] = {}
     for index, entry in enumerate(_path_entries(skip_dir)):
         try:
             names = sorted(os.listdir(entry))
@@ -593,11 +596,10 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
             if not name or not version:
                 continue
             cname = canonicalize_name(name)
-            if cname in active:
-                duplicates.append({"name": cname, "version": version,
-                                   "active_version": active[cname], "path_index": index})
-                continue
-            active[cname] = version
+            if cname in active and kind == "egg-info":
+                pos, _ = seen[cname]
+                if _inside_editable(packages[pos], full):
+                    continue  # the editable project's own src/NAME.egg-info, not a second copy
             pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
             if "INSTALLER" in files:
                 installer = (_read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
@@ -616,9 +618,39 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
                 pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
-            packages.append({k: v for k, v in pkg.items() if v is not None})
+            pkg = {k: v for k, v in pkg.items() if v is not None}
+            if cname in active:
+                pos, first = seen[cname]
+                if first.endswith(".egg-info") and _inside_editable(pkg, first):
+                    # The project's egg-info came first (src/ on PYTHONPATH): the editable
+                    # install is the real entry, the egg-info its build metadata.
+                    packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                else:
+                    duplicates.append({"name": cname, "version": version,
+                                       "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            seen[cname] = (len(packages), full)
+            packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
+    """True when ``metadata_path`` lies in the project directory of editable ``pkg``.
+
+    setuptools leaves ``src/NAME.egg-info`` in a project whenever it builds it (a wheel, an
+    sdist, an older editable install); with the project's src/ on sys.path that directory looks
+    like a second, shadowed installation of the same distribution.
+    """
+    url = pkg.get("url") or ""
+    if pkg.get("source") != "editable" or not url.startswith("file:"):
+        return False
+    from urllib.parse import unquote, urlsplit
+
+    project = os.path.realpath(unquote(urlsplit(url).path))
+    where = os.path.realpath(metadata_path)
+    return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
 
 
 def collect_conda() -> Optional[Dict[str, Any]]:
@@ -684,9 +716,96 @@ def collect_torch(torch: Any) -> Dict[str, Any]:
     info["device_count"] = quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
     info["arch_list"] = quiet(lambda: list(torch.cuda.get_arch_list())) or []
     config = quiet(lambda: torch.__config__.show())
-    if config:
-        info["config_sha256"] = hashlib.sha256(config.encode("utf-8")).hexdigest()
+    parallel = quiet(lambda: torch.__config__.parallel_info())
+    build = parse_torch_config(config if isinstance(config, str) else "",
+                               parallel if isinstance(parallel, str) else "")
+    capability = quiet(lambda: str(torch.backends.cpu.get_cpu_capability())) or build.pop("cpu_capability", None)
+    build.pop("cpu_capability", None)
+    info["cpu_capability"] = capability
+    if build:
+        info["build"] = build
+    if isinstance(config, str) and config:
+        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
+
+
+# torch.__config__.show() mixes how torch was built with what it found on this host: the "CPU
+# capability usage" line is the ISA the dispatcher picked here (AVX2 on one machine, AVX512 on
+# the next). Host facts stay out of the build's identity, or one stack gets two fingerprints.
+_HOST_LINE_RE = re.compile(r"^\s*-?\s*CPU capability usage\s*:", re.IGNORECASE)
+_CONFIG_LINES = (
+    # (field, pattern on one "  - ..." line); the first group is the value.
+    ("compiler", re.compile(r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$")),
+    ("cxx_standard", re.compile(r"^C\+\+ Version:\s*(\S+)$")),
+    ("mkl_version", re.compile(r"Math Kernel Library Version\s+([0-9][0-9.]*)")),
+    ("onednn_version", re.compile(r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)")),
+    ("openmp_version", re.compile(r"^OpenMP\s+(\d+)")),
+    ("cpu_capability", re.compile(r"^CPU capability usage:\s*(.+)$")),
+    ("cuda_runtime", re.compile(r"^(?:Built with )?CUDA Runtime\s+(\S+)$")),
+    ("cudnn_version", re.compile(r"^CuDNN\s+(\S+)")),
+    ("magma_version", re.compile(r"^Magma\s+(\S+)$")),
+    ("hip_runtime", re.compile(r"^HIP Runtime\s+(\S+)$")),
+    ("miopen_version", re.compile(r"^MIOpen\s+(\S+)$")),
+)
+# "Build settings: K=V, K=V, ..." where a value (CXX_FLAGS) may itself hold commas.
+_SETTING_SPLIT_RE = re.compile(r",\s*(?=[A-Z][A-Z0-9_]*=)")
+_SETTING_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_SETTING_FIELDS = {"BLAS_INFO": "blas", "LAPACK_INFO": "lapack", "BUILD_TYPE": "build_type"}
+# Already recorded as torch.version / torch.git_version.
+_SETTING_SKIP = ("TORCH_VERSION", "COMMIT_SHA")
+_MAX_VALUE = 4096
+
+
+def config_identity(config: str) -> str:
+    """torch.__config__.show() without the lines that describe the host rather than the build."""
+    return "".join(line for line in config.splitlines(True) if not _HOST_LINE_RE.match(line))
+
+
+def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
+    """Readable build facts from ``torch.__config__.show()`` and ``.parallel_info()``.
+
+    Both are free text whose wording changes between torch versions, so every line is matched
+    on its own and anything unrecognised is ignored rather than guessed at.
+    """
+    build: Dict[str, Any] = {}
+    options: Dict[str, str] = {}
+    for raw in config.splitlines():
+        line = raw.strip()
+        if line.startswith("- "):
+            line = line[2:].strip()
+        if line.startswith("NVCC architecture flags:"):
+            flags = [f.strip() for f in line.split(":", 1)[1].split(";")]
+            arch = [f for f in flags if f and f != "-gencode" and len(f) <= 128]
+            if arch:
+                build["cuda_arch_flags"] = arch
+            continue
+        if line.startswith("Build settings:"):
+            for item in _SETTING_SPLIT_RE.split(line.split(":", 1)[1].strip().rstrip(",")):
+                key, sep, value = item.partition("=")
+                key, value = key.strip(), value.strip().rstrip(",").strip()
+                if not sep or not _SETTING_KEY_RE.match(key) or key in _SETTING_SKIP:
+                    continue
+                value = value[:_MAX_VALUE]
+                if key in _SETTING_FIELDS:
+                    if value:
+                        build[_SETTING_FIELDS[key]] = value
+                else:
+                    options[key] = value
+            continue
+        for field, pattern in _CONFIG_LINES:
+            match = pattern.search(line)
+            if match and field not in build:
+                value = match.group(1).strip()[:_MAX_VALUE]
+                if value:
+                    build[field] = value
+                break
+    for raw in parallel.splitlines():
+        key, sep, value = raw.strip().partition(":")
+        if sep and key.strip() == "ATen parallel backend" and value.strip():
+            build["parallel_backend"] = value.strip()[:_MAX_VALUE]
+    if options:
+        build["options"] = dict(sorted(options.items()))
+    return build
 
 
 def collect_determinism(torch: Any) -> Dict[str, Any]:

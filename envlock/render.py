@@ -156,8 +156,12 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
     body = differences_text(shown)
     hidden = cmp.count("info") if not show_info else 0
     tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
-    verdict = ("OK: the environment matches the lock\n" if cmp.ok
-               else f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n")
+    if cmp.ok:
+        verdict = "OK: the environment matches the lock\n"
+    elif cmp.breaking:
+        verdict = f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n"
+    else:
+        verdict = f"DRIFT: {cmp.count('warning')} warning(s), which count as drift with --strict\n"
     return head + "\n" + body + tail + verdict
 
 
