@@ -131,15 +131,130 @@ def counts_line(cmp: Comparison) -> str:
     return f"{cmp.count('breaking')} breaking, {cmp.count('warning')} warning, {cmp.count('info')} info"
 
 
-def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False) -> str:
+# Beyond this many lines a verify report leads with a summary and lists the first DETAIL_LINES.
+SUMMARY_AFTER = 12
+DETAIL_LINES = 15
+_HEADLINE = ("python", "torch", "gpu", "image", "packages")
+
+
+def _short(value: Any) -> str:
+    text = _dash(value)
+    return text[:19] + "…" if text.startswith("sha256:") and len(text) > 20 else text
+
+
+def _change(cmp: Comparison, path: str, recorded: Any) -> str:
+    for d in cmp.differences:
+        if d.path == path:
+            return f"{_short(d.old)} -> {_short(d.new)}"
+    return f"{_short(recorded)} (unchanged)"
+
+
+def _severity_counts(diffs: Iterable[Difference]) -> str:
+    counts: dict[str, int] = {}
+    for d in diffs:
+        counts[d.severity] = counts.get(d.severity, 0) + 1
+    return ", ".join(f"{counts[s]} {s}" for s in ("breaking", "warning", "info") if s in counts)
+
+
+def verify_summary(cmp: Comparison, lock: Lock) -> str:
+    """The few facts that decide whether two environments are the same stack, then counts."""
+    rows = [("python", _change(cmp, "python.version", lock.python.version))]
+    t = lock.torch
+    rows.append(("torch", "; ".join([
+        _change(cmp, "torch.version", t.version if t else None)
+        if t or cmp.by_category("torch") else "not in the lock",
+        "CUDA " + _change(cmp, "torch.cuda", t.cuda if t else None),
+        "cuDNN " + _change(cmp, "torch.cudnn", t.cudnn if t else None)])))
+    if lock.gpu or cmp.by_category("gpu"):
+        rows.append(("driver", _change(cmp, "gpu.driver", lock.gpu.driver if lock.gpu else None)))
+    img = lock.image
+    if img.digest or img.id or cmp.by_category("image"):
+        path = "image.id" if any(d.path == "image.id" for d in cmp.differences) else "image.digest"
+        rows.append(("image", _change(cmp, path, img.digest or img.id)))
+    pkgs = cmp.by_category("packages")
+    if pkgs:
+        added = sum(1 for d in pkgs if d.old is None)
+        removed = sum(1 for d in pkgs if d.new is None)
+        kinds = [f"{n} {what}" for n, what in ((added, "added"), (removed, "removed"),
+                                                (len(pkgs) - added - removed, "changed")) if n]
+        rows.append(("packages", f"{_severity_counts(pkgs)} ({', '.join(kinds)})"))
+    else:
+        rows.append(("packages", f"{len(lock.packages)} (unchanged)"))
+    # Every other category (platform, OS packages, determinism variables, ...) as counts.
+    seen: list[str] = []
+    for d in cmp.differences:
+        if d.category not in _HEADLINE and d.category not in seen:
+            seen.append(d.category)
+    rows += [(c.replace("_", " "), _severity_counts(cmp.by_category(c))) for c in seen]
+    width = max(len(k) for k, _ in rows)
+    return "  summary:\n" + "".join(f"    {k.ljust(width)}  {v}\n" for k, v in rows)
+
+
+def image_hint(cmp: Comparison, lock: Lock, name: str) -> str:
+    """A lock of an image, checked somewhere else: point at the way to check the image."""
+    img = lock.image
+    if not (img.digest or img.id) or not cmp.by_category("image"):
+        return ""
+    ref = (img.reference or "") + ("@" if img.reference else "") + _short(img.digest or img.id)
+    return (f"  {name} describes the image {ref}, and this is not that image: "
+            f"`envlock restore {name}` rebuilds it and checks it from inside\n")
+
+
+def process_state_text(cmp: Comparison) -> str:
+    """What the lock's process set (seeds, flags, variables), which a fresh process lacks."""
+    items: list[str] = []
+    seen: set[str] = set()
+    for d in cmp.process:
+        key = d.path.rsplit(".", 1)[-1]
+        if d.old is None or key in seen or key in ("seed_source", "late"):
+            continue
+        if key == "torch_initial_seed" and "seed" in seen:
+            continue
+        seen.add(key)
+        if key == "seed":
+            items.append(f"seed {d.old}")
+        elif d.path.startswith(("env.", "determinism.env.")):
+            items.append(f"{key}={d.old}")
+        elif isinstance(d.old, bool):
+            items.append(f"{key.replace('_', ' ')} {'on' if d.old else 'off'}")
+        else:
+            items.append(f"{key.replace('_', ' ')} {d.old}")
+    if not items:
+        return ""
+    more = f", and {len(items) - 6} more" if len(items) > 6 else ""
+    return (f"  process state recorded (set by the process that captured; a fresh process does not "
+            f"have it, so it is not compared): {', '.join(items[:6])}{more}"
+            " - replay with envlock.apply() or `envlock run`\n")
+
+
+def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
+                environment: str | None = None, captured_from: str | None = None) -> str:
+    """The verify report. ``environment`` says what was checked and why ("./.venv
+    (VIRTUAL_ENV)"); ``captured_from`` is the lock's own environment when it exists here but
+    another one was checked: the one line that explains a wall of drift."""
     shown = [d for d in cmp.differences if show_info or d.severity != "info"]
-    head = f"{name} (id {lock.short_id}): {counts_line(cmp)}"
-    body = differences_text(shown)
+    against = f" against {environment}" if environment else ""
+    head = f"{name} (id {lock.short_id}){against}: {counts_line(cmp)}\n"
+    elsewhere = captured_from is not None and not cmp.ok
+    if elsewhere:
+        head += (f"  {name} was captured from {captured_from}, not from the environment checked "
+                 f"here: run `envlock verify {name} --python {captured_from}`\n")
     hidden = cmp.count("info") if not show_info else 0
-    tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
+    if len(shown) > SUMMARY_AFTER or elsewhere:
+        head += verify_summary(cmp, lock)
+        limit = len(shown) if show_info else (0 if elsewhere else DETAIL_LINES)
+        body = differences_text(shown[:limit])
+        if body:
+            body = f"  details ({min(limit, len(shown))} of {len(shown)}):\n" + body
+        left = len(shown) - limit + hidden
+        tail = f"  ({left} more differences; --all lists every one)\n" if left else ""
+    else:
+        body = differences_text(shown)
+        tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
+    tail += image_hint(cmp, lock, name) + process_state_text(cmp)
     verdict = ("OK: the environment matches the lock\n" if cmp.ok
                else f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n")
-    return head + "\n" + body + tail + verdict
+    return head + body + tail + verdict
 
 
 def diff_text(cmp: Comparison, a: str, b: str) -> str:
