@@ -200,31 +200,46 @@ def image_hint(cmp: Comparison, lock: Lock, name: str) -> str:
             f"`envlock restore {name}` rebuilds it and checks it from inside\n")
 
 
-def process_state_text(cmp: Comparison) -> str:
-    """What the lock's process set (seeds, flags, variables), which a fresh process lacks."""
-    items: list[str] = []
-    seen: set[str] = set()
+# The process state a reader looks for first; everything else follows in lock order.
+_PROCESS_FIRST = ("seed", "deterministic_algorithms", "deterministic_warn_only",
+                  "cudnn_deterministic", "cudnn_benchmark")
+
+
+def _process_items(cmp: Comparison) -> list[str]:
+    items: dict[str, str] = {}
+    precision: dict[str, int] = {}  # fp32_precision / allow_tf32 knobs move together: one item
     for d in cmp.process:
         key = d.path.rsplit(".", 1)[-1]
-        if d.old is None or key in seen or key in ("seed_source", "late"):
+        if d.old is None or key in items or key in ("seed_source", "late", "process_env", "ENVLOCK_SEED_WORKERS"):
             continue
-        if key == "torch_initial_seed" and "seed" in seen:
-            continue
-        seen.add(key)
         if key == "seed":
-            items.append(f"seed {d.old}")
+            items[key] = f"seed {d.old}"
+        elif key in ("torch_initial_seed", "ENVLOCK_SEED"):
+            items.setdefault("seed", f"seed {d.old}")
         elif d.path.startswith(("env.", "determinism.env.")):
-            items.append(f"{key}={d.old}")
-        elif isinstance(d.old, bool):
-            items.append(f"{key.replace('_', ' ')} {'on' if d.old else 'off'}")
+            items[key] = f"{key}={d.old}"
+        elif key.endswith("fp32_precision") or key.endswith("allow_tf32"):
+            label = f"{'TF32' if key.endswith('allow_tf32') else 'fp32 precision'} {_value(d.old)}"
+            precision[label] = precision.get(label, 0) + 1
         else:
-            items.append(f"{key.replace('_', ' ')} {d.old}")
+            items[key] = f"{key.replace('_', ' ')} {_value(d.old)}"
+    first = [items.pop(k) for k in _PROCESS_FIRST if k in items]
+    grouped = [f"{label} ({n} settings)" if n > 1 else label for label, n in precision.items()]
+    return first + list(items.values()) + grouped
+
+
+def _value(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def process_state_text(cmp: Comparison) -> str:
+    """What the lock's process set (seeds, flags, variables), which a fresh process lacks."""
+    items = _process_items(cmp)
     if not items:
         return ""
     more = f", and {len(items) - 6} more" if len(items) > 6 else ""
-    return (f"  process state recorded (set by the process that captured; a fresh process does not "
-            f"have it, so it is not compared): {', '.join(items[:6])}{more}"
-            " - replay with envlock.apply() or `envlock run`\n")
+    return (f"  process state recorded (not compared: only the capturing process had it): "
+            f"{', '.join(items[:6])}{more} - replay with envlock.apply() or `envlock run`\n")
 
 
 def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
