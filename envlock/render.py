@@ -160,11 +160,18 @@ def verify_summary(cmp: Comparison, lock: Lock) -> str:
     """The few facts that decide whether two environments are the same stack, then counts."""
     rows = [("python", _change(cmp, "python.version", lock.python.version))]
     t = lock.torch
-    rows.append(("torch", "; ".join([
-        _change(cmp, "torch.version", t.version if t else None)
-        if t or cmp.by_category("torch") else "not in the lock",
-        "CUDA " + _change(cmp, "torch.cuda", t.cuda if t else None),
-        "cuDNN " + _change(cmp, "torch.cudnn", t.cudnn if t else None)])))
+    stack = [("", "torch.version", t.version if t else None), ("CUDA ", "torch.cuda", t.cuda if t else None),
+             ("cuDNN ", "torch.cudnn", t.cudnn if t else None)]
+    changed = {d.path: d for d in cmp.differences if d.path in ("torch", *(p for _, p, _ in stack))}
+    if "torch" in changed:
+        rows.append(("torch", f"{_short(changed['torch'].old)} -> {_short(changed['torch'].new)}"))
+    elif not changed:
+        rows.append(("torch", ", ".join(f"{label}{_dash(v)}" for label, _, v in stack) + " (unchanged)"
+                     if t else "not in the lock"))
+    else:
+        rows.append(("torch", ", ".join(
+            f"{label}{_short(changed[p].old)} -> {_short(changed[p].new)}" if p in changed
+            else f"{label}{_dash(v)}" for label, p, v in stack)))
     if lock.gpu or cmp.by_category("gpu"):
         rows.append(("driver", _change(cmp, "gpu.driver", lock.gpu.driver if lock.gpu else None)))
     img = lock.image
