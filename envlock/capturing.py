@@ -218,6 +218,10 @@ def verify(
     """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
 
     ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
+
+    In-process (the default without ``python``), everything is compared, seeds and flags
+    included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
+    recorded process state is reported in ``Comparison.process`` instead.
     """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
@@ -227,7 +231,10 @@ def verify(
     else:
         check_seal(lock)
         expected = lock
+    if in_process is None:
+        in_process = python is None
     want_torch = expected.torch is not None if torch is None else torch
     current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
                       in_process=in_process)
-    return compare(expected, current, strict=strict)
+    return compare(expected, current, strict=strict,
+                   process_state="compare" if in_process else "report")

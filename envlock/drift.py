@@ -10,6 +10,14 @@ Each difference carries a dotted path, the old and new value and a severity:
 
 ``verify`` fails (exit 1) on breaking differences only. The table of severities lives here and
 nowhere else, so every command agrees on what counts as drift.
+
+What the environment *is* (packages, torch build, driver, image, variables set before start)
+is apart from what a process *set* (seeds, torch's determinism flags, variables set by
+``seed_everything()``/``deterministic()`` or training code: ``[determinism].process_env``).
+A fresh process - a shell ``verify``, the check inside a restored image - cannot have the
+second, so ``compare(..., process_state="report")`` moves those differences to
+``Comparison.process``: reported as recorded, not counted as drift. In-process
+``envlock.verify()`` (after ``apply()``) compares everything (``"compare"``).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any, Literal
 from envlock.model import Lock
 
 Severity = Literal["breaking", "warning", "info"]
+ProcessState = Literal["compare", "report"]
 SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
 
 
@@ -62,6 +71,8 @@ class Comparison:
     """
 
     differences: tuple[Difference, ...] = field(default_factory=tuple)
+    # Process state recorded in the lock that this (fresh) process does not have; not drift.
+    process: tuple[Difference, ...] = field(default_factory=tuple)
     strict: bool = False
 
     @property
@@ -90,6 +101,7 @@ class Comparison:
             "strict": self.strict,
             "counts": {s: self.count(s) for s in ("breaking", "warning", "info")},
             "differences": [d.to_dict() for d in self.differences],
+            "process_state": [d.to_dict() for d in self.process],
         }
 
 
@@ -371,13 +383,35 @@ def _canary(c: _Collector, old: Lock, new: Lock) -> None:
              {k: v for k, v in settings_b.items() if k not in elsewhere}, {}, default="info")
 
 
+# Seeds a process sets (seed_everything); PYTHONHASHSEED is fixed at start, so it is environment
+# unless the process changed the variable itself.
+_SEEDS_PROCESS = {"seeds.seed", "seeds.seed_source", "seeds.torch_initial_seed"}
+
+
+def _is_process_state(d: Difference, names: set[str]) -> bool:
+    path = d.path
+    if path in _SEEDS_PROCESS:
+        return True
+    if path == "seeds.python_hash_seed":
+        return "PYTHONHASHSEED" in names
+    for prefix in ("determinism.env.", "env."):
+        if path.startswith(prefix):
+            return path[len(prefix):] in names
+    # torch's knobs (and which were set too late) are set by the process; their defaults follow
+    # from the torch build and the variables above, which stay compared.
+    return path.startswith("determinism.") and path != "determinism.torch_loaded"
+
+
 def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict: bool = False,
-            names: tuple[str, str] | None = None) -> Comparison:
+            names: tuple[str, str] | None = None,
+            process_state: ProcessState = "compare") -> Comparison:
     """Differences from ``old`` (the lock, or diff's A) to ``new`` (now, or B), most severe first.
 
     With ``strict``, warnings fail the comparison as well as breaking differences. ``names``
     (diff's two file names) makes messages speak of A and B instead of the lock and this
-    environment.
+    environment. ``process_state="report"``: ``new`` is a fresh process, so what ``old``'s
+    process set is returned in ``Comparison.process`` instead of as drift (see the module
+    docstring).
     """
     c = _Collector(_Words(names[0], names[1], is_diff=True) if names else None)
     _image(c, old, new, expected_image_change)
@@ -403,5 +437,10 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     gold, gnew = _dump(old.git), _dump(new.git)
     c.fields("git", "git", gold, gnew, {}, default="info")
     ordered = sorted(c.items, key=lambda d: SEVERITY_RANK[d.severity])
-    return Comparison(tuple(ordered), strict=strict)
+    if process_state == "compare":
+        return Comparison(tuple(ordered), strict=strict)
+    set_by_process = set(old.determinism.process_env) | set(new.determinism.process_env)
+    flags = [_is_process_state(d, set_by_process) for d in ordered]
+    return Comparison(tuple(d for d, p in zip(ordered, flags, strict=True) if not p),
+                      tuple(d for d, p in zip(ordered, flags, strict=True) if p), strict=strict)
 

@@ -253,6 +253,10 @@ class Determinism(_Model):
     # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
     late: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
         default_factory=list)
+    # Recorded variables the process set, changed or removed after it started (seed_everything,
+    # deterministic(), training code): process state, which a shell verify reports, not compares.
+    process_env: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
+        default_factory=list)
 
 
 class Seeds(_Model):
@@ -424,6 +428,6 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = {
     "python": {"executable", "prefix"},
     "torch": {"cuda_available", "device_count", "cpu_capability"},
     "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
-    "determinism": {"num_threads", "num_interop_threads", "late"},
+    "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
     "packages": {"__all__": {"installer", "requested"}},
 }

@@ -385,6 +385,14 @@ def _read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
         return None
 
 
+def _read_bytes(path: str, limit: int = 4 << 20) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
 def collect_platform() -> Dict[str, Any]:
     import platform
 
@@ -863,7 +871,36 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
         late = sorted(set(n for n in names.split(",") if re.fullmatch(r"^[A-Za-z0-9_.]{1,128}$", n)))
         if late:
             det["late"] = late
+    changed = process_set_env()
+    if changed:
+        det["process_env"] = changed
     return det
+
+
+def _recorded_name(name: str) -> bool:
+    return name in NUMERICS_ENV or name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+
+
+def process_set_env() -> List[str]:
+    """Recorded variables this process set, changed or removed after it started.
+
+    They are process state (``seed_everything`` exports ENVLOCK_SEED, ``deterministic()`` sets
+    CUBLAS_WORKSPACE_CONFIG, training code sets variables itself), not the environment a fresh
+    process inherits, so a shell ``verify`` reports rather than compares them. Linux keeps the
+    environment a process was started with in /proc/self/environ (setenv never writes there);
+    elsewhere nothing is known and every variable counts as environment.
+    """
+    raw = _read_bytes("/proc/self/environ")
+    if raw is None:
+        return []
+    initial: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            initial[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    names = set(initial) | set(os.environ)
+    return sorted(n for n in names if _recorded_name(n) and initial.get(n) != os.environ.get(n)
+                  and re.match(r"^[A-Za-z0-9_.]{1,128}$", n))
 
 
 def collect_seeds(torch: Any) -> Dict[str, Any]:

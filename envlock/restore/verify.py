@@ -86,11 +86,13 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
                          canary=lock.canary is not None and want_torch, env=env)
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
-    cmp = compare(lock, inside, expected_image_change=True)
+    # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
+    # envlock.apply(), not expected here.
+    cmp = compare(lock, inside, expected_image_change=True, process_state="report")
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
-        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
-    return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences))
+        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone), cmp.process)
+    return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
