@@ -189,6 +189,17 @@ def _array_of_tables(name: str, rows: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+def _os_packages_table(table: dict[str, Any]) -> str:
+    # One pin per line: tomlkit would write hundreds of them on a single line, and a diff of two
+    # locks should show one line per changed OS package.
+    specs = table.get("packages", [])
+    out = [f"\n# {len(specs)} OS packages installed by {table['manager']}, as name:arch=version.\n",
+           "[os_packages]\n", f"manager = {_toml_value(table['manager'])}\n", "packages = ["]
+    out.extend(f"\n    {_toml_value(s)}," for s in specs)
+    out.append("\n]\n" if specs else "]\n")
+    return "".join(out)
+
+
 def dumps(lock: Lock, name: str = "env.lock") -> str:
     """Render a lock as TOML: stable order (model field order, packages by name)."""
     import tomlkit  # imported early by capture(), in parallel with the probe
@@ -201,7 +212,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
     doc.add(tomlkit.nl())
     tail = []
     for key, value in data.items():
-        if key in ("packages", "duplicates"):
+        if key in ("os_packages", "packages", "duplicates"):
             if value:
                 tail.append((key, value))
             continue
@@ -228,6 +239,9 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
         doc.add(key, table)
     text = tomlkit.dumps(doc)
     for key, rows in tail:
+        if key == "os_packages":
+            text += _os_packages_table(rows)
+            continue
         if key == "packages":
             text += f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n"
         else:

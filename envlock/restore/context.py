@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from envlock import __version__
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.model import SCHEMA_VERSION, Lock, Package
 from envlock.probe import NUMERICS_ENV
-from envlock.restore import values
+from envlock.restore import ospackages, values
 from envlock.restore.tables import bases
 
 LayerName = Literal["torch", "packages", "tooling"]
@@ -126,6 +125,8 @@ class Plan:
     wheels: Mapping[str, tuple[Path, ...]]  # layer -> wheel files to copy into the context
     notes: tuple[str, ...]
     offline: bool
+    # OS packages installed with the image's package manager (system-Python locks only).
+    os_install: ospackages.OsInstall | None = None
 
     @property
     def expected_image_change(self) -> bool:
@@ -144,7 +145,7 @@ class Plan:
 def choose_base(lock: Lock, options: Options) -> BaseChoice:
     """The base named by --base, the lock's image, or the data table (in that order)."""
     if options.base:
-        ref = values.image_ref(options.base)
+        ref = values.image_ref(options.base, what="--base")
         return BaseChoice(ref, "--base", values.is_pinned(ref), ref)
     img = lock.image
     if img.digest:
@@ -281,12 +282,10 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                                 "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
     elif options.venv:
         venv = values.abs_path(options.venv, what="--venv")
-    base_python = options.python or "python3"
-    if options.python and "/" in options.python:
-        values.abs_path(options.python, what="--python")
-    elif not re.match(r"^python[0-9.]*$", base_python):
-        raise UsageError(f"--python must be an absolute path or python/python3[.X], not {base_python!r}")
+    base_python = values.interpreter(options.python) if options.python else "python3"
     python = f"{venv}/bin/python" if venv else base_python
+    os_install = ospackages.plan_os(lock, venv, notes)
+    from_os = set(ospackages.system_dists(lock, os_install, notes))
 
     table = bases().torch
     label = _torch_label(lock)
@@ -295,6 +294,10 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     skipped: list[str] = []
     local: list[str] = []
     for pkg in lock.packages:
+        if pkg.name in from_os:
+            if os_install is None:
+                skipped.append(pkg.name)
+            continue
         if pkg.installer == "conda":
             if base.origin == "lock":
                 skipped.append(pkg.name)
@@ -353,7 +356,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                wheels=wheels, notes=tuple(notes), offline=offline)
+                wheels=wheels, notes=tuple(notes), offline=offline, os_install=os_install)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -418,6 +421,8 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
                   "RUN " + _exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
+    if plan.os_install:
+        lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
     comments = {
         "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
                  "must not rebuild or re-download them.",
@@ -468,6 +473,8 @@ def render(plan: Plan) -> dict[str, str]:
             head = (f"# {layer.name} layer of envlock lock {plan.short_id}: exact pins, installed "
                     "with --no-deps\n")
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
+    if plan.os_install:
+        out.update(ospackages.files(plan.os_install))
     out[".dockerignore"] = "build.log\n"
     return out
 

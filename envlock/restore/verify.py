@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
@@ -26,6 +27,8 @@ PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can tak
 
 def probe_files() -> dict[str, bytes]:
     files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
+    # The probe loads its OS-package parsers from beside itself.
+    files[f"{PROBE_DIR}/ospkgs.py"] = OSPKGS_PATH.read_bytes()
     if CANARY_PATH.exists():
         files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
     return files
@@ -66,7 +69,8 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
-                 skipped: Sequence[str] = ()) -> tuple[Lock, Comparison]:
+                 skipped: Sequence[str] = (), os_packages_restored: bool = True
+                 ) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
@@ -88,4 +92,10 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
         cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
+    if not os_packages_restored:
+        # A venv restore puts the venv on another base: its OS packages are the base's, by
+        # design, and reported for the reader only.
+        cmp = Comparison(tuple(
+            replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
+            if d.category == "os_packages" else d for d in cmp.differences))
     return inside, cmp
