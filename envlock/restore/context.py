@@ -276,7 +276,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         if not raw:
             raise NotRestorable("the lock was captured in a virtual environment but does not record "
                                 "its path", hint="pass --venv /opt/venv")
-        venv = values.abs_path(raw, what="virtual environment path")
+        venv = values.abs_path(raw, what="--venv" if options.venv else "virtual environment path")
         if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
             raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
                                 "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
