@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 PROBE_PATH = Path(__file__).with_name("probe.py")
 CANARY_PATH = Path(__file__).with_name("kernels.py")
+OSPKGS_PATH = Path(__file__).with_name("ospkgs.py")
 DEFAULT_PROBE_TIMEOUT = 600.0
 
 

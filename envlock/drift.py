@@ -22,6 +22,7 @@ second, so ``compare(..., process_state="report")`` moves those differences to
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -189,6 +190,7 @@ _PACKAGE: dict[str, Severity] = {
     "version": "breaking", "source": "warning", "url": "warning", "vcs": "breaking",
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
+    "os_package": "warning", "os_package_version": "warning",
 }
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 
@@ -327,6 +329,74 @@ def _packages(c: _Collector, old: Lock, new: Lock) -> None:
               "warning", f"shadowed copy of {name} {version} " + ("gone" if gone else "appeared"))
 
 
+# OS packages whose change alone can change results or stop the code from running: the C
+# library, the CUDA stack (toolkit, cuDNN, NCCL, cuBLAS, the driver's user-space libraries) and
+# the Python interpreter itself. Every other OS package change is a warning.
+OS_BREAKING_RE = re.compile(
+    r"^(libc6(-.+)?|glibc(-.+)?|musl"
+    r"|cuda-.+|libcuda.*|libcudnn.*|cudnn.*|libnccl.*|libcublas.*|libcusparse.*|libcufft.*"
+    r"|libcurand.*|libcusolver.*|libnvjitlink.*|libnvidia-.+|nvidia-.+"
+    r"|(lib)?python3(\.[0-9]+)?(-minimal|-stdlib|-libs|-dev)?)$")
+OS_NAMES_SHOWN = 8
+
+
+def os_package_severity(name: str) -> Severity:
+    """``breaking`` for libc, CUDA-stack and Python packages, else ``warning``."""
+    return "breaking" if OS_BREAKING_RE.match(name.split(":", 1)[0]) else "warning"
+
+
+def _os_packages(c: _Collector, old: Lock, new: Lock) -> None:
+    """One line per breaking change, and one summary line for all the others.
+
+    An image update easily changes a hundred OS packages; listing each would bury the few that
+    matter, so the rest are counted and named on one line (the full maps stay in --json).
+    """
+    a, b = old.os_packages, new.os_packages
+    if a is None and b is None:
+        return
+    if a is None or b is None:
+        c.add("os_packages", "os_packages", a and len(a.packages), b and len(b.packages), "warning",
+              "OS packages not recorded here" if b is None else "OS packages recorded here, none in the lock")
+        return
+    if a.manager != b.manager:
+        c.add("os_packages", "os_packages.manager", a.manager, b.manager, "breaking",
+              f"OS packages managed by {a.manager} in the lock, by {b.manager} here")
+        return
+    va, vb = a.versions(), b.versions()
+    soft: dict[str, list[str]] = {"changed": [], "added": [], "removed": []}
+    old_soft: dict[str, str] = {}
+    new_soft: dict[str, str] = {}
+    for key in sorted(set(va) | set(vb)):
+        x, y = va.get(key), vb.get(key)
+        if x == y:
+            continue
+        name = key.split(":", 1)[0]
+        kind = "added" if x is None else "removed" if y is None else "changed"
+        if os_package_severity(name) == "breaking":
+            message = {"added": f"OS package {name} {y} is installed but not in the lock",
+                       "removed": f"OS package {name} {x} is in the lock but not installed",
+                       "changed": f"OS package {name} {x} -> {y}"}[kind]
+            c.add("os_packages", f"os_packages.{key}", x, y, "breaking", message)
+            continue
+        soft[kind].append(name)
+        if x is not None:
+            old_soft[key] = x
+        if y is not None:
+            new_soft[key] = y
+    total = sum(len(v) for v in soft.values())
+    if not total:
+        return
+    parts = []
+    for kind in ("changed", "added", "removed"):
+        names = soft[kind]
+        if names:
+            shown = ", ".join(names[:OS_NAMES_SHOWN])
+            more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
+            parts.append(f"{len(names)} {kind} ({shown}{more})")
+    c.add("os_packages", "os_packages", old_soft, new_soft, "warning",
+          f"{total} other OS package(s) differ: " + "; ".join(parts))
+
+
 def _conda(c: _Collector, old: Lock, new: Lock) -> None:
     a = {p.name: p for p in (old.conda.packages if old.conda else [])}
     b = {p.name: p for p in (new.conda.packages if new.conda else [])}
@@ -433,6 +503,7 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
              {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
     _packages(c, old, new)
     _conda(c, old, new)
+    _os_packages(c, old, new)
     _canary(c, old, new)
     gold, gnew = _dump(old.git), _dump(new.git)
     c.fields("git", "git", gold, gnew, {}, default="info")

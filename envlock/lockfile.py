@@ -172,6 +172,17 @@ def load(path: str | os.PathLike[str], *, verify_seal: bool = True) -> Lock:
 # -- writing -----------------------------------------------------------------------------------
 
 
+def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
+    # One pin per line: hundreds of them on a single line would make a diff of two locks show
+    # one giant changed line instead of one line per changed OS package.
+    specs = table.get("packages", [])
+    out.append(f"\n# {len(specs)} OS packages installed by {tomlwriter.string(table['manager'])[1:-1]}, "
+               "as name:arch=version.\n")
+    out += ["[os_packages]\n", f"manager = {tomlwriter.string(table['manager'])}\n", "packages = ["]
+    out.extend(f"\n    {tomlwriter.string(s)}," for s in specs)
+    out.append("\n]\n" if specs else "]\n")
+
+
 def dumps(lock: Lock, name: str = "env.lock") -> str:
     """Render a lock as TOML: stable order (model field order, packages by name), linear time."""
     data = lock.model_dump(mode="json", exclude_none=True)
@@ -182,7 +193,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
     out = [f"# {line}\n" for line in header.splitlines()]
     tail = []
     for key, value in data.items():
-        if key in ("packages", "duplicates"):
+        if key in ("os_packages", "packages", "duplicates"):
             if value:
                 tail.append((key, value))
             continue
@@ -190,6 +201,9 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             continue
         tomlwriter.table(out, key, value, _SECTION_COMMENTS.get(key))
     for key, rows in tail:
+        if key == "os_packages":
+            _os_packages_table(out, rows)
+            continue
         if key == "packages":
             out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
         else:

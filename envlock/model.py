@@ -276,7 +276,10 @@ class GitInfo(_Model):
     remote: Url | None = None
 
 
-PackageSource = Literal["index", "url", "vcs", "editable", "local", "unknown"]
+PackageSource = Literal["index", "url", "vcs", "editable", "local", "system", "unknown"]
+# An OS package name, as dpkg, apk and rpm spell them.
+OsPackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")]
+OsPackageVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
 
 
 class Package(_Model):
@@ -294,6 +297,49 @@ class Package(_Model):
     archive_hash: str | None = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
     hashes: list[Sha256Digest] = Field(default_factory=list)
     record_sha256: HexSha256 | None = None
+    # source = "system": the OS package that installed this distribution (apt's python3-torch).
+    os_package: OsPackageName | None = None
+    os_package_version: OsPackageVersion | None = None
+
+
+# ``name:arch=version``: apt's spelling of an exact pin; one string per package keeps a lock
+# with hundreds of OS packages short and its diffs one line per change.
+OsPackageSpec = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
+
+
+def split_os_spec(spec: str) -> tuple[str, str, str]:
+    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
+    head, _, version = spec.partition("=")
+    name, _, arch = head.partition(":")
+    return name, arch, version
+
+
+class OsPackages(_Model):
+    """``[os_packages]``: what the image's package manager installed, one pin per package."""
+
+    manager: Literal["dpkg", "apk", "rpm"]
+    packages: list[OsPackageSpec] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _sorted_unique(cls, packages: list[str]) -> list[str]:
+        ordered = sorted(set(packages))
+        seen: set[tuple[str, str]] = set()
+        for spec in ordered:
+            name, arch, _ = split_os_spec(spec)
+            if (name, arch) in seen:
+                raise ValueError(f"OS package {name}:{arch} is listed twice")
+            seen.add((name, arch))
+        return ordered
+
+    def versions(self) -> dict[str, str]:
+        """``name:arch`` -> version."""
+        out = {}
+        for spec in self.packages:
+            name, arch, version = split_os_spec(spec)
+            out[f"{name}:{arch}"] = version
+        return out
 
 
 class Duplicate(_Model):
@@ -373,6 +419,7 @@ class Lock(_Model):
     git: GitInfo | None = None
     canary: Canary | None = None
     conda: Conda | None = None
+    os_packages: OsPackages | None = None
     packages: list[Package] = Field(default_factory=list)
     duplicates: list[Duplicate] = Field(default_factory=list)
     probe: ProbeInfo = Field(default_factory=ProbeInfo)

@@ -566,11 +566,14 @@ def _path_entries(skip: Optional[str]) -> List[str]:
     return entries
 
 
-def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[str, str]] = None,
+                     ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
     Scanning ``*.dist-info`` directories ourselves is what importlib.metadata does, minus the
     full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
+    ``locations``, when given, receives name -> metadata path of each active distribution (the
+    OS packages block uses it to find the distributions an OS package owns).
     """
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
@@ -633,11 +636,15 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
                     # The project's egg-info came first (src/ on PYTHONPATH): the editable
                     # install is the real entry, the egg-info its build metadata.
                     packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                    if locations is not None:
+                        locations[cname] = full
                 else:
                     duplicates.append({"name": cname, "version": version,
                                        "active_version": active[cname], "path_index": index})
                 continue
             active[cname] = version
+            if locations is not None:
+                locations[cname] = full
             seen[cname] = (len(packages), full)
             packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
@@ -1268,8 +1275,12 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
     doc["platform"] = guard("platform", collect_platform)
     doc["python"] = guard("python", collect_python)
-    pkgs = guard("packages", lambda: collect_packages(skip_dir))
+    locations: Dict[str, str] = {}
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
+    if os_packages:
+        doc["os_packages"] = os_packages
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
@@ -1304,18 +1315,52 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     return scrubbed
 
 
-def load_kernels() -> Any:
-    """kernels.py from beside this file, loaded by path: it travels with the probe into
+def _load_sibling(fname: str, module_name: str) -> Any:
+    """A stdlib module from beside this file, loaded by path: it travels with the probe into
     containers, where no envlock package exists to import it from."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.py")
-    spec = importlib.util.spec_from_file_location("_envlock_canary", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), fname)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None or not os.path.exists(path):
-        raise RuntimeError("kernels.py not found beside the probe")
+        raise RuntimeError("%s not found beside the probe" % fname)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_kernels() -> Any:
+    return _load_sibling("kernels.py", "_envlock_canary")
+
+
+# ---------------------------------------------------------------------------------------------
+# OS packages: the dpkg/apk/rpm database of this root (parsers in ospkgs.py beside this file)
+# ---------------------------------------------------------------------------------------------
+
+_OSPKGS: List[Any] = []
+
+
+def load_ospkgs() -> Any:
+    if not _OSPKGS:
+        _OSPKGS.append(_load_sibling("ospkgs.py", "_envlock_ospkgs"))
+    return _OSPKGS[0]
+
+
+def _run_tool(argv: List[str], timeout: float) -> Tuple[Optional[int], bytes, str]:
+    env = dict(os.environ, LC_ALL="C")
+    return _Proc(argv, timeout, env=env).result()
+
+
+def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
+                        root: str = "/") -> Optional[Dict[str, Any]]:
+    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
+    ospkgs = load_ospkgs()
+    db = ospkgs.load(root, _run_tool)
+    if db is None:
+        return None
+    ospkgs.mark_system(packages, locations, db)
+    doc: Dict[str, Any] = db.document()
+    return doc
 
 
 def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:

@@ -81,6 +81,8 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
             sources[p.source] = sources.get(p.source, 0) + 1
     extra = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
     rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
+    if lock.os_packages is not None:
+        rows.append(("os packages", f"{len(lock.os_packages.packages)} ({lock.os_packages.manager})"))
     d = lock.determinism
     if d.torch_loaded:
         rows.append(("determinism",

@@ -19,6 +19,8 @@
 #   CONTAINERS_CONF              Podman config in use (only when Podman works)
 #   ENVLOCK_TEST_BASE_IMAGE      base image name
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
+#   ENVLOCK_TEST_NGC_IMAGE       base + torch pip-installed into the system Python
+#   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -226,6 +228,45 @@ else
     step_done "built ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
 fi
 export ENVLOCK_TEST_WHEELHOUSE="$WHEELHOUSE"
+
+# --- 4b. system-Python images ------------------------------------------------
+# Two images that keep torch in the system Python, as the seeds' images do:
+#   ngc-style:    the base + the CPU torch wheel pip-installed into /usr/bin/python3
+#                 (offline, from the wheelhouse), as NGC's PyTorch images are made;
+#   debian-torch: the base + `apt-get install python3-torch` from Debian's mirror.
+# Each is labelled with the base image id and the recipe's hash, and rebuilt only
+# when either changes.
+step "system-images"
+NGC_IMAGE="envlock-test/ngc-style:1"
+DEBIAN_TORCH_IMAGE="envlock-test/debian-torch:1"
+base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+image_stamp() { docker image inspect -f '{{index .Config.Labels "org.envlock.test.stamp"}}' "$1" 2>/dev/null || true; }
+NGC_SCRIPT='pip install -q --no-index --disable-pip-version-check --break-system-packages --find-links /wheels "torch==2.13.0+cpu"'
+ngc_stamp="$(printf '%s\n' "$base_id" "$NGC_SCRIPT" "$wh_stamp_want" | sha256sum | cut -c1-16)"
+if [[ "$REBUILD" == "1" || "$(image_stamp "$NGC_IMAGE")" != "$ngc_stamp" ]]; then
+    t0=$SECONDS
+    cid="$(docker run -d --network none -v "$WHEELHOUSE:/wheels:ro" "$BASE_IMAGE" sh -c "$NGC_SCRIPT")"
+    rc="$(docker wait "$cid")"
+    if [[ "$rc" != "0" ]]; then docker logs "$cid" | tail -n 20; docker rm -f "$cid" >/dev/null; false; fi
+    docker commit --change "LABEL org.envlock.test.stamp=$ngc_stamp" --change 'CMD ["/bin/bash"]' \
+        "$cid" "$NGC_IMAGE" >/dev/null
+    docker rm -f "$cid" >/dev/null
+    log "built $NGC_IMAGE in $((SECONDS - t0)) s"
+fi
+DEBIAN_TORCH_DOCKERFILE="FROM $base_id
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch && apt-get clean && rm -rf /var/lib/apt/lists/*
+"
+deb_stamp="$(printf '%s' "$DEBIAN_TORCH_DOCKERFILE" | sha256sum | cut -c1-16)"
+if [[ "$REBUILD" == "1" || "$(image_stamp "$DEBIAN_TORCH_IMAGE")" != "$deb_stamp" ]]; then
+    t0=$SECONDS
+    log "building $DEBIAN_TORCH_IMAGE (apt-get install python3-torch from Debian's mirror)"
+    printf '%s' "$DEBIAN_TORCH_DOCKERFILE" | docker build -q --label "org.envlock.test.stamp=$deb_stamp" \
+        -t "$DEBIAN_TORCH_IMAGE" - >"$CACHE/debian-torch-build.log" 2>&1 || {
+        tail -n 30 "$CACHE/debian-torch-build.log"; false; }
+    log "built $DEBIAN_TORCH_IMAGE in $((SECONDS - t0)) s"
+fi
+export ENVLOCK_TEST_NGC_IMAGE="$NGC_IMAGE" ENVLOCK_TEST_DEBIAN_TORCH_IMAGE="$DEBIAN_TORCH_IMAGE"
+step_done "$NGC_IMAGE, $DEBIAN_TORCH_IMAGE"
 
 flock -u 9
 exec 9>&-

@@ -26,7 +26,7 @@ from envlock import __version__
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.model import SCHEMA_VERSION, Lock, Package
 from envlock.probe import NUMERICS_ENV
-from envlock.restore import values
+from envlock.restore import ospackages, values
 from envlock.restore.tables import bases
 
 LayerName = Literal["torch", "packages", "tooling"]
@@ -126,6 +126,8 @@ class Plan:
     wheels: Mapping[str, tuple[Path, ...]]  # layer -> wheel files to copy into the context
     notes: tuple[str, ...]
     offline: bool
+    # OS packages installed with the image's package manager (system-Python locks only).
+    os_install: ospackages.OsInstall | None = None
 
     @property
     def expected_image_change(self) -> bool:
@@ -144,7 +146,7 @@ class Plan:
 def choose_base(lock: Lock, options: Options) -> BaseChoice:
     """The base named by --base, the lock's image, or the data table (in that order)."""
     if options.base:
-        ref = values.image_ref(options.base)
+        ref = values.image_ref(options.base, what="--base")
         return BaseChoice(ref, "--base", values.is_pinned(ref), ref)
     img = lock.image
     if img.digest:
@@ -301,18 +303,16 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         if not raw:
             raise NotRestorable("the lock was captured in a virtual environment but does not record "
                                 "its path", hint="pass --venv /opt/venv")
-        venv = _venv_path(raw, what="virtual environment path")
+        venv = _venv_path(raw, what="--venv" if options.venv else "virtual environment path")
         if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
             raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
                                 "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
     elif options.venv:
         venv = _venv_path(options.venv, what="--venv")
-    base_python = options.python or "python3"
-    if options.python and "/" in options.python:
-        values.abs_path(options.python, what="--python")
-    elif not re.fullmatch(r"^python[0-9.]*$", base_python):
-        raise UsageError(f"--python must be an absolute path or python/python3[.X], not {base_python!r}")
+    base_python = values.interpreter(options.python) if options.python else "python3"
     python = f"{venv}/bin/python" if venv else base_python
+    os_install = ospackages.plan_os(lock, venv, notes)
+    from_os = set(ospackages.system_dists(lock, os_install, notes))
 
     table = bases().torch
     label = _torch_label(lock)
@@ -321,6 +321,10 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     skipped: list[str] = []
     local: list[str] = []
     for pkg in lock.packages:
+        if pkg.name in from_os:
+            if os_install is None:
+                skipped.append(pkg.name)
+            continue
         if pkg.installer == "conda":
             if base.origin == "lock":
                 skipped.append(pkg.name)
@@ -379,7 +383,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                wheels=wheels, notes=tuple(notes), offline=offline)
+                wheels=wheels, notes=tuple(notes), offline=offline, os_install=os_install)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -444,6 +448,8 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
                   "RUN " + _exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
+    if plan.os_install:
+        lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
     comments = {
         "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
                  "must not rebuild or re-download them.",
@@ -494,6 +500,8 @@ def render(plan: Plan) -> dict[str, str]:
             head = (f"# {layer.name} layer of envlock lock {plan.short_id}: exact pins, installed "
                     "with --no-deps\n")
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
+    if plan.os_install:
+        out.update(ospackages.files(plan.os_install))
     out[".dockerignore"] = "build.log\n"
     return out
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envlock.errors import UnsafeValue
+from envlock.errors import EnvlockError, UnsafeValue, UsageError
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -48,12 +48,36 @@ FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/l
                            "/usr/sbin", "/usr/lib", "/boot", "/run")
 
 
-def _refuse(what: str, value: object, why: str) -> UnsafeValue:
+def _refuse(what: str, value: object, why: str) -> EnvlockError:
     shown = repr(value)
     if len(shown) > 120:
         shown = shown[:117] + "..."
+    if what.startswith("--"):
+        # The user typed it: a usage error about that option, not a verdict on the lock.
+        return UsageError(f"{what} {shown} {why}" if why.startswith("is ") else f"{what} {shown}: {why}")
     return UnsafeValue(f"refusing {what} {shown}: {why}",
                        hint="the lock was edited or crafted; restore only renders provably inert values")
+
+
+MAX_INTERPRETER = 1024
+
+
+def interpreter(value: str, *, what: str = "--python") -> str:
+    """An interpreter inside an image: an absolute path or a command name on the image's PATH.
+
+    It is an argv element (exec-form RUN, the container's command), never shell text, so any
+    path is acceptable as long as it is inert: printable, no NUL or control characters, a sane
+    length, and not something a program would read as an option.
+    """
+    if not isinstance(value, str) or not value or len(value) > MAX_INTERPRETER:
+        raise _refuse(what, value, f"must be a path or command of 1 to {MAX_INTERPRETER} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise _refuse(what, value, "contains a control character (NUL, newline, tab, ...)")
+    if value.startswith("-"):
+        raise _refuse(what, value, "starts with '-'")
+    if "/" in value and not value.startswith("/"):
+        raise _refuse(what, value, "must be an absolute path inside the image or a command name")
+    return value
 
 
 def dist_name(name: str) -> str:
@@ -94,24 +118,24 @@ def package_hash(value: str, *, name: str = "package") -> str:
     return f"{m.group(1)}:{m.group(2)}"
 
 
-def image_ref(value: str) -> str:
+def image_ref(value: str, *, what: str = "image reference") -> str:
     """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
     if not isinstance(value, str) or len(value) > 512:
-        raise _refuse("image reference", value, "not an image reference")
+        raise _refuse(what, value, "not an image reference")
     if _DIGEST_RE.fullmatch(value):
         return value  # an image id (sha256:...), as used for images that exist only locally
     name, at, dig = value.partition("@")
-    if at:
-        digest(dig)
+    if at and not _DIGEST_RE.fullmatch(dig):
+        raise _refuse(what, value, "the digest is not sha256:<64 hex digits>")
     repo, tag = name, ""
     slash = name.rfind("/")
     colon = name.rfind(":")
     if colon > slash:
         repo, tag = name[:colon], name[colon + 1:]
         if not _TAG_RE.fullmatch(tag):
-            raise _refuse("image reference", value, "bad tag")
+            raise _refuse(what, value, "bad tag")
     if not _REPO_RE.fullmatch(repo):
-        raise _refuse("image reference", value, "not an image reference")
+        raise _refuse(what, value, "not an image reference")
     return value
 
 
@@ -184,6 +208,17 @@ def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "U
             parts.scheme == "ssh" and _SSH_USER_RE.fullmatch(parts.username))):
         raise _refuse(what, value, "carries credentials")
     return value
+
+
+_OS_SPEC_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")
+
+
+def os_package(spec: str) -> str:
+    """An OS package pin ``name:arch=version``; every character is inert in an argv."""
+    if not isinstance(spec, str) or not _OS_SPEC_RE.fullmatch(spec):
+        raise _refuse("OS package", spec, "not name:arch=version")
+    return spec
 
 
 def vcs_commit(value: str, *, vcs: str) -> str:

@@ -8,12 +8,12 @@ comparison happen here, on the JSON the probe prints.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
 from envlock.drift import Comparison
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
@@ -28,6 +28,8 @@ PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can tak
 
 def probe_files() -> dict[str, bytes]:
     files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
+    # The probe loads its OS-package parsers from beside itself.
+    files[f"{PROBE_DIR}/ospkgs.py"] = OSPKGS_PATH.read_bytes()
     if CANARY_PATH.exists():
         files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
     return files
@@ -68,7 +70,8 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
-                 skipped: Sequence[str] = ()) -> tuple[Lock, Comparison]:
+                 skipped: Sequence[str] = (), os_packages_restored: bool = True
+                 ) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
@@ -92,6 +95,12 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
         cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone), cmp.process)
+    if not os_packages_restored:
+        # A venv restore puts the venv on another base: its OS packages are the base's, by
+        # design, and reported for the reader only.
+        cmp = Comparison(tuple(
+            replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
+            if d.category == "os_packages" else d for d in cmp.differences), cmp.process)
     return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
 
 
@@ -112,5 +121,5 @@ def _restore_severity(d: Difference) -> Difference:
     if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
             and parts[1] not in _TOOLING and d.severity != "breaking":
         message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
-        return dataclasses.replace(d, severity="breaking", message=message)
+        return replace(d, severity="breaking", message=message)
     return d

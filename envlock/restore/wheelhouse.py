@@ -106,6 +106,8 @@ def select(directory: Path, packages: Iterable[Package]) -> dict[str, tuple[Path
     found = scan(directory)
     out: dict[str, tuple[Path, ...]] = {}
     for pkg in packages:
+        if pkg.source == "system":
+            continue  # the OS package manager installs it, not pip
         want = Version(values.version(pkg.version, name=pkg.name))
         files = tuple(p for v, p in found.get(pkg.name, []) if v == want)
         for f in files:
