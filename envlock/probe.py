@@ -907,7 +907,7 @@ def process_set_env() -> List[str]:
             initial[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
     names = set(initial) | set(os.environ)
     return sorted(n for n in names if _recorded_name(n) and initial.get(n) != os.environ.get(n)
-                  and re.match(r"^[A-Za-z0-9_.]{1,128}$", n))
+                  and re.fullmatch(r"[A-Za-z0-9_.]{1,128}", n))
 
 
 def collect_seeds(torch: Any) -> Dict[str, Any]:
