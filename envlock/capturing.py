@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,22 +30,40 @@ if TYPE_CHECKING:
 PROBE_PATH = Path(__file__).with_name("probe.py")
 CANARY_PATH = Path(__file__).with_name("kernels.py")
 OSPKGS_PATH = Path(__file__).with_name("ospkgs.py")
-DEFAULT_PROBE_TIMEOUT = 600.0
+# The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
+# --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
+# have their own deadlines. Two minutes is several times the slowest cold start measured, and
+# short enough that a hung interpreter does not hold a training job's start for ten minutes.
+# ENVLOCK_PROBE_TIMEOUT raises it (first CUDA JIT of a new GPU architecture can take longer).
+DEFAULT_PROBE_TIMEOUT = 120.0
+# The probe's JSON is about the size of the lock, which is at most 16 MiB; 64 MiB leaves room
+# and keeps a runaway interpreter from taking gigabytes of envlock's memory.
+MAX_PROBE_OUTPUT = 64 << 20
+_STDERR_KEEP = 64 << 10
+# After the probe exits, how long its leftover children may keep the pipes open.
+_EXIT_GRACE = 1.0
 
 
 def resolve_python(python: str) -> str:
-    """An interpreter given as a path or a command name, checked to exist and be runnable."""
-    candidate = Path(python).expanduser()
-    if candidate.is_dir():
+    """An interpreter given as a path or a command name, checked to exist and be runnable.
+
+    A path is a path: ``./python3`` is that file, never ``python3`` looked up on PATH (``Path``
+    drops the ``./``, so the path is made absolute before anything runs it). Only a bare name
+    such as ``python3.11`` is looked up on PATH, as a shell would.
+    """
+    expanded = os.path.expanduser(python)
+    candidate = Path(os.path.abspath(expanded))
+    is_path = os.sep in expanded or (os.altsep is not None and os.altsep in expanded)
+    if candidate.is_dir() and (is_path or not shutil.which(python)):
         # `--python .venv` is what people type; accept the environment directory.
         for sub in ("bin/python", "bin/python3", "Scripts/python.exe"):
             if (candidate / sub).exists():
                 return str(candidate / sub)
         raise InterpreterNotFound(f"{python} is a directory without bin/python")
-    if os.sep in python or candidate.exists():
+    if is_path:
         if not candidate.exists():
             raise InterpreterNotFound(f"interpreter not found: {python}")
-        if not os.access(candidate, os.X_OK):
+        if not os.access(candidate, os.X_OK) or candidate.is_dir():
             raise InterpreterNotFound(f"{python} is not executable")
         return str(candidate)
     found = shutil.which(python)
@@ -65,37 +86,99 @@ def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = 
     return args
 
 
-class ProbeProcess:
-    """The probe running in another interpreter; ``result()`` waits for and parses its JSON."""
+def probe_timeout() -> float:
+    raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
+    if not raw:
+        return DEFAULT_PROBE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
+    return value
 
-    def __init__(self, python: str, args: list[str], timeout: float | None = None) -> None:
+
+class ProbeProcess:
+    """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
+
+    The interpreter is whatever ``--python`` names (it may be a wrapper script), so it runs in
+    its own process group: on timeout the whole group is killed, children included, and
+    nothing is left holding the pipes. Its output is read as it comes, up to a cap.
+    """
+
+    def __init__(self, python: str, args: list[str], timeout: float | None = None,
+                 max_output: int = MAX_PROBE_OUTPUT) -> None:
         self.python = resolve_python(python)
-        self.timeout = timeout or float(os.environ.get("ENVLOCK_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT))
+        self.timeout = timeout or probe_timeout()
+        self.max_output = max_output
         argv = [self.python, str(PROBE_PATH), *args]
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,
             )
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
+        self.deadline = time.monotonic() + self.timeout
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    def _finish(self) -> None:
+        self._kill_group()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.proc.wait()
 
     def cancel(self) -> None:
         """Stop a probe whose answer is no longer wanted (the lock turned out invalid)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
+        self._finish()
+
+    def _collect(self) -> tuple[bytes, bytes]:
+        """stdout and (the tail of) stderr, until both close, the deadline or the cap."""
+        out, err = bytearray(), bytearray()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ, out)
+        sel.register(self.proc.stderr, selectors.EVENT_READ, err)
+        exited_at: float | None = None
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s",
+                                      hint="raise ENVLOCK_PROBE_TIMEOUT (seconds) if the interpreter "
+                                           "is just slow to start")
+                if exited_at is None and self.proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _EXIT_GRACE:
+                    break  # the probe is done; a child it left behind holds the pipes
+                for key, _ in sel.select(timeout=min(self.deadline - now, 0.25)):
+                    chunk = os.read(key.fd, 1 << 20)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf: bytearray = key.data
+                    buf += chunk
+                    if buf is out and len(out) > self.max_output:
+                        raise ProbeFailed(
+                            f"the probe under {self.python} printed more than "
+                            f"{self.max_output >> 20} MiB; a probe document is far smaller, so "
+                            "this interpreter is not running envlock's probe as expected")
+                    if buf is err and len(err) > 2 * _STDERR_KEEP:
+                        del err[:-_STDERR_KEEP]
+        finally:
+            sel.close()
+            self._finish()
+        return bytes(out), bytes(err)
 
     def result(self) -> dict[str, Any]:
-        try:
-            out, err = self.proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s") from None
-        except KeyboardInterrupt:
-            self.proc.kill()
-            self.proc.communicate()
-            raise
+        out, err = self._collect()
         if self.proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             if b"SyntaxError" in err:
