@@ -196,3 +196,18 @@ def test_project_venv_lock_keeps_real_paths_same_fingerprint_and_restores(tmp_pa
     assert res.returncode == 0, res.stderr
     assert (out / "Dockerfile").is_file()
     assert "<redacted>" not in (out / "Dockerfile").read_text()
+
+
+def test_restore_applies_the_same_url_rule() -> None:
+    from envlock.errors import UnsafeValue
+    from envlock.restore import values
+
+    ssh = frozenset({"ssh"})
+    assert values.url("ssh://git@github.com/o/r.git", schemes=ssh) == "ssh://git@github.com/o/r.git"
+    assert values.url("https://h.example/x-1.0.whl#sha256=" + "a" * 64)
+    for bad in ("https://u:pw@h.example/x.whl", "https://h.example/x.whl#token=abc",
+                "https://h.example/x.whl?sig=abc", "https://pypi.fury.io/Tok3nTok3n/acme/x.whl"):
+        with pytest.raises(UnsafeValue):
+            values.url(bad)
+    with pytest.raises(UnsafeValue):
+        values.url("ssh://deploy:pw@github.com/o/r.git", schemes=ssh)

@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from envlock.errors import UnsafeValue
+from envlock.probe import strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -167,7 +168,8 @@ def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "U
         raise _refuse(what, value, f"scheme must be one of {', '.join(sorted(schemes))}")
     if not parts.hostname:
         raise _refuse(what, value, "has no host")
-    if parts.username is not None or parts.password is not None:
+    # The capture rule, not a stricter copy: ssh's service user (git@host) is no credential.
+    if strip_url(value) != value:
         raise _refuse(what, value, "carries credentials")
     return value
 
