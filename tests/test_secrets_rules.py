@@ -211,3 +211,13 @@ def test_restore_applies_the_same_url_rule() -> None:
             values.url(bad)
     with pytest.raises(UnsafeValue):
         values.url("ssh://deploy:pw@github.com/o/r.git", schemes=ssh)
+
+
+def test_in_process_canary_settings_are_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import envlock.runtime
+
+    # CPU kernels never read it; a hostile value must still not reach the lock
+    monkeypatch.setenv("MKL_CBWR", "AUTO https://u:CanarySecret99@h.example/x")
+    settings = envlock.runtime.canary(["cpu"]).settings
+    assert settings["env.MKL_CBWR"] == "AUTO https://h.example/x"
