@@ -64,14 +64,17 @@ _SECRET_WORDS = frozenset((
 # Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
 _SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
                     "PRIVATEKEY", "ACCESSKEY")
-# A word that makes the variable a switch or a property *about* a secret, whose value is a
-# flag, a number or a mode (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, GIT_TERMINAL_PROMPT, ..._TTL).
-_SETTING_WORDS = frozenset((
-    "DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT", "TIMEOUT", "TTL",
-    "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND", "PROVIDER",
-    "HELPER", "PROMPT", "PARALLELISM", "AFFINITY", "URL", "URI", "ENDPOINT", "HOST", "PORT",
-    "SERVER", "REGION",
+# A switch about a secret holds a flag, wherever the word stands (HF_HUB_DISABLE_IMPLICIT_TOKEN=1).
+_SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT",
+                           "REQUIRE", "REQUIRED", "PROMPT"))
+# A property of a secret when it comes after the secret's noun (TOKEN_URL, AUTH_TIMEOUT,
+# KEY_TYPE, CREDENTIAL_HELPER); before it, the noun is the secret (DATABASE_URL_PASSWORD).
+_PROPERTY_WORDS = frozenset((
+    "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
+    "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
 ))
+# Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
 # Variables that hold a location, never a credential: the shell's and the desktop's own, and
 # any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
 _PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
@@ -102,9 +105,10 @@ def looks_secret(name: str) -> bool:
     if is_path_variable(name):
         return False
     words = _name_words(name)
-    if any(w in _SETTING_WORDS for w in words):
+    nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
+    if not nouns or any(w in _SWITCH_WORDS for w in words):
         return False
-    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
+    return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
 
 
 def canonicalize_name(name: str) -> str:
