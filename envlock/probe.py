@@ -126,9 +126,15 @@ def canonicalize_name(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
-# scp-style remotes (user[:password]@host:path) in free text; the userinfo is greedy up to the
-# last "@" before the host, so a password holding "@" goes with it.
-_SCP_RE = re.compile(r"(?<![^\s\"'(=,;])([^\s\"'<>`/]+)@([A-Za-z0-9][A-Za-z0-9.-]*):(?=\S)")
+# scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
+# quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
+# start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
+# "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
+# userinfo backtracks quadratically on "=a@=a@...").
+_SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
+_SCP_WORD_RE = re.compile(r"[^\s\"'<>`]*@[^\s\"'<>`]*")
+_SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
+_SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
 _SECRET_QUERY_RE = re.compile(
@@ -205,9 +211,10 @@ def _split_authority(rest: str) -> Tuple[str, str]:
     at = authority.rfind("@")
     if at >= 0:
         return rest[:at], rest[at + 1:]
-    m = re.match(r"([^/@\s]*):([^@\s]*/[^@\s]*)@", rest)
-    if m and not re.match(r"\d*/", m.group(2)):
-        return rest[:m.end() - 1], rest[m.end():]
+    colon = authority.find(":")
+    at = rest.find("@", slash) if slash >= 0 else -1
+    if colon >= 0 and at >= 0 and not authority[colon + 1:].isdigit() and not re.search(r"\s", rest[:at]):
+        return rest[:at], rest[at + 1:]
     return "", rest
 
 
@@ -247,8 +254,22 @@ def strip_url(url: str) -> str:
     return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
 
+def _scp_word(word: str) -> str:
+    keep = _SCP_KEEP_RE.match(word)
+    start = keep.end() if keep else 0
+    slash = word.find("/", start)
+    at = word.rfind("@", start, slash if slash >= 0 else len(word))
+    while at > start:
+        if _SCP_HOST_RE.match(word, at + 1) is not None:
+            return word if word[start:at] in _SERVICE_USERS else word[:start] + word[at + 1:]
+        at = word.rfind("@", start, at)
+    return word
+
+
 def _strip_scp(text: str) -> str:
-    return _SCP_RE.sub(lambda m: m.group(0) if m.group(1) in _SERVICE_USERS else m.group(2) + ":", text)
+    if "@" not in text or _SCP_HINT_RE.search(text) is None:
+        return text
+    return _SCP_WORD_RE.sub(lambda m: _scp_word(m.group(0)), text)
 
 
 def scrub_text(text: str) -> str:

@@ -160,7 +160,15 @@ def test_url_examples_from_the_issues() -> None:
     }
     for url, expected in cases.items():
         assert probe.strip_url(url) == expected, url
-    assert probe.scrub_text("--xla_dump_to=https://u:SECRET@h/x") == "--xla_dump_to=https://h/x"
+    texts = {
+        "--xla_dump_to=https://u:SECRET@h/x": "--xla_dump_to=https://h/x",
+        "--remote=deploy:SE;CRET@h:p.git": "--remote=h:p.git",
+        "pushed (deploy:ab@SECRET@host:lab/p.git)": "pushed (host:lab/p.git)",
+        "see /pkg@host:x and bob@lab.org: thanks": "see /pkg@host:x and bob@lab.org: thanks",
+        "u:SECRET@proxy.example:3128": "proxy.example:3128",
+    }
+    for text, expected in texts.items():
+        assert probe.scrub_text(text) == expected, text
 
 
 # -- issue: the working directory was treated as a secret ------------------------------------
