@@ -125,14 +125,16 @@ def canonicalize_name(name: str) -> str:
 # needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
 
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# Starts only where a run of scheme characters starts: otherwise every position of a long run
+# without "://" would be tried, quadratic in its length.
+_URL_RE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
 # scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
 # quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
 # start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
 # "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
 # userinfo backtracks quadratically on "=a@=a@...").
 _SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
-_SCP_WORD_RE = re.compile(r"[^\s\"'<>`]*@[^\s\"'<>`]*")
+_SCP_WORD_RE = re.compile(r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*")
 _SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
 _SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
