@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -131,6 +131,9 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
     try:
         meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                     note=note)
+    except ValidationError as exc:
+        raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
+    try:
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:
         err = exc.errors()[0]
