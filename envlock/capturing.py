@@ -220,6 +220,9 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
     try:
         meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                     note=note)
+    except ValidationError as exc:
+        raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
+    try:
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -64,14 +64,17 @@ _SECRET_WORDS = frozenset((
 # Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
 _SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
                     "PRIVATEKEY", "ACCESSKEY")
-# A word that makes the variable a switch or a property *about* a secret, whose value is a
-# flag, a number or a mode (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, GIT_TERMINAL_PROMPT, ..._TTL).
-_SETTING_WORDS = frozenset((
-    "DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT", "TIMEOUT", "TTL",
-    "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND", "PROVIDER",
-    "HELPER", "PROMPT", "PARALLELISM", "AFFINITY", "URL", "URI", "ENDPOINT", "HOST", "PORT",
-    "SERVER", "REGION",
+# A switch about a secret holds a flag, wherever the word stands (HF_HUB_DISABLE_IMPLICIT_TOKEN=1).
+_SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT",
+                           "REQUIRE", "REQUIRED", "PROMPT"))
+# A property of a secret when it comes after the secret's noun (TOKEN_URL, AUTH_TIMEOUT,
+# KEY_TYPE, CREDENTIAL_HELPER); before it, the noun is the secret (DATABASE_URL_PASSWORD).
+_PROPERTY_WORDS = frozenset((
+    "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
+    "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
 ))
+# Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
 # Variables that hold a location, never a credential: the shell's and the desktop's own, and
 # any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
 _PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
@@ -102,9 +105,10 @@ def looks_secret(name: str) -> bool:
     if is_path_variable(name):
         return False
     words = _name_words(name)
-    if any(w in _SETTING_WORDS for w in words):
+    nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
+    if not nouns or any(w in _SWITCH_WORDS for w in words):
         return False
-    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
+    return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
 
 
 def canonicalize_name(name: str) -> str:
@@ -121,10 +125,18 @@ def canonicalize_name(name: str) -> str:
 # needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
 
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
-# scp-style remotes (user[:password]@host:path) in free text; the userinfo is greedy up to the
-# last "@" before the host, so a password holding "@" goes with it.
-_SCP_RE = re.compile(r"(?<![^\s\"'(=,;])([^\s\"'<>`/]+)@([A-Za-z0-9][A-Za-z0-9.-]*):(?=\S)")
+# Starts only where a run of scheme characters starts: otherwise every position of a long run
+# without "://" would be tried, quadratic in its length.
+_URL_RE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
+# quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
+# start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
+# "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
+# userinfo backtracks quadratically on "=a@=a@...").
+_SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
+_SCP_WORD_RE = re.compile(r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*")
+_SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
+_SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
 _SECRET_QUERY_RE = re.compile(
@@ -201,9 +213,10 @@ def _split_authority(rest: str) -> Tuple[str, str]:
     at = authority.rfind("@")
     if at >= 0:
         return rest[:at], rest[at + 1:]
-    m = re.match(r"([^/@\s]*):([^@\s]*/[^@\s]*)@", rest)
-    if m and not re.match(r"\d*/", m.group(2)):
-        return rest[:m.end() - 1], rest[m.end():]
+    colon = authority.find(":")
+    at = rest.find("@", slash) if slash >= 0 else -1
+    if colon >= 0 and at >= 0 and not authority[colon + 1:].isdigit() and not re.search(r"\s", rest[:at]):
+        return rest[:at], rest[at + 1:]
     return "", rest
 
 
@@ -243,8 +256,22 @@ def strip_url(url: str) -> str:
     return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
 
+def _scp_word(word: str) -> str:
+    keep = _SCP_KEEP_RE.match(word)
+    start = keep.end() if keep else 0
+    slash = word.find("/", start)
+    at = word.rfind("@", start, slash if slash >= 0 else len(word))
+    while at > start:
+        if _SCP_HOST_RE.match(word, at + 1) is not None:
+            return word if word[start:at] in _SERVICE_USERS else word[:start] + word[at + 1:]
+        at = word.rfind("@", start, at)
+    return word
+
+
 def _strip_scp(text: str) -> str:
-    return _SCP_RE.sub(lambda m: m.group(0) if m.group(1) in _SERVICE_USERS else m.group(2) + ":", text)
+    if "@" not in text or _SCP_HINT_RE.search(text) is None:
+        return text
+    return _SCP_WORD_RE.sub(lambda m: _scp_word(m.group(0)), text)
 
 
 def scrub_text(text: str) -> str:

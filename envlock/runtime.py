@@ -702,9 +702,12 @@ def canary_module() -> Any:
 def canary(devices: list[str] | None = None) -> Canary:
     """Run the numeric canary in this process, under its current flags; a ``[canary]`` table."""
     from envlock.model import Canary
+    from envlock.probe import scrub_document, secret_values
 
     torch = _torch(required=True)
-    return Canary.model_validate(canary_module().run(torch, devices))
+    # The settings carry numerics variables verbatim (any may hold a URL): the same
+    # scrub as every other string that enters a lock.
+    return Canary.model_validate(scrub_document(canary_module().run(torch, devices), secret_values()))
 
 
 __all__ = [
