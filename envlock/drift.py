@@ -145,6 +145,7 @@ _GPU_DEVICE: dict[str, Severity] = {
 }
 _DETERMINISM_SOFT: dict[str, Severity] = {
     "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
+    "process_env": "info",  # which variables were set at run time; their values are compared
 }
 _SEEDS: dict[str, Severity] = {
     "seed": "breaking", "python_hash_seed": "breaking", "hash_randomization": "breaking",
