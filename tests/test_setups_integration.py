@@ -61,16 +61,24 @@ def _seed_wheels() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
-    out = tmp_path_factory.mktemp("wheels")
-    # Built from a copy: a build leaves build/ and *.egg-info in its source directory.
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What a build of this checkout needs, copied: a build leaves build/ and *.egg-info behind."""
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src)
     shutil.copytree(REPO / "envlock", src / "envlock", ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path, checkout: Path) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
-                    "-w", str(out), str(src)], check=True, timeout=600, env=shell_env(src))
-    for whl in [*_seed_wheels(), *wheelhouse.glob("six-1.17.0-*.whl"), *wheelhouse.glob("idna-3.10-*.whl")]:
+                    "-w", str(out), str(checkout)], check=True, timeout=600, env=shell_env(checkout))
+    # setuptools from the wheelhouse: building the checkout offline needs setuptools >= 68.
+    extra = [*wheelhouse.glob("six-1.17.0-*.whl"), *wheelhouse.glob("idna-3.10-*.whl"),
+             *wheelhouse.glob("setuptools-*.whl")]
+    for whl in [*_seed_wheels(), *extra]:
         shutil.copy(whl, out)
     assert list(out.glob("envlock_ml-*.whl")), sorted(p.name for p in out.iterdir())
     return out
@@ -93,7 +101,7 @@ def shell_env(cwd: Path, activate: Path | None = None) -> dict[str, str]:
     """The environment a login shell would give a command run in ``cwd``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME")}
-    env["PWD"] = str(cwd)
+    env["PWD"] = str(cwd)  # as a shell sets it; the lock must still hold the real paths
     if activate is not None:
         env["VIRTUAL_ENV"] = str(activate)
         env["PATH"] = f"{activate / 'bin'}:{env.get('PATH', '')}"
@@ -214,4 +222,42 @@ def test_b_envlock_in_its_own_tool_venv(activated: bool, tmp_path: Path, wheels:
     name = f"scenario-b-{'act' if activated else 'dot'}"
     _purge(docker_client, name)
     restore_and_run(tool, lock, cwd, base_image, wheels, name, steps, activate)
+    steps.print(capsys)
+
+
+def _readme_first_command() -> str:
+    text = (REPO / "README.md").read_text()
+    block = text.split("```bash\n", 1)[1]
+    return block.splitlines()[0].split("  #", 1)[0].strip()
+
+
+def test_readme_first_command_on_debian_system_python(wheels: Path, checkout: Path, base_image: str,
+                                                      docker_client: Any,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Debian's python3 refuses `pip install` (PEP 668); the README's first command works there.
+
+    Run as written in a checkout inside the Debian base image; the index is replaced by the
+    offline wheel directory through pip's own variables (containers reach no index).
+    """
+    steps = Steps("README first command on Debian python3")
+    command = _readme_first_command()
+    assert command.startswith("python3 -m venv .venv"), command
+    script = ("cp -r /mnt/src /tmp/envlock && cd /tmp/envlock && "
+              "{ python3 -m pip install . >/tmp/pep668.txt 2>&1; echo \"system pip: $?\"; "
+              "grep -o externally-managed-environment /tmp/pep668.txt | head -n1; } && " + command)
+    with steps("install+capture"):
+        container = docker_client.containers.run(
+            base_image, ["sh", "-c", script], detach=True, network_disabled=True,
+            environment={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheels",
+                         "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+            volumes={str(checkout): {"bind": "/mnt/src", "mode": "ro"},
+                     str(wheels): {"bind": "/wheels", "mode": "ro"}})
+        try:
+            status = container.wait(timeout=600)["StatusCode"]
+            logs = container.logs().decode(errors="replace")
+        finally:
+            container.remove(force=True)
+    assert "system pip: 0" not in logs and "externally-managed-environment" in logs, logs
+    assert status == 0, logs
+    assert "wrote env.lock" in logs and "locked ./.venv (.venv in the working directory)" in logs, logs
     steps.print(capsys)
