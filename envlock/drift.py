@@ -179,6 +179,7 @@ _GPU_DEVICE: dict[str, Severity] = {
 }
 _DETERMINISM_SOFT: dict[str, Severity] = {
     "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
+    "process_env": "info",  # which variables were set at run time; their values are compared
 }
 # Determinism fields read without torch (the others are unknown when torch was not probed).
 _NOT_FROM_TORCH = {"late"}

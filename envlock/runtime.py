@@ -632,7 +632,7 @@ def _apply_flags(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
     if torch is None:
         missing.append(NotApplied("determinism", "torch flags", None, "torch is not installed"))
         return
-    recorded = det.model_dump(exclude={"env", "late", "torch_loaded"})
+    recorded = det.model_dump(exclude={"env", "late", "torch_loaded", "process_env"})
     target = {k: v for k, v in recorded.items() if v is not None}
     before = _read_state(torch, target)
     # A knob this torch lacks cannot be set; compare reports it as a warning already. (Not

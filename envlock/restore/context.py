@@ -248,9 +248,23 @@ def _torch_label(lock: Lock) -> str | None:
 
 
 def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
+    out = numerics_env(lock, process=False)
+    if lock.torch and lock.torch.cuda:
+        for key, value in CUDA_ENV.items():
+            out.setdefault(key, value)
+    return tuple(out.items())
+
+
+def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
+    """The lock's numerics variables, validated: those set before the capturing process started
+    (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
+    state, which ``envlock run`` passes to the command and the image does not carry)."""
     allowed = set(NUMERICS_ENV)
+    set_by_process = set(lock.determinism.process_env)
     out: dict[str, str] = {}
     for key, value in sorted(lock.determinism.env.items()):
+        if (key in set_by_process) != process:
+            continue
         values.env_name(key)
         if key not in allowed:
             raise UnsafeValue(
@@ -258,10 +272,7 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
                 "numerics (envlock.probe.NUMERICS_ENV)",
                 hint="the lock was edited or crafted; restore only sets known numerics variables")
         out[key] = values.env_value(value, name=key)
-    if lock.torch and lock.torch.cuda:
-        for key, value in CUDA_ENV.items():
-            out.setdefault(key, value)
-    return tuple(out.items())
+    return out
 
 
 # `python -m venv /usr/local` in a python image would replace the image's own interpreter and

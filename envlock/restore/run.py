@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envlock.errors import EnvlockError, UsageError
 from envlock.model import Lock
-from envlock.restore.context import WORKDIR
+from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
 
@@ -118,7 +118,11 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
                  *, python: str) -> int:
     """Run the command (or JupyterLab) and return its exit code."""
     command = list(opts.command)
-    env = {"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"}
+    # The process state the lock recorded as variables (CUBLAS_WORKSPACE_CONFIG set by
+    # deterministic(), ENVLOCK_SEED by seed_everything(), which seed_everything() with no
+    # argument reads back); the image itself carries only what was set before start.
+    env = numerics_env(lock, process=True)
+    env.update({"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"})
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
     if opts.jupyter:
