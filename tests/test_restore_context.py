@@ -301,7 +301,7 @@ def test_crafted_digest_is_refused(restore_lock: Any, image: dict[str, str]) -> 
 def test_crafted_base_is_refused(restore_lock: Any, base: str) -> None:
     # --base is the user's own input: a usage error about the option (exit 2, like a crafted
     # lock value), which never says the lock was edited or crafted.
-    with pytest.raises(UsageError, match="^--base ") as err:
+    with pytest.raises(UsageError, match=r"^--base ") as err:
         render(restore_lock(), base=base, allow_unpinned_base=True)
     assert not isinstance(err.value, UnsafeValue) and "crafted" not in (err.value.hint or "")
 
