@@ -292,3 +292,13 @@ def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
     assert lock.os_packages is not None and lock.os_packages.manager == "dpkg"
     expected = ospkgs.load("/")
     assert expected is not None and lock.os_packages.packages == expected.specs()
+
+
+def test_markdown_diff_keeps_os_packages_to_one_short_row() -> None:
+    from envlock.render import diff_markdown
+
+    old = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=1.0" for i in range(500)]})
+    new = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=2.0" for i in range(500)]})
+    rows = [line for line in diff_markdown(compare(old, new), old, new, "a", "b").splitlines() if "os_packages" in line]
+    assert len(rows) == 1 and len(rows[0]) < 400
+    assert "lib0 1.0, lib1 1.0" in rows[0] and "and 492 more" in rows[0]
