@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -123,10 +123,20 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
     from envlock.lockfile import seal
     from envlock.model import Lock, Meta
+    from envlock.probe import scrub_string, secret_values
 
-    meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                note=note)
+    if note:
+        # The note comes from the user, not the probe: the same scrub, with this process's
+        # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
+        note = scrub_string(note, secret_values())
+    # Timings differ on every run: in a committed lock they would be churn in every diff of
+    # an unchanged environment, so they stay out (the model still reads older locks with them).
+    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
+    if isinstance(doc.get("canary"), dict):
+        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
     try:
+        meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
+                    note=note)
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -150,6 +160,8 @@ def capture(
     With no ``python``, this process is probed in-process (its live seeds and flags are what
     get recorded); with ``python``, that interpreter runs the probe.
     """
+    if image is not None:
+        check_image_option(image)
     if in_process is None:
         in_process = python is None
     args = dict(torch=torch, canary=canary, image=image, cwd=cwd)
@@ -162,8 +174,21 @@ def capture(
     return build_lock(doc, note=note)
 
 
+def check_image_option(image: str) -> None:
+    """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
+    something the probe found wrong with the environment."""
+    from envlock.restore.values import image_ref
+
+    try:
+        image_ref(image)
+    except UnsafeValue as exc:
+        why = exc.message.removeprefix("refusing ")
+        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+                         hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
+
+
 def import_heavy_modules() -> None:
-    """Import pydantic, the models and tomlkit: called while a probe subprocess runs.
+    """Import pydantic, the models and the lock writer: called while a probe subprocess runs.
 
     Pydantic looks for plugins through the entry points of every installed distribution when
     the first model class is built (~46 us each); envlock's own models need none, so the scan
@@ -180,8 +205,6 @@ def import_heavy_modules() -> None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
             else:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
-    import tomlkit  # noqa: F401
-
     import envlock.lockfile  # noqa: F401
 
 
@@ -191,8 +214,16 @@ def verify(
     python: str | None = None,
     torch: bool | None = None,
     in_process: bool | None = None,
+    strict: bool = False,
 ) -> Comparison:
-    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first."""
+    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
+
+    ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
+
+    In-process (the default without ``python``), everything is compared, seeds and flags
+    included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
+    recorded process state is reported in ``Comparison.process`` instead.
+    """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
@@ -201,7 +232,10 @@ def verify(
     else:
         check_seal(lock)
         expected = lock
+    if in_process is None:
+        in_process = python is None
     want_torch = expected.torch is not None if torch is None else torch
     current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
                       in_process=in_process)
-    return compare(expected, current)
+    return compare(expected, current, strict=strict,
+                   process_state="compare" if in_process else "report")

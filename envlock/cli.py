@@ -43,6 +43,14 @@ def _err(text: str) -> None:
 # -- capture -----------------------------------------------------------------------------------
 
 
+def _say_link(path: Path) -> None:
+    """A lock that is a symbolic link is updated where it points; say so, it may be shared."""
+    if path.is_symlink():
+        from envlock.lockfile import write_target
+
+        _err(f"note: {path} is a symbolic link; updated its target {write_target(path)}\n")
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     # Nothing heavy is imported before capture(): it starts the probe first and imports
     # pydantic and tomlkit while the probe imports torch.
@@ -54,19 +62,37 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
         lock = capture_in_image(args.in_image, python=args.python, torch=not args.no_torch,
                                 canary=args.canary, note=args.note, engine=args.engine)
+        locked = None
     else:
-        lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
+        from envlock.target import choose
+
+        target = choose(args.python)
+        if target.warning:
+            _err(f"envlock: warning: {target.warning}\n")
+        lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False)
+        locked = f"locked {target.describe()}"
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
-        _out(dumps(lock))
+        if args.json:
+            # The one document on stdout is the lock, as JSON: nothing is written to disk.
+            from envlock.render import show_json
+
+            _out(show_json(lock))
+        else:
+            _out(dumps(lock))
+        if locked:
+            _err(f"envlock: {locked}\n")
         return EXIT_OK
     path = save(lock, args.output, force=args.force, reseal=False)
+    _say_link(path)
     if args.json:
         from envlock.render import show_json
 
         _out(show_json(lock))
+        if locked:
+            _err(f"envlock: {locked}\n")
         return EXIT_OK
     t = lock.torch
     torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
@@ -75,7 +101,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
     _out(
         f"wrote {path}  id {lock.short_id}\n"
-        f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
+        + (f"  {locked}\n" if locked else "")
+        + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
         f"{len(lock.packages)} packages\n"
     )
     for section, reason in sorted(lock.probe.errors.items()):
@@ -102,13 +129,17 @@ def _peek(path: str) -> dict[str, Any] | None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, probe_args
+    from envlock.target import choose, recorded_prefix_hint
 
+    target = choose(args.python)
+    if target.warning:
+        _err(f"envlock: warning: {target.warning}\n")
     raw = _peek(args.lock)
     proc = None
     if raw is not None:
         # Start the probe now, validate the lock while it imports torch.
         want_torch = "torch" in raw and not args.no_torch
-        proc = ProbeProcess(args.python or sys.executable,
+        proc = ProbeProcess(target.python,
                             probe_args(torch=want_torch, canary="canary" in raw and want_torch))
     import_heavy_modules()
     from envlock.drift import compare
@@ -124,15 +155,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     want_torch = expected.torch is not None and not args.no_torch
     want_canary = expected.canary is not None and want_torch
     if proc is None:
-        proc = ProbeProcess(args.python or sys.executable, probe_args(torch=want_torch, canary=want_canary))
+        proc = ProbeProcess(target.python, probe_args(torch=want_torch, canary=want_canary))
     current = build_lock(proc.result())
-    cmp = compare(expected, current)
-    failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
+    # This is a fresh process: the seeds and flags the capturing process set are reported.
+    cmp = compare(expected, current, strict=args.strict, process_state="report")
+    captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
-        _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id))
+        _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
+                             environment={"prefix": target.prefix, "reason": target.reason},
+                             captured_from=captured_from))
     else:
-        _out(verify_text(cmp, expected, str(args.lock), show_info=args.all))
-    return EXIT_DRIFT if failed else EXIT_OK
+        _out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
+                         environment=target.describe(), captured_from=captured_from))
+    return EXIT_OK if cmp.ok else EXIT_DRIFT
 
 
 # -- diff / show / fmt / schema ----------------------------------------------------------------
@@ -144,7 +179,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
-    cmp = compare(a, b)
+    cmp = compare(a, b, names=(str(args.a), str(args.b)))
     if args.format == "json":
         _out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
     elif args.format == "markdown":
@@ -183,6 +218,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     if args.check:
         _out(f"{path} would be re-sealed or reformatted\n")
         return EXIT_DRIFT
+    _say_link(path)
     atomic_write(path, after)
     _out(f"re-sealed {path}  id {lock.short_id}\n")
     return EXIT_OK
@@ -211,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("capture", help="record this environment into env.lock")
     p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
-    p.add_argument("--python", help="probe this interpreter (path, command or venv directory)")
+    p.add_argument("--python", help="probe this interpreter (path, command or venv directory); "
+                   "default: $VIRTUAL_ENV, $CONDA_PREFIX, a .venv here or above, envlock's own")
     p.add_argument("--image", help="image reference REF[@sha256:...] this environment runs in")
     p.add_argument("--in-image", metavar="REF",
                    help="capture an image that is not running, in a throwaway container")
@@ -220,14 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
     p.add_argument("--note", help="free text stored in [envlock].note")
-    p.add_argument("--json", action="store_true", help="print the lock as JSON after writing it")
+    p.add_argument("--json", action="store_true",
+                   help="print the lock as JSON after writing it (with -o -: JSON instead of TOML)")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("verify", help="does this environment match the lock?")
     p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--python", help="verify this interpreter instead of the current one")
+    p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--strict", action="store_true", help="warnings count as drift too")
     p.add_argument("--all", action="store_true", help="also list info-level differences")

@@ -48,21 +48,63 @@ NUMERICS_ENV = (
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
     "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
 )
-# Names are ignored for the secret check when they are known to hold no secret even though
-# they contain a suspicious word (e.g. KMP_..._AFFINITY has none; HF_HUB_DISABLE_IMPLICIT_TOKEN).
-_SECRET_RE = re.compile(
-    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
-    re.IGNORECASE,
-)
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-_SECRET_QUERY_RE = re.compile(
-    r"(token|secret|password|passwd|key|sig|signature|auth|credential|session)", re.IGNORECASE
-)
+# ---------------------------------------------------------------------------------------------
+# Secrets: which variables hold one, and what of a value may be kept.
+# ---------------------------------------------------------------------------------------------
+
+# A name is split into words (on "_", ".", "-" and camelCase), and it is a secret when one of
+# its words says so. Whole words, not substrings: TOKENIZERS_PARALLELISM, DESKTOP_SESSION,
+# KMP_AFFINITY and XAUTHORITY hold settings, not credentials.
+_SECRET_WORDS = frozenset((
+    "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
+    "PASSPHRASE", "PWD", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "APIKEY", "KEY", "KEYS",
+    "PRIVATE", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT", "BEARER", "WEBHOOK", "DSN",
+    "SAS", "OTP", "SIGNATURE", "CONNSTR",
+))
+# Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
+                    "PRIVATEKEY", "ACCESSKEY")
+# A word that makes the variable a switch or a property *about* a secret, whose value is a
+# flag, a number or a mode (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, GIT_TERMINAL_PROMPT, ..._TTL).
+_SETTING_WORDS = frozenset((
+    "DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT", "TIMEOUT", "TTL",
+    "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND", "PROVIDER",
+    "HELPER", "PROMPT", "PARALLELISM", "AFFINITY", "URL", "URI", "ENDPOINT", "HOST", "PORT",
+    "SERVER", "REGION",
+))
+# Variables that hold a location, never a credential: the shell's and the desktop's own, and
+# any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
+_PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
+                         "KUBECONFIG", "KRB5CCNAME", "PATH"))
+_PATH_WORDS = frozenset(("PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "SOCK", "SOCKET",
+                         "HOME", "ROOT", "PREFIX", "CACHE", "LOCATION", "FOLDER"))
+_NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# The shortest value the last-line scrub replaces wherever it appears. Credentials issued by
+# services are far longer (hf_ 37, ghp_ 40, AWS 40, W&B 40 characters) and password policies
+# start at 8 (NIST SP 800-63B); a shorter value ("1", "true", "gpu0", a user name) is far more
+# likely to be part of a version, a path or a flag than a credential, and replacing it there
+# would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
+MIN_SECRET_LEN = 8
+
+
+def _name_words(name: str) -> List[str]:
+    return [w.upper() for w in _NAME_SPLIT_RE.split(name) if w]
+
+
+def is_path_variable(name: str) -> bool:
+    """True for variables that hold a filesystem location (PWD, HOME, *_PATH, *_DIR, ...)."""
+    words = _name_words(name)
+    return name.upper() in _PATH_NAMES or bool(words and words[-1] in _PATH_WORDS)
 
 
 def looks_secret(name: str) -> bool:
     """True for environment variable names whose values must never reach a lock."""
-    return bool(_SECRET_RE.search(name))
+    if is_path_variable(name):
+        return False
+    words = _name_words(name)
+    if any(w in _SETTING_WORDS for w in words):
+        return False
+    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
 
 
 def canonicalize_name(name: str) -> str:
@@ -72,36 +114,146 @@ def canonicalize_name(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
+# A URL keeps its scheme, host, path and harmless query parameters; it loses its userinfo
+# (except the service user of an ssh remote, "git@"), secret-looking query values, every
+# fragment other than pip's own (#egg=, #subdirectory=, #sha256=...), and the token segment of
+# index hosts known to carry one in the path. The functions only ever remove: a string that
+# needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
+
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# scp-style remotes (user[:password]@host:path) in free text; the userinfo is greedy up to the
+# last "@" before the host, so a password holding "@" goes with it.
+_SCP_RE = re.compile(r"(?<![^\s\"'(=,;])([^\s\"'<>`/]+)@([A-Za-z0-9][A-Za-z0-9.-]*):(?=\S)")
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
+_SECRET_QUERY_RE = re.compile(
+    r"(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)",
+    re.IGNORECASE,
+)
+# Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
+_SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
+# Users that name a service account, not a person or a token (git@github.com:org/repo.git).
+_SERVICE_USERS = ("git", "hg")
+# Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
+# the token. Gemfury, anaconda.org and conda's own rule for
+# any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
+# (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
+# webhooks, Telegram bots.
+_PATH_TOKENS = (
+    # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
+    # with capitals (tokens are mixed case, account names are lowercase), is the token.
+    (re.compile(r"(^|\.)fury\.io$", re.I),
+     re.compile(r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))")),
+    (re.compile(r"."), re.compile(r"(?:^|/)t/([^/]+)")),
+    (re.compile(r"(^|\.)packagecloud\.io$", re.I), re.compile(r"^/priv/([^/]+)")),
+    (re.compile(r"^dl\.cloudsmith\.io$", re.I), re.compile(r"^/(?!public/|basic/)([^/]+)/")),
+    (re.compile(r"^hooks\.slack\.com$", re.I), re.compile(r"^/services/(.+)")),
+    (re.compile(r"(^|\.)discord(app)?\.com$", re.I), re.compile(r"^/api/webhooks/(.+)")),
+    (re.compile(r"^api\.telegram\.org$", re.I), re.compile(r"^/(?:file/)?bot([^/]+)")),
+)
+# Credentials recognisable by their own shape, wherever they appear in text.
+_TOKEN_SHAPES_RE = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|hf_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{32,}|pypi-[A-Za-z0-9_-]{40,}|npm_[A-Za-z0-9]{36})"
+)
+
+
+def _strip_query(query: str) -> str:
+    out = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if not eq:
+            # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
+            out.append(REDACTED if key and key != REDACTED else key)
+        elif value and value != REDACTED and _SECRET_QUERY_RE.search(_unquote(key)):
+            out.append(key + "=" + REDACTED)
+        else:
+            out.append(item)
+    return "&".join(out)
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def _strip_fragment(fragment: str) -> str:
+    keep = []
+    for item in fragment.split("&"):
+        key, eq, value = item.partition("=")
+        if eq and key.lower() in _SAFE_FRAGMENT_KEYS and re.match(r"^[A-Za-z0-9._+/\[\],-]*\Z", value):
+            keep.append(item)
+    return "&".join(keep)
+
+
+def _split_authority(rest: str) -> Tuple[str, str]:
+    """(userinfo, remainder) of what follows ``scheme://``; userinfo is "" when there is none.
+
+    The authority ends at the first "/", so a password with an unencoded "#", "?" or "@"
+    (alice:p#SECRET@host) is still userinfo; a password with an unencoded "/" is recognised by
+    a ":" before it that is not a port (alice:p/SECRET@host).
+    """
+    slash = rest.find("/")
+    authority = rest if slash < 0 else rest[:slash]
+    at = authority.rfind("@")
+    if at >= 0:
+        return rest[:at], rest[at + 1:]
+    m = re.match(r"([^/@\s]*):([^@\s]*/[^@\s]*)@", rest)
+    if m and not re.match(r"\d*/", m.group(2)):
+        return rest[:m.end() - 1], rest[m.end():]
+    return "", rest
+
+
+def _path_tokens(host: str, path: str) -> str:
+    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    for host_re, path_re in _PATH_TOKENS:
+        if not host_re.search(host):
+            continue
+        m = path_re.search(path)
+        if m and m.group(1) != REDACTED:
+            path = path[:m.start(1)] + REDACTED + path[m.end(1):]
+    return path
 
 
 def strip_url(url: str) -> str:
-    """Drop ``user:password@`` and secret-looking query parameters from a URL."""
-    try:
-        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    """``url`` without credentials (see the rules above); unchanged when it has none."""
+    m = _SCHEME_RE.match(url)
+    if not m:
+        return _strip_scp(url)
+    scheme = m.group(1).lower()
+    userinfo, rest = _split_authority(url[m.end():])
+    keep_user = ""
+    if userinfo and "ssh" in scheme and userinfo in _SERVICE_USERS:
+        keep_user = userinfo + "@"
+    rest, hash_, fragment = rest.partition("#")
+    rest, qmark, query = rest.partition("?")
+    slash = rest.find("/")
+    host, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    path = _path_tokens(host, path)
+    out = url[:m.end()] + keep_user + host + path
+    if qmark:
+        out += "?" + _strip_query(query)
+    if hash_:
+        fragment = _strip_fragment(fragment)
+        if fragment:
+            out += "#" + fragment
+    return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
-        parts = urlsplit(url)
-        if not parts.scheme:
-            return url
-        netloc = parts.netloc
-        if "@" in netloc:
-            netloc = netloc.rsplit("@", 1)[1]
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            cleaned = [(k, REDACTED if _SECRET_QUERY_RE.search(k) else v) for k, v in pairs]
-            query = urlencode(cleaned, safe="<>")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except Exception:
-        # A URL we cannot parse is not worth the risk of keeping.
-        return REDACTED
+
+def _strip_scp(text: str) -> str:
+    return _SCP_RE.sub(lambda m: m.group(0) if m.group(1) in _SERVICE_USERS else m.group(2) + ":", text)
 
 
 def scrub_text(text: str) -> str:
-    """Strip credentials from every URL embedded in free text (an env value, a remote)."""
-    if "://" not in text:
-        return text
-    return _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    """``text`` with every embedded URL and scp remote stripped and token-shaped words removed."""
+    if "://" in text:
+        text = _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    if "@" in text:
+        text = _strip_scp(text)
+    return _TOKEN_SHAPES_RE.sub(REDACTED, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +385,14 @@ def _read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
         return None
 
 
+def _read_bytes(path: str, limit: int = 4 << 20) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
 def collect_platform() -> Dict[str, Any]:
     import platform
 
@@ -345,6 +505,11 @@ def record_sha256(path: str) -> Optional[str]:
             data = fh.read()
     except OSError:
         return None
+    return record_digest(data)
+
+
+def record_digest(data: bytes) -> str:
+    """``record_sha256`` of a RECORD's bytes (also used on a wheel's own RECORD, unpacked)."""
     keep = []
     for raw in data.splitlines():
         if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):
@@ -413,6 +578,9 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
     active: Dict[str, str] = {}
+    # name -> (position in packages, metadata path), to recognise an editable project's own
+    # build metadata when it shows up a second time on the path.
+    seen: Dict[str, Tuple[int, str]] = {}
     for index, entry in enumerate(_path_entries(skip_dir)):
         try:
             names = sorted(os.listdir(entry))
@@ -439,13 +607,10 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
             if not name or not version:
                 continue
             cname = canonicalize_name(name)
-            if cname in active:
-                duplicates.append({"name": cname, "version": version,
-                                   "active_version": active[cname], "path_index": index})
-                continue
-            active[cname] = version
-            if locations is not None:
-                locations[cname] = full
+            if cname in active and kind == "egg-info":
+                pos, _ = seen[cname]
+                if _inside_editable(packages[pos], full):
+                    continue  # the editable project's own src/NAME.egg-info, not a second copy
             pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
             if "INSTALLER" in files:
                 installer = (_read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
@@ -464,9 +629,43 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
                 pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
-            packages.append({k: v for k, v in pkg.items() if v is not None})
+            pkg = {k: v for k, v in pkg.items() if v is not None}
+            if cname in active:
+                pos, first = seen[cname]
+                if first.endswith(".egg-info") and _inside_editable(pkg, first):
+                    # The project's egg-info came first (src/ on PYTHONPATH): the editable
+                    # install is the real entry, the egg-info its build metadata.
+                    packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                    if locations is not None:
+                        locations[cname] = full
+                else:
+                    duplicates.append({"name": cname, "version": version,
+                                       "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            if locations is not None:
+                locations[cname] = full
+            seen[cname] = (len(packages), full)
+            packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
+    """True when ``metadata_path`` lies in the project directory of editable ``pkg``.
+
+    setuptools leaves ``src/NAME.egg-info`` in a project whenever it builds it (a wheel, an
+    sdist, an older editable install); with the project's src/ on sys.path that directory looks
+    like a second, shadowed installation of the same distribution.
+    """
+    url = pkg.get("url") or ""
+    if pkg.get("source") != "editable" or not url.startswith("file:"):
+        return False
+    from urllib.parse import unquote, urlsplit
+
+    project = os.path.realpath(unquote(urlsplit(url).path))
+    where = os.path.realpath(metadata_path)
+    return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
 
 
 def collect_conda() -> Optional[Dict[str, Any]]:
@@ -532,9 +731,96 @@ def collect_torch(torch: Any) -> Dict[str, Any]:
     info["device_count"] = quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
     info["arch_list"] = quiet(lambda: list(torch.cuda.get_arch_list())) or []
     config = quiet(lambda: torch.__config__.show())
-    if config:
-        info["config_sha256"] = hashlib.sha256(config.encode("utf-8")).hexdigest()
+    parallel = quiet(lambda: torch.__config__.parallel_info())
+    build = parse_torch_config(config if isinstance(config, str) else "",
+                               parallel if isinstance(parallel, str) else "")
+    capability = quiet(lambda: str(torch.backends.cpu.get_cpu_capability())) or build.pop("cpu_capability", None)
+    build.pop("cpu_capability", None)
+    info["cpu_capability"] = capability
+    if build:
+        info["build"] = build
+    if isinstance(config, str) and config:
+        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
+
+
+# torch.__config__.show() mixes how torch was built with what it found on this host: the "CPU
+# capability usage" line is the ISA the dispatcher picked here (AVX2 on one machine, AVX512 on
+# the next). Host facts stay out of the build's identity, or one stack gets two fingerprints.
+_HOST_LINE_RE = re.compile(r"^\s*-?\s*CPU capability usage\s*:", re.IGNORECASE)
+_CONFIG_LINES = (
+    # (field, pattern on one "  - ..." line); the first group is the value.
+    ("compiler", re.compile(r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$")),
+    ("cxx_standard", re.compile(r"^C\+\+ Version:\s*(\S+)$")),
+    ("mkl_version", re.compile(r"Math Kernel Library Version\s+([0-9][0-9.]*)")),
+    ("onednn_version", re.compile(r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)")),
+    ("openmp_version", re.compile(r"^OpenMP\s+(\d+)")),
+    ("cpu_capability", re.compile(r"^CPU capability usage:\s*(.+)$")),
+    ("cuda_runtime", re.compile(r"^(?:Built with )?CUDA Runtime\s+(\S+)$")),
+    ("cudnn_version", re.compile(r"^CuDNN\s+(\S+)")),
+    ("magma_version", re.compile(r"^Magma\s+(\S+)$")),
+    ("hip_runtime", re.compile(r"^HIP Runtime\s+(\S+)$")),
+    ("miopen_version", re.compile(r"^MIOpen\s+(\S+)$")),
+)
+# "Build settings: K=V, K=V, ..." where a value (CXX_FLAGS) may itself hold commas.
+_SETTING_SPLIT_RE = re.compile(r",\s*(?=[A-Z][A-Z0-9_]*=)")
+_SETTING_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_SETTING_FIELDS = {"BLAS_INFO": "blas", "LAPACK_INFO": "lapack", "BUILD_TYPE": "build_type"}
+# Already recorded as torch.version / torch.git_version.
+_SETTING_SKIP = ("TORCH_VERSION", "COMMIT_SHA")
+_MAX_VALUE = 4096
+
+
+def config_identity(config: str) -> str:
+    """torch.__config__.show() without the lines that describe the host rather than the build."""
+    return "".join(line for line in config.splitlines(True) if not _HOST_LINE_RE.match(line))
+
+
+def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
+    """Readable build facts from ``torch.__config__.show()`` and ``.parallel_info()``.
+
+    Both are free text whose wording changes between torch versions, so every line is matched
+    on its own and anything unrecognised is ignored rather than guessed at.
+    """
+    build: Dict[str, Any] = {}
+    options: Dict[str, str] = {}
+    for raw in config.splitlines():
+        line = raw.strip()
+        if line.startswith("- "):
+            line = line[2:].strip()
+        if line.startswith("NVCC architecture flags:"):
+            flags = [f.strip() for f in line.split(":", 1)[1].split(";")]
+            arch = [f for f in flags if f and f != "-gencode" and len(f) <= 128]
+            if arch:
+                build["cuda_arch_flags"] = arch
+            continue
+        if line.startswith("Build settings:"):
+            for item in _SETTING_SPLIT_RE.split(line.split(":", 1)[1].strip().rstrip(",")):
+                key, sep, value = item.partition("=")
+                key, value = key.strip(), value.strip().rstrip(",").strip()
+                if not sep or not _SETTING_KEY_RE.match(key) or key in _SETTING_SKIP:
+                    continue
+                value = value[:_MAX_VALUE]
+                if key in _SETTING_FIELDS:
+                    if value:
+                        build[_SETTING_FIELDS[key]] = value
+                else:
+                    options[key] = value
+            continue
+        for field, pattern in _CONFIG_LINES:
+            match = pattern.search(line)
+            if match and field not in build:
+                value = match.group(1).strip()[:_MAX_VALUE]
+                if value:
+                    build[field] = value
+                break
+    for raw in parallel.splitlines():
+        key, sep, value = raw.strip().partition(":")
+        if sep and key.strip() == "ATen parallel backend" and value.strip():
+            build["parallel_backend"] = value.strip()[:_MAX_VALUE]
+    if options:
+        build["options"] = dict(sorted(options.items()))
+    return build
 
 
 def collect_determinism(torch: Any) -> Dict[str, Any]:
@@ -581,7 +867,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             value = quiet(read)
             if isinstance(value, (bool, int, str)):
                 det[key] = value
-    det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
+    det["env"] = {k: env_value(k, os.environ[k]) for k in NUMERICS_ENV if k in os.environ}
     # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
     # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
     # envlock to read it, tagged with the pid because children inherit the environment but not
@@ -589,10 +875,39 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
     # leading underscore keeps it out of the [env] allow-list.
     pid, _, names = os.environ.get("_ENVLOCK_LATE", "").partition(":")
     if pid == str(os.getpid()):
-        late = sorted(set(n for n in names.split(",") if re.match(r"^[A-Za-z0-9_.]{1,128}$", n)))
+        late = sorted(set(n for n in names.split(",") if re.fullmatch(r"^[A-Za-z0-9_.]{1,128}$", n)))
         if late:
             det["late"] = late
+    changed = process_set_env()
+    if changed:
+        det["process_env"] = changed
     return det
+
+
+def _recorded_name(name: str) -> bool:
+    return name in NUMERICS_ENV or name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+
+
+def process_set_env() -> List[str]:
+    """Recorded variables this process set, changed or removed after it started.
+
+    They are process state (``seed_everything`` exports ENVLOCK_SEED, ``deterministic()`` sets
+    CUBLAS_WORKSPACE_CONFIG, training code sets variables itself), not the environment a fresh
+    process inherits, so a shell ``verify`` reports rather than compares them. Linux keeps the
+    environment a process was started with in /proc/self/environ (setenv never writes there);
+    elsewhere nothing is known and every variable counts as environment.
+    """
+    raw = _read_bytes("/proc/self/environ")
+    if raw is None:
+        return []
+    initial: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            initial[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    names = set(initial) | set(os.environ)
+    return sorted(n for n in names if _recorded_name(n) and initial.get(n) != os.environ.get(n)
+                  and re.fullmatch(r"[A-Za-z0-9_.]{1,128}", n))
 
 
 def collect_seeds(torch: Any) -> Dict[str, Any]:
@@ -613,36 +928,63 @@ def collect_seeds(torch: Any) -> Dict[str, Any]:
     return seeds
 
 
+def env_value(name: str, value: str) -> str:
+    """What a lock may keep of one variable: nothing of a secret, a URL without credentials."""
+    return REDACTED if looks_secret(name) else scrub_text(value)
+
+
 def collect_env() -> Dict[str, str]:
     out = {}
     for name, value in os.environ.items():
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
             continue
-        out[name] = REDACTED if looks_secret(name) else scrub_text(value)
+        out[name] = env_value(name, value)
     return dict(sorted(out.items()))
 
 
-def secret_values() -> List[str]:
-    """Values of every secret-looking variable in the environment, to scrub from the document."""
-    values = []
-    for name, value in os.environ.items():
-        if looks_secret(name) and len(value) >= 6:
-            values.append(value)
-    return sorted(set(values), key=len, reverse=True)
+def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """Values of the variables that hold a secret, to scrub from the whole document.
+
+    Only values that can be a credential: at least MIN_SECRET_LEN long, and not the location
+    of something on this machine (a secret-named variable may hold a path to a key file; its
+    directory must not vanish from every path in the lock).
+    """
+    values = set()
+    for name, value in (os.environ if environ is None else environ).items():
+        if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
+            continue
+        if os.path.isabs(value) and os.path.exists(value):
+            continue
+        values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def scrub_string(text: str, secrets: List[str]) -> str:
+    """One string as it may enter a lock: URLs stripped, secret values replaced.
+
+    Repeated until nothing changes, so that what it returns passes the model's own check
+    (``scrub_text(x) == x``) even when a replacement makes a new pattern appear."""
+    for _ in range(4):
+        before = text
+        text = scrub_text(text)
+        for secret in secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        if text == before:
+            break
+    return text
 
 
 def scrub_document(doc: Any, secrets: List[str]) -> Any:
-    """Last line of defence: no secret value survives anywhere in the document."""
-    if not secrets:
-        return doc
+    """Last line of defence: no credential-bearing URL and no secret value survives anywhere
+    in the document, keys included."""
     if isinstance(doc, dict):
-        return {k: scrub_document(v, secrets) for k, v in doc.items()}
+        return {scrub_string(k, secrets) if isinstance(k, str) else k: scrub_document(v, secrets)
+                for k, v in doc.items()}
     if isinstance(doc, list):
         return [scrub_document(v, secrets) for v in doc]
     if isinstance(doc, str):
-        for secret in secrets:
-            if secret in doc:
-                doc = doc.replace(secret, REDACTED)
+        return scrub_string(doc, secrets)
     return doc
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from envlock.errors import UsageError
+from envlock.errors import TorchMissing, UsageError
 from envlock.probe import quiet as _quiet
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ReproducibilityWarning(UserWarning):
 
 
 def _torch(required: bool = False) -> Any:
-    """torch if it is installed (already imported wins); None, or UsageError when required."""
+    """torch if it is installed (already imported wins); None, or TorchMissing when required."""
     mod = sys.modules.get("torch")
     if mod is not None:
         return mod
@@ -63,7 +63,7 @@ def _torch(required: bool = False) -> Any:
 
     if importlib.util.find_spec("torch") is None:
         if required:
-            raise UsageError("this needs torch, which is not installed in this environment")
+            raise TorchMissing("this needs torch, which is not installed in this environment")
         return None
     import torch
 

@@ -340,7 +340,8 @@ def test_dockerfile_only_writes_a_complete_context(restore_lock: Any, tmp_path: 
     save(lock, tmp_path / "env.lock")
     assert main(["restore", str(tmp_path / "env.lock"), "--dockerfile-only", str(tmp_path / "ctx")]) == 0
     assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*")
-                  if p.is_file()) == [".dockerignore", "Dockerfile", "requirements/packages.txt",
+                  if p.is_file()) == [".dockerignore", ".envlock-context", "Dockerfile",
+                                      "requirements/packages.txt",
                                       "requirements/tooling.txt"]
 
 

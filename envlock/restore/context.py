@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +72,8 @@ class Options:
     python: str | None = None
     # Hashes known from elsewhere (a bundle's manifest), used where the lock has none.
     extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
+    allow_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,20 +197,31 @@ def _hashes(pkg: Package, options: Options) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _weak_hash_note(pkg: Package, offline: bool) -> str | None:
+    """Say what happens to an archive hash pip cannot check (md5 from old indexes)."""
+    if not pkg.archive_hash or pkg.archive_hash.startswith(("sha256", "sha384", "sha512")):
+        return None
+    algo = re.split(r"[=:]", pkg.archive_hash, maxsplit=1)[0]
+    checked = ("checked by envlock against the wheelhouse file" if offline
+               else "not checked at install; the build is checked inside the image (record_sha256)")
+    return f"{pkg.name}: the lock's archive hash is {algo}, which pip cannot check: {checked}"
+
+
 def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Requirement | None, str | None]:
     """(requirement, note) for one package; raises when it cannot be expressed safely."""
     name = values.dist_name(pkg.name)
     ver = values.version(pkg.version, name=name)
     pin = f"{name}=={ver}"
     if pkg.source in ("index", "unknown"):
-        return Requirement(name, ver, pin, _hashes(pkg, options)), None
+        return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
     if pkg.source == "url":
         if offline:
-            return Requirement(name, ver, pin, _hashes(pkg, options)), None
+            return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
         if not pkg.url:
             raise NotRestorable(f"{name} {ver} was installed from a URL the lock does not record")
-        link = values.url(pkg.url, what=f"URL of {name}")
-        return Requirement(name, ver, f"{name} @ {link}", _hashes(pkg, options)), None
+        link = values.url(pkg.url, what=f"URL of {name}", allow_http=options.allow_http)
+        return (Requirement(name, ver, f"{name} @ {link}", _hashes(pkg, options)),
+                _weak_hash_note(pkg, offline))
     if pkg.source == "vcs":
         vcs = pkg.vcs or ""
         if vcs not in values.VCS_SCHEMES:
@@ -221,7 +233,8 @@ def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Require
         if offline:
             return (Requirement(name, ver, pin, ()),
                     f"{name}: vcs source replaced by a wheel of {ver} from the wheelhouse")
-        link = values.url(pkg.url, schemes=values.VCS_SCHEMES[vcs], what=f"{vcs} URL of {name}")
+        link = values.url(pkg.url, schemes=values.VCS_SCHEMES[vcs], what=f"{vcs} URL of {name}",
+                          allow_http=options.allow_http)
         # pip cannot hash a checkout; the full commit id is the pin.
         return Requirement(name, ver, f"{name} @ {vcs}+{link}@{commit}", ()), None
     return None, None  # editable / local: the caller decides
@@ -251,6 +264,20 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
+# `python -m venv /usr/local` in a python image would replace the image's own interpreter and
+# pip; a venv at a home or shared root would be mixed with everything else there.
+NOT_A_VENV = frozenset({"/usr", "/usr/local", "/usr/share", "/usr/include", "/root", "/home", "/opt",
+                        "/var", "/tmp", "/srv", "/mnt", "/media"})
+
+
+def _venv_path(raw: str, *, what: str) -> str:
+    venv = values.abs_path(raw, what=what)
+    if venv in NOT_A_VENV:
+        raise UnsafeValue(f"refusing {what} {venv!r}: a system or shared directory, not a place for "
+                          "a virtual environment", hint="pass --venv /opt/venv")
+    return venv
+
+
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
          wheels_for: Mapping[str, tuple[Path, ...]] | None = None) -> Plan:
     """Decide and validate everything the build needs. ``base`` overrides ``choose_base``.
@@ -264,7 +291,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     notes: list[str] = []
     offline = options.wheelhouse is not None
     if options.index_url:
-        values.url(options.index_url, what="--index-url")
+        values.url(options.index_url, what="--index-url", allow_http=options.allow_http)
 
     prefix_kind = lock.python.prefix_kind
     if prefix_kind == "conda" and base.origin != "lock":
@@ -276,12 +303,12 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         if not raw:
             raise NotRestorable("the lock was captured in a virtual environment but does not record "
                                 "its path", hint="pass --venv /opt/venv")
-        venv = values.abs_path(raw, what="--venv" if options.venv else "virtual environment path")
+        venv = _venv_path(raw, what="--venv" if options.venv else "virtual environment path")
         if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
             raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
                                 "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
     elif options.venv:
-        venv = values.abs_path(options.venv, what="--venv")
+        venv = _venv_path(options.venv, what="--venv")
     base_python = values.interpreter(options.python) if options.python else "python3"
     python = f"{venv}/bin/python" if venv else base_python
     os_install = ospackages.plan_os(lock, venv, notes)
@@ -493,28 +520,14 @@ def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None,
+                  *, force: bool = False) -> Path:
+    """Write the build context to ``directory``: new, empty, or (with ``force``) one envlock made.
 
+    See ``envlock.restore.outdir``: nothing is written through a link, nothing of the user's is
+    removed.
+    """
+    from envlock.restore import outdir
 
-def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None) -> Path:
-    """Write the build context to ``directory`` (created; stale generated files replaced)."""
-    directory = Path(directory)
     rendered = rendered if rendered is not None else render(plan)
-    directory.mkdir(parents=True, exist_ok=True)
-    for sub in ("requirements", "wheels"):
-        if (directory / sub).is_dir():
-            shutil.rmtree(directory / sub)
-    for rel, text in rendered.items():
-        path = directory / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    for layer, files in plan.wheels.items():
-        target = directory / "wheels" / layer
-        target.mkdir(parents=True, exist_ok=True)
-        for wheel in files:
-            _link_or_copy(wheel, target / wheel.name)
-    return directory
+    return outdir.write(Path(directory), rendered, plan.wheels, force=force)

@@ -52,7 +52,7 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep:
             key, value = item, os.environ.get(item, "")
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not re.fullmatch(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise UsageError(f"--env {item!r}: not NAME=VALUE")
         if "\0" in value:
             raise UsageError(f"--env {key}: value contains a NUL byte")
@@ -63,7 +63,7 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 def parse_ports(items: Sequence[str]) -> dict[str, tuple[str, int]]:
     out: dict[str, tuple[str, int]] = {}
     for item in items:
-        m = _PORT_RE.match(item)
+        m = _PORT_RE.fullmatch(item)
         if not m or not (0 < int(m.group(2)) < 65536 and 0 < int(m.group(3)) < 65536):
             raise UsageError(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]")
         out[f"{int(m.group(3))}/{m.group(4) or 'tcp'}"] = (m.group(1) or "0.0.0.0", int(m.group(2)))
@@ -90,7 +90,7 @@ def host_driver() -> str | None:
 
 def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
     """(the GPU request for the engine or None, warnings); refuses what cannot work."""
-    if not _GPUS_RE.match(gpus):
+    if not _GPUS_RE.fullmatch(gpus):
         raise UsageError(f"--gpus {gpus!r}: expected all, none, auto or a list like 0,1")
     cuda = lock.torch.cuda if lock.torch else None
     if gpus == "none" or (gpus == "auto" and (not cuda or driver is None)):
