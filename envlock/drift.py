@@ -401,11 +401,21 @@ def _os_packages(c: _Collector, old: Lock, new: Lock) -> None:
     for kind in ("changed", "added", "removed"):
         names = soft[kind]
         if names:
+            names = sorted(names)
             shown = ", ".join(names[:OS_NAMES_SHOWN])
             more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
             parts.append(f"{len(names)} {kind} ({shown}{more})")
-    c.add("os_packages", "os_packages", old_soft, new_soft, "warning",
+    c.add("os_packages", "os_packages", _os_side(old_soft), _os_side(new_soft), "warning",
           f"{total} other OS package(s) differ: " + "; ".join(parts))
+
+
+def _os_side(versions: dict[str, str]) -> str | None:
+    """One side of the summary line, short enough for a table cell: a few ``name version``."""
+    if not versions:
+        return None
+    items = sorted((key.split(":", 1)[0], v) for key, v in versions.items())
+    shown = ", ".join(f"{n} {v}" for n, v in items[:OS_NAMES_SHOWN])
+    return shown + (f" and {len(items) - OS_NAMES_SHOWN} more" if len(items) > OS_NAMES_SHOWN else "")
 
 
 def _conda(c: _Collector, old: Lock, new: Lock) -> None:

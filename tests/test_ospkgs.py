@@ -259,3 +259,46 @@ def test_system_dist_fields_compare_as_warnings() -> None:
     new = make_lock(packages=[{**row, "os_package_version": "1.16.0-4+b1"}])
     (d,) = compare(old, new).by_category("packages")
     assert d.path == "packages.six.os_package_version" and d.severity == "warning"
+
+
+# -- shipped beside the probe ---------------------------------------------------------------
+
+
+def test_ospkgs_file_is_python38_syntax_and_stdlib_only() -> None:
+    import ast
+    import sys
+
+    from envlock.capturing import OSPKGS_PATH
+
+    tree = ast.parse(OSPKGS_PATH.read_text(), feature_version=(3, 8))
+    imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
+    imports |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imports <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.skipif(not Path("/var/lib/dpkg/status").exists(), reason="needs a dpkg-based host")
+def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from envlock.capturing import PROBE_PATH, build_lock
+
+    out = subprocess.run([sys.executable, str(PROBE_PATH), "--no-torch"], capture_output=True,
+                         timeout=120, cwd=tmp_path, check=True)
+    doc = json.loads(out.stdout)
+    assert "os_packages" not in doc["probe"]["errors"]
+    lock = build_lock(doc)
+    assert lock.os_packages is not None and lock.os_packages.manager == "dpkg"
+    expected = ospkgs.load("/")
+    assert expected is not None and lock.os_packages.packages == expected.specs()
+
+
+def test_markdown_diff_keeps_os_packages_to_one_short_row() -> None:
+    from envlock.render import diff_markdown
+
+    old = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=1.0" for i in range(500)]})
+    new = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=2.0" for i in range(500)]})
+    rows = [line for line in diff_markdown(compare(old, new), old, new, "a", "b").splitlines() if "os_packages" in line]
+    assert len(rows) == 1 and len(rows[0]) < 400
+    assert "lib0 1.0, lib1 1.0" in rows[0] and "and 492 more" in rows[0]

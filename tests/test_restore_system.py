@@ -169,3 +169,10 @@ def test_check_script_names_every_unavailable_version(tmp_path: Any) -> None:
     ok = subprocess.run([sys.executable, str(ctx.ospackages.OSPKGS_PATH), "--check", str(spec)],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0 and ok.stdout == ""
+
+
+def test_bundle_leaves_os_owned_dists_to_their_packages(restore_lock: Any) -> None:
+    from envlock.restore.wheelhouse import _wanted
+
+    wanted, skipped = _wanted(_system_lock(restore_lock), skip_local=False)
+    assert [p.name for p in wanted] == ["idna"] and sorted(skipped) == ["six", "torch"]

@@ -247,6 +247,9 @@ def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
     local: list[str] = []
     for pkg in lock.packages:
         values.dist_name(pkg.name)
+        if pkg.source == "system":
+            skipped.append(pkg.name)  # its OS package brings it back, not a wheel
+            continue
         values.version(pkg.version, name=pkg.name)
         if pkg.installer == "conda":
             skipped.append(pkg.name)
