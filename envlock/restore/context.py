@@ -126,6 +126,9 @@ class Plan:
     wheels: Mapping[str, tuple[Path, ...]]  # layer -> wheel files to copy into the context
     notes: tuple[str, ...]
     offline: bool
+    # vcs packages installed from a wheel of the same version (offline: no checkout reachable);
+    # the image cannot show their commit, and verification knows why.
+    from_wheel: tuple[str, ...] = ()
 
     @property
     def expected_image_change(self) -> bool:
@@ -294,6 +297,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
     skipped: list[str] = []
     local: list[str] = []
+    from_wheel: list[str] = []
     for pkg in lock.packages:
         if pkg.installer == "conda":
             if base.origin == "lock":
@@ -303,6 +307,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         req, note = _requirement(pkg, options, offline)
         if note:
             notes.append(note)
+        if req is not None and pkg.source == "vcs" and offline:
+            from_wheel.append(pkg.name)
         if req is None:
             where = f" ({pkg.url})" if pkg.url else ""
             if not options.skip_local:
@@ -352,7 +358,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 files.extend(wheels_for.get(req.name, ()))
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
-                layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
+                layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped), from_wheel=tuple(from_wheel),
                 wheels=wheels, notes=tuple(notes), offline=offline)
 
 

@@ -145,4 +145,4 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     from envlock.restore.verify import verify_image
 
     return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
-                        skipped=plan.skipped)
+                        skipped=plan.skipped, from_wheel=plan.from_wheel)

@@ -8,6 +8,7 @@ comparison happen here, on the JSON the probe prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,11 +67,13 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
-                 skipped: Sequence[str] = ()) -> tuple[Lock, Comparison]:
+                 skipped: Sequence[str] = (), from_wheel: Sequence[str] = ()) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
-    out on purpose (``--skip-local``) are not reported as missing.
+    out on purpose (``--skip-local``) are not reported as missing, and the origin of vcs
+    packages restored from a wheel of the same version (``from_wheel``) is info, not drift:
+    their version and files are still compared.
     """
     from envlock.capturing import build_lock
     from envlock.drift import Comparison, compare
@@ -88,4 +91,10 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
         cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
+    if from_wheel:
+        origin = {f"packages.{name}.{key}" for name in from_wheel for key in ("commit", "vcs", "url", "source")}
+        cmp = Comparison(tuple(
+            dataclasses.replace(d, severity="info", message=f"{d.describe()} (restored from a wheel of "
+                                "the same version: the vcs source is out of reach offline)")
+            if d.path in origin else d for d in cmp.differences))
     return inside, cmp
