@@ -887,7 +887,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
     elif "info" in box:
         return _hash_uuids(box["info"]), None
     else:
-        nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
+        nvml_error = "NVML unavailable: %s" % box.get("error", "unknown")
     if torch is not None and quiet(lambda: torch.cuda.is_available()):
         devices = []
         for i in range(torch.cuda.device_count()):
