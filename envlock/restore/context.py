@@ -416,6 +416,9 @@ def dockerfile(plan: Plan) -> str:
         f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/env:{plan.short_id} .)",
         f"# Base: {plan.base.display} ({plan.base.origin})",
         f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
+        # The base may end with a non-root USER (a lock captured in an image that runs as its
+        # researcher, as most workstation images do): installing needs root.
+        "USER root",
         "",
         "# Fail early, with a clear message, when the base's python is not the lock's.",
         _version_check(plan),
@@ -448,6 +451,7 @@ def dockerfile(plan: Plan) -> str:
     if staged:
         lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
                   f"FROM {plan.base.ref}",
+                  "USER root",
                   f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
                   f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
