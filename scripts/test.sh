@@ -50,7 +50,7 @@ REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
 # versions of six). Editing this list rebuilds the wheelhouse.
 WHEEL_SPECS=(
     "torch==2.13.0+cpu"
-    "torch==2.13.0+cpu jupyterlab==4.6.6"
+    "torch==2.13.0+cpu jupyterlab==4.6.6 nvidia-ml-py==13.615.71"
     "six==1.16.0 idna==3.10 packaging==24.2 attrs==24.2.0 tomli==2.0.1"
     "six==1.17.0"
 )

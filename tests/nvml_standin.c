@@ -2,7 +2,7 @@
  * A stand-in libnvidia-ml.so.1 for tests on hosts without an NVIDIA GPU.
  *
  * It implements, with NVML's C ABI, exactly the calls envlock's probe makes through ctypes
- * (envlock/probe.py, _CtypesNvml), and nothing else, so a probe that starts calling something
+ * (envlock/probe.py, _CtypesNvml) or through nvidia-ml-py (_PyNvml), and nothing else, so a probe that starts calling something
  * new fails loudly here instead of silently reading garbage. Two devices: an "A100" in MIG mode
  * and an "H100" without. Behaviour is chosen at run time by environment variables, so one
  * build serves every case:
@@ -70,6 +70,12 @@ nvmlReturn_t nvmlInit_v2(void) {
     if (strcmp(mode(), "fail") == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
     initialised = 1;
     return NVML_SUCCESS;
+}
+
+/* nvidia-ml-py's nvmlInit() calls this one. */
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return nvmlInit_v2();
 }
 
 nvmlReturn_t nvmlShutdown(void) {

@@ -2,7 +2,8 @@
 
 tests/nvml_standin.c is built with gcc at test time and loaded through LD_LIBRARY_PATH (two
 devices, the first in MIG mode). The probe runs in a fresh venv without nvidia-ml-py, so it
-takes the ctypes path that restored containers take. The lock's [gpu] must be the stand-in's;
+takes the ctypes path that restored containers take; then nvidia-ml-py is installed there and
+the other path must give the same facts. The lock's [gpu] must be the stand-in's;
 a hanging nvmlInit is bounded by ENVLOCK_NVML_TIMEOUT and a failing one is reported in NVML's
 words; ``envlock run --gpus all`` finds the stand-in's driver and sends the engine a GPU request.
 The real request cannot be satisfied here (no NVIDIA runtime): the engine's refusal, which
@@ -102,6 +103,17 @@ def test_g_simulated_gpu_host(tmp_path: Path, standin: Path, base_image: str, wh
                    env=_gpu_env(standin, STANDIN_NVML_MODE="fail")))
         error = tomllib.loads(failed.read_text())["probe"]["errors"]["gpu"]
         assert error == "NVML unavailable: nvmlInit: Driver Not Loaded (NVML error 9)"
+    with steps.step("nvidia-ml-py path"):
+        # Where nvidia-ml-py is installed (the `gpu` extra) the probe uses it: same facts, same words.
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--offline",
+                        "--no-index", "--find-links", str(wheelhouse), "nvidia-ml-py"], check=True, timeout=300)
+        with_pynvml = tmp_path / "pynvml.lock"
+        ok(envlock("capture", "--python", str(venv), "-o", str(with_pynvml), cwd=tmp_path, env=gpu))
+        assert tomllib.loads(with_pynvml.read_text())["gpu"] == EXPECTED_GPU
+        ok(envlock("capture", "--python", str(venv), "-o", str(with_pynvml), "--force", cwd=tmp_path,
+                   env=_gpu_env(standin, STANDIN_NVML_MODE="fail")))
+        error = tomllib.loads(with_pynvml.read_text())["probe"]["errors"]["gpu"]
+        assert error == "NVML unavailable: Driver Not Loaded (NVML error 9)"
 
     common = [str(lock), "--base", base_image, "--wheelhouse", str(wheelhouse), "--name", "scenario-g"]
     with steps.step("restore"):
