@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_cli
+from helpers import REPO, run_cli
 
 
 def artifacts_dir() -> Path:
@@ -125,3 +125,12 @@ def restore_verify_run(steps: Steps, lock: Path, *, base: str, wheelhouse: Path,
                          *run_extra, "--",
                          "python", "-c", code, cwd=cwd))
         assert expect in out, out
+
+
+def build_nvml_standin(out: Path) -> Path:
+    """Compile tests/nvml_standin.c into OUT/libnvidia-ml.so.1; returns OUT (for LD_LIBRARY_PATH)."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "gcc is needed to build the NVML stand-in (scripts/test.sh installs it)"
+    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(out / "libnvidia-ml.so.1"),
+                    str(REPO / "tests" / "nvml_standin.c")], check=True, timeout=120)
+    return out

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tomllib
-from helpers import REPO
-from scenario_steps import Steps, debian_python, envlock, ok, uv_binary
+from scenario_steps import Steps, build_nvml_standin, debian_python, envlock, ok, uv_binary
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +41,7 @@ EXPECTED_GPU = {
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory holding the freshly built stand-in libnvidia-ml.so.1."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "gcc is needed to build the NVML stand-in (scripts/test.sh installs it)"
-    out = tmp_path_factory.mktemp("nvml")
-    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(out / "libnvidia-ml.so.1"),
-                    str(REPO / "tests" / "nvml_standin.c")], check=True, timeout=120)
-    return out
+    return build_nvml_standin(tmp_path_factory.mktemp("nvml"))
 
 
 def _gpu_env(standin: Path, **extra: str) -> dict[str, str]:
