@@ -128,6 +128,7 @@ def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
         driver.quit()
 
 
+@pytest.mark.timeout(1800)  # the first build of the torch + JupyterLab image on a busy machine
 def test_h_notebook_in_a_restored_environment(tmp_path: Path, base_image: str, wheelhouse: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     for tool in (CHROMIUM, CHROMEDRIVER):
