@@ -1092,6 +1092,10 @@ def collect_image(cli_ref: Optional[str]) -> Dict[str, Any]:
 # -- GPU ----------------------------------------------------------------------------------------
 
 
+class NvmlError(RuntimeError):
+    """An NVML call failed; the message is NVML's own error string."""
+
+
 class _CtypesNvml:
     """The handful of NVML calls envlock needs, straight from libnvidia-ml through ctypes.
 
@@ -1104,11 +1108,16 @@ class _CtypesNvml:
 
         self.ct = ctypes
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._check(self.lib.nvmlInit_v2(), "nvmlInit")
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise RuntimeError("%s failed with NVML error %d" % (what, rc))
+            # NVML's own words ("Driver Not Loaded"), which users can search for; the bare
+            # code is kept for the rare build whose table lacks it.
+            text = self.lib.nvmlErrorString(rc)
+            words = text.decode("utf-8", "replace") if text else "Unknown Error"
+            raise NvmlError("%s: %s (NVML error %d)" % (what, words, rc))
 
     def _string(self, fn: Any, *args: Any) -> str:
         buf = self.ct.create_string_buffer(96)
@@ -1120,18 +1129,18 @@ class _CtypesNvml:
 
     def cuda_driver(self) -> int:
         v = self.ct.c_int()
-        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "cuda version")
+        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "nvmlSystemGetCudaDriverVersion_v2")
         return v.value
 
     def count(self) -> int:
         n = self.ct.c_uint()
-        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "device count")
+        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "nvmlDeviceGetCount_v2")
         return n.value
 
     def device(self, i: int) -> Dict[str, Any]:
         ct = self.ct
         h = ct.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "handle")
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "nvmlDeviceGetHandleByIndex_v2")
         dev: Dict[str, Any] = {"index": i, "name": self._string(self.lib.nvmlDeviceGetName, h)}
         try:
             dev["uuid"] = self._string(self.lib.nvmlDeviceGetUUID, h)
@@ -1225,6 +1234,15 @@ def _hash_uuids(info: Dict[str, Any]) -> Dict[str, Any]:
     return info
 
 
+def _nvml_words(exc: BaseException) -> str:
+    """What went wrong, in NVML's words when NVML answered (ctypes or nvidia-ml-py)."""
+    if isinstance(exc, NvmlError):
+        return str(exc)
+    if type(exc).__name__.startswith("NVMLError"):  # nvidia-ml-py: str() is nvmlErrorString
+        return "%s (NVML error %s)" % (exc, getattr(exc, "value", "?"))
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """NVML in a watchdog thread (a wedged driver must not hang capture), then torch.cuda."""
     box: Dict[str, Any] = {}
@@ -1233,7 +1251,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
         try:
             box["info"] = _nvml_query()
         except Exception as exc:
-            box["error"] = "%s: %s" % (type(exc).__name__, exc)
+            box["error"] = _nvml_words(exc)
 
     thread = threading.Thread(target=work, name="envlock-nvml", daemon=True)
     thread.start()
@@ -1243,7 +1261,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
     elif "info" in box:
         return _hash_uuids(box["info"]), None
     else:
-        nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
+        nvml_error = "NVML unavailable: %s" % box.get("error", "unknown")
     if torch is not None and quiet(lambda: torch.cuda.is_available()):
         devices = []
         for i in range(torch.cuda.device_count()):

@@ -12,6 +12,8 @@
 #      root fs tarball is cached in $ENVLOCK_TEST_CACHE.
 #   4. a wheelhouse of cp311 manylinux wheels for offline installs inside
 #      containers (they cannot reach any index).
+#   5. the scenario matrix's tools and caches (scripts/matrix.sh): gcc, git,
+#      chromium + chromedriver, Debian .debs, a venv with PyPI's CUDA torch.
 #
 # Exported to the tests:
 #   DOCKER_HOST                  Docker API endpoint
@@ -21,6 +23,8 @@
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
 #   ENVLOCK_TEST_NGC_IMAGE       base + torch pip-installed into the system Python
 #   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
+#   ENVLOCK_TEST_DEBS            .debs for the Debian scenario (scripts/matrix.sh)
+#   ENVLOCK_TEST_TORCH_CUDA_VENV venv with PyPI's CUDA torch (scripts/matrix.sh)
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -48,6 +52,7 @@ REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
 # versions of six). Editing this list rebuilds the wheelhouse.
 WHEEL_SPECS=(
     "torch==2.13.0+cpu"
+    "torch==2.13.0+cpu jupyterlab==4.6.6 nvidia-ml-py==13.615.71"
     "six==1.16.0 idna==3.10 packaging==24.2 attrs==24.2.0 tomli==2.0.1"
     "six==1.17.0"
 )
@@ -267,6 +272,15 @@ if [[ "$REBUILD" == "1" || "$(image_stamp "$DEBIAN_TORCH_IMAGE")" != "$deb_stamp
 fi
 export ENVLOCK_TEST_NGC_IMAGE="$NGC_IMAGE" ENVLOCK_TEST_DEBIAN_TORCH_IMAGE="$DEBIAN_TORCH_IMAGE"
 step_done "$NGC_IMAGE, $DEBIAN_TORCH_IMAGE"
+# --- 4b. scenario matrix prerequisites (scripts/matrix.sh) -------------------
+step "scenario-prereqs"
+# shellcheck source=scripts/matrix.sh
+source "$ROOT/scripts/matrix.sh"
+matrix_tools
+matrix_debs
+# Debian's python3 when present: the base image's interpreter, so restores are like for like.
+matrix_torch_cuda "$(command -v /usr/bin/python3 || pick_python)"
+step_done "debs $ENVLOCK_TEST_DEBS; CUDA torch venv $ENVLOCK_TEST_TORCH_CUDA_VENV"
 
 flock -u 9
 exec 9>&-

@@ -128,6 +128,9 @@ class Plan:
     offline: bool
     # OS packages installed with the image's package manager (system-Python locks only).
     os_install: ospackages.OsInstall | None = None
+    # vcs packages installed from a wheel of the same version (offline: no checkout reachable);
+    # the image cannot show their commit, and verification knows why.
+    from_wheel: tuple[str, ...] = ()
 
     @property
     def expected_image_change(self) -> bool:
@@ -331,6 +334,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
     skipped: list[str] = []
     local: list[str] = []
+    from_wheel: list[str] = []
     for pkg in lock.packages:
         if pkg.name in from_os:
             if os_install is None:
@@ -344,6 +348,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         req, note = _requirement(pkg, options, offline)
         if note:
             notes.append(note)
+        if req is not None and pkg.source == "vcs" and offline:
+            from_wheel.append(pkg.name)
         if req is None:
             where = f" ({pkg.url})" if pkg.url else ""
             if not options.skip_local:
@@ -394,7 +400,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                wheels=wheels, notes=tuple(notes), offline=offline, os_install=os_install)
+                from_wheel=tuple(from_wheel), wheels=wheels, notes=tuple(notes), offline=offline,
+                os_install=os_install)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -451,6 +458,9 @@ def dockerfile(plan: Plan) -> str:
         f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/env:{plan.short_id} .)",
         f"# Base: {plan.base.display} ({plan.base.origin})",
         f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
+        # The base may end with a non-root USER (a lock captured in an image that runs as its
+        # researcher, as most workstation images do): installing needs root.
+        "USER root",
         "",
         "# Fail early, with a clear message, when the base's python is not the lock's.",
         _version_check(plan),
@@ -485,6 +495,7 @@ def dockerfile(plan: Plan) -> str:
     if staged:
         lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
                   f"FROM {plan.base.ref}",
+                  "USER root",
                   f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
                   f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
