@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,10 +52,17 @@ def resolve_python(python: str) -> str:
 
 
 def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
-               cwd: str | None = None) -> list[str]:
+               cwd: str | None = None, deep: bool = False, cache: bool = True,
+               progress: bool = False) -> list[str]:
     args = []
     if not torch:
         args.append("--no-torch")
+    if deep:
+        args.append("--deep")
+        if progress:
+            args.append("--progress")
+    if not cache:
+        args.append("--no-cache")
     if canary:
         args.append("--canary")
     if image:
@@ -67,8 +75,12 @@ def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = 
 class ProbeProcess:
     """The probe running in another interpreter; ``result()`` waits for and parses its JSON."""
 
-    def __init__(self, python: str, args: list[str], timeout: float | None = None) -> None:
+    def __init__(self, python: str, args: list[str], timeout: float | None = None,
+                 on_stderr: Callable[[str], bool] | None = None) -> None:
+        """``on_stderr`` sees each stderr line as it comes (deep progress) and returns True
+        for the lines it consumed; the rest are kept for the error message."""
         self.python = resolve_python(python)
+        self.on_stderr = on_stderr
         self.timeout = timeout or float(os.environ.get("ENVLOCK_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT))
         argv = [self.python, str(PROBE_PATH), *args]
         try:
@@ -84,9 +96,37 @@ class ProbeProcess:
             self.proc.kill()
         self.proc.communicate()
 
+    def _communicate(self) -> tuple[bytes, bytes]:
+        if self.on_stderr is None:
+            return self.proc.communicate(timeout=self.timeout)
+        import threading
+
+        assert self.proc.stderr is not None and self.proc.stdout is not None
+        kept: list[bytes] = []
+        stderr, callback = self.proc.stderr, self.on_stderr
+
+        def pump() -> None:
+            for raw in stderr:
+                if not callback(raw.decode("utf-8", "replace")):
+                    kept.append(raw)
+
+        reader = threading.Thread(target=pump, name="envlock-probe-stderr", daemon=True)
+        reader.start()
+        timer = threading.Timer(self.timeout, self.proc.kill)
+        timer.start()
+        try:
+            out = self.proc.stdout.read()
+            self.proc.wait()
+            reader.join()
+        finally:
+            timer.cancel()
+        if self.proc.returncode == -9 and not out:
+            raise subprocess.TimeoutExpired(self.proc.args, self.timeout)
+        return out, b"".join(kept)
+
     def result(self) -> dict[str, Any]:
         try:
-            out, err = self.proc.communicate(timeout=self.timeout)
+            out, err = self._communicate()
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
@@ -110,10 +150,11 @@ class ProbeProcess:
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
-                         cwd: str | None = None) -> dict[str, Any]:
+                         cwd: str | None = None, deep: bool = False) -> dict[str, Any]:
     from envlock import probe
 
-    return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd)
+    return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
+                         deep=deep)
 
 
 def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
@@ -143,22 +184,45 @@ def capture(
     note: str | None = None,
     cwd: str | None = None,
     in_process: bool | None = None,
+    deep: bool = False,
+    cache: bool = False,
 ) -> Lock:
     """Capture the environment as a sealed ``Lock``.
 
     With no ``python``, this process is probed in-process (its live seeds and flags are what
-    get recorded); with ``python``, that interpreter runs the probe.
+    get recorded); with ``python``, that interpreter runs the probe. ``deep`` adds each
+    distribution's on-disk digest (``files_sha256``); ``cache`` lets a probe in another
+    interpreter reuse cached torch facts (never in-process: flags there are live state).
     """
+    doc = capture_doc(python=python, torch=torch, canary=canary, image=image, cwd=cwd,
+                      in_process=in_process, deep=deep, cache=cache)
+    doc.pop("deep", None)
+    return build_lock(doc, note=note)
+
+
+def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool = False,
+                image: str | None = None, cwd: str | None = None, in_process: bool | None = None,
+                deep: bool = False, cache: bool = False) -> dict[str, Any]:
+    """The probe's document, with the ``--deep`` report under ``"deep"`` when asked for."""
     if in_process is None:
         in_process = python is None
-    args = dict(torch=torch, canary=canary, image=image, cwd=cwd)
     if in_process:
-        doc = run_probe_in_process(**args)  # type: ignore[arg-type]
-    else:
-        proc = ProbeProcess(python or sys.executable, probe_args(**args))  # type: ignore[arg-type]
-        import_heavy_modules()
-        doc = proc.result()
-    return build_lock(doc, note=note)
+        return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep)
+    progress = None
+    if deep:
+        from envlock.deepreport import Progress
+
+        progress = Progress()
+    proc = ProbeProcess(python or sys.executable,
+                        probe_args(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                                   cache=cache, progress=progress is not None and progress.enabled),
+                        on_stderr=progress.feed if progress is not None else None)
+    import_heavy_modules()
+    try:
+        return proc.result()
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def import_heavy_modules() -> None:
@@ -190,8 +254,13 @@ def verify(
     python: str | None = None,
     torch: bool | None = None,
     in_process: bool | None = None,
+    deep: bool = False,
 ) -> Comparison:
-    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first."""
+    """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
+
+    ``deep``: also re-hash every installed file against its RECORD; each modified, missing or
+    added file is a breaking difference (category ``files``).
+    """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
@@ -201,6 +270,11 @@ def verify(
         check_seal(lock)
         expected = lock
     want_torch = expected.torch is not None if torch is None else torch
-    current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
-                      in_process=in_process)
-    return compare(expected, current)
+    doc = capture_doc(python=python, torch=want_torch,
+                      canary=expected.canary is not None and want_torch, in_process=in_process,
+                      deep=deep)
+    from envlock.deepreport import align, merge
+
+    report = doc.pop("deep", None)
+    expected, current = align(expected, build_lock(doc))
+    return merge(compare(expected, current), report, limit=None)

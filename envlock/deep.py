@@ -14,7 +14,7 @@ Files whose RECORD entry legitimately does not match, each handled by its own ru
 * bytecode (``__pycache__/*.pyc``): written by the interpreter after installation; pip lists
   what it compiled without a hash, uv lists none. Never hashed; never counted as added.
 * ``RECORD`` itself: cannot contain its own hash (PEP 376, empty hash field).
-* ``INSTALLER``, ``REQUESTED``, ``direct_url.json`` and console scripts (``../../../bin/*``):
+* ``INSTALLER``, ``REQUESTED``, ``direct_url.json``, uv's ``uv_cache.json`` and console scripts (``../../../bin/*``):
   written by the installer, which records their hash *after* writing them (pip and uv both
   do, shebangs included), so they are checked like every other file; they are left out of
   the per-distribution digest only, because their bytes name this venv (interpreter path in a
@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 # Whole-file reads up to this size (one read, one hash call); larger files are streamed through
 # a per-thread buffer, so memory stays at workers x CHUNK whatever the files are.
 CHUNK = 1 << 20
-_INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json")
+_INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
 Progress = Callable[[int, int, int, int], None]
 
 

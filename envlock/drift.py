@@ -142,6 +142,8 @@ _PACKAGE: dict[str, Severity] = {
     "version": "breaking", "source": "warning", "url": "warning", "vcs": "breaking",
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
+    # Only compared when both locks were captured with --deep (deepreport.align).
+    "files_sha256": "breaking", "files_changed": "breaking",
 }
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 

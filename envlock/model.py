@@ -225,6 +225,10 @@ class Package(_Model):
     archive_hash: str | None = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
     hashes: list[Sha256Digest] = Field(default_factory=list)
     record_sha256: HexSha256 | None = None
+    # `capture --deep` only: the files as they were on disk (deep.files_digest), and those that
+    # differed from RECORD then ("modified path", "missing path", "added path").
+    files_sha256: HexSha256 | None = None
+    files_changed: list[Annotated[str, StringConstraints(max_length=4096)]] | None = None
 
 
 class Duplicate(_Model):
@@ -276,6 +280,8 @@ class ProbeInfo(_Model):
     version: int = 1
     errors: dict[str, str] = Field(default_factory=dict)
     duration_ms: float | None = None
+    # Whether the torch facts came from an import in this run or from the cache of an earlier one.
+    torch_facts: Literal["live", "cached"] | None = None
 
 
 class Lock(_Model):
@@ -352,5 +358,8 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = {
     "torch": {"cuda_available", "device_count"},
     "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
     "determinism": {"num_threads", "num_interop_threads", "late"},
-    "packages": {"__all__": {"installer", "requested"}},
+    # files_sha256 stays out: the same environment captured with and without --deep must
+    # share its id. An edited file still changes the id through files_changed, which a clean
+    # install never has, and integrity seals the digest against hand edits.
+    "packages": {"__all__": {"installer", "requested", "files_sha256"}},
 }

@@ -401,11 +401,15 @@ def _path_entries(skip: Optional[str]) -> List[str]:
     return entries
 
 
-def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def collect_packages(skip_dir: Optional[str] = None,
+                     locations: Optional[List[Tuple[str, str, str]]] = None,
+                     ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
     Scanning ``*.dist-info`` directories ourselves is what importlib.metadata does, minus the
     full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
+    ``locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
+    RECORD, for the deep check.
     """
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
@@ -457,6 +461,8 @@ def collect_packages(skip_dir: Optional[str] = None) -> Tuple[List[Dict[str, Any
                 pkg.pop("url", None)
             if "RECORD" in files:
                 pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
+                if locations is not None and kind == "dist-info":
+                    locations.append((cname, entry, fname))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
             packages.append({k: v for k, v in pkg.items() if v is not None})
@@ -888,6 +894,188 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
+#
+# Importing torch is most of a capture (seconds on a GPU box) and its answers - version, CUDA,
+# cuDNN, NCCL, build flags, and the flags a *fresh* interpreter starts with - change only when
+# torch's or its CUDA libraries' files change, or a variable, the CPU or the driver does. Those
+# inputs are hashed into a key; a hit skips the import. Used only by the probe run as a program
+# (CLI capture/verify), whose torch state is a fresh interpreter's by construction; a training
+# process (``envlock.capture()``) reads its own live flags and never uses it. Seeds are never
+# cached: a seed set through envlock makes the run live.
+# ---------------------------------------------------------------------------------------------
+
+CACHE_FORMAT = 1
+CACHE_MAX_ENTRIES = 64
+# Everything torch, its BLAS/OpenMP runtimes, CUDA or the dynamic loader read at import.
+_KEY_ENV_PREFIXES = (
+    "CUDA_", "TORCH_", "PYTORCH_", "ATEN_", "MKL_", "OMP_", "KMP_", "GOMP_", "CUBLAS", "CUDNN_",
+    "NCCL_", "NVIDIA_", "ONEDNN_", "DNNL_", "OPENBLAS_", "TRITON_", "LD_", "HIP_", "ROCM_",
+    "ROCR_", "HSA_", "XLA_", "USE_", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH", "PYTHONUSERBASE",
+)
+_KEY_LIB_RE = re.compile(
+    r"^lib(cuda|cudart|cudnn|cublas|nccl|nvrtc|nvrtc-builtins|nvJitLink|cufft|curand|cusolver|"
+    r"cusparse|cupti|nvToolsExt|amdhip64|MIOpen|rccl|rocblas|hipblas|gomp|iomp5|mkl)[^/]*\.so")
+_KEY_DIST_RE = re.compile(r"^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$",
+                          re.IGNORECASE)
+
+
+def cache_dir() -> str:
+    """``$ENVLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/envlock``, else ``~/.cache/envlock``."""
+    override = os.environ.get("ENVLOCK_CACHE_DIR")
+    if override:
+        return override
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "envlock")
+
+
+def _stat_line(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "%s:absent" % path
+    return "%s:%d:%d:%d" % (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _torch_dists() -> List[Tuple[str, str]]:
+    """``(path entry, dist-info dir)`` of torch, triton and every nvidia-* distribution."""
+    seen = set()
+    found = []
+    for entry in _path_entries(None):
+        try:
+            names = sorted(os.listdir(entry))
+        except OSError:
+            continue
+        for fname in names:
+            if _KEY_DIST_RE.match(fname):
+                cname = canonicalize_name(fname.split("-", 1)[0])
+                if cname not in seen:
+                    seen.add(cname)
+                    found.append((entry, fname))
+    return found
+
+
+def torch_cache_key() -> Optional[str]:
+    """sha256 of every input the torch facts depend on, or None when they cannot be pinned
+    down (no torch distribution with a RECORD: a source checkout, an egg)."""
+    import importlib.util
+
+    dists = _torch_dists()
+    if not any(d[1].lower().startswith("torch-") for d in dists):
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    h = hashlib.sha256()
+
+    def put(*parts: str) -> None:
+        for part in parts:
+            h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+
+    put("format", str(CACHE_FORMAT), str(PROBE_VERSION), sys.version, sys.prefix,
+        os.path.realpath(sys.executable or ""), _stat_line(os.path.realpath(sys.executable or "")),
+        _stat_line(spec.origin))
+    for entry, info in dists:
+        record = os.path.join(entry, info, "RECORD")
+        try:
+            with open(record, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        put(info, hashlib.sha256(data).hexdigest())
+        for line in data.splitlines():
+            rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
+            leaf = rel.rsplit("/", 1)[-1]
+            if ".so" in leaf and not rel.startswith("../"):
+                put(_stat_line(os.path.join(entry, rel)))
+    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if not directory:
+            continue
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            put("%s:unreadable" % directory)
+            continue
+        for name in names:
+            if _KEY_LIB_RE.match(name):
+                put(_stat_line(os.path.join(directory, name)))
+    for lib in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
+        if lib:
+            put(_stat_line(lib))
+    put(_stat_line("/etc/ld.so.cache"))
+    for name in sorted(os.environ):
+        if name.startswith(_KEY_ENV_PREFIXES):
+            put(name, os.environ[name])
+    cpuinfo = _read_text("/proc/cpuinfo", 1 << 16) or ""
+    flags = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))][:1]
+    put("cpu", *flags)
+    try:
+        put("affinity", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+    except (AttributeError, OSError):
+        put("cpus", str(os.cpu_count()))
+    put("driver", _read_text("/proc/driver/nvidia/version", 4096) or "none")
+    return h.hexdigest()
+
+
+def _cache_path(key: str) -> str:
+    return os.path.join(cache_dir(), "torch-facts-%s.json" % key[:32])
+
+
+def cache_read(key: str) -> Optional[Dict[str, Any]]:
+    """The facts stored under ``key``; None for a miss, a corrupt or a foreign entry."""
+    try:
+        with open(_cache_path(key), "rb") as fh:
+            entry = json.loads(fh.read(1 << 22).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT
+            or entry.get("key") != key or not isinstance(entry.get("facts"), dict)):
+        return None
+    facts: Dict[str, Any] = entry["facts"]
+    if not isinstance(facts.get("torch"), dict) or not isinstance(facts.get("determinism"), dict):
+        return None
+    return facts
+
+
+def cache_write(key: str, facts: Dict[str, Any]) -> None:
+    """Atomically: a private temp file in the cache dir, then rename. Concurrent writers of
+    one key write the same bytes, so whichever rename lands last is right. Never raises."""
+    import tempfile
+
+    directory = cache_dir()
+    tmp = None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".torch-facts-", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps({"format": CACHE_FORMAT, "key": key, "facts": facts},
+                                sort_keys=True).encode("utf-8"))
+        os.replace(tmp, _cache_path(key))
+        tmp = None
+        entries = [n for n in os.listdir(directory) if n.startswith("torch-facts-")]
+        if len(entries) > CACHE_MAX_ENTRIES:
+            paths = sorted((os.path.join(directory, n) for n in entries),
+                           key=lambda p: os.stat(p).st_mtime)
+            for old in paths[:len(entries) - CACHE_MAX_ENTRIES]:
+                os.unlink(old)
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _cacheable(torch: str, canary: bool) -> bool:
+    # Seeds are process state, and the canary runs kernels: both need the real torch.
+    return torch == "auto" and not canary and "torch" not in sys.modules \
+        and "ENVLOCK_SEED" not in os.environ
+
+
 def _want_torch(mode: str) -> Tuple[Any, Optional[str]]:
     if mode == "no":
         return None, "skipped (--no-torch)"
@@ -907,8 +1095,14 @@ def _want_torch(mode: str) -> Tuple[Any, Optional[str]]:
 
 def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = None,
             cwd: Optional[str] = None, git_timeout: Optional[float] = None,
-            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None) -> Dict[str, Any]:
-    """Probe this interpreter and process; return a JSON-ready document (never raises)."""
+            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
+            deep: bool = False, cache: bool = False, progress: bool = False,
+            processes: bool = False) -> Dict[str, Any]:
+    """Probe this interpreter and process; return a JSON-ready document (never raises).
+
+    ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
+    (see the torch facts cache above); only for a fresh interpreter, never a training process.
+    """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
     doc: Dict[str, Any] = {}
@@ -928,25 +1122,47 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
     doc["platform"] = guard("platform", collect_platform)
     doc["python"] = guard("python", collect_python)
-    pkgs = guard("packages", lambda: collect_packages(skip_dir))
+    locations: List[Tuple[str, str, str]] = []
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    if deep:
+        guard("deep", lambda: _deep_check(doc, locations, progress, processes))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
-    torch_mod, why = _want_torch(torch)
-    if torch_mod is not None:
-        info = guard("torch", lambda: collect_torch(torch_mod))
-        if info:
-            doc["torch"] = info
-    elif why:
-        errors["torch"] = why
-    gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+    key = guard("cache", torch_cache_key) if cache and _cacheable(torch, canary) else None
+    facts = cache_read(key) if key else None
+    gpu = None
+    if facts is not None:
+        gpu = guard("gpu", lambda: collect_gpu(None, nvml_timeout))
+        if (gpu is None or gpu[0] is None) and facts["torch"].get("cuda_available"):
+            facts = None  # NVML failed: only a live torch.cuda can describe the GPUs
+    if facts is not None:
+        torch_mod = None
+        doc["torch"] = facts["torch"]
+        det = dict(facts["determinism"])
+        det.update(guard("determinism", lambda: collect_determinism(None)) or {})
+        det["torch_loaded"] = True
+        doc["determinism"] = det
+    else:
+        torch_mod, why = _want_torch(torch)
+        if torch_mod is not None:
+            info = guard("torch", lambda: collect_torch(torch_mod))
+            if info:
+                doc["torch"] = info
+        elif why:
+            errors["torch"] = why
+        gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+        doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
+        if key and "torch" in doc and "torch" not in errors and "determinism" not in errors:
+            # The flags of this fresh interpreter, minus what is read live on every run.
+            flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
+            cache_write(key, {"torch": doc["torch"], "determinism": flags})
     if gpu:
         if gpu[0] is not None:
             doc["gpu"] = gpu[0]
         else:
             errors["gpu"] = gpu[1]
-    doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
     doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
     doc["env"] = guard("env", collect_env) or {}
     if canary:
@@ -960,22 +1176,56 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         errors["git"] = git_error
     doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
+    if "torch" in doc:
+        doc["probe"]["torch_facts"] = "cached" if facts is not None else "live"
     scrubbed: Dict[str, Any] = scrub_document(doc, secret_values())
     return scrubbed
 
 
-def load_kernels() -> Any:
-    """kernels.py from beside this file, loaded by path: it travels with the probe into
+def load_sibling(filename: str, module_name: str) -> Any:
+    """A module from beside this file, loaded by path: it travels with the probe into
     containers, where no envlock package exists to import it from."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.py")
-    spec = importlib.util.spec_from_file_location("_envlock_canary", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None or not os.path.exists(path):
-        raise RuntimeError("kernels.py not found beside the probe")
+        raise RuntimeError("%s not found beside the probe" % filename)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_kernels() -> Any:
+    return load_sibling("kernels.py", "_envlock_canary")
+
+
+def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
+                processes: bool) -> None:
+    """``--deep``: every file of every active distribution against its RECORD (deep.py).
+
+    Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
+    ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
+    """
+    deep = load_sibling("deep.py", "_envlock_deep")
+    cb = None
+    if progress:
+        def cb(files: int, total_files: int, nbytes: int, total_bytes: int) -> None:
+            # One line per tick on stderr, which the CLI reads and draws; never on stdout.
+            sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
+                             % (files, total_files, nbytes, total_bytes))
+            sys.stderr.flush()
+    report = deep.check(locations, progress=cb, processes=processes)
+    by_name = {p["name"]: p for p in doc.get("packages", [])}
+    for name, digest in report.pop("digests").items():
+        pkg = by_name.get(name)
+        if pkg is None:
+            continue
+        pkg["files_sha256"] = digest
+        found = report["dists"].get(name)
+        if found:
+            pkg["files_changed"] = deep.changes(found)
+    doc["deep"] = report
 
 
 def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
@@ -994,10 +1244,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--image")
     parser.add_argument("--cwd")
     parser.add_argument("--indent", type=int)
+    parser.add_argument("--deep", action="store_true", help="hash every installed file")
+    parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
+    parser.add_argument("--no-cache", action="store_true", help="always import torch")
     args = parser.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
+    # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
+    # import's (cacheable) and it may fork hashing workers.
     doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
-                  image=args.image, cwd=args.cwd, skip_dir=here)
+                  image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
+                  cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  progress=args.progress, processes=True)
     sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()
