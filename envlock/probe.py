@@ -403,6 +403,7 @@ def _path_entries(skip: Optional[str]) -> List[str]:
 
 def collect_packages(skip_dir: Optional[str] = None,
                      locations: Optional[List[Tuple[str, str, str]]] = None,
+                     record_digest: Callable[[str], Optional[str]] = record_sha256,
                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
@@ -460,7 +461,7 @@ def collect_packages(skip_dir: Optional[str] = None,
                 pkg["source"] = "conda"
                 pkg.pop("url", None)
             if "RECORD" in files:
-                pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
+                pkg["record_sha256"] = record_digest(os.path.join(full, "RECORD"))
                 if locations is not None and kind == "dist-info":
                     locations.append((cname, entry, fname))
             if kind == "egg-info" and pkg["source"] == "index":
@@ -1040,20 +1041,12 @@ def cache_read(key: str) -> Optional[Dict[str, Any]]:
 
 
 def cache_write(key: str, facts: Dict[str, Any]) -> None:
-    """Atomically: a private temp file in the cache dir, then rename. Concurrent writers of
-    one key write the same bytes, so whichever rename lands last is right. Never raises."""
-    import tempfile
-
+    """Concurrent writers of one key write the same bytes, so whichever rename lands last is
+    right. The oldest entries beyond CACHE_MAX_ENTRIES go. Never raises."""
+    if not _atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
+        return
     directory = cache_dir()
-    tmp = None
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".torch-facts-", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(json.dumps({"format": CACHE_FORMAT, "key": key, "facts": facts},
-                                sort_keys=True).encode("utf-8"))
-        os.replace(tmp, _cache_path(key))
-        tmp = None
         entries = [n for n in os.listdir(directory) if n.startswith("torch-facts-")]
         if len(entries) > CACHE_MAX_ENTRIES:
             paths = sorted((os.path.join(directory, n) for n in entries),
@@ -1061,7 +1054,73 @@ def cache_write(key: str, facts: Dict[str, Any]) -> None:
             for old in paths[:len(entries) - CACHE_MAX_ENTRIES]:
                 os.unlink(old)
     except OSError:
-        pass
+        pass  # another run pruned the same entry first
+
+
+class RecordDigests:
+    """``record_sha256`` of big RECORD files, remembered by their stat.
+
+    torch's RECORD alone is ~15,000 lines (~60 ms to digest); an installer rewrites RECORD
+    whenever it touches a distribution, which changes its inode, size or mtime. Small RECORDs
+    are cheaper to digest than to look up and are not kept.
+    """
+
+    MIN_SIZE = 32 << 10
+
+    def __init__(self) -> None:
+        h = hashlib.sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
+        self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
+        self.entries: Dict[str, List[Any]] = {}
+        self.dirty = False
+        try:
+            with open(self.path, "rb") as fh:
+                data = json.loads(fh.read(1 << 24).decode("utf-8"))
+            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT \
+                    and isinstance(data.get("entries"), dict):
+                self.entries = data["entries"]
+        except (OSError, ValueError):
+            pass
+
+    def __call__(self, path: str) -> Optional[str]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if st.st_size < self.MIN_SIZE:
+            return record_sha256(path)
+        sig = [st.st_size, st.st_mtime_ns, st.st_ino]
+        entry = self.entries.get(path)
+        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == sig \
+                and isinstance(entry[3], str):
+            return entry[3]
+        digest = record_sha256(path)
+        if digest is not None:
+            self.entries[path] = [*sig, digest]
+            self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        if self.dirty:
+            _atomic_json(self.path, {"format": CACHE_FORMAT, "entries": self.entries})
+
+
+def _atomic_json(path: str, data: Any) -> bool:
+    """Write JSON through a private temp file and a rename: a reader sees the old file or the
+    new one, never half of one. Never raises (a cache that cannot be written is no cache)."""
+    import tempfile
+
+    directory = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(data, sort_keys=True).encode("utf-8"))
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except OSError:
+        return False
     finally:
         if tmp is not None:
             try:
@@ -1123,7 +1182,11 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["platform"] = guard("platform", collect_platform)
     doc["python"] = guard("python", collect_python)
     locations: List[Tuple[str, str, str]] = []
-    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations))
+    records = guard("cache", RecordDigests) if cache else None
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations,
+                                                      records or record_sha256))
+    if records is not None:
+        records.save()
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
     if deep:
         guard("deep", lambda: _deep_check(doc, locations, progress, processes))
