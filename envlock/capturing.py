@@ -120,6 +120,8 @@ class ProbeProcess:
             reader.join()
         finally:
             timer.cancel()
+            self.proc.stdout.close()
+            stderr.close()
         if self.proc.returncode == -9 and not out:
             raise subprocess.TimeoutExpired(self.proc.args, self.timeout)
         return out, b"".join(kept)
