@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,10 +74,17 @@ def resolve_python(python: str) -> str:
 
 
 def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
-               cwd: str | None = None) -> list[str]:
+               cwd: str | None = None, deep: bool = False, cache: bool = True,
+               progress: bool = False) -> list[str]:
     args = []
     if not torch:
         args.append("--no-torch")
+    if deep:
+        args.append("--deep")
+        if progress:
+            args.append("--progress")
+    if not cache:
+        args.append("--no-cache")
     if canary:
         args.append("--canary")
     if image:
@@ -105,13 +113,18 @@ class ProbeProcess:
     The interpreter is whatever ``--python`` names (it may be a wrapper script), so it runs in
     its own process group: on timeout the whole group is killed, children included, and
     nothing is left holding the pipes. Its output is read as it comes, up to a cap.
+    ``on_stderr`` sees each stderr line as it comes (``--deep`` progress) and returns True for
+    the lines it consumed; the rest are kept for the error message.
     """
 
     def __init__(self, python: str, args: list[str], timeout: float | None = None,
-                 max_output: int = MAX_PROBE_OUTPUT) -> None:
+                 max_output: int = MAX_PROBE_OUTPUT,
+                 on_stderr: Callable[[str], bool] | None = None) -> None:
         self.python = resolve_python(python)
         self.timeout = timeout or probe_timeout()
         self.max_output = max_output
+        self.on_stderr = on_stderr
+        self._pending = bytearray()
         argv = [self.python, str(PROBE_PATH), *args]
         try:
             self.proc = subprocess.Popen(
@@ -164,6 +177,8 @@ class ProbeProcess:
                         sel.unregister(key.fileobj)
                         continue
                     buf: bytearray = key.data
+                    if buf is err and self.on_stderr is not None:
+                        chunk = self._feed(chunk)
                     buf += chunk
                     if buf is out and len(out) > self.max_output:
                         raise ProbeFailed(
@@ -175,7 +190,18 @@ class ProbeProcess:
         finally:
             sel.close()
             self._finish()
+        err += self._pending  # a last line without its newline is still worth showing
         return bytes(out), bytes(err)
+
+    def _feed(self, chunk: bytes) -> bytes:
+        """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
+        assert self.on_stderr is not None
+        self._pending += chunk
+        *lines, rest = bytes(self._pending).split(b"\n")
+        self._pending = bytearray(rest[-_STDERR_KEEP:])
+        kept = [line for line in lines
+                if not self.on_stderr(line.decode("utf-8", "replace") + "\n")]
+        return b"".join(line + b"\n" for line in kept)
 
     def result(self) -> dict[str, Any]:
         out, err = self._collect()
@@ -194,10 +220,11 @@ class ProbeProcess:
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
-                         cwd: str | None = None) -> dict[str, Any]:
+                         cwd: str | None = None, deep: bool = False) -> dict[str, Any]:
     from envlock import probe
 
-    return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd)
+    return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
+                         deep=deep)
 
 
 def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
@@ -240,24 +267,47 @@ def capture(
     note: str | None = None,
     cwd: str | None = None,
     in_process: bool | None = None,
+    deep: bool = False,
+    cache: bool = False,
 ) -> Lock:
     """Capture the environment as a sealed ``Lock``.
 
     With no ``python``, this process is probed in-process (its live seeds and flags are what
-    get recorded); with ``python``, that interpreter runs the probe.
+    get recorded); with ``python``, that interpreter runs the probe. ``deep`` adds each
+    distribution's on-disk digest (``files_sha256``); ``cache`` lets a probe in another
+    interpreter reuse cached torch facts (never in-process: flags there are live state).
     """
     if image is not None:
         check_image_option(image)
+    doc = capture_doc(python=python, torch=torch, canary=canary, image=image, cwd=cwd,
+                      in_process=in_process, deep=deep, cache=cache)
+    doc.pop("deep", None)
+    return build_lock(doc, note=note)
+
+
+def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool = False,
+                image: str | None = None, cwd: str | None = None, in_process: bool | None = None,
+                deep: bool = False, cache: bool = False) -> dict[str, Any]:
+    """The probe's document, with the ``--deep`` report under ``"deep"`` when asked for."""
     if in_process is None:
         in_process = python is None
-    args = dict(torch=torch, canary=canary, image=image, cwd=cwd)
     if in_process:
-        doc = run_probe_in_process(**args)  # type: ignore[arg-type]
-    else:
-        proc = ProbeProcess(python or sys.executable, probe_args(**args))  # type: ignore[arg-type]
-        import_heavy_modules()
-        doc = proc.result()
-    return build_lock(doc, note=note)
+        return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep)
+    progress = None
+    if deep:
+        from envlock.deepreport import Progress
+
+        progress = Progress()
+    proc = ProbeProcess(python or sys.executable,
+                        probe_args(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                                   cache=cache, progress=progress is not None and progress.enabled),
+                        on_stderr=progress.feed if progress is not None else None)
+    import_heavy_modules()
+    try:
+        return proc.result()
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def check_image_option(image: str) -> None:
@@ -301,10 +351,13 @@ def verify(
     torch: bool | None = None,
     in_process: bool | None = None,
     strict: bool = False,
+    deep: bool = False,
 ) -> Comparison:
     """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
 
     ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
+    ``deep``: also re-hash every installed file against its RECORD; each modified, missing or
+    added file is a breaking difference (category ``files``).
 
     In-process (the default without ``python``), everything is compared, seeds and flags
     included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
@@ -321,7 +374,12 @@ def verify(
     if in_process is None:
         in_process = python is None
     want_torch = expected.torch is not None if torch is None else torch
-    current = capture(python=python, torch=want_torch, canary=expected.canary is not None and want_torch,
-                      in_process=in_process)
-    return compare(expected, current, strict=strict,
-                   process_state="compare" if in_process else "report")
+    doc = capture_doc(python=python, torch=want_torch,
+                      canary=expected.canary is not None and want_torch, in_process=in_process,
+                      deep=deep)
+    from envlock.deepreport import align, merge
+
+    report = doc.pop("deep", None)
+    expected, current = align(expected, build_lock(doc))
+    return merge(compare(expected, current, strict=strict,
+                         process_state="compare" if in_process else "report"), report, limit=None)

@@ -192,6 +192,8 @@ _PACKAGE: dict[str, Severity] = {
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
     "os_package": "warning", "os_package_version": "warning",
+    # Only compared when both locks were captured with --deep (deepreport.align).
+    "files_sha256": "breaking", "files_changed": "breaking",
 }
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 
