@@ -26,7 +26,7 @@ from envlock import __version__
 from envlock.errors import EnvlockError, UsageError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
-EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli")
+EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
 
 
