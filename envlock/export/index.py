@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import urllib.error
 import urllib.request
@@ -36,7 +37,8 @@ from envlock.errors import EnvlockError, UsageError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 TIMEOUT = 60.0
-MAX_PAGE = 64 << 20  # torch's project page on the PyTorch index is a few MB
+MAX_PAGE = 64 << 20
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")  # torch's project page on the PyTorch index is a few MB
 
 
 class IndexUnavailable(EnvlockError):
@@ -117,7 +119,7 @@ def parse_html(text: str, page_url: str) -> list[IndexFile]:
         url, fragment = urldefrag(urljoin(page_url, href))
         name = label or url.rsplit("/", 1)[-1]
         algo, _, value = fragment.partition("=")
-        sha = value.lower() if algo == "sha256" and len(value) == 64 else None
+        sha = value.lower() if algo == "sha256" and _HEX64.match(value) else None
         out.append(IndexFile(name, url, sha, None, "data-yanked" in attrs))
     return out
 
@@ -132,7 +134,7 @@ def parse_json(data: Any, page_url: str) -> list[IndexFile]:
             continue
         hashes = row.get("hashes")
         sha = hashes.get("sha256") if isinstance(hashes, dict) else None
-        sha = sha if isinstance(sha, str) else None
+        sha = sha if isinstance(sha, str) and _HEX64.match(sha) else None
         size = row.get("size") if isinstance(row.get("size"), int) else None
         url = urldefrag(urljoin(page_url, str(row.get("url", ""))))[0]
         out.append(IndexFile(row["filename"], url, sha.lower() if sha else None, size,
