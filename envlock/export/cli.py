@@ -44,7 +44,38 @@ def render(args: argparse.Namespace) -> str:
         wh = Path(args.wheelhouse).resolve() if args.wheelhouse else None
         return requirements.render(lock, resolved, main_index=main_index(lock, args.index_url),
                                    wheelhouse=wh)
-    raise AssertionError(args.to)  # argparse restricts --to
+    if args.to == "cyclonedx":
+        from envlock.export import cyclonedx
+
+        hashed = None
+        if args.hashes:
+            from envlock.export.artifacts import Sources, resolve_lock
+
+            sources = _sources(args)
+            assert isinstance(sources, Sources)
+            hashed = resolve_lock(lock, sources)
+        return cyclonedx.render(lock, hashed)
+    from envlock.export import common
+
+    if args.to == "intoto":
+        from envlock.export import intoto
+
+        image = common.pinned_image(lock, args.image) if args.image else None
+        return intoto.render(lock, Path(args.lock), image=image)
+    if args.to == "apptainer":
+        from envlock.export import apptainer
+
+        return apptainer.render(lock, image=args.image, argv=common.command(args.command, required=False))
+    argv = common.command(args.command, required=True)
+    assert argv is not None
+    if args.to == "k8s":
+        from envlock.export import k8s
+
+        return k8s.render(lock, argv=argv, image=args.image, gpus=args.gpus,
+                          workspace_claim=args.workspace_claim)
+    from envlock.export import slurm
+
+    return slurm.render(lock, argv=argv, image=args.image, gpus=args.gpus)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -94,4 +125,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--skip", action="append", metavar="NAME", help="leave this package out")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the index cache")
     g.add_argument("--refresh", action="store_true", help="refetch index pages even when cached")
+    g.add_argument("--hashes", action="store_true",
+                   help="cyclonedx: also resolve and list each package's artifact hashes")
+    g = p.add_argument_group("images and jobs (intoto, apptainer, k8s, slurm)")
+    g.add_argument("--image", metavar="REF@sha256:...",
+                   help="the image by digest (default: the lock's own image, when it has a digest)")
+    g.add_argument("--command", help="what the job runs, e.g. 'python train.py --epochs 3'")
+    g.add_argument("--gpus", type=int, help="GPUs to request (default: as many as the lock recorded)")
+    g.add_argument("--workspace-claim", metavar="PVC",
+                   help="k8s: mount this PersistentVolumeClaim at /workspace (default: emptyDir)")
     p.set_defaults(func=cmd_export)

@@ -26,26 +26,10 @@ from packaging.version import Version
 
 from envlock.errors import LockInvalid
 from envlock.export.artifacts import Artifact, Resolved
+from envlock.export.common import facts
 from envlock.model import Lock
 
 _SYS_PLATFORM = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
-
-
-def facts(lock: Lock) -> dict[str, Any]:
-    """The envlock facts every export carries: identity and the stack pip does not see."""
-    out: dict[str, Any] = {"id": lock.short_id, "fingerprint": lock.envlock.fingerprint or "",
-                           "python": lock.python.version}
-    if lock.torch:
-        t = lock.torch
-        out["torch"] = {k: v for k, v in (("version", t.version), ("cuda", t.cuda), ("cudnn", t.cudnn),
-                                          ("nccl", t.nccl), ("hip", t.hip)) if v}
-    if lock.gpu and lock.gpu.devices:
-        out["gpu"] = {"driver": lock.gpu.driver or "", "devices": [d.name for d in lock.gpu.devices]}
-    if lock.image.digest:
-        out["image"] = f"{lock.image.reference or ''}@{lock.image.digest}".lstrip("@")
-    if lock.determinism.env:
-        out["env"] = dict(lock.determinism.env)
-    return out
 
 
 def _environments(lock: Lock) -> list[Marker] | None:
