@@ -19,6 +19,7 @@
 #   CONTAINERS_CONF              Podman config in use (only when Podman works)
 #   ENVLOCK_TEST_BASE_IMAGE      base image name
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
+#   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -226,6 +227,31 @@ else
     step_done "built ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
 fi
 export ENVLOCK_TEST_WHEELHOUSE="$WHEELHOUSE"
+
+# --- 4b. export consumers ---------------------------------------------------
+# uv, cyclonedx-python-lib, kubernetes-validate, check-jsonschema and pre-commit come with
+# the dev extra. pip >= 26.1 (installs pylock.toml) is run from its wheel, so no venv's own pip
+# changes; shellcheck lints the exported Slurm script and the action's shell steps.
+step "export-tools"
+PIP_PYLOCK="pip==26.3"
+EXPORT_TOOLS="$CACHE/export-tools"
+if ! compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" >/dev/null; then
+    rm -rf "$EXPORT_TOOLS.tmp"
+    "$VPY" -m pip download -q --progress-bar off --no-deps --only-binary=:all: \
+        -d "$EXPORT_TOOLS.tmp" "$PIP_PYLOCK"
+    rm -rf "$EXPORT_TOOLS"
+    mv "$EXPORT_TOOLS.tmp" "$EXPORT_TOOLS"
+fi
+ENVLOCK_TEST_PIP_WHEEL="$(compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" | head -n1)"
+export ENVLOCK_TEST_PIP_WHEEL
+if ! command -v shellcheck >/dev/null 2>&1; then
+    _engine_apt_install shellcheck
+fi
+# show --format latex is compiled by a real LaTeX (~15 MB of packages).
+if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
+    _engine_apt_install texlive-latex-base texlive-latex-recommended
+fi
+step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p')"
 
 flock -u 9
 exec 9>&-
