@@ -39,7 +39,7 @@ def test_action_metadata_validates(tmp_path: Path) -> None:
     assert bad.returncode != 0  # twin: the schema really checks
 
 
-def test_example_workflow_lints() -> None:
+def test_example_workflow_lints(tmp_path: Path) -> None:
     wf = ROOT / "examples" / "envlock-pr.yml"
     ok = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(wf)],
                         capture_output=True, text=True, check=False)
@@ -57,14 +57,10 @@ def test_example_workflow_lints() -> None:
         return found
 
     assert lint(wf) == []
-    bad = wf.parent / ".." / "tests"  # twin: an injection the linter must flag
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"envlock-actionlint-{os.getpid()}.yml"
-    try:
-        tmp.write_text(wf.read_text().replace('"$PR"', "${{ github.event.pull_request.title }}"))
-        assert any("untrusted" in f["message"] for f in lint(tmp))
-    finally:
-        tmp.unlink(missing_ok=True)
-    assert bad.exists()
+    # Twin: the same workflow with an injection the linter must flag.
+    bad = tmp_path / "bad.yml"
+    bad.write_text(wf.read_text().replace('"$PR"', "${{ github.event.pull_request.title }}"))
+    assert any("untrusted" in f["message"] for f in lint(bad))
 
 
 def _run_action(tmp: Path, inputs: dict[str, str]) -> tuple[int, str, dict[str, str]]:
