@@ -233,3 +233,18 @@ def test_torch_lock_installs_with_uv(isolated: Path, index: str) -> None:
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert package_drift(lock, target) == []
+
+
+def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restore_lock: object) -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    from envlock.lockfile import save
+
+    path = save(restore_lock(packages=[("six", "1.17.0")]), isolated / "env.lock")  # type: ignore[operator]
+    r = run_cli("export", str(path), "--to", "cyclonedx", "--hashes", "--index-url", f"{index}/simple")
+    assert r.returncode == 0, r.stderr
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(r.stdout) is None
+    six = next(c for c in json.loads(r.stdout)["components"] if c["name"] == "six")
+    assert six["hashes"][0]["alg"] == "SHA-256" and len(six["hashes"][0]["content"]) == 64
+    assert six["purl"] == f"pkg:pypi/six@1.17.0?repository_url={index}/simple"
