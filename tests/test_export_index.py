@@ -27,10 +27,12 @@ class _Pep691(BaseHTTPRequestHandler):
     """Answers JSON only to clients that ask for it (content negotiation, like PyPI)."""
 
     seen: list[str] = []  # noqa: RUF012 (shared by the handler instances on purpose)
+    auth: list[str | None] = []  # noqa: RUF012
 
     def do_GET(self) -> None:
         accept = self.headers.get("Accept", "")
         self.seen.append(accept)
+        self.auth.append(self.headers.get("Authorization"))
         if self.path == "/simple/demo/" and "vnd.pypi.simple.v1+json" in accept:
             body = json.dumps({"meta": {"api-version": "1.1"}, "name": "demo", "files": [
                 {"filename": WHEEL, "url": f"../../files/{WHEEL}", "hashes": {"sha256": SHA.upper()},
@@ -74,6 +76,20 @@ def test_pep691_json_is_asked_for_and_read(json_index: str, tmp_path: Path) -> N
     assert files[0].url == json_index.rsplit("/", 1)[0] + f"/files/{WHEEL}"
     assert "application/vnd.pypi.simple.v1+json" in _Pep691.seen[-1]
     assert ix.files("nothing-here", Version("1.0")) == []  # 404: not on this index
+
+
+def test_credentials_go_in_a_header_to_the_index_host_only(json_index: str) -> None:
+    import base64
+
+    ix = SimpleIndex(json_index.replace("http://", "http://bob:p%40ss@"), cache=None)
+    assert "bob" not in ix.url and "p%40ss" not in ix.url
+    _Pep691.auth.clear()
+    assert ix.files("demo", Version("1.0"))
+    assert _Pep691.auth == ["Basic " + base64.b64encode(b"bob:p@ss").decode()]
+    other = IndexFile(WHEEL, json_index.replace("127.0.0.1", "localhost").rsplit("/", 1)[0] + f"/files/{WHEEL}", None)
+    _Pep691.auth.clear()
+    assert ix._hash_download(other).sha256 == SHA
+    assert _Pep691.auth == [None]  # another host never sees them
 
 
 def test_html_without_hashes_is_hashed_by_download(tmp_path: Path) -> None:

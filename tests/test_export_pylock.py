@@ -248,3 +248,20 @@ def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restor
     six = next(c for c in json.loads(r.stdout)["components"] if c["name"] == "six")
     assert six["hashes"][0]["alg"] == "SHA-256" and len(six["hashes"][0]["content"]) == 64
     assert six["purl"] == f"pkg:pypi/six@1.17.0?repository_url={index}/simple"
+
+
+def test_index_credentials_never_reach_the_export(isolated: Path, index: str, restore_lock: object) -> None:
+    """Leak test: a token in --index-url is used to read the index, never written out."""
+    from envlock.lockfile import save
+
+    path = save(restore_lock(packages=[("six", "1.17.0"), ("idna", "3.10")]), isolated / "env.lock")  # type: ignore[operator]
+    with_token = index.replace("http://", "http://alice:s3cret-token@")
+    for fmt in ("pylock", "requirements", "cyclonedx"):
+        r = run_cli("export", str(path), "--to", fmt, "--hashes" if fmt == "cyclonedx" else "--refresh",
+                    "--index-url", f"{with_token}/simple", "--skip", "IDNA")
+        assert r.returncode == 0, r.stderr
+        assert "s3cret" not in r.stdout and "alice" not in r.stdout and "s3cret" not in r.stderr
+        # over-redaction twin: the index itself is still named, host and port intact
+        assert f"{index}/simple" in r.stdout
+        if fmt != "cyclonedx":  # an SBOM lists every package; --skip only spares the lookup
+            assert "idna" not in r.stdout.lower()  # --skip, in any spelling

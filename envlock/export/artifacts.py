@@ -68,7 +68,7 @@ class Sources:
     wheelhouse: Path | None = None
     use_cache: bool = True
     refresh: bool = False
-    skip: frozenset[str] = field(default_factory=frozenset)
+    skip: frozenset[str] = field(default_factory=frozenset)  # normalised names
 
 
 def main_index(lock: Lock, override: str | None) -> str:
@@ -242,13 +242,15 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
                 continue
             index, files = hit
             keep = set(pick(files, tags))
-            arts = _allowed(pkg, [Artifact(f.filename, f.sha256 or "", url=f.url, size=f.size)
+            # URLs lose user:password: an export is a file people commit and attach, and the
+            # installer brings its own credentials (keyring, netrc, UV_INDEX_* variables).
+            arts = _allowed(pkg, [Artifact(f.filename, f.sha256 or "", url=redact(f.url), size=f.size)
                                   for f in files if f.filename in keep])
             if not arts:
                 missing.append(f"{pkg.name}=={pkg.version} (no file on {redact(index.url)} fits "
                                f"{lock.python.version} {lock.platform.machine} or the lock's hashes)")
                 continue
-            out.append(Resolved(pkg, "index", index=index.url.rstrip("/"), artifacts=tuple(arts)))
+            out.append(Resolved(pkg, "index", index=redact(index.url.rstrip("/")), artifacts=tuple(arts)))
     if missing:
         raise ArtifactsMissing(
             f"no installable file found for {len(missing)} package(s): " + "; ".join(missing),

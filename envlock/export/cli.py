@@ -15,12 +15,14 @@ NEEDS_ARTIFACTS = ("pylock", "requirements")
 
 
 def _sources(args: argparse.Namespace) -> object:
+    from packaging.utils import canonicalize_name
+
     from envlock.export.artifacts import Sources
 
     return Sources(index_url=args.index_url, torch_index_url=args.torch_index_url,
                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
                    use_cache=not args.no_cache, refresh=args.refresh,
-                   skip=frozenset(args.skip or ()))
+                   skip=frozenset(canonicalize_name(n) for n in args.skip or ()))
 
 
 def render(args: argparse.Namespace) -> str:

@@ -10,6 +10,7 @@ expiry time is needed. Files are immutable on an index, so their hashes never go
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import urldefrag, urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit, urlunsplit
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -158,9 +159,16 @@ class SimpleIndex:
     """One simple-API index, read over HTTP(S) or ``file:``, with an on-disk listing cache."""
 
     def __init__(self, url: str, *, cache: Path | None = None, refresh: bool = False) -> None:
-        if urlsplit(url).scheme not in ("http", "https", "file"):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https", "file"):
             raise UsageError(f"index URL {redact(url)!r} is not http(s):// or file://")
-        self.url = url.rstrip("/") + "/"
+        # user:password in the URL becomes a Basic header, sent only to the index's own host;
+        # the URL kept (for messages, the cache key and the export) has none.
+        self._auth: tuple[str, str] | None = None
+        if parts.username is not None:
+            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
+            self._auth = (parts.netloc.rpartition("@")[2], "Basic " + token.decode())
+        self.url = redact(url).rstrip("/") + "/"
         self.cache = cache
         self.refresh = refresh
 
@@ -170,9 +178,15 @@ class SimpleIndex:
         key = hashlib.sha256(self.url.encode()).hexdigest()[:24]
         return self.cache / "simple" / key / f"{name}.json"
 
+    def _request(self, url: str, accept: str) -> urllib.request.Request:
+        headers = {"Accept": accept, "User-Agent": "envlock"}
+        if self._auth and urlsplit(url).netloc == self._auth[0]:
+            headers["Authorization"] = self._auth[1]
+        return urllib.request.Request(url, headers=headers)
+
     def _get(self, url: str, accept: str) -> tuple[bytes, str] | None:
         """Body and content type; None for 404 (the project is not on this index)."""
-        req = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "envlock"})
+        req = self._request(url, accept)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 body = resp.read(MAX_PAGE + 1)
@@ -229,7 +243,7 @@ class SimpleIndex:
     def _hash_download(self, f: IndexFile) -> IndexFile:
         """An index without hashes (a plain directory listing): hash the file, streamed."""
         h, size = hashlib.sha256(), 0
-        req = urllib.request.Request(f.url, headers={"User-Agent": "envlock"})
+        req = self._request(f.url, "*/*")
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 for chunk in iter(lambda: resp.read(1 << 20), b""):
