@@ -26,7 +26,7 @@ from envlock import __version__
 from envlock.errors import EnvlockError, UsageError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
-EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli")
+EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
 
 
@@ -217,6 +217,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out(show_json(lock))
     elif args.format == "markdown":
         _out(show_markdown(lock, name))
+    elif args.format == "latex":
+        from envlock.export.latex import show_latex
+
+        _out(show_latex(lock, name))
     else:
         _out(show_text(lock, str(args.lock)))
     return EXIT_OK
@@ -306,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="summarise a lock")
     p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
+                   help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")

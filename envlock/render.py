@@ -120,19 +120,47 @@ def show_text(lock: Lock, name: str = "env.lock") -> str:
     return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
 
 
-def _md_cell(value: Any) -> str:
-    return safe(value).replace("|", "\\|")
+def md_cell(value: Any) -> str:
+    """One table cell: no line breaks, pipes, backticks or HTML that could change the table."""
+    text = " ".join(safe(value).split())
+    for a, b in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(a, b)
+    return text
+
+
+def md_code(value: Any, *, table: bool = True) -> str:
+    """Text for inside a `code span`: escapes do not work there, so a backtick becomes '."""
+    text = " ".join(safe(value).split()).replace("`", "'")
+    return text.replace("|", "\\|") if table else text
+
+
+def shared_rows(lock: Lock) -> list[tuple[str, str]]:
+    """Summary rows for what is shared (PRs, papers): probe errors by section, never raw text."""
+    rows = [(k, v) for k, v in summary_rows(lock) if k != "id"]
+    if lock.probe.errors:
+        rows = [(k, ", ".join(sorted(lock.probe.errors)) + " (details: envlock show)")
+                if k == "not captured" else (k, v) for k, v in rows]
+    return rows
+
+
+def replay_lines(name: str) -> tuple[str, str]:
+    """How a reader replays the environment: with envlock, and with only uv or pip."""
+    return (f"envlock restore {name}",
+            f"envlock export {name} --to pylock -o pylock.toml && uv pip install -r pylock.toml")
 
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
-    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| | |", "|---|---|"]
-    out += [f"| {k} | {_md_cell(v)} |" for k, v in summary_rows(lock) if k != "id"]
+    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
+    out += [f"| {k} | {md_cell(v)} |" for k, v in shared_rows(lock)]
     out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
             "| package | version | source |", "|---|---|---|"]
-    out += [f"| {p.name} | {_md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    out += [f"| {p.name} | {md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    with_envlock, without = replay_lines(name)
     out += ["", "</details>", "",
             f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
-            f"`envlock verify {_md_cell(name)}`; rebuild it with `envlock restore {_md_cell(name)}`.", ""]
+            f"`envlock verify {md_code(name, table=False)}`. Replay it with "
+            f"`{md_code(with_envlock, table=False)}` (a container), or without envlock: "
+            f"`{md_code(without, table=False)}`.", ""]
     return "\n".join(out)
 
 
@@ -205,10 +233,10 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
-    out += [f"{counts_line(cmp)} ({_md_cell(a_name)} → {_md_cell(b_name)})", "",
+    out += [f"{counts_line(cmp)} ({md_cell(a_name)} → {md_cell(b_name)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
-        out.append(f"| {d.severity} | `{_md_cell(d.path)}` | {_md_cell(_dash(d.old))} | {_md_cell(_dash(d.new))} |")
+        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(_dash(d.old))} | {md_cell(_dash(d.new))} |")
     out.append("")
     return "\n".join(out)
 

