@@ -29,7 +29,10 @@ from envlock.model import Lock
 FULL = make_lock(
     git={"commit": "a" * 40, "branch": "main", "remote": "https://example.org/r.git"},
     env={"NCCL_DEBUG": "INFO"},
-    torch={"version": "2.13.0", "git_version": "g", "arch_list": ["sm_90"]},
+    torch={"version": "2.13.0", "git_version": "g", "arch_list": ["sm_90"], "cpu_capability": "AVX2",
+           "build": {"compiler": "GCC 11.2", "blas": "MKL", "cuda_arch_flags": ["sm_90"],
+                     "options": {"USE_CUDA": "ON"}}},
+    os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]},
     gpu={"source": "nvml", "driver": "550", "devices": [{"index": 0, "name": "H100"}]},
     determinism={"torch_loaded": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
                  "float32_matmul_precision": "highest"},
