@@ -154,7 +154,8 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     workspace = (opts.workspace or Path.cwd()).resolve()
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace} is not a directory")
-    gpus, warnings = resolve_gpus(lock, opts.gpus, host_driver())
+    # --gpus none needs no driver; NVML may take up to its timeout on a wedged one.
+    gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
     spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
