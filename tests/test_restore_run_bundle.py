@@ -202,3 +202,11 @@ def test_restore_with_a_bundle_uses_its_hashes(restore_lock: Any, house: Path, t
     assert len(froms) == 2 and froms[0].endswith(" AS envlock-build") and "AS" not in froms[1]
     assert 'COPY --from=envlock-build ["/opt/venv", "/opt/venv"]' in df
     assert df.index("wheels/packages/") < df.index("\n" + froms[1] + "\n") < df.index("LABEL ")
+
+
+def test_published_ports_are_exposed_as_docker_py_wants_them() -> None:
+    from envlock.restore.engine import _exposed
+
+    # "8888/tcp" handed to docker-py as a string became "8888/tcp/tcp": nothing was published.
+    assert _exposed(parse_ports(["127.0.0.1:9000:8888", "53:53/udp"])) == [(8888, "tcp"), (53, "udp")]
+    assert _exposed({}) is None

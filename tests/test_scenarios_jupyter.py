@@ -37,7 +37,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--window-size=1400,900"]
 CELL = ("import pathlib, torch\n"
         "print('torch', torch.__version__)\n"
-        "pathlib.Path('from_notebook.txt').write_text('torch ' + torch.__version__)")
+        "_ = pathlib.Path('from_notebook.txt').write_text('torch ' + torch.__version__)")
 
 
 def _notebook() -> dict[str, Any]:

@@ -146,6 +146,10 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
         inner = int(next(iter(ports)).split("/")[0])
         command = [python, "-m", "jupyterlab", "--ip=0.0.0.0", f"--port={inner}", "--no-browser",
                    f"--ServerApp.root_dir={WORKDIR}"]
+        if os.getuid() == 0:
+            # The lab runs as the caller; as root (CI, many cluster containers) Jupyter refuses
+            # to start without this.
+            command.append("--ServerApp.allow_root=True")
         host_ip, host_port = next(iter(ports.values()))
         shown = "127.0.0.1" if host_ip == "0.0.0.0" else host_ip
         sys.stderr.write(f"JupyterLab: http://{shown}:{host_port}/lab?token={token}\n")
@@ -154,7 +158,8 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     workspace = (opts.workspace or Path.cwd()).resolve()
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace} is not a directory")
-    gpus, warnings = resolve_gpus(lock, opts.gpus, host_driver())
+    # --gpus none needs no driver; NVML may take up to its timeout on a wedged one.
+    gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
     spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
