@@ -83,11 +83,10 @@ def test_d_debian_system_python(docker_client: Any, base_image: str, wheelhouse:
     assert pkgs["six"]["version"] == six_deb.split("-")[0]  # dist-info from apt
     assert pkgs["pyyaml"]["version"] == yaml_deb.split("-")[0]  # egg-info from apt
     assert pkgs["idna"]["version"] == "3.10" and pkgs["idna"]["installer"] == "pip"  # --user
-    # LEAD: apt's packages are recorded today as source "index" (dist-info) / "unknown"
-    # (egg-info). Issue 12 adds source = "system" for OS-owned distributions; once merged,
-    # tighten both to == "system" (and idna stays "index").
-    assert pkgs["six"]["source"] in ("index", "unknown", "system")
-    assert pkgs["pyyaml"]["source"] in ("index", "unknown", "system")
+    # apt's packages are the OS's (dist-info and egg-info alike), named with their owner;
+    # the user-site package came from the index.
+    assert pkgs["six"]["source"] == "system" and pkgs["six"]["os_package"] == "python3-six"
+    assert pkgs["pyyaml"]["source"] == "system" and pkgs["pyyaml"]["os_package"] == "python3-yaml"
     assert pkgs["idna"]["source"] == "index"
 
     # verify = the probe again in a fresh container of the same machine, compared with the lock
