@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from envlock import __version__
 from envlock.errors import EnvlockError, UsageError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
-EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli")
+EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
 
 
@@ -70,7 +71,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         if target.warning:
             _err(f"envlock: warning: {target.warning}\n")
         lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
-                       image=args.image, note=args.note, in_process=False)
+                       image=args.image, note=args.note, in_process=False, deep=args.deep,
+                       cache=not args.no_cache)
         locked = f"locked {target.describe()}"
     from envlock.lockfile import dumps, save
 
@@ -114,21 +116,28 @@ def cmd_capture(args: argparse.Namespace) -> int:
 # -- verify ------------------------------------------------------------------------------------
 
 
-def _peek(path: str) -> dict[str, Any] | None:
-    """The lock's raw tables, cheaply, to decide how to probe before the full validation."""
+_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
+
+
+def _peek(path: str) -> set[str] | None:
+    """The lock's top-level table names, to decide how to probe before the full validation.
+
+    A scan for table headers, not a parse: on the largest accepted lock a full TOML parse costs
+    seconds, and `load()` parses it properly right after (a header inside a multi-line string
+    can only make the probe do more than needed, never less than the lock says).
+    """
     try:
         if os.path.getsize(path) > (16 << 20):
             return None
-        import tomllib
-
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except Exception:
+            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
+    except OSError:
         return None  # load() below reports the problem properly
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, probe_args
+    from envlock.deepreport import Progress, align, merge, summary, torch_facts_line
     from envlock.target import choose, recorded_prefix_hint
 
     target = choose(args.python)
@@ -136,11 +145,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _err(f"envlock: warning: {target.warning}\n")
     raw = _peek(args.lock)
     proc = None
+    progress = Progress() if args.deep else None
+    extra: dict[str, Any] = dict(deep=args.deep, cache=not args.no_cache,
+                                 progress=progress is not None and progress.enabled)
+    on_stderr = progress.feed if progress is not None else None
     if raw is not None:
         # Start the probe now, validate the lock while it imports torch.
         want_torch = "torch" in raw and not args.no_torch
         proc = ProbeProcess(target.python,
-                            probe_args(torch=want_torch, canary="canary" in raw and want_torch))
+                            probe_args(torch=want_torch, canary="canary" in raw and want_torch, **extra),
+                            on_stderr=on_stderr)
     import_heavy_modules()
     from envlock.drift import compare
     from envlock.lockfile import load
@@ -155,18 +169,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     want_torch = expected.torch is not None and not args.no_torch
     want_canary = expected.canary is not None and want_torch
     if proc is None:
-        proc = ProbeProcess(target.python, probe_args(torch=want_torch, canary=want_canary))
-    current = build_lock(proc.result())
+        proc = ProbeProcess(target.python,
+                            probe_args(torch=want_torch, canary=want_canary, **extra), on_stderr=on_stderr)
+    try:
+        doc = proc.result()
+    finally:
+        if progress is not None:
+            progress.close()
+    report = doc.pop("deep", None)
+    current = build_lock(doc)
     # This is a fresh process: the seeds and flags the capturing process set are reported.
-    cmp = compare(expected, current, strict=args.strict, process_state="report")
+    cmp = merge(compare(*align(expected, current), strict=args.strict, process_state="report"),
+                report, limit=None if args.all else 10)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
                              environment={"prefix": target.prefix, "reason": target.reason},
-                             captured_from=captured_from))
+                             captured_from=captured_from,
+                             torch_facts=current.probe.torch_facts, deep=report))
     else:
         _out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
-                         environment=target.describe(), captured_from=captured_from))
+                         environment=target.describe(), captured_from=captured_from)
+             + summary(report) + torch_facts_line(current))
     return EXIT_OK if cmp.ok else EXIT_DRIFT
 
 
@@ -200,6 +224,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out(show_json(lock))
     elif args.format == "markdown":
         _out(show_markdown(lock, name))
+    elif args.format == "latex":
+        from envlock.export.latex import show_latex
+
+        _out(show_latex(lock, name))
     else:
         _out(show_text(lock, str(args.lock)))
     return EXIT_OK
@@ -259,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note", help="free text stored in [envlock].note")
     p.add_argument("--json", action="store_true",
                    help="print the lock as JSON after writing it (with -o -: JSON instead of TOML)")
+    p.add_argument("--deep", action="store_true",
+                   help="also record each distribution's files as they are on disk")
+    p.add_argument("--no-cache", action="store_true",
+                   help="import torch even when its cached facts are still valid")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
@@ -268,8 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--strict", action="store_true", help="warnings count as drift too")
-    p.add_argument("--all", action="store_true", help="also list info-level differences")
+    p.add_argument("--all", action="store_true",
+                   help="also list info-level differences, and every file --deep finds")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--deep", action="store_true",
+                   help="re-hash every installed file against its distribution's RECORD")
+    p.add_argument("--no-cache", action="store_true",
+                   help="import torch even when its cached facts are still valid")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("diff", help="compare two locks")
@@ -280,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="summarise a lock")
     p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
+                   help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")

@@ -179,6 +179,7 @@ _GPU_DEVICE: dict[str, Severity] = {
 }
 _DETERMINISM_SOFT: dict[str, Severity] = {
     "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
+    "process_env": "info",  # which variables were set at run time; their values are compared
 }
 # Determinism fields read without torch (the others are unknown when torch was not probed).
 _NOT_FROM_TORCH = {"late"}
@@ -191,6 +192,8 @@ _PACKAGE: dict[str, Severity] = {
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
     "os_package": "warning", "os_package_version": "warning",
+    # Only compared when both locks were captured with --deep (deepreport.align).
+    "files_sha256": "breaking", "files_changed": "breaking",
 }
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 
@@ -293,7 +296,17 @@ def _determinism(c: _Collector, old: Lock, new: Lock) -> None:
         if (va is None or vb is None) and severity == "breaking":
             severity = "warning"  # the knob exists in only one of the two torch versions
         c.add("determinism", f"determinism.{key}", va, vb, severity)
-    c.fields("determinism", "determinism.env", env_a, env_b, {}, default="breaking")
+    seeded = _reported_by_seeds(old, new)
+    c.fields("determinism", "determinism.env", {k: v for k, v in env_a.items() if k not in seeded},
+             {k: v for k, v in env_b.items() if k not in seeded}, {}, default="breaking")
+
+
+def _reported_by_seeds(old: Lock, new: Lock) -> set[str]:
+    """Variables that [seeds] already reports (as python_hash_seed, seed, seed_source)."""
+    names = {"PYTHONHASHSEED"}
+    if old.seeds.seed is not None or new.seeds.seed is not None:
+        names |= {"ENVLOCK_SEED", "ENVLOCK_SEED_SOURCE"}
+    return names
 
 
 def _packages(c: _Collector, old: Lock, new: Lock) -> None:
@@ -508,7 +521,7 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     c.fields("seeds", "seeds", seeds_a, seeds_b, _SEEDS)
     env_rules: dict[str, Severity] = {k: "warning" for k in _ENV_WARNING}
     # A numerics variable is reported once, as determinism.env.X (where it is breaking).
-    numerics = set(old.determinism.env) | set(new.determinism.env)
+    numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
     c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
              {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
     _packages(c, old, new)

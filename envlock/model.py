@@ -81,7 +81,7 @@ Scalar = str | int | float | bool
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Meta(_Model):
@@ -301,6 +301,11 @@ class Package(_Model):
     os_package: OsPackageName | None = None
     os_package_version: OsPackageVersion | None = None
 
+    # `capture --deep` only: the files as they were on disk (deep.files_digest), and those that
+    # differed from RECORD then ("modified path", "missing path", "added path").
+    files_sha256: HexSha256 | None = None
+    files_changed: list[Annotated[str, StringConstraints(max_length=4096)]] | None = None
+
 
 # ``name:arch=version``: apt's spelling of an exact pin; one string per package keeps a lock
 # with hundreds of OS packages short and its diffs one line per change.
@@ -402,6 +407,8 @@ class ProbeInfo(_Model):
     version: int = 1
     errors: dict[str, str] = Field(default_factory=dict)
     duration_ms: float | None = None
+    # Whether the torch facts came from an import in this run or from the cache of an earlier one.
+    torch_facts: Literal["live", "cached"] | None = None
 
 
 class Lock(_Model):
@@ -476,5 +483,8 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = {
     "torch": {"cuda_available", "device_count", "cpu_capability"},
     "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
     "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
-    "packages": {"__all__": {"installer", "requested"}},
+    # files_sha256 stays out: the same environment captured with and without --deep must
+    # share its id. An edited file still changes the id through files_changed, which a clean
+    # install never has, and integrity seals the digest against hand edits.
+    "packages": {"__all__": {"installer", "requested", "files_sha256"}},
 }

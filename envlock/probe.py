@@ -64,14 +64,17 @@ _SECRET_WORDS = frozenset((
 # Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
 _SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
                     "PRIVATEKEY", "ACCESSKEY")
-# A word that makes the variable a switch or a property *about* a secret, whose value is a
-# flag, a number or a mode (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, GIT_TERMINAL_PROMPT, ..._TTL).
-_SETTING_WORDS = frozenset((
-    "DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT", "TIMEOUT", "TTL",
-    "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND", "PROVIDER",
-    "HELPER", "PROMPT", "PARALLELISM", "AFFINITY", "URL", "URI", "ENDPOINT", "HOST", "PORT",
-    "SERVER", "REGION",
+# A switch about a secret holds a flag, wherever the word stands (HF_HUB_DISABLE_IMPLICIT_TOKEN=1).
+_SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT",
+                           "REQUIRE", "REQUIRED", "PROMPT"))
+# A property of a secret when it comes after the secret's noun (TOKEN_URL, AUTH_TIMEOUT,
+# KEY_TYPE, CREDENTIAL_HELPER); before it, the noun is the secret (DATABASE_URL_PASSWORD).
+_PROPERTY_WORDS = frozenset((
+    "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
+    "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
 ))
+# Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
 # Variables that hold a location, never a credential: the shell's and the desktop's own, and
 # any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
 _PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
@@ -102,9 +105,10 @@ def looks_secret(name: str) -> bool:
     if is_path_variable(name):
         return False
     words = _name_words(name)
-    if any(w in _SETTING_WORDS for w in words):
+    nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
+    if not nouns or any(w in _SWITCH_WORDS for w in words):
         return False
-    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
+    return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
 
 
 def canonicalize_name(name: str) -> str:
@@ -121,10 +125,18 @@ def canonicalize_name(name: str) -> str:
 # needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
 
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
-# scp-style remotes (user[:password]@host:path) in free text; the userinfo is greedy up to the
-# last "@" before the host, so a password holding "@" goes with it.
-_SCP_RE = re.compile(r"(?<![^\s\"'(=,;])([^\s\"'<>`/]+)@([A-Za-z0-9][A-Za-z0-9.-]*):(?=\S)")
+# Starts only where a run of scheme characters starts: otherwise every position of a long run
+# without "://" would be tried, quadratic in its length.
+_URL_RE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
+# quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
+# start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
+# "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
+# userinfo backtracks quadratically on "=a@=a@...").
+_SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
+_SCP_WORD_RE = re.compile(r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*")
+_SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
+_SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
 _SECRET_QUERY_RE = re.compile(
@@ -201,9 +213,10 @@ def _split_authority(rest: str) -> Tuple[str, str]:
     at = authority.rfind("@")
     if at >= 0:
         return rest[:at], rest[at + 1:]
-    m = re.match(r"([^/@\s]*):([^@\s]*/[^@\s]*)@", rest)
-    if m and not re.match(r"\d*/", m.group(2)):
-        return rest[:m.end() - 1], rest[m.end():]
+    colon = authority.find(":")
+    at = rest.find("@", slash) if slash >= 0 else -1
+    if colon >= 0 and at >= 0 and not authority[colon + 1:].isdigit() and not re.search(r"\s", rest[:at]):
+        return rest[:at], rest[at + 1:]
     return "", rest
 
 
@@ -243,8 +256,22 @@ def strip_url(url: str) -> str:
     return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
 
+def _scp_word(word: str) -> str:
+    keep = _SCP_KEEP_RE.match(word)
+    start = keep.end() if keep else 0
+    slash = word.find("/", start)
+    at = word.rfind("@", start, slash if slash >= 0 else len(word))
+    while at > start:
+        if _SCP_HOST_RE.match(word, at + 1) is not None:
+            return word if word[start:at] in _SERVICE_USERS else word[:start] + word[at + 1:]
+        at = word.rfind("@", start, at)
+    return word
+
+
 def _strip_scp(text: str) -> str:
-    return _SCP_RE.sub(lambda m: m.group(0) if m.group(1) in _SERVICE_USERS else m.group(2) + ":", text)
+    if "@" not in text or _SCP_HINT_RE.search(text) is None:
+        return text
+    return _SCP_WORD_RE.sub(lambda m: _scp_word(m.group(0)), text)
 
 
 def scrub_text(text: str) -> str:
@@ -567,6 +594,8 @@ def _path_entries(skip: Optional[str]) -> List[str]:
 
 
 def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[str, str]] = None,
+                     deep_locations: Optional[List[Tuple[str, str, str]]] = None,
+                     record_digest: Callable[[str], Optional[str]] = record_sha256,
                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
@@ -574,6 +603,8 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
     full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
     ``locations``, when given, receives name -> metadata path of each active distribution (the
     OS packages block uses it to find the distributions an OS package owns).
+    ``deep_locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
+    RECORD, for the deep check.
     """
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
@@ -626,7 +657,7 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
                 pkg["source"] = "conda"
                 pkg.pop("url", None)
             if "RECORD" in files:
-                pkg["record_sha256"] = record_sha256(os.path.join(full, "RECORD"))
+                pkg["record_sha256"] = record_digest(os.path.join(full, "RECORD"))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
             pkg = {k: v for k, v in pkg.items() if v is not None}
@@ -638,6 +669,7 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
                     packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
                     if locations is not None:
                         locations[cname] = full
+                    _note_deep(deep_locations, cname, entry, fname, kind, files)
                 else:
                     duplicates.append({"name": cname, "version": version,
                                        "active_version": active[cname], "path_index": index})
@@ -645,10 +677,18 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
             active[cname] = version
             if locations is not None:
                 locations[cname] = full
+            _note_deep(deep_locations, cname, entry, fname, kind, files)
             seen[cname] = (len(packages), full)
             packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+def _note_deep(deep_locations: Optional[List[Tuple[str, str, str]]], name: str, entry: str,
+               fname: str, kind: str, files: Tuple[str, ...]) -> None:
+    """An active distribution with a RECORD is one the deep check re-hashes."""
+    if deep_locations is not None and kind == "dist-info" and "RECORD" in files:
+        deep_locations.append((name, entry, fname))
 
 
 def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
@@ -1065,6 +1105,10 @@ def collect_image(cli_ref: Optional[str]) -> Dict[str, Any]:
 # -- GPU ----------------------------------------------------------------------------------------
 
 
+class NvmlError(RuntimeError):
+    """An NVML call failed; the message is NVML's own error string."""
+
+
 class _CtypesNvml:
     """The handful of NVML calls envlock needs, straight from libnvidia-ml through ctypes.
 
@@ -1077,11 +1121,16 @@ class _CtypesNvml:
 
         self.ct = ctypes
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._check(self.lib.nvmlInit_v2(), "nvmlInit")
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise RuntimeError("%s failed with NVML error %d" % (what, rc))
+            # NVML's own words ("Driver Not Loaded"), which users can search for; the bare
+            # code is kept for the rare build whose table lacks it.
+            text = self.lib.nvmlErrorString(rc)
+            words = text.decode("utf-8", "replace") if text else "Unknown Error"
+            raise NvmlError("%s: %s (NVML error %d)" % (what, words, rc))
 
     def _string(self, fn: Any, *args: Any) -> str:
         buf = self.ct.create_string_buffer(96)
@@ -1093,18 +1142,18 @@ class _CtypesNvml:
 
     def cuda_driver(self) -> int:
         v = self.ct.c_int()
-        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "cuda version")
+        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "nvmlSystemGetCudaDriverVersion_v2")
         return v.value
 
     def count(self) -> int:
         n = self.ct.c_uint()
-        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "device count")
+        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "nvmlDeviceGetCount_v2")
         return n.value
 
     def device(self, i: int) -> Dict[str, Any]:
         ct = self.ct
         h = ct.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "handle")
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "nvmlDeviceGetHandleByIndex_v2")
         dev: Dict[str, Any] = {"index": i, "name": self._string(self.lib.nvmlDeviceGetName, h)}
         try:
             dev["uuid"] = self._string(self.lib.nvmlDeviceGetUUID, h)
@@ -1198,6 +1247,15 @@ def _hash_uuids(info: Dict[str, Any]) -> Dict[str, Any]:
     return info
 
 
+def _nvml_words(exc: BaseException) -> str:
+    """What went wrong, in NVML's words when NVML answered (ctypes or nvidia-ml-py)."""
+    if isinstance(exc, NvmlError):
+        return str(exc)
+    if type(exc).__name__.startswith("NVMLError"):  # nvidia-ml-py: str() is nvmlErrorString
+        return "%s (NVML error %s)" % (exc, getattr(exc, "value", "?"))
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """NVML in a watchdog thread (a wedged driver must not hang capture), then torch.cuda."""
     box: Dict[str, Any] = {}
@@ -1206,7 +1264,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
         try:
             box["info"] = _nvml_query()
         except Exception as exc:
-            box["error"] = "%s: %s" % (type(exc).__name__, exc)
+            box["error"] = _nvml_words(exc)
 
     thread = threading.Thread(target=work, name="envlock-nvml", daemon=True)
     thread.start()
@@ -1216,7 +1274,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
     elif "info" in box:
         return _hash_uuids(box["info"]), None
     else:
-        nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
+        nvml_error = "NVML unavailable: %s" % box.get("error", "unknown")
     if torch is not None and quiet(lambda: torch.cuda.is_available()):
         devices = []
         for i in range(torch.cuda.device_count()):
@@ -1233,6 +1291,246 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
+#
+# Importing torch is most of a capture (seconds on a GPU box) and its answers - version, CUDA,
+# cuDNN, NCCL, build flags, and the flags a *fresh* interpreter starts with - change only when
+# torch's or its CUDA libraries' files change, or a variable, the CPU or the driver does. Those
+# inputs are hashed into a key; a hit skips the import. Used only by the probe run as a program
+# (CLI capture/verify), whose torch state is a fresh interpreter's by construction; a training
+# process (``envlock.capture()``) reads its own live flags and never uses it. Seeds are never
+# cached: a seed set through envlock makes the run live.
+# ---------------------------------------------------------------------------------------------
+
+CACHE_FORMAT = 1
+CACHE_MAX_ENTRIES = 64
+# Everything torch, its BLAS/OpenMP runtimes, CUDA or the dynamic loader read at import.
+_KEY_ENV_PREFIXES = (
+    "CUDA_", "TORCH_", "PYTORCH_", "ATEN_", "MKL_", "OMP_", "KMP_", "GOMP_", "CUBLAS", "CUDNN_",
+    "NCCL_", "NVIDIA_", "ONEDNN_", "DNNL_", "OPENBLAS_", "TRITON_", "LD_", "HIP_", "ROCM_",
+    "ROCR_", "HSA_", "XLA_", "USE_", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH", "PYTHONUSERBASE",
+)
+_KEY_LIB_RE = re.compile(
+    r"^lib(cuda|cudart|cudnn|cublas|nccl|nvrtc|nvrtc-builtins|nvJitLink|cufft|curand|cusolver|"
+    r"cusparse|cupti|nvToolsExt|amdhip64|MIOpen|rccl|rocblas|hipblas|gomp|iomp5|mkl)[^/]*\.so")
+_KEY_DIST_RE = re.compile(r"^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$",
+                          re.IGNORECASE)
+
+
+def cache_dir() -> str:
+    """``$ENVLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/envlock``, else ``~/.cache/envlock``."""
+    override = os.environ.get("ENVLOCK_CACHE_DIR")
+    if override:
+        return override
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "envlock")
+
+
+def _stat_line(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "%s:absent" % path
+    return "%s:%d:%d:%d" % (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _torch_dists() -> List[Tuple[str, str]]:
+    """``(path entry, dist-info dir)`` of torch, triton and every nvidia-* distribution."""
+    seen = set()
+    found = []
+    for entry in _path_entries(None):
+        try:
+            names = sorted(os.listdir(entry))
+        except OSError:
+            continue
+        for fname in names:
+            if _KEY_DIST_RE.match(fname):
+                cname = canonicalize_name(fname.split("-", 1)[0])
+                if cname not in seen:
+                    seen.add(cname)
+                    found.append((entry, fname))
+    return found
+
+
+def torch_cache_key() -> Optional[str]:
+    """sha256 of every input the torch facts depend on, or None when they cannot be pinned
+    down (no torch distribution with a RECORD: a source checkout, an egg)."""
+    import importlib.util
+
+    dists = _torch_dists()
+    if not any(d[1].lower().startswith("torch-") for d in dists):
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    h = hashlib.sha256()
+
+    def put(*parts: str) -> None:
+        for part in parts:
+            h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+
+    put("format", str(CACHE_FORMAT), str(PROBE_VERSION), sys.version, sys.prefix,
+        os.path.realpath(sys.executable or ""), _stat_line(os.path.realpath(sys.executable or "")),
+        _stat_line(spec.origin))
+    for entry, info in dists:
+        record = os.path.join(entry, info, "RECORD")
+        try:
+            with open(record, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        put(info, hashlib.sha256(data).hexdigest())
+        for line in data.splitlines():
+            rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
+            leaf = rel.rsplit("/", 1)[-1]
+            if ".so" in leaf and not rel.startswith("../"):
+                put(_stat_line(os.path.join(entry, rel)))
+    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if not directory:
+            continue
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            put("%s:unreadable" % directory)
+            continue
+        for name in names:
+            if _KEY_LIB_RE.match(name):
+                put(_stat_line(os.path.join(directory, name)))
+    for lib in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
+        if lib:
+            put(_stat_line(lib))
+    put(_stat_line("/etc/ld.so.cache"))
+    for name in sorted(os.environ):
+        if name.startswith(_KEY_ENV_PREFIXES):
+            put(name, os.environ[name])
+    cpuinfo = _read_text("/proc/cpuinfo", 1 << 16) or ""
+    flags = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))][:1]
+    put("cpu", *flags)
+    try:
+        put("affinity", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+    except (AttributeError, OSError):
+        put("cpus", str(os.cpu_count()))
+    put("driver", _read_text("/proc/driver/nvidia/version", 4096) or "none")
+    return h.hexdigest()
+
+
+def _cache_path(key: str) -> str:
+    return os.path.join(cache_dir(), "torch-facts-%s.json" % key[:32])
+
+
+def cache_read(key: str) -> Optional[Dict[str, Any]]:
+    """The facts stored under ``key``; None for a miss, a corrupt or a foreign entry."""
+    try:
+        with open(_cache_path(key), "rb") as fh:
+            entry = json.loads(fh.read(1 << 22).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT
+            or entry.get("key") != key or not isinstance(entry.get("facts"), dict)):
+        return None
+    facts: Dict[str, Any] = entry["facts"]
+    if not isinstance(facts.get("torch"), dict) or not isinstance(facts.get("determinism"), dict):
+        return None
+    return facts
+
+
+def cache_write(key: str, facts: Dict[str, Any]) -> None:
+    """Concurrent writers of one key write the same bytes, so whichever rename lands last is
+    right. The oldest entries beyond CACHE_MAX_ENTRIES go. Never raises."""
+    if not _atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
+        return
+    directory = cache_dir()
+    try:
+        entries = [n for n in os.listdir(directory) if n.startswith("torch-facts-")]
+        if len(entries) > CACHE_MAX_ENTRIES:
+            paths = sorted((os.path.join(directory, n) for n in entries),
+                           key=lambda p: os.stat(p).st_mtime)
+            for old in paths[:len(entries) - CACHE_MAX_ENTRIES]:
+                os.unlink(old)
+    except OSError:
+        pass  # another run pruned the same entry first
+
+
+class RecordDigests:
+    """``record_sha256`` of big RECORD files, remembered by their stat.
+
+    torch's RECORD alone is ~15,000 lines (~60 ms to digest); an installer rewrites RECORD
+    whenever it touches a distribution, which changes its inode, size or mtime. Small RECORDs
+    are cheaper to digest than to look up and are not kept.
+    """
+
+    MIN_SIZE = 32 << 10
+
+    def __init__(self) -> None:
+        h = hashlib.sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
+        self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
+        self.entries: Dict[str, List[Any]] = {}
+        self.dirty = False
+        try:
+            with open(self.path, "rb") as fh:
+                data = json.loads(fh.read(1 << 24).decode("utf-8"))
+            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT \
+                    and isinstance(data.get("entries"), dict):
+                self.entries = data["entries"]
+        except (OSError, ValueError):
+            pass
+
+    def __call__(self, path: str) -> Optional[str]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if st.st_size < self.MIN_SIZE:
+            return record_sha256(path)
+        sig = [st.st_size, st.st_mtime_ns, st.st_ino]
+        entry = self.entries.get(path)
+        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == sig \
+                and isinstance(entry[3], str):
+            return entry[3]
+        digest = record_sha256(path)
+        if digest is not None:
+            self.entries[path] = [*sig, digest]
+            self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        if self.dirty:
+            _atomic_json(self.path, {"format": CACHE_FORMAT, "entries": self.entries})
+
+
+def _atomic_json(path: str, data: Any) -> bool:
+    """Write JSON through a private temp file and a rename: a reader sees the old file or the
+    new one, never half of one. Never raises (a cache that cannot be written is no cache)."""
+    import tempfile
+
+    directory = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(data, sort_keys=True).encode("utf-8"))
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except OSError:
+        return False
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _cacheable(torch: str, canary: bool) -> bool:
+    # Seeds are process state, and the canary runs kernels: both need the real torch.
+    return torch == "auto" and not canary and "torch" not in sys.modules \
+        and "ENVLOCK_SEED" not in os.environ
 
 
 def _want_torch(mode: str) -> Tuple[Any, Optional[str]]:
@@ -1254,8 +1552,14 @@ def _want_torch(mode: str) -> Tuple[Any, Optional[str]]:
 
 def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = None,
             cwd: Optional[str] = None, git_timeout: Optional[float] = None,
-            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None) -> Dict[str, Any]:
-    """Probe this interpreter and process; return a JSON-ready document (never raises)."""
+            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
+            deep: bool = False, cache: bool = False, progress: bool = False,
+            processes: bool = False) -> Dict[str, Any]:
+    """Probe this interpreter and process; return a JSON-ready document (never raises).
+
+    ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
+    (see the torch facts cache above); only for a fresh interpreter, never a training process.
+    """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
     doc: Dict[str, Any] = {}
@@ -1276,28 +1580,54 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["platform"] = guard("platform", collect_platform)
     doc["python"] = guard("python", collect_python)
     locations: Dict[str, str] = {}
-    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations))
+    deep_locations: List[Tuple[str, str, str]] = []
+    records = guard("cache", RecordDigests) if cache else None
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
+                                                      records or record_sha256))
+    if records is not None:
+        records.save()
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
     os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
     if os_packages:
         doc["os_packages"] = os_packages
+    if deep:
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
-    torch_mod, why = _want_torch(torch)
-    if torch_mod is not None:
-        info = guard("torch", lambda: collect_torch(torch_mod))
-        if info:
-            doc["torch"] = info
-    elif why:
-        errors["torch"] = why
-    gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+    key = guard("cache", torch_cache_key) if cache and _cacheable(torch, canary) else None
+    facts = cache_read(key) if key else None
+    gpu = None
+    if facts is not None:
+        gpu = guard("gpu", lambda: collect_gpu(None, nvml_timeout))
+        if (gpu is None or gpu[0] is None) and facts["torch"].get("cuda_available"):
+            facts = None  # NVML failed: only a live torch.cuda can describe the GPUs
+    if facts is not None:
+        torch_mod = None
+        doc["torch"] = facts["torch"]
+        det = dict(facts["determinism"])
+        det.update(guard("determinism", lambda: collect_determinism(None)) or {})
+        det["torch_loaded"] = True
+        doc["determinism"] = det
+    else:
+        torch_mod, why = _want_torch(torch)
+        if torch_mod is not None:
+            info = guard("torch", lambda: collect_torch(torch_mod))
+            if info:
+                doc["torch"] = info
+        elif why:
+            errors["torch"] = why
+        gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+        doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
+        if key and "torch" in doc and "torch" not in errors and "determinism" not in errors:
+            # The flags of this fresh interpreter, minus what is read live on every run.
+            flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
+            cache_write(key, {"torch": doc["torch"], "determinism": flags})
     if gpu:
         if gpu[0] is not None:
             doc["gpu"] = gpu[0]
         else:
             errors["gpu"] = gpu[1]
-    doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
     doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
     doc["env"] = guard("env", collect_env) or {}
     if canary:
@@ -1311,6 +1641,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         errors["git"] = git_error
     doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
+    if "torch" in doc:
+        doc["probe"]["torch_facts"] = "cached" if facts is not None else "live"
     scrubbed: Dict[str, Any] = scrub_document(doc, secret_values())
     return scrubbed
 
@@ -1363,6 +1695,34 @@ def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str
     return doc
 
 
+def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
+                processes: bool) -> None:
+    """``--deep``: every file of every active distribution against its RECORD (deep.py).
+
+    Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
+    ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
+    """
+    deep = _load_sibling("deep.py", "_envlock_deep")
+    cb = None
+    if progress:
+        def cb(files: int, total_files: int, nbytes: int, total_bytes: int) -> None:
+            # One line per tick on stderr, which the CLI reads and draws; never on stdout.
+            sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
+                             % (files, total_files, nbytes, total_bytes))
+            sys.stderr.flush()
+    report = deep.check(locations, progress=cb, processes=processes)
+    by_name = {p["name"]: p for p in doc.get("packages", [])}
+    for name, digest in report.pop("digests").items():
+        pkg = by_name.get(name)
+        if pkg is None:
+            continue
+        pkg["files_sha256"] = digest
+        found = report["dists"].get(name)
+        if found:
+            pkg["files_changed"] = deep.changes(found)
+    doc["deep"] = report
+
+
 def _run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
     if torch_mod is None:
         raise RuntimeError("the canary needs torch")
@@ -1379,10 +1739,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--image")
     parser.add_argument("--cwd")
     parser.add_argument("--indent", type=int)
+    parser.add_argument("--deep", action="store_true", help="hash every installed file")
+    parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
+    parser.add_argument("--no-cache", action="store_true", help="always import torch")
     args = parser.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
+    # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
+    # import's (cacheable) and it may fork hashing workers.
     doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
-                  image=args.image, cwd=args.cwd, skip_dir=here)
+                  image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
+                  cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  progress=args.progress, processes=True)
     sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()

@@ -120,19 +120,47 @@ def show_text(lock: Lock, name: str = "env.lock") -> str:
     return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
 
 
-def _md_cell(value: Any) -> str:
-    return safe(value).replace("|", "\\|")
+def md_cell(value: Any) -> str:
+    """One table cell: no line breaks, pipes, backticks or HTML that could change the table."""
+    text = " ".join(safe(value).split())
+    for a, b in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(a, b)
+    return text
+
+
+def md_code(value: Any, *, table: bool = True) -> str:
+    """Text for inside a `code span`: escapes do not work there, so a backtick becomes '."""
+    text = " ".join(safe(value).split()).replace("`", "'")
+    return text.replace("|", "\\|") if table else text
+
+
+def shared_rows(lock: Lock) -> list[tuple[str, str]]:
+    """Summary rows for what is shared (PRs, papers): probe errors by section, never raw text."""
+    rows = [(k, v) for k, v in summary_rows(lock) if k != "id"]
+    if lock.probe.errors:
+        rows = [(k, ", ".join(sorted(lock.probe.errors)) + " (details: envlock show)")
+                if k == "not captured" else (k, v) for k, v in rows]
+    return rows
+
+
+def replay_lines(name: str) -> tuple[str, str]:
+    """How a reader replays the environment: with envlock, and with only uv or pip."""
+    return (f"envlock restore {name}",
+            f"envlock export {name} --to pylock -o pylock.toml && uv pip install -r pylock.toml")
 
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
-    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| | |", "|---|---|"]
-    out += [f"| {k} | {_md_cell(v)} |" for k, v in summary_rows(lock) if k != "id"]
+    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
+    out += [f"| {k} | {md_cell(v)} |" for k, v in shared_rows(lock)]
     out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
             "| package | version | source |", "|---|---|---|"]
-    out += [f"| {p.name} | {_md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    out += [f"| {p.name} | {md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    with_envlock, without = replay_lines(name)
     out += ["", "</details>", "",
             f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
-            f"`envlock verify {_md_cell(name)}`; rebuild it with `envlock restore {_md_cell(name)}`.", ""]
+            f"`envlock verify {md_code(name, table=False)}`. Replay it with "
+            f"`{md_code(with_envlock, table=False)}` (a container), or without envlock: "
+            f"`{md_code(without, table=False)}`.", ""]
     return "\n".join(out)
 
 
@@ -152,130 +180,19 @@ def counts_line(cmp: Comparison) -> str:
     return f"{cmp.count('breaking')} breaking, {cmp.count('warning')} warning, {cmp.count('info')} info"
 
 
-# Beyond this many lines a verify report leads with a summary and lists the first DETAIL_LINES.
-SUMMARY_AFTER = 12
-DETAIL_LINES = 15
-_HEADLINE = ("python", "torch", "gpu", "image", "packages")
-
-
-def _short(value: Any) -> str:
-    text = _dash(value)
-    return text[:19] + "…" if text.startswith("sha256:") and len(text) > 20 else text
-
-
-def _change(cmp: Comparison, path: str, recorded: Any) -> str:
-    for d in cmp.differences:
-        if d.path == path:
-            return f"{_short(d.old)} -> {_short(d.new)}"
-    return f"{_short(recorded)} (unchanged)"
-
-
-def _severity_counts(diffs: Iterable[Difference]) -> str:
-    counts: dict[str, int] = {}
-    for d in diffs:
-        counts[d.severity] = counts.get(d.severity, 0) + 1
-    return ", ".join(f"{counts[s]} {s}" for s in ("breaking", "warning", "info") if s in counts)
-
-
-def verify_summary(cmp: Comparison, lock: Lock) -> str:
-    """The few facts that decide whether two environments are the same stack, then counts."""
-    rows = [("python", _change(cmp, "python.version", lock.python.version))]
-    t = lock.torch
-    stack = [("", "torch.version", t.version if t else None), ("CUDA ", "torch.cuda", t.cuda if t else None),
-             ("cuDNN ", "torch.cudnn", t.cudnn if t else None)]
-    changed = {d.path: d for d in cmp.differences if d.path in ("torch", *(p for _, p, _ in stack))}
-    if "torch" in changed:
-        rows.append(("torch", f"{_short(changed['torch'].old)} -> {_short(changed['torch'].new)}"))
-    elif not changed:
-        rows.append(("torch", ", ".join(f"{label}{_dash(v)}" for label, _, v in stack) + " (unchanged)"
-                     if t else "not in the lock"))
-    else:
-        rows.append(("torch", ", ".join(
-            f"{label}{_short(changed[p].old)} -> {_short(changed[p].new)}" if p in changed
-            else f"{label}{_dash(v)}" for label, p, v in stack)))
-    if lock.gpu or cmp.by_category("gpu"):
-        rows.append(("driver", _change(cmp, "gpu.driver", lock.gpu.driver if lock.gpu else None)))
-    img = lock.image
-    if img.digest or img.id or cmp.by_category("image"):
-        path = "image.id" if any(d.path == "image.id" for d in cmp.differences) else "image.digest"
-        rows.append(("image", _change(cmp, path, img.digest or img.id)))
-    pkgs = cmp.by_category("packages")
-    if pkgs:
-        added = sum(1 for d in pkgs if d.old is None)
-        removed = sum(1 for d in pkgs if d.new is None)
-        kinds = [f"{n} {what}" for n, what in ((added, "added"), (removed, "removed"),
-                                                (len(pkgs) - added - removed, "changed")) if n]
-        rows.append(("packages", f"{_severity_counts(pkgs)} ({', '.join(kinds)})"))
-    else:
-        rows.append(("packages", f"{len(lock.packages)} (unchanged)"))
-    # Every other category (platform, OS packages, determinism variables, ...) as counts.
-    seen: list[str] = []
-    for d in cmp.differences:
-        if d.category not in _HEADLINE and d.category not in seen:
-            seen.append(d.category)
-    rows += [(c.replace("_", " "), _severity_counts(cmp.by_category(c))) for c in seen]
-    width = max(len(k) for k, _ in rows)
-    return "  summary:\n" + "".join(f"    {k.ljust(width)}  {v}\n" for k, v in rows)
-
-
-def image_hint(cmp: Comparison, lock: Lock, name: str) -> str:
-    """A lock of an image, checked somewhere else: point at the way to check the image."""
-    img = lock.image
-    if not (img.digest or img.id) or not cmp.by_category("image"):
-        return ""
-    ref = safe(img.reference or "") + ("@" if img.reference else "") + _short(img.digest or img.id)
-    name = safe(name)
-    return (f"  {name} describes the image {ref}, and this is not that image: "
-            f"`envlock restore {name}` rebuilds it and checks it from inside\n")
-
-
-# The process state a reader looks for first; everything else follows in lock order.
-_PROCESS_FIRST = ("seed", "deterministic_algorithms", "deterministic_warn_only",
-                  "cudnn_deterministic", "cudnn_benchmark")
-
-
-def _process_items(cmp: Comparison) -> list[str]:
-    items: dict[str, str] = {}
-    precision: dict[str, int] = {}  # fp32_precision / allow_tf32 knobs move together: one item
-    for d in cmp.process:
-        key = d.path.rsplit(".", 1)[-1]
-        if d.old is None or key in items or key in ("seed_source", "late", "process_env", "ENVLOCK_SEED_WORKERS"):
-            continue
-        if key == "seed":
-            items[key] = f"seed {d.old}"
-        elif key in ("torch_initial_seed", "ENVLOCK_SEED"):
-            items.setdefault("seed", f"seed {d.old}")
-        elif d.path.startswith(("env.", "determinism.env.")):
-            items[key] = f"{safe(key)}={safe(d.old)}"
-        elif key.endswith("fp32_precision") or key.endswith("allow_tf32"):
-            label = f"{'TF32' if key.endswith('allow_tf32') else 'fp32 precision'} {_value(d.old)}"
-            precision[label] = precision.get(label, 0) + 1
-        else:
-            items[key] = f"{key.replace('_', ' ')} {_value(d.old)}"
-    first = [items.pop(k) for k in _PROCESS_FIRST if k in items]
-    grouped = [f"{label} ({n} settings)" if n > 1 else label for label, n in precision.items()]
-    return first + list(items.values()) + grouped
-
-
-def _value(value: Any) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else safe(value)
-
-
-def process_state_text(cmp: Comparison) -> str:
-    """What the lock's process set (seeds, flags, variables), which a fresh process lacks."""
-    items = _process_items(cmp)
-    if not items:
-        return ""
-    more = f", and {len(items) - 6} more" if len(items) > 6 else ""
-    return (f"  process state recorded (not compared: only the capturing process had it): "
-            f"{', '.join(items[:6])}{more} - replay with envlock.apply() or `envlock run`\n")
-
-
 def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
                 environment: str | None = None, captured_from: str | None = None) -> str:
     """The verify report. ``environment`` says what was checked and why ("./.venv
     (VIRTUAL_ENV)"); ``captured_from`` is the lock's own environment when it exists here but
     another one was checked: the one line that explains a wall of drift."""
+    from envlock.verify_report import (
+        DETAIL_LINES,
+        SUMMARY_AFTER,
+        image_hint,
+        process_state_text,
+        verify_summary,
+    )
+
     shown = [d for d in cmp.differences if show_info or d.severity != "info"]
     against = f" against {safe(environment)}" if environment else ""
     head = f"{safe(name)} (id {lock.short_id}){against}: {counts_line(cmp)}\n"
@@ -316,10 +233,10 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
-    out += [f"{counts_line(cmp)} ({_md_cell(a_name)} → {_md_cell(b_name)})", "",
+    out += [f"{counts_line(cmp)} ({md_cell(a_name)} → {md_cell(b_name)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
-        out.append(f"| {d.severity} | `{_md_cell(d.path)}` | {_md_cell(_dash(d.old))} | {_md_cell(_dash(d.new))} |")
+        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(_dash(d.old))} | {md_cell(_dash(d.new))} |")
     out.append("")
     return "\n".join(out)
 

@@ -98,16 +98,20 @@ def _own(reason: str, notes: list[str]) -> Target:
     return Target(sys.executable, prefix, reason, warning)
 
 
+def _given(python: str) -> Target:
+    exe = resolve_python(python)
+    given = Path(python).expanduser()
+    prefix = given if given.is_dir() else Path(exe).parent.parent
+    return Target(exe, str(prefix.absolute()), "--python")
+
+
 def choose(python: str | None = None, *, cwd: Path | None = None,
            environ: Mapping[str, str] | None = None) -> Target:
     """The environment to probe; ``python`` (``--python``) overrides every rule."""
     env = os.environ if environ is None else environ
     here = (cwd or Path.cwd()).absolute()
     if python:
-        found = resolve_python(python)
-        given = Path(python).expanduser()
-        prefix = given if given.is_dir() else Path(found).parent.parent
-        return Target(found, str(prefix.absolute()), "--python")
+        return _given(python)
     notes: list[str] = []
     venv = env.get("VIRTUAL_ENV")
     if venv:

@@ -204,3 +204,11 @@ def test_another_build_of_pip_only_warns_in_a_restore(restore_lock: Any) -> None
     rebuilt = lock.model_copy(update={"packages": [lock.packages[0].model_copy(update={"record_sha256": "1" * 64})]})
     (d,) = compare(lock, rebuilt).differences
     assert _restore_severity(d).severity == "warning"
+
+
+def test_a_deeply_nested_manifest_is_a_usage_error(tmp_path: Path) -> None:
+    from envlock.restore.wheelhouse import MANIFEST, read_manifest
+
+    (tmp_path / MANIFEST).write_text('{"files": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UsageError, match="not a valid bundle manifest"):
+        read_manifest(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import make_lock, probe_doc, run_cli
@@ -111,3 +112,14 @@ def test_a_variable_is_reported_once() -> None:
     assert [p for p in paths if "num_threads" in p and "env" not in p] == ["determinism.num_threads"]
     # a setting recorded nowhere else is still reported
     assert "canary.settings.mkl_available" in paths
+
+
+def test_seed_variables_are_reported_once_as_seeds() -> None:
+    def lock(seed: int, hash_seed: str) -> Any:
+        env = {"PYTHONHASHSEED": hash_seed, "ENVLOCK_SEED": str(seed)}
+        return make_lock(env={**env, "ENVLOCK_SEED_SOURCE": "envlock"},
+                         determinism={"torch_loaded": False, "env": env},
+                         seeds={"seed": seed, "seed_source": "envlock", "python_hash_seed": hash_seed,
+                                "hash_randomization": False})
+    paths = sorted(d.path for d in compare(lock(5, "1"), lock(6, "2")).differences)
+    assert paths == ["seeds.python_hash_seed", "seeds.seed"]

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import REPO, make_lock
@@ -42,8 +43,9 @@ def test_shell_verify_reports_process_state_and_passes() -> None:
     assert cmp.ok and cmp.differences == ()
     paths = {d.path for d in cmp.process}
     assert {"determinism.deterministic_algorithms", "determinism.cudnn_deterministic",
-            "determinism.env.CUBLAS_WORKSPACE_CONFIG", "determinism.env.ENVLOCK_SEED",
-            "seeds.seed", "seeds.torch_initial_seed", "env.ENVLOCK_SEED"} <= paths
+            "determinism.env.CUBLAS_WORKSPACE_CONFIG", "seeds.seed", "seeds.torch_initial_seed"} <= paths
+    # ENVLOCK_SEED is the seed itself: reported once, as seeds.seed, not again as a variable.
+    assert not {"env.ENVLOCK_SEED", "determinism.env.ENVLOCK_SEED"} & paths
     text = verify_text(cmp, make_lock(**TRAINED), "env.lock")
     line = next(x for x in text.splitlines() if "process state recorded" in x)
     assert "seed 1234" in line and "deterministic algorithms on" in line
@@ -121,3 +123,43 @@ def test_readme_training_workflow_then_shell_verify_exits_0(tmp_path: Path) -> N
     assert "process state recorded" in res.stdout and "seed 1234" in res.stdout
     assert "deterministic algorithms on" in res.stdout
     assert "BREAKING" not in res.stdout
+
+
+# -- restore and run: the image carries the environment, `envlock run` adds the process state --
+
+
+def _trained_restore_lock(restore_lock: Any) -> Any:
+    return restore_lock(determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "ENVLOCK_SEED": "1234",
+                                             "OMP_NUM_THREADS": "4"},
+                                     "process_env": ["CUBLAS_WORKSPACE_CONFIG", "ENVLOCK_SEED"]})
+
+
+def test_image_env_holds_what_was_set_before_start_only(restore_lock: Any) -> None:
+    from envlock.restore.context import Options, dockerfile, numerics_env, plan
+
+    lock = _trained_restore_lock(restore_lock)
+    df = dockerfile(plan(lock, Options(base="python@sha256:" + "a" * 64)))
+    assert 'ENV OMP_NUM_THREADS="4"' in df and "CUBLAS_WORKSPACE_CONFIG" not in df
+    assert numerics_env(lock, process=True) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "ENVLOCK_SEED": "1234"}
+    assert numerics_env(lock, process=False) == {"OMP_NUM_THREADS": "4"}
+
+
+@pytest.mark.integration
+def test_run_passes_the_recorded_process_variables(restore_lock: Any, docker_client: Any,
+                                                   base_image: str, tmp_path: Path,
+                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    from envlock.restore.engine import connect
+    from envlock.restore.run import RunOptions, run_in_image
+
+    lock = _trained_restore_lock(restore_lock)
+    image_id = docker_client.images.get(base_image).id
+    code = "import os; print('env', os.environ.get('CUBLAS_WORKSPACE_CONFIG'), os.environ.get('ENVLOCK_SEED'))"
+    engine = connect("docker")
+    try:
+        rc = run_in_image(engine, lock, image_id, base_image,
+                          RunOptions(command=["python3", "-c", code], gpus="none", workspace=tmp_path),
+                          python="python3")
+    finally:
+        engine.close()
+    assert rc == 0
+    assert "env :4096:8 1234" in capfd.readouterr().out

@@ -380,3 +380,9 @@ def test_safe_escapes_every_control_character() -> None:
     # the twin: ordinary text, non-ASCII letters included, is shown as it is
     for text in ("numpy 2.1.0 -> 2.2.0", "Größe: 3 µs, 東京", "tab-free | pipes", "<redacted>"):
         assert safe(text) == text
+
+
+def test_an_overlong_note_is_a_usage_error(tmp_path: Path) -> None:
+    res = run_cli("capture", "--no-torch", "-o", "env.lock", "--note", "x" * 5000, cwd=tmp_path)
+    assert res.returncode == 2 and "--note" in res.stderr, res.stderr
+    assert not (tmp_path / "env.lock").exists()

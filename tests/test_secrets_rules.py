@@ -22,14 +22,16 @@ SECRET_NAMES = [
     "TORCH_DB_PASS", "HF_HUB_PASSPHRASE", "MYSQL_PWD", "PGPASSWORD", "DB_PASSWD", "GITLAB_PAT",
     "NCCL_IB_SECRET_SAUCE", "SENTRY_DSN", "HF_COOKIE", "TORCH_AUTH", "MLFLOW_TRACKING_PASSWORD",
     "apiKey", "hubAuthToken", "ACCELERATE_CLIENTSECRET", "KAGGLE_KEY", "SSH_PRIVATE_KEY",
-    "GOOGLE_APPLICATION_CREDENTIALS", "SLACK_WEBHOOK", "hf_token",
+    "GOOGLE_APPLICATION_CREDENTIALS", "SLACK_WEBHOOK", "hf_token", "DATABASE_URL_PASSWORD",
+    "SMTP_HOST_PASSWORD", "AWS_ACCESS_KEY_ID", "TRANSFORMERS_USE_AUTH_TOKEN",
 ]
 SETTING_NAMES = [
     "TOKENIZERS_PARALLELISM", "DESKTOP_SESSION", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "KMP_AFFINITY",
     "PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "HF_TOKEN_PATH", "GIT_ASKPASS_DIR",
     "SSL_KEY_FILE", "XDG_SESSION_TYPE", "SESSION_MANAGER", "GIT_AUTHOR_NAME", "KEYRING_BACKEND",
     "PASSWORD_STORE_DIR", "CUDA_VISIBLE_DEVICES", "PIP_INDEX_URL", "HF_HOME", "BYPASS_CACHE",
-    "MONKEY_PATCH", "AUTH_TIMEOUT", "TOKEN_URL", "GNUPGHOME",
+    "MONKEY_PATCH", "AUTH_TIMEOUT", "TOKEN_URL", "GNUPGHOME", "GIT_CREDENTIAL_HELPER", "KEY_TYPE",
+    "GIT_ASKPASS", "HF_HUB_USER_AGENT",
 ]
 
 
@@ -158,7 +160,15 @@ def test_url_examples_from_the_issues() -> None:
     }
     for url, expected in cases.items():
         assert probe.strip_url(url) == expected, url
-    assert probe.scrub_text("--xla_dump_to=https://u:SECRET@h/x") == "--xla_dump_to=https://h/x"
+    texts = {
+        "--xla_dump_to=https://u:SECRET@h/x": "--xla_dump_to=https://h/x",
+        "--remote=deploy:SE;CRET@h:p.git": "--remote=h:p.git",
+        "pushed (deploy:ab@SECRET@host:lab/p.git)": "pushed (host:lab/p.git)",
+        "see /pkg@host:x and bob@lab.org: thanks": "see /pkg@host:x and bob@lab.org: thanks",
+        "u:SECRET@proxy.example:3128": "proxy.example:3128",
+    }
+    for text, expected in texts.items():
+        assert probe.scrub_text(text) == expected, text
 
 
 # -- issue: the working directory was treated as a secret ------------------------------------
@@ -196,3 +206,28 @@ def test_project_venv_lock_keeps_real_paths_same_fingerprint_and_restores(tmp_pa
     assert res.returncode == 0, res.stderr
     assert (out / "Dockerfile").is_file()
     assert "<redacted>" not in (out / "Dockerfile").read_text()
+
+
+def test_restore_applies_the_same_url_rule() -> None:
+    from envlock.errors import UnsafeValue
+    from envlock.restore import values
+
+    ssh = frozenset({"ssh"})
+    assert values.url("ssh://git@github.com/o/r.git", schemes=ssh) == "ssh://git@github.com/o/r.git"
+    assert values.url("https://h.example/x-1.0.whl#sha256=" + "a" * 64)
+    for bad in ("https://u:pw@h.example/x.whl", "https://h.example/x.whl#token=abc",
+                "https://h.example/x.whl?sig=abc", "https://pypi.fury.io/Tok3nTok3n/acme/x.whl"):
+        with pytest.raises(UnsafeValue):
+            values.url(bad)
+    with pytest.raises(UnsafeValue):
+        values.url("ssh://deploy:pw@github.com/o/r.git", schemes=ssh)
+
+
+def test_in_process_canary_settings_are_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import envlock.runtime
+
+    # CPU kernels never read it; a hostile value must still not reach the lock
+    monkeypatch.setenv("MKL_CBWR", "AUTO https://u:CanarySecret99@h.example/x")
+    settings = envlock.runtime.canary(["cpu"]).settings
+    assert settings["env.MKL_CBWR"] == "AUTO https://h.example/x"

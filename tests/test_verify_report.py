@@ -5,7 +5,8 @@ from __future__ import annotations
 from helpers import make_lock
 
 from envlock.drift import compare
-from envlock.render import DETAIL_LINES, SUMMARY_AFTER, verify_text
+from envlock.render import verify_text
+from envlock.verify_report import DETAIL_LINES, SUMMARY_AFTER
 
 DIGEST = "sha256:" + "ab" * 32
 

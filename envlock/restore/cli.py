@@ -142,11 +142,20 @@ def _split_run_args(args: argparse.Namespace) -> list[str]:
     """The command after ``--``; options between the lock and ``--`` are parsed here.
 
     argparse hands everything after the lock to REMAINDER, so ``envlock run env.lock --gpus all
-    -- python train.py`` arrives as one list; without ``--`` the whole list is the command.
+    -- python train.py`` arrives as one list. Without ``--``, leading options are envlock's and
+    the command starts at the first other word (``envlock run env.lock --jupyter --workspace
+    DIR`` has no command at all).
     """
     rest = list(args.cmd or [])
     if "--" not in rest:
-        return rest
+        if not rest or not rest[0].startswith("-"):
+            return rest
+        parser = argparse.ArgumentParser(prog="envlock run", add_help=False)
+        _build_options(parser, lock=False)
+        _run_options(parser)
+        parser.add_argument("cmd", nargs=argparse.REMAINDER)
+        parser.parse_args(rest, namespace=args)
+        return list(args.cmd or [])
     cut = rest.index("--")
     before, command = rest[:cut], rest[cut + 1:]
     if before:

@@ -128,6 +128,9 @@ class Plan:
     offline: bool
     # OS packages installed with the image's package manager (system-Python locks only).
     os_install: ospackages.OsInstall | None = None
+    # vcs packages installed from a wheel of the same version (offline: no checkout reachable);
+    # the image cannot show their commit, and verification knows why.
+    from_wheel: tuple[str, ...] = ()
 
     @property
     def expected_image_change(self) -> bool:
@@ -248,9 +251,23 @@ def _torch_label(lock: Lock) -> str | None:
 
 
 def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
+    out = numerics_env(lock, process=False)
+    if lock.torch and lock.torch.cuda:
+        for key, value in CUDA_ENV.items():
+            out.setdefault(key, value)
+    return tuple(out.items())
+
+
+def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
+    """The lock's numerics variables, validated: those set before the capturing process started
+    (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
+    state, which ``envlock run`` passes to the command and the image does not carry)."""
     allowed = set(NUMERICS_ENV)
+    set_by_process = set(lock.determinism.process_env)
     out: dict[str, str] = {}
     for key, value in sorted(lock.determinism.env.items()):
+        if (key in set_by_process) != process:
+            continue
         values.env_name(key)
         if key not in allowed:
             raise UnsafeValue(
@@ -258,10 +275,7 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
                 "numerics (envlock.probe.NUMERICS_ENV)",
                 hint="the lock was edited or crafted; restore only sets known numerics variables")
         out[key] = values.env_value(value, name=key)
-    if lock.torch and lock.torch.cuda:
-        for key, value in CUDA_ENV.items():
-            out.setdefault(key, value)
-    return tuple(out.items())
+    return out
 
 
 # `python -m venv /usr/local` in a python image would replace the image's own interpreter and
@@ -320,6 +334,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
     skipped: list[str] = []
     local: list[str] = []
+    from_wheel: list[str] = []
     for pkg in lock.packages:
         if pkg.name in from_os:
             if os_install is None:
@@ -333,6 +348,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         req, note = _requirement(pkg, options, offline)
         if note:
             notes.append(note)
+        if req is not None and pkg.source == "vcs" and offline:
+            from_wheel.append(pkg.name)
         if req is None:
             where = f" ({pkg.url})" if pkg.url else ""
             if not options.skip_local:
@@ -383,7 +400,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                wheels=wheels, notes=tuple(notes), offline=offline, os_install=os_install)
+                from_wheel=tuple(from_wheel), wheels=wheels, notes=tuple(notes), offline=offline,
+                os_install=os_install)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -440,6 +458,9 @@ def dockerfile(plan: Plan) -> str:
         f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/env:{plan.short_id} .)",
         f"# Base: {plan.base.display} ({plan.base.origin})",
         f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
+        # The base may end with a non-root USER (a lock captured in an image that runs as its
+        # researcher, as most workstation images do): installing needs root.
+        "USER root",
         "",
         "# Fail early, with a clear message, when the base's python is not the lock's.",
         _version_check(plan),
@@ -474,6 +495,7 @@ def dockerfile(plan: Plan) -> str:
     if staged:
         lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
                   f"FROM {plan.base.ref}",
+                  "USER root",
                   f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
                   f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]

@@ -150,5 +150,5 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     from envlock.restore.verify import verify_image
 
     return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
-                        skipped=plan.skipped,
+                        skipped=plan.skipped, from_wheel=plan.from_wheel,
                         os_packages_restored=plan.os_install is not None or plan.base.origin == "lock")

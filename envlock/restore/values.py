@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from envlock.errors import EnvlockError, UnsafeValue, UsageError
+from envlock.probe import strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -34,7 +35,6 @@ _PATH_RE = re.compile(r"^(/[A-Za-z0-9._+-]+)+/?$")
 # options after whitespace) or a Dockerfile would interpret.
 _URL_CHARS_RE = re.compile(r"^[A-Za-z0-9._~:/?#@!&+,=%-]{1,2048}$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
-_SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 # Docker's reference grammar (distribution/reference), without the parts nobody writes by hand.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -204,8 +204,8 @@ def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "U
                         hint="use https, or pass --allow-http to accept the risk")
     if not parts.hostname:
         raise _refuse(what, value, "has no host")
-    if parts.password is not None or (parts.username is not None and not (
-            parts.scheme == "ssh" and _SSH_USER_RE.fullmatch(parts.username))):
+    # The capture rule, not a stricter copy: ssh's service user (git@host) is no credential.
+    if strip_url(value) != value:
         raise _refuse(what, value, "carries credentials")
     return value
 

@@ -70,12 +70,14 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
-                 skipped: Sequence[str] = (), os_packages_restored: bool = True
-                 ) -> tuple[Lock, Comparison]:
+                 skipped: Sequence[str] = (), from_wheel: Sequence[str] = (),
+                 os_packages_restored: bool = True) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
-    out on purpose (``--skip-local``) are not reported as missing.
+    out on purpose (``--skip-local``) are not reported as missing, and the origin of vcs
+    packages restored from a wheel of the same version (``from_wheel``) is info, not drift:
+    their version and files are still compared.
     """
     from envlock.capturing import build_lock
     from envlock.drift import compare
@@ -101,6 +103,12 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
         cmp = Comparison(tuple(
             replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
             if d.category == "os_packages" else d for d in cmp.differences), cmp.process)
+    if from_wheel:
+        origin = {f"packages.{name}.{key}" for name in from_wheel for key in ("commit", "vcs", "url", "source")}
+        cmp = Comparison(tuple(
+            replace(d, severity="info", message=f"{d.describe()} (restored from a wheel of "
+                    "the same version: the vcs source is out of reach offline)")
+            if d.path in origin else d for d in cmp.differences), cmp.process)
     return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
 
 

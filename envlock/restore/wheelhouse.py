@@ -129,8 +129,9 @@ def read_manifest(directory: Path) -> dict[str, tuple[str, ...]]:
         for row in rows:
             name = values.dist_name(str(row["name"]))
             out.setdefault(name, []).append(values.package_hash(str(row["sha256"]), name=name))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path} is not a valid bundle manifest: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"{path} is not a valid bundle manifest: {why}") from None
     return {k: tuple(v) for k, v in out.items()}
 
 
