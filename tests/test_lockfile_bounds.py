@@ -42,7 +42,9 @@ FULL = make_lock(
     probe={"version": 1, "errors": {"gpu": "none"}},
     packages=[{"name": "numpy", "version": "2.1.0", "installer": "pip", "requested_revision": "r",
                "source": "vcs", "vcs": "git", "commit": "c" * 40, "url": "https://h/x.git",
-               "archive_hash": "sha256=ab", "record_sha256": "0" * 64}],
+               "archive_hash": "sha256=ab", "record_sha256": "0" * 64},
+              {"name": "six", "version": "1.16.0", "source": "system", "os_package": "python3-six",
+               "os_package_version": "1.16.0-4"}],
     duplicates=[{"name": "numpy", "version": "1.0", "active_version": "2.1.0", "path_index": 1}],
 )
 BASE = FULL.model_dump(mode="json", exclude_none=True)
