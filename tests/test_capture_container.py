@@ -9,16 +9,21 @@ from typing import Any
 
 import pytest
 
-from envlock.capturing import PROBE_PATH, build_lock
+from envlock.capturing import build_lock
 from envlock.drift import compare
+from envlock.restore.verify import PROBE_DIR, probe_files
 
 pytestmark = pytest.mark.integration
 
 
 def _probe_tar() -> bytes:
     buf = io.BytesIO()
+    # What restore ships into an image: the probe and the modules it loads from beside itself.
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(PROBE_PATH, arcname="envlock-probe/probe.py")
+        for path, data in probe_files().items():
+            info = tarfile.TarInfo(path.removeprefix("/tmp/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
@@ -28,11 +33,14 @@ def _probe_in(client: Any, image: str, env: dict[str, str] | None = None) -> dic
     try:
         container.start()
         assert container.put_archive("/tmp", _probe_tar())
-        code, out = container.exec_run(["python3", "/tmp/envlock-probe/probe.py"], workdir="/tmp", demux=True)
+        code, out = container.exec_run(["python3", f"{PROBE_DIR}/probe.py"], workdir="/tmp", demux=True)
         stdout, stderr = out
         assert code == 0, stderr
         doc: dict[str, Any] = json.loads(stdout)
-        # Nothing was installed: the image still has no envlock, pydantic or tomlkit.
+        # The Debian image's own package database is read by the shipped parsers.
+        assert "os_packages" not in doc["probe"]["errors"], doc["probe"]["errors"]
+        assert doc["os_packages"]["manager"] == "dpkg" and doc["os_packages"]["packages"]
+        # Nothing was installed: the image still has no envlock or pydantic.
         code, _ = container.exec_run(["python3", "-c", "import pydantic"])
         assert code != 0
         return doc
