@@ -99,3 +99,15 @@ def array_of_tables(out: list[str], path: str, rows: Iterable[Mapping[str, Any]]
     for row in rows:
         out.append(f"\n[[{path}]]\n")
         out.extend(f"{key(k)} = {value(v)}\n" for k, v in row.items())
+
+
+def document(body: Mapping[str, Any]) -> str:
+    """A whole document: top-level scalars first, then its tables and arrays of tables."""
+    out = [f"{key(k)} = {value(v)}\n" for k, v in body.items()
+           if not isinstance(v, Mapping) and not _is_table_array(v)]
+    for k, v in body.items():
+        if isinstance(v, Mapping):
+            table(out, key(k), v, header=True)
+        elif _is_table_array(v):
+            array_of_tables(out, key(k), v)
+    return "".join(out)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import tomlkit
 from packaging.markers import Marker
 from packaging.pylock import (
     Package,
@@ -24,6 +23,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from envlock import tomlwriter
 from envlock.errors import LockInvalid
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
@@ -87,4 +87,4 @@ def render(lock: Lock, resolved: list[Resolved]) -> str:
     doc = build(lock, resolved).to_dict()
     head = (f"# PEP 751 lock exported from envlock {lock.short_id} ({lock.envlock.fingerprint}).\n"
             "# Install without envlock: uv pip install -r pylock.toml   (or pip >= 26.1)\n")
-    return head + tomlkit.dumps(doc)
+    return head + tomlwriter.document(doc)
