@@ -44,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import synth  # noqa: E402  (beside this file, not an installed package)
+import deepbench  # noqa: E402  (beside this file, not an installed package)
+import synth  # noqa: E402
 
 DEFAULT_VENV = REPO / ".cache" / "bench-venv"
 DEFAULT_OUT = HERE / "results" / "latest.json"
@@ -293,7 +294,9 @@ def _run_json(argv: list[str], env: dict[str, str], cwd: Path) -> Any:
 
 def bench_venv(venv: Path, tmp: Path, project: Path, repeats: int) -> dict[str, Command]:
     py, el = str(venv / "bin" / "python"), str(venv / "bin" / "envlock")
-    env = child_env(venv)
+    # A cache of our own: the warm-up run fills it, so the timed `verify` and `capture` runs
+    # reuse torch facts (deepbench times the --no-cache variants too).
+    env = child_env(venv, ENVLOCK_CACHE_DIR=str(tmp / "cache"))
     ref = tmp / "ref.lock"
     proc = subprocess.run([el, "capture", "-o", str(ref)], env=env, cwd=project,
                           capture_output=True, text=True, check=False)
@@ -316,6 +319,7 @@ def bench_venv(venv: Path, tmp: Path, project: Path, repeats: int) -> dict[str, 
         # Exit 1 (drift) still ran a full verify; the exit code is recorded in the results.
         Command("verify", "envlock verify", [el, "verify", str(ref)], env, project,
                 ok_rc=(0, 1)),
+        *deepbench.venv_commands(sys.modules[__name__], venv, tmp, project, env, ref),
     ]
     measure(cmds, repeats)
     return {c.key: c for c in cmds}
@@ -634,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="before each round wait up to this many seconds for the CPUs to "
                              f"be under {SETTLE.threshold:.0%} busy (0: do not wait)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--no-deep", action="store_true",
+                        help="skip verify --deep vs sha256sum (the longest group)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -657,6 +663,12 @@ def main(argv: list[str] | None = None) -> int:
         project = make_project(tmp, child_env(venv))
         log(f"commands on the venv ({repeats} rounds)")
         main_cmds = bench_venv(venv, tmp, project, repeats)
+        deep = None
+        if not args.no_deep:
+            log(f"verify --deep vs sha256sum ({repeats} rounds)")
+            deep = deepbench.bench_deep(sys.modules[__name__], venv, project,
+                                        child_env(venv, ENVLOCK_CACHE_DIR=str(tmp / "cache")),
+                                        tmp / "ref.lock", repeats)
         synth_res = bench_synth(venv, tmp, project, sizes, repeats) if sizes else []
         scan: dict[str, Any] = {}
         load: dict[str, Any] = {}
@@ -681,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
                          "waited_s": round(SETTLE.waited_s, 1),
                          "cpu_busy_before_rounds": SETTLE.busy_before_round}
         targets = build_targets(main_cmds, synth_res, scan, load)
+        targets += deepbench.targets(sys.modules[__name__], main_cmds, deep)
+        doc["deep"] = deepbench.as_json(deep)
         doc["commands"] = {k: c.summary() for k, c in main_cmds.items()}
         if show is not None:
             doc["commands"]["show"] = show.summary()
@@ -692,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["targets"] = [t.as_dict() for t in targets]
         doc["duration_s"] = round(time.perf_counter() - started, 1)
         report = render(doc, main_cmds, synth_res, scan, load, show, targets)
+        report += deepbench.render(deep)
         if "profile" in doc:
             report += "\n" + doc["profile"].get("markdown", "")
         doc["markdown"] = report

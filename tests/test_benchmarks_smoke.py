@@ -129,3 +129,25 @@ def test_report_on_made_up_timings() -> None:
                                                "numpy": "2", "pip": "23", "distributions": 30}}
     text = run.render(doc, main, synth_res, scan, load, None, targets)
     assert "| target |" in text and "MISMATCH" not in text
+
+
+def test_deep_and_cache_report_on_made_up_timings() -> None:
+    deepbench = _load("deepbench")
+    main = {k: _cmd(k, v) for k, v in {
+        "import_torch": [1.0], "verify": [0.09], "capture_cold": [1.2], "verify_no_torch": [0.2],
+        "show_venv": [0.1], "uv_freeze": [0.03], "verify_no_cache": [1.1]}.items()}
+    deep = {"commands": {"sha256sum": _cmd("s", [4.0]), "verify_deep": _cmd("d", [1.0])},
+            "files": 37000, "bytes": 1_000_000_000, "site_bytes": 1_100_000_000,
+            "hashlib_gb_s_per_core": 1.45, "cpus": 2, "workers": 2, "in_probe_s": 0.8}
+    verdicts = {t.name: t.verdict for t in deepbench.targets(run, main, deep)}
+    assert verdicts == {
+        "warm verify (torch facts cached) <= 0.1 x import torch": "PASS",
+        "capture --no-cache (cold) <= 1.15 x import torch": "MISS",
+        "verify --no-torch <= 5 x uv pip freeze": "MISS",
+        "show <= 5 x uv pip freeze": "PASS",
+        "(info) verify --no-cache / import torch": "info",
+        "verify --deep <= 0.2 x sha256sum": "MISS",
+    }
+    text = deepbench.render(deep)
+    assert "0.25x sha256sum" in text and "1.00 GB/s" in text.replace("| 1.00 |", "1.00 GB/s")
+    assert deepbench.as_json(deep)["commands"]["verify_deep"]["median_s"] == 1.0

@@ -101,7 +101,7 @@ def torch_index(pkg: Package, override: str | None) -> str | None:
 def lock_tags(lock: Lock) -> frozenset[Tag] | None:
     """Wheel tags the lock's interpreter accepts; None when they cannot be known (not Linux)."""
     py, plat = lock.python, lock.platform
-    if py.implementation != "cpython" or plat.os != "Linux" or not re.match(r"^\w+$", plat.machine):
+    if py.implementation != "cpython" or plat.os != "Linux" or not re.fullmatch(r"\w+", plat.machine):
         return None
     major, minor = (int(x) for x in py.version.split(".")[:2])
     glibc = 17
@@ -151,7 +151,7 @@ def _direct(pkg: Package) -> Resolved | str:
     if not pkg.url:
         return f"{pkg.source} package without a URL"
     sha = None
-    if pkg.archive_hash and re.match(r"^sha256[=:][0-9a-fA-F]{64}$", pkg.archive_hash):
+    if pkg.archive_hash and re.fullmatch(r"sha256[=:][0-9a-fA-F]{64}", pkg.archive_hash):
         sha = pkg.archive_hash[7:].lower()
     if pkg.url.startswith("file:"):
         path = _local_path(pkg.url)

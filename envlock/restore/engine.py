@@ -409,7 +409,7 @@ class DockerEngine(ContainerEngine):
             created = api.create_container(
                 spec.image, list(spec.command), environment=dict(spec.env), user=spec.user or "",
                 working_dir=spec.workdir, labels={LABEL_OWNER: owner_label()},
-                host_config=host_config, ports=list(spec.ports) or None, detach=True, tty=False,
+                host_config=host_config, ports=_exposed(spec.ports), detach=True, tty=False,
                 stdin_open=False)
         except APIError as exc:
             raise EngineUnavailable(f"cannot create a container from {spec.image}: {_short(exc)}") from None
@@ -476,6 +476,16 @@ class DockerEngine(ContainerEngine):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.client.close()
+
+
+def _exposed(ports: Mapping[str, tuple[str, int]]) -> list[tuple[int, str]] | None:
+    """``"8888/tcp"`` keys as docker-py wants them: (port, proto). Given the string, docker-py
+    appends its own ``/tcp`` and exposes ``8888/tcp/tcp``, and the binding publishes nothing."""
+    out = []
+    for key in ports:
+        port, _, proto = key.partition("/")
+        out.append((int(port), proto or "tcp"))
+    return out or None
 
 
 def _shorten(text: str, limit: int = 110) -> str:

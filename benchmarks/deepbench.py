@@ -1,0 +1,140 @@
+"""Deep verify and the torch facts cache, side by side (issue 11); run by ``run.py``.
+
+* ``envlock verify --deep`` against ``find SITE -type f -print0 | xargs -0 sha256sum`` (one
+  process, what a user would type) over the benchmark venv's site-packages, warm page cache;
+  with the bytes hashed, GB/s, and the floor hashlib sets on this machine (single-core
+  sha256 throughput x cores).
+* warm ``envlock verify`` (torch facts cached) and ``--no-cache`` (torch imported) against
+  ``python -c "import torch"``; ``verify --no-torch`` and ``show`` against ``uv pip freeze``;
+  cold ``capture --no-cache`` against ``import torch``.
+
+Stdlib only, like ``run.py``; the commands and the measuring loop are ``run.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HASHLIB_PROBE = ("import hashlib, time; b = bytes(256 << 20); best = 0.0\n"
+                 "for _ in range(5):\n"
+                 "    t = time.perf_counter(); hashlib.sha256(b).digest()\n"
+                 "    best = max(best, len(b) / (time.perf_counter() - t))\n"
+                 "print(best)")
+
+
+def uv_binary() -> str | None:
+    here = Path(sys.executable).with_name("uv")
+    return str(here) if here.exists() else shutil.which("uv")
+
+
+def site_packages(py: str, env: dict[str, str]) -> str:
+    return subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def venv_commands(run: Any, venv: Path, tmp: Path, project: Path, env: dict[str, str],
+                  ref: Path) -> list[Any]:
+    """Commands for run.py's venv group (all interleaved with import torch and friends)."""
+    py, el = str(venv / "bin" / "python"), str(venv / "bin" / "envlock")
+    cmds = [
+        run.Command("verify_no_cache", "envlock verify --no-cache", [el, "verify", "--no-cache", str(ref)],
+                    env, project, ok_rc=(0, 1)),
+        run.Command("verify_no_torch", "envlock verify --no-torch", [el, "verify", "--no-torch", str(ref)],
+                    env, project, ok_rc=(0, 1)),
+        run.Command("show_venv", "envlock show (the venv's lock)", [el, "show", str(ref)], env, project),
+        run.Command("capture_cold", "envlock capture --no-cache",
+                    [el, "capture", "--no-cache", "-o", str(tmp / "cold.lock")], env, project),
+    ]
+    uv = uv_binary()
+    if uv:
+        cmds.append(run.Command("uv_freeze", "uv pip freeze", [uv, "pip", "freeze", "--python", py],
+                                env, project))
+    return cmds
+
+
+def bench_deep(run: Any, venv: Path, project: Path, env: dict[str, str], ref: Path,
+               repeats: int) -> dict[str, Any]:
+    py, el = str(venv / "bin" / "python"), str(venv / "bin" / "envlock")
+    site = site_packages(py, env)
+    report = run._run_json([el, "verify", "--deep", "--json", str(ref)], env, project)["deep"]
+    sha = run.Command("sha256sum", "find site-packages -type f -print0 | xargs -0 sha256sum",
+                      ["sh", "-c", 'find "$1" -type f -print0 | xargs -0 sha256sum > /dev/null', "sh", site],
+                      env, project)
+    deep = run.Command("verify_deep", "envlock verify --deep", [el, "verify", "--deep", str(ref)],
+                       env, project, ok_rc=(0, 1))
+    run.measure([sha, deep], repeats)
+    rate = float(subprocess.run([py, "-c", HASHLIB_PROBE], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    all_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(site) for f in fs
+                    if not os.path.islink(os.path.join(d, f)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"commands": {"sha256sum": sha, "verify_deep": deep}, "files": report["files"],
+            "bytes": report["bytes"], "site_bytes": all_bytes, "hashlib_gb_s_per_core": rate / 1e9,
+            "cpus": cpus, "workers": report["workers"], "in_probe_s": report["seconds"]}
+
+
+def targets(run: Any, main: dict[str, Any], deep: dict[str, Any] | None) -> list[Any]:
+    def cpu(c: Any) -> float | None:
+        return statistics.median(c.cpu) if c.cpu else None
+
+    def ratio(name: str, a: str, b: str, limit: float, group: dict[str, Any] = main) -> Any:
+        ca, cb = group.get(a), group.get(b)
+        if ca is None or cb is None or ca.error or cb.error:
+            return run.Target(name, None, limit, "x")
+        return run.Target(name, run._ratio(ca.median, cb.median), limit, "x",
+                          value_min=run._ratio(ca.min, cb.min), value_cpu=run._ratio(cpu(ca), cpu(cb)))
+
+    out = [
+        ratio("warm verify (torch facts cached) <= 0.1 x import torch", "verify", "import_torch", 0.1),
+        ratio("capture --no-cache (cold) <= 1.15 x import torch", "capture_cold", "import_torch", 1.15),
+        ratio("verify --no-torch <= 5 x uv pip freeze", "verify_no_torch", "uv_freeze", 5.0),
+        ratio("show <= 5 x uv pip freeze", "show_venv", "uv_freeze", 5.0),
+        ratio("(info) verify --no-cache / import torch", "verify_no_cache", "import_torch", 1.0),
+    ]
+    out[-1].judged = False
+    if deep:
+        out.append(ratio("verify --deep <= 0.2 x sha256sum", "verify_deep", "sha256sum", 0.2,
+                         group=deep["commands"]))
+    return out
+
+
+def render(deep: dict[str, Any] | None) -> str:
+    if not deep:
+        return ""
+    d, s = deep["commands"]["verify_deep"], deep["commands"]["sha256sum"]
+    if d.error or s.error or not d.wall or not s.wall:
+        return "\n### Deep verify\n\nfailed: " + str(d.error or s.error) + "\n"
+    gb = deep["bytes"] / 1e9
+    floor = deep["bytes"] / (deep["hashlib_gb_s_per_core"] * 1e9 * deep["cpus"])
+    lines = [
+        "", "### Deep verify vs sha256sum (warm page cache)", "",
+        f"envlock hashes the {deep['files']:,} files the RECORDs list ({gb:.2f} GB); sha256sum "
+        f"every file under site-packages ({deep['site_bytes'] / 1e9:.2f} GB, bytecode included). "
+        f"hashlib sha256 here: {deep['hashlib_gb_s_per_core']:.2f} GB/s per core x {deep['cpus']} "
+        f"CPUs, so hashing alone needs at least {floor:.2f} s.",
+        "", "| command | median | min | CPU (median) | GB/s (median) |", "|---|---:|---:|---:|---:|",
+    ]
+    for c, nbytes in ((s, deep["site_bytes"]), (d, deep["bytes"])):
+        lines.append(f"| `{c.label}` | {c.median:.2f} s | {c.min:.2f} s | "
+                     f"{statistics.median(c.cpu):.2f} s | {nbytes / 1e9 / c.median:.2f} |")
+    lines += ["", f"verify --deep is {d.median / s.median:.2f}x sha256sum; its wall time is "
+              f"{d.median / floor:.1f}x the hashlib floor of this machine (the rest: interpreter "
+              f"start, RECORD parsing, Python's per-file cost, and the rest of verify). "
+              f"Inside the probe the check itself took {deep['in_probe_s']:.2f} s "
+              f"with {deep['workers']} workers.", ""]
+    return "\n".join(lines)
+
+
+def as_json(deep: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not deep:
+        return None
+    out = {k: v for k, v in deep.items() if k != "commands"}
+    out["commands"] = {k: c.summary() for k, c in deep["commands"].items()}
+    return json.loads(json.dumps(out))

@@ -1,0 +1,392 @@
+"""Deep check: every installed file against the hash its distribution's RECORD gives for it.
+
+``record_sha256`` in the lock identifies a build by its RECORD lines; it cannot see a file
+edited after installation (a debugging print left in site-packages, a patched kernel, a
+half-failed upgrade). This module re-hashes the files themselves, the way ``debsums`` or
+``rpm -V`` do for system packages, and reports per distribution what was modified, is
+missing, or was added inside the distribution's own directories.
+
+Stdlib only and Python >= 3.8, like the probe: the probe loads it by path (``--deep``) in the
+interpreter being checked, so it runs wherever the probe runs.
+
+Files whose RECORD entry legitimately does not match, each handled by its own rule:
+
+* bytecode (``__pycache__/*.pyc``): written by the interpreter after installation; pip lists
+  what it compiled without a hash, uv lists none. Never hashed; never counted as added.
+* ``RECORD`` itself: cannot contain its own hash (PEP 376, empty hash field).
+* ``INSTALLER``, ``REQUESTED``, ``direct_url.json``, uv's ``uv_cache.json`` and console scripts (``../../../bin/*``):
+  written by the installer, which records their hash *after* writing them (pip and uv both
+  do, shebangs included), so they are checked like every other file; they are left out of
+  the per-distribution digest only, because their bytes name this venv (interpreter path in a
+  shebang, a local path in direct_url.json) and would differ between two identical installs.
+* any other entry without a hash (a legacy installer's generated file): existence only.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import os
+import posixpath
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+# Whole-file reads up to this size (one read, one hash call); larger files are streamed through
+# a per-thread buffer, so memory stays at workers x CHUNK whatever the files are.
+CHUNK = 1 << 20
+_INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
+Progress = Callable[[int, int, int, int], None]
+
+
+def record_hash(path: str, buf: Optional[bytearray] = None) -> str:
+    """``sha256=<urlsafe base64, no padding>`` of a file: RECORD's own format (PEP 376/627)."""
+    with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= CHUNK:
+            digest = hashlib.sha256(fh.read()).digest()
+        elif sys.version_info >= (3, 11):
+            digest = hashlib.file_digest(fh, "sha256").digest()  # type: ignore[arg-type,unused-ignore]
+        else:  # pragma: no cover - Python < 3.11
+            h = hashlib.sha256()
+            view = memoryview(buf if buf is not None else bytearray(CHUNK))
+            while True:
+                n = fh.readinto(view)
+                if not n:
+                    break
+                h.update(view[:n])
+            digest = h.digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _is_bytecode(rel: str) -> bool:
+    return rel.endswith((".pyc", ".pyo")) and "__pycache__/" in rel
+
+
+class _Dist:
+    def __init__(self, name: str, site: str, info_dir: str) -> None:
+        self.name = name
+        self.site = site
+        self.info_dir = info_dir
+        self.findings: Dict[str, List[str]] = {}
+        # relpath -> hash as found on disk (or "missing"); feeds the per-distribution digest.
+        self.disk: Dict[str, str] = {}
+
+    def add(self, kind: str, rel: str) -> None:
+        self.findings.setdefault(kind, []).append(rel)
+
+
+def _read_record(path: str) -> Iterator[Tuple[str, str, int]]:
+    with open(path, "r", encoding="utf-8", newline="") as fh:
+        for row in csv.reader(fh):
+            if row and row[0]:
+                size = row[2] if len(row) > 2 else ""
+                yield row[0], (row[1] if len(row) > 1 else ""), int(size) if size.isdigit() else 0
+
+
+_Job = Tuple[str, str, str, "_Dist", int]
+
+
+def _plan(dists: List[_Dist], claimed: Dict[str, Set[str]], owners: Dict[Tuple[str, str], _Dist],
+          ) -> Tuple[List[_Job], Set[Tuple[str, str]]]:
+    """Every hashed RECORD entry as a job (with RECORD's size, for scheduling), plus the
+    package directories in which to look for added files."""
+    jobs: List[_Job] = []
+    tops: Set[Tuple[str, str]] = set()
+    for dist in dists:
+        record = os.path.join(dist.site, dist.info_dir, "RECORD")
+        site_claims = claimed.setdefault(dist.site, set())
+        own_record = dist.info_dir + "/RECORD"
+        try:
+            entries = list(_read_record(record))
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            dist.add("unreadable", "%s/RECORD (%s)" % (dist.info_dir, type(exc).__name__))
+            continue
+        for rel, expected, size in entries:
+            if "\\" in rel or "/./" in rel or "//" in rel or rel.startswith("./"):
+                rel = posixpath.normpath(rel.replace("\\", "/"))
+            inside = not rel.startswith("../") and not rel.startswith("/")
+            if inside:
+                full = dist.site + os.sep + rel
+                site_claims.add(rel)
+                parent, _, _ = rel.rpartition("/")
+                if parent:
+                    owners.setdefault((dist.site, parent), dist)
+                    top = parent.partition("/")[0]
+                    if top != "__pycache__":
+                        tops.add((dist.site, top))
+            else:
+                full = os.path.normpath(os.path.join(dist.site, rel))
+            if not expected:
+                if not _is_bytecode(rel) and rel != own_record and not os.path.lexists(full):
+                    dist.add("missing", rel)
+                continue
+            if not expected.startswith("sha256="):
+                dist.add("unreadable", "%s (RECORD uses %s)" % (rel, expected.partition("=")[0]))
+                continue
+            jobs.append((full, expected, rel, dist, size))
+    return jobs, tops
+
+
+def _walk(root: str, rel: str, out: List[str]) -> None:
+    try:
+        it = os.scandir(root)
+    except OSError:
+        return
+    with it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                _walk(entry.path, rel + "/" + entry.name, out)
+            else:
+                out.append(rel + "/" + entry.name)
+
+
+def _added(tops: Set[Tuple[str, str]], claimed: Dict[str, Set[str]],
+           owners: Dict[Tuple[str, str], _Dist]) -> List[Tuple[str, str, _Dist]]:
+    """Files under a distribution's directories that no RECORD on that site lists.
+
+    Namespace directories (``nvidia/``, ``google/``) hold several distributions: a file is
+    attributed to the distribution owning the nearest directory above it, and only when no
+    distribution at all lists it.
+    """
+    found: List[Tuple[str, str, _Dist]] = []
+    for site, top in sorted(tops):
+        claims = claimed[site]
+        files: List[str] = []
+        _walk(os.path.join(site, top), top, files)
+        for rel in files:
+            if rel in claims or _is_bytecode(rel):
+                continue
+            parent = rel.rpartition("/")[0]
+            owner = None
+            while parent:
+                owner = owners.get((site, parent))
+                if owner is not None:
+                    break
+                parent = parent.rpartition("/")[0]
+            if owner is not None:
+                found.append((site, rel, owner))
+    return sorted(found, key=lambda f: f[1])
+
+
+def _safe_hash(path: str, buf: Optional[bytearray] = None) -> str:
+    try:
+        return record_hash(path, buf)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return "unreadable:%s" % (exc.strerror or type(exc).__name__)
+
+
+class _Counter:
+    """Files and bytes done so far, shared by the hashing threads and the progress callback."""
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def add(self, files: int, nbytes: int) -> None:
+        with self.lock:
+            self.files += files
+            self.bytes += nbytes
+
+
+def _fork_shards(paths: List[str], sizes: List[int], nproc: int, counter: _Counter
+                 ) -> Optional[List[Callable[[], List[str]]]]:
+    """Hash small files in forked children, one shard each; returns one collector per child.
+
+    Per small file the cost is Python's, not the hash's (open, read, close and the call
+    overhead, ~15 us), and that part holds the GIL: threads only queue on it (two threads are
+    slower than one). Processes have a GIL each. Children are forked before any thread of
+    ours starts and only open, read, hash and write, so nothing they inherit can deadlock.
+    """
+    collectors: List[Callable[[], List[str]]] = []
+    for shard in range(nproc):
+        idx = list(range(shard, len(paths), nproc))
+        try:
+            rfd, wfd = os.pipe()
+        except OSError:
+            return None if not collectors else [*collectors, *(
+                _inline(paths, sizes, list(range(k, len(paths), nproc)), counter)
+                for k in range(shard, nproc))]
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(rfd)
+            os.close(wfd)
+            return None if not collectors else [*collectors, *(
+                _inline(paths, sizes, list(range(k, len(paths), nproc)), counter)
+                for k in range(shard, nproc))]
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            code = 1
+            try:
+                os.close(rfd)
+                with os.fdopen(wfd, "wb", buffering=1 << 16) as out:
+                    for i in idx:
+                        out.write(_safe_hash(paths[i]).encode("utf-8", "surrogateescape") + b"\n")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(wfd)
+        collectors.append(_reader(pid, rfd, paths, sizes, idx, counter))
+    return collectors
+
+
+def _inline(paths: List[str], sizes: List[int], idx: List[int], counter: _Counter
+            ) -> Callable[[], List[str]]:
+    def run() -> List[str]:
+        out = [_safe_hash(paths[i]) for i in idx]
+        counter.add(len(idx), sum(sizes[i] for i in idx))
+        return out
+    return run
+
+
+def _reader(pid: int, rfd: int, paths: List[str], sizes: List[int], idx: List[int],
+            counter: _Counter) -> Callable[[], List[str]]:
+    def run() -> List[str]:
+        got: List[str] = []
+        with os.fdopen(rfd, "rb") as fh:
+            for line in fh:
+                got.append(line.rstrip(b"\n").decode("utf-8", "surrogateescape"))
+                if len(got) % 256 == 0:
+                    counter.add(256, sum(sizes[i] for i in idx[len(got) - 256:len(got)]))
+        os.waitpid(pid, 0)
+        counter.add(len(got) % 256, sum(sizes[i] for i in idx[len(got) - len(got) % 256:len(got)]))
+        # A child that died early (killed, out of memory) leaves the rest to this thread.
+        for i in idx[len(got):]:
+            got.append(_safe_hash(paths[i]))
+            counter.add(1, sizes[i])
+        return got
+    return run
+
+
+def _hash_all(paths: List[str], sizes: List[int], workers: int, processes: bool,
+              counter: _Counter, progress: Optional[Callable[[], None]],
+              meanwhile: Callable[[], Any]) -> List[str]:
+    """Hash every path in one pass; the result is in the order of ``paths``.
+
+    ``meanwhile`` (the directory walk for added files) runs in this thread while the hashing
+    runs elsewhere: it is syscalls and set lookups, which the hashing threads leave room for.
+    """
+    result: List[str] = [""] * len(paths)
+    small = [i for i, n in enumerate(sizes) if n <= CHUNK]
+    big = sorted((i for i, n in enumerate(sizes) if n > CHUNK), key=lambda i: -sizes[i])
+    tasks: List[Tuple[List[int], Callable[[], List[str]]]] = []
+    collectors = None
+    if processes and workers > 1 and len(small) > 2000 and hasattr(os, "fork"):
+        sub_paths = [paths[i] for i in small]
+        collectors = _fork_shards(sub_paths, [sizes[i] for i in small], workers, counter)
+        if collectors is not None:
+            tasks += [(small[k::workers], c) for k, c in enumerate(collectors)]
+    if collectors is None:
+        # Threads still pay off for small files spread over a few chunks: the reads overlap.
+        n = max(1, min(len(small), workers))
+        tasks += [(small[k::n], _inline(paths, sizes, small[k::n], counter)) for k in range(n)]
+    # Big files: one thread per core, biggest first; hashlib drops the GIL while it hashes.
+    local = threading.local()
+
+    def one(i: int) -> Tuple[int, str]:
+        buf = getattr(local, "buf", None)
+        if buf is None and sys.version_info < (3, 11):
+            buf = local.buf = bytearray(CHUNK)
+        digest = _safe_hash(paths[i], buf)
+        counter.add(1, sizes[i])
+        return i, digest
+
+    with ThreadPoolExecutor(max_workers=workers + len(tasks),
+                            thread_name_prefix="envlock-hash") as pool:
+        fut_small = [(ids, pool.submit(fn)) for ids, fn in tasks]
+        fut_big = [pool.submit(one, i) for i in big]
+        pending = [f for _, f in fut_small] + fut_big
+        meanwhile()
+        while progress is not None and not all(f.done() for f in pending):
+            progress()
+            time.sleep(0.1)
+        for ids, fut in fut_small:
+            for i, digest in zip(ids, fut.result()):  # noqa: B905 (3.8)
+                result[i] = digest
+        for big_fut in fut_big:
+            index, digest = big_fut.result()
+            result[index] = digest
+    return result
+
+
+def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
+          progress: Optional[Progress] = None, processes: bool = False) -> Dict[str, Any]:
+    """Check distributions given as ``(name, site_dir, dist_info_dirname)``.
+
+    Returns ``{"files", "bytes", "seconds", "workers", "dists": {name: {kind: [relpath]}},
+    "digests": {name: hex}}``; kinds are ``modified``, ``missing``, ``added``, ``unreadable``.
+    A bad file becomes a finding, never an exception. ``processes`` lets small files be
+    hashed in forked children: only for a process that owns no GPU context and no threads of
+    its own (the probe run as a script), never inside a training process.
+    """
+    start = time.perf_counter()
+    if workers is None:
+        try:
+            workers = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            workers = os.cpu_count() or 1
+    workers = max(1, min(32, workers))
+    objs = [_Dist(name, site, info) for name, site, info in dists]
+    claimed: Dict[str, Set[str]] = {}
+    owners: Dict[Tuple[str, str], _Dist] = {}
+    jobs, tops = _plan(objs, claimed, owners)
+    # RECORD's sizes, not a stat per file: they only schedule work and scale the progress bar.
+    sizes = [job[4] for job in jobs]
+    total_files, total_bytes = len(jobs), sum(sizes)
+    counter = _Counter()
+    tick = None
+    if progress is not None:
+        cb = progress
+
+        def tick() -> None:
+            cb(counter.files, total_files, counter.bytes, total_bytes)
+
+    added: List[Tuple[str, str, _Dist]] = []
+    hashes = _hash_all([j[0] for j in jobs], sizes, workers, processes, counter, tick,
+                       lambda: added.extend(_added(tops, claimed, owners)))
+    if tick is not None:
+        tick()
+    for (_full, expected, rel, dist, _), actual in zip(jobs, hashes):  # noqa: B905 (3.8)
+        leaf = rel.rsplit("/", 1)[-1]
+        digestable = not rel.startswith("../") and not (
+            leaf in _INSTALLER_FILES and rel.startswith(dist.info_dir + "/"))
+        if digestable:
+            dist.disk[rel] = actual
+        if actual == "missing":
+            dist.add("missing", rel)
+        elif actual.startswith("unreadable:"):
+            dist.add("unreadable", "%s (%s)" % (rel, actual.split(":", 1)[1]))
+        elif actual != expected:
+            dist.add("modified", rel)
+    for site, rel, owner in added:
+        owner.add("added", rel)
+        owner.disk[rel] = _safe_hash(os.path.join(site, rel))
+    report: Dict[str, Any] = {
+        "files": total_files, "bytes": total_bytes, "workers": workers,
+        "processes": bool(processes and workers > 1),
+        "seconds": round(time.perf_counter() - start, 3), "dists": {}, "digests": {},
+    }
+    for dist in objs:
+        if dist.findings:
+            report["dists"][dist.name] = {k: sorted(v) for k, v in sorted(dist.findings.items())}
+        report["digests"][dist.name] = files_digest(dist.disk)
+    return report
+
+
+def files_digest(disk: Dict[str, str]) -> str:
+    """sha256 over ``path NUL hash`` lines, sorted: the distribution's files as they are on
+    disk. Installer-written files and scripts outside site-packages are not in ``disk``, so
+    two clean installs of one wheel share it on every machine."""
+    lines = sorted("%s\0%s" % (rel, h) for rel, h in disk.items())
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def changes(findings: Dict[str, List[str]]) -> List[str]:
+    """Findings as ``kind path`` strings, for the lock's ``files_changed``."""
+    return sorted("%s %s" % (kind, rel) for kind, rels in findings.items() for rel in rels)

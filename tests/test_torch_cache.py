@@ -1,0 +1,221 @@
+"""The torch facts cache: a verify that imports nothing when nothing torch depends on moved.
+
+Real torch throughout: the CLI runs the probe in a fresh interpreter, which either imports
+torch ("live") or reuses the facts of an earlier run ("cached").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, run_cli
+
+from envlock import probe
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # each live run imports torch in a fresh interpreter
+PROBE = str(REPO / "envlock" / "probe.py")
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ENVLOCK_SEED", "ENVLOCK_NO_CACHE", "LD_LIBRARY_PATH")}
+    env.update({"ENVLOCK_CACHE_DIR": str(cache), **extra})
+    return env
+
+
+def _probe(cache: Path, *args: str, python: str = sys.executable, **extra: str) -> dict[str, Any]:
+    out = subprocess.run([python, PROBE, *args], env=_env(cache, **extra),
+                         capture_output=True, check=True, timeout=600).stdout
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def _facts(cache: Path, *args: str, python: str = sys.executable, **extra: str) -> str:
+    return str(_probe(cache, *args, python=python, **extra)["probe"]["torch_facts"])
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted(cache.glob("torch-facts-*.json"))
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache holding the facts of this interpreter, as the first capture leaves it."""
+    cache = tmp_path_factory.mktemp("cache")
+    assert _facts(cache) == "live"
+    assert len(_entries(cache)) == 1
+    return cache
+
+
+def test_second_run_is_cached_and_says_so(tmp_path: Path, warm: Path) -> None:
+    live = _probe(tmp_path / "fresh", "--no-cache")
+    cached = _probe(warm)
+    assert cached["probe"]["torch_facts"] == "cached" and live["probe"]["torch_facts"] == "live"
+    assert cached["torch"] == live["torch"]
+    assert cached["determinism"] == live["determinism"]
+    assert not (tmp_path / "fresh").exists(), "--no-cache neither reads nor writes the cache"
+    res = run_cli("capture", "-o", str(tmp_path / "env.lock"), cwd=tmp_path,
+                  env={"ENVLOCK_CACHE_DIR": str(warm)})
+    assert res.returncode == 0, res.stderr
+    res = run_cli("verify", str(tmp_path / "env.lock"), "--json", cwd=tmp_path,
+                  env={"ENVLOCK_CACHE_DIR": str(warm)})
+    assert res.returncode == 0, res.stdout
+    assert json.loads(res.stdout)["torch_facts"] == "cached"
+    res = run_cli("verify", str(tmp_path / "env.lock"), "--no-cache", cwd=tmp_path,
+                  env={"ENVLOCK_CACHE_DIR": str(warm)})
+    assert res.returncode == 0 and "torch facts: live" in res.stdout
+
+
+@pytest.mark.parametrize("var", ["TORCH_SHOW_CPP_STACKTRACES", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                                 "ATEN_CPU_CAPABILITY", "MKL_NUM_THREADS"])
+def test_a_relevant_variable_makes_the_next_run_live(warm: Path, var: str) -> None:
+    value = "1" if var != "ATEN_CPU_CAPABILITY" else "default"
+    key_before = _key()
+    os.environ[var] = value
+    try:
+        assert _key() != key_before
+    finally:
+        del os.environ[var]
+    assert _key() == key_before
+
+
+def test_unrelated_variable_keeps_the_cache(warm: Path) -> None:
+    assert _facts(warm, SOME_UNRELATED_SETTING="x") == "cached"
+
+
+def test_variable_end_to_end_live_then_cached(tmp_path: Path, warm: Path) -> None:
+    assert _facts(warm, TORCH_SHOW_CPP_STACKTRACES="1") == "live"
+    assert _facts(warm, TORCH_SHOW_CPP_STACKTRACES="1") == "cached"
+
+
+def test_ld_library_path_cuda_library_added_or_touched(tmp_path: Path, warm: Path) -> None:
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "live"  # the variable itself
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "cached"
+    cudnn = libs / "libcudnn.so.9"
+    cudnn.write_bytes(b"\0" * 64)  # not a real library: the loader is never asked to open it
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "live"
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "cached"
+    st = cudnn.stat()
+    os.utime(cudnn, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "live"
+    (libs / "README").write_text("not a library")
+    assert _facts(warm, LD_LIBRARY_PATH=str(libs)) == "cached"
+
+
+def test_another_interpreter_is_live(tmp_path: Path, warm: Path) -> None:
+    """A second venv that sees the very same torch (through a .pth) is still another key."""
+    import sysconfig
+
+    venv = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    other_site = next((venv / "lib").glob("python3*/site-packages"))
+    (other_site / "torch-site.pth").write_text(str(purelib) + "\n")
+    python = str(venv / "bin" / "python")
+    assert _facts(warm, python=python) == "live"
+    assert _facts(warm, python=python) == "cached"
+    assert _facts(warm) == "cached"  # this interpreter's entry is still there
+
+
+def test_torch_library_file_touched_changes_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's and nvidia-*'s shared libraries (from their RECORD) are keyed by stat.
+
+    A distribution placed first on sys.path stands in for them, so that the test never
+    touches the installed torch.
+    """
+    site_dir = tmp_path / "site"
+    for dist, lib in (("torch-9.9.9", "torch/lib/libtorch_cpu.so"),
+                      ("nvidia_cudnn_cu12-9.1.0", "nvidia/cudnn/lib/libcudnn.so.9")):
+        (site_dir / lib).parent.mkdir(parents=True, exist_ok=True)
+        (site_dir / lib).write_bytes(b"\0" * 32)
+        info = site_dir / f"{dist}.dist-info"
+        info.mkdir()
+        (info / "RECORD").write_text(f"{lib},sha256=x,32\n{info.name}/RECORD,,\n")
+    monkeypatch.syspath_prepend(str(site_dir))
+    before = probe.torch_cache_key()
+    assert before is not None
+    for lib in ("torch/lib/libtorch_cpu.so", "nvidia/cudnn/lib/libcudnn.so.9"):
+        path = site_dir / lib
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        after = probe.torch_cache_key()
+        assert after != before
+        before = after
+    (site_dir / "torch-9.9.9.dist-info" / "RECORD").write_text("other,sha256=y,1\n")
+    assert probe.torch_cache_key() != before
+
+
+def _key() -> str:
+    key = probe.torch_cache_key()
+    assert key is not None
+    return key
+
+
+def test_corrupt_and_foreign_entries_are_ignored_and_rewritten(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert _facts(cache) == "live"
+    (entry,) = _entries(cache)
+    good = json.loads(entry.read_text())
+    entry.write_bytes(b"{not json")
+    assert _facts(cache) == "live"
+    assert json.loads(entry.read_text()) == good
+    # An entry from another key (copied from another machine, or a hash prefix collision).
+    foreign = dict(good, key="0" * 64)
+    entry.write_text(json.dumps(foreign))
+    assert _facts(cache) == "live"
+    assert json.loads(entry.read_text()) == good
+    entry.write_text(json.dumps(dict(good, facts={"torch": "not a table"})))
+    assert _facts(cache) == "live"
+    assert _facts(cache) == "cached"
+
+
+def test_seed_and_canary_are_always_live(warm: Path) -> None:
+    assert _facts(warm, ENVLOCK_SEED="7") == "live"
+    assert _probe(warm, "--canary")["probe"]["torch_facts"] == "live"
+    assert _facts(warm, ENVLOCK_NO_CACHE="1") == "live"
+
+
+def test_in_process_capture_never_uses_the_cache(warm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(warm))
+    doc = probe.collect(torch="auto", cwd=str(warm))
+    assert doc["probe"]["torch_facts"] == "live"
+
+
+def test_concurrent_verifies_share_one_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    lock = tmp_path / "env.lock"
+    res = run_cli("capture", "--no-cache", "-o", str(lock), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+
+    def verify(_: int) -> subprocess.CompletedProcess[str]:
+        return run_cli("verify", str(lock), "--json", cwd=tmp_path, env={"ENVLOCK_CACHE_DIR": str(cache)})
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(verify, range(4)))
+    for res in results:
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert json.loads(res.stdout)["torch_facts"] in ("live", "cached")
+    assert len(_entries(cache)) == 1
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+    assert json.loads(verify(0).stdout)["torch_facts"] == "cached"
+
+
+def test_cache_dir_follows_xdg_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ENVLOCK_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert probe.cache_dir() == str(tmp_path / "xdg" / "envlock")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert probe.cache_dir() == str(tmp_path / "home" / ".cache" / "envlock")
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "mine"))
+    assert probe.cache_dir() == str(tmp_path / "mine")
