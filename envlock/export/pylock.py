@@ -6,9 +6,9 @@ uv cannot express (the GPU stack, the lock's identity) goes under ``[tool.envloc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import tomlkit
 from packaging.markers import Marker
 from packaging.pylock import (
     Package,
@@ -83,8 +83,28 @@ def build(lock: Lock, resolved: list[Resolved]) -> Pylock:
     return doc
 
 
+def dumps(doc: Mapping[str, Any]) -> str:
+    """pylock.toml text: top-level keys, then ``[[packages]]`` (files as inline tables), then
+    ``[tool.*]``, through envlock's own TOML writer (envlock has no TOML library to depend on)."""
+    from envlock import tomlwriter
+
+    out: list[str] = []
+    tables: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k == "packages":
+            continue
+        if isinstance(v, Mapping):
+            tables[k] = v
+        else:
+            out.append(f"{tomlwriter.key(k)} = {tomlwriter.value(v)}\n")
+    tomlwriter.array_of_tables(out, "packages", doc.get("packages", []))
+    for k, v in tables.items():
+        tomlwriter.table(out, tomlwriter.key(k), v)
+    return "".join(out)
+
+
 def render(lock: Lock, resolved: list[Resolved]) -> str:
     doc = build(lock, resolved).to_dict()
     head = (f"# PEP 751 lock exported from envlock {lock.short_id} ({lock.envlock.fingerprint}).\n"
             "# Install without envlock: uv pip install -r pylock.toml   (or pip >= 26.1)\n")
-    return head + tomlkit.dumps(doc)
+    return head + dumps(doc)
