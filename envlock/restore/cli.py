@@ -81,15 +81,26 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from envlock.render import verify_text
 
     lock, engine, result = _restore(args, verify=not args.no_verify)
-    engine.close()
-    how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
-    size = f", {result.size / 1e6:.0f} MB" if result.size else ""
-    sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")
-    if result.comparison is None:
-        return EXIT_OK
-    sys.stdout.write(verify_text(result.comparison, lock, f"{args.lock} inside {result.tag}",
-                                 show_info=args.all))
-    return EXIT_OK if result.comparison.ok else EXIT_DRIFT
+    try:
+        how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
+        size = f", {result.size / 1e6:.0f} MB" if result.size else ""
+        sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")
+        ok = True
+        if result.comparison is not None:
+            sys.stdout.write(verify_text(result.comparison, lock, f"{args.lock} inside {result.tag}",
+                                         show_info=args.all))
+            ok = result.comparison.ok
+        if args.push and not ok:
+            _say("not pushing an image that does not match the lock")
+        elif args.push:
+            from envlock.export.push import push
+
+            ref = push(engine, result.image_id, args.push, lock)
+            sys.stdout.write(f"pushed {ref}\n  replay on a cluster: envlock export {args.lock} "
+                             f"--to k8s|slurm|apptainer --image {ref}\n")
+    finally:
+        engine.close()
+    return EXIT_OK if ok else EXIT_DRIFT
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -210,6 +221,8 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true",
                    help="with --dockerfile-only: replace a build context envlock wrote to DIR before")
     p.add_argument("--all", action="store_true", help="also list info-level differences")
+    p.add_argument("--push", metavar="REGISTRY/REPO",
+                   help="after a successful verify, push the image as REPO:<id> and print REPO@sha256:...")
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("run", help="run a command in the lock's image (restored or reused)",

@@ -121,6 +121,10 @@ class ContainerEngine(ABC):
     @abstractmethod
     def remove_stale(self) -> int: ...
 
+    def push(self, image_id: str, repo: str, tag: str) -> str:
+        """Push ``image_id`` as ``repo:tag``; returns the registry's manifest digest."""
+        raise EngineUnavailable(f"the {self.name} engine cannot push images")
+
     def close(self) -> None:
         return None
 
@@ -289,6 +293,29 @@ class DockerEngine(ContainerEngine):
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")
         self.api.tag(image_id, repo, tag)
+
+    def push(self, image_id: str, repo: str, tag: str) -> str:
+        from docker.errors import APIError
+
+        self.api.tag(image_id, repo, tag)
+        digest = None
+        try:
+            for chunk in self.api.push(repo, tag=tag, stream=True, decode=True):
+                if chunk.get("error"):
+                    raise EngineUnavailable(f"cannot push {repo}:{tag}: {_shorten(str(chunk['error']))}",
+                                            hint="is the registry reachable, and are you logged in?")
+                aux = chunk.get("aux") or {}
+                if isinstance(aux, dict) and isinstance(aux.get("Digest"), str):
+                    digest = aux["Digest"]
+        except APIError as exc:
+            raise EngineUnavailable(f"cannot push {repo}:{tag}: {_short(exc)}") from None
+        if digest is None:  # engines that do not report it (Podman) still list it afterwards
+            info = self.image(image_id)
+            pinned = info.pinned_ref(repo) if info else ""
+            digest = pinned.split("@", 1)[1] if "@" in pinned else None
+        if digest is None:
+            raise EngineUnavailable(f"pushed {repo}:{tag}, but the engine did not report its digest")
+        return str(digest)
 
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
               progress: Progress) -> str:
