@@ -516,7 +516,10 @@ def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
     return name, version
 
 
-_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
+# Files an installer writes into the dist-info, not the wheel's: uv adds uv_cache.json (with a
+# hash) when it installs from a local file, so a uv-made venv and its pip-restored image would
+# otherwise name two builds of one wheel.
+_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD", "uv_cache.json")
 
 
 def record_sha256(path: str) -> Optional[str]:
@@ -524,7 +527,7 @@ def record_sha256(path: str) -> Optional[str]:
 
     The raw RECORD differs between two venvs installing the same wheel: console scripts land
     in ``../../../bin`` with the venv's own interpreter in their shebang, and the installer adds
-    INSTALLER/REQUESTED/direct_url.json. Dropping those lines keeps a hash that names the exact
+    INSTALLER/REQUESTED/direct_url.json (uv also uv_cache.json). Dropping those lines keeps a hash that names the exact
     build (every shipped file's hash) and is the same wherever that build is installed.
     """
     try:

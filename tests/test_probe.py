@@ -282,3 +282,16 @@ def test_conda_built_wheel_is_not_a_local_file(site: Path) -> None:
         "url": "file:///croot/numpy_1700000000/work", "dir_info": {}})
     pkgs, _ = probe.collect_packages()
     assert pkgs[0]["source"] == "conda" and "url" not in pkgs[0]
+
+
+def test_record_sha256_ignores_the_files_installers_add() -> None:
+    # The same wheel installed by pip and by uv (which lists uv_cache.json when it installs a
+    # local file) is one build; a file of the wheel that differs is another.
+    wheel = (b"six.py,sha256=AAAA,100\n"
+             b"six-1.17.0.dist-info/METADATA,sha256=BBBB,50\n"
+             b"six-1.17.0.dist-info/RECORD,,\n")
+    by_pip = wheel + b"six-1.17.0.dist-info/INSTALLER,sha256=CCCC,4\n"
+    by_uv = wheel + (b"six-1.17.0.dist-info/INSTALLER,sha256=DDDD,3\n"
+                     b"six-1.17.0.dist-info/uv_cache.json,sha256=EEEE,60\n")
+    assert probe.record_digest(by_pip) == probe.record_digest(by_uv)
+    assert probe.record_digest(by_pip) != probe.record_digest(by_pip.replace(b"AAAA", b"AAAB"))
