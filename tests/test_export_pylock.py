@@ -66,21 +66,11 @@ def captured(tmp: Path, index: str, specs: tuple[str, ...], name: str = "env.loc
     return lock
 
 
-def uv_cache_record(py: Path, name: str) -> bool:
-    """uv lists its own ``uv_cache.json`` in RECORD when it installs a local file."""
-    site = next(py.parent.parent.glob("lib/python*/site-packages"))
-    return any("uv_cache.json" in rec.read_text() for rec in site.glob(f"{name}-*.dist-info/RECORD"))
-
-
 def package_drift(lock: Path, py: Path) -> list[dict[str, object]]:
     r = run_cli("verify", str(lock), "--python", str(py), "--no-torch", "--json")
     report = json.loads(r.stdout)
     drift = [d for d in report["differences"] if str(d["path"]).startswith("packages")
              and d["severity"] != "info"]
-    # Known probe limitation, not an export defect: uv's installer file uv_cache.json makes
-    # the RECORD hash differ. Tolerated only where that file is really the cause.
-    drift = [d for d in drift if not (str(d["path"]).endswith(".record_sha256")
-                                      and uv_cache_record(py, str(d["path"]).split(".")[1]))]
     assert r.returncode == 0 or drift, r.stdout
     return drift
 
