@@ -48,7 +48,9 @@ def display_path(path: str, cwd: Path | None = None) -> str:
     here = cwd or Path.cwd()
     try:
         rel = p.relative_to(here)
-        return "." if str(rel) == "." else f"./{rel}"
+        # From "/" every path is "relative": "./tmp/proj/.venv" reads like a typo.
+        if here != Path(here.anchor):
+            return "." if str(rel) == "." else f"./{rel}"
     except ValueError:
         pass
     home = os.path.expanduser("~")

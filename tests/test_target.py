@@ -110,6 +110,7 @@ def test_display_path(tmp_path: Path) -> None:
     assert display_path(str(tmp_path / ".venv"), tmp_path) == "./.venv"
     assert display_path(str(tmp_path), tmp_path) == "."
     assert display_path("/opt/venv", tmp_path) == "/opt/venv"
+    assert display_path("/opt/venv", Path("/")) == "/opt/venv"  # not "./opt/venv"
 
 
 def test_recorded_prefix_hint_only_for_an_environment_that_exists_here(envs: dict[str, Path]) -> None:
