@@ -6,9 +6,9 @@ uv cannot express (the GPU stack, the lock's identity) goes under ``[tool.envloc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import tomlkit
 from packaging.markers import Marker
 from packaging.pylock import (
     Package,
@@ -28,6 +28,7 @@ from envlock.errors import LockInvalid
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
 from envlock.model import Lock
+from envlock.tomlwriter import array_of_tables, key, table, value
 
 _SYS_PLATFORM = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
 
@@ -87,4 +88,20 @@ def render(lock: Lock, resolved: list[Resolved]) -> str:
     doc = build(lock, resolved).to_dict()
     head = (f"# PEP 751 lock exported from envlock {lock.short_id} ({lock.envlock.fingerprint}).\n"
             "# Install without envlock: uv pip install -r pylock.toml   (or pip >= 26.1)\n")
-    return head + tomlkit.dumps(doc)
+    return head + _dumps(doc)
+
+
+def _dumps(doc: Mapping[str, Any]) -> str:
+    """pylock.toml through the lock's own TOML writer (envlock depends on no other)."""
+    out = [f"{key(k)} = {value(v)}\n" for k, v in doc.items()
+           if not isinstance(v, (Mapping, list)) or (isinstance(v, list) and not _rows(v))]
+    for k, v in doc.items():
+        if isinstance(v, Mapping):
+            table(out, key(k), v)
+        elif isinstance(v, list) and _rows(v):
+            array_of_tables(out, key(k), v)
+    return "".join(out)
+
+
+def _rows(v: list[Any]) -> bool:
+    return bool(v) and all(isinstance(x, Mapping) for x in v)
