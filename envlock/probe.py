@@ -991,12 +991,32 @@ def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """
     values = set()
     for name, value in (os.environ if environ is None else environ).items():
+        values.update(_url_passwords(value))
         if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
             continue
         if os.path.isabs(value) and os.path.exists(value):
             continue
         values.add(value)
     return sorted(values, key=len, reverse=True)
+
+
+def _url_passwords(value: str) -> List[str]:
+    """Passwords of the URLs in any variable (``PIP_INDEX_URL=https://alice:PW@host``): the
+    URL itself is stripped wherever it goes, but the password alone, pasted into ``--note``,
+    is a secret too. The user name is not (it is often part of a home directory's path)."""
+    if "://" not in value or "@" not in value:
+        return []
+    out = []
+    for m in _URL_RE.finditer(value):
+        scheme = _SCHEME_RE.match(m.group(0))
+        if scheme is None:
+            continue
+        userinfo = _split_authority(m.group(0)[scheme.end():])[0]
+        password = userinfo.partition(":")[2]
+        for candidate in (password, _unquote(password)):
+            if len(candidate.strip()) >= MIN_SECRET_LEN:
+                out.append(candidate)
+    return out
 
 
 def scrub_string(text: str, secrets: List[str]) -> str:

@@ -58,6 +58,23 @@ def test_secret_values_only_credentials(tmp_path: Path) -> None:
     assert probe.secret_values(environ) == ["hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
 
 
+def test_secret_values_include_a_url_password_in_any_variable() -> None:
+    # The URL is stripped wherever it goes; its password pasted into --note was kept verbatim.
+    environ = {"PIP_INDEX_URL": "https://alice:s3cr3t%2Fpassw0rd@pypi.example.org/simple",
+               "PIP_EXTRA_INDEX_URL": "https://bob:short@h/x https://deploybot@h/y"}
+    assert probe.secret_values(environ) == ["s3cr3t%2Fpassw0rd", "s3cr3t/passw0rd"]
+    note = probe.scrub_string("pw s3cr3t/passw0rd for alice", probe.secret_values(environ))
+    assert note == f"pw {probe.REDACTED} for alice"
+
+
+def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
+    # Over-redaction twin: user names and short passwords are not scrubbed from other text.
+    environ = {"PIP_INDEX_URL": f"https://{tmp_path.name}:pw@h/simple", "HTTP_PROXY": "http://proxy:3128"}
+    assert probe.secret_values(environ) == []
+    doc = {"python": {"prefix": f"{tmp_path}/.venv"}}
+    assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
+
+
 def test_scrub_document_keeps_the_working_directory(tmp_path: Path) -> None:
     doc = {"python": {"executable": f"{tmp_path}/.venv/bin/python"}, "url": f"file://{tmp_path}/x"}
     environ = {"PWD": str(tmp_path), "OLDPWD": str(tmp_path), "HOME": str(tmp_path), "HF_TOKEN": "1"}
