@@ -73,7 +73,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False, deep=args.deep,
                        cache=not args.no_cache)
-        locked = f"locked {target.describe()}"
+        locked = f"locked {target.probed(lock.python.prefix).describe()}"
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
@@ -178,6 +178,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             progress.close()
     report = doc.pop("deep", None)
     current = build_lock(doc)
+    target = target.probed(current.python.prefix)
     # This is a fresh process: the seeds and flags the capturing process set are reported.
     cmp = merge(compare(*align(expected, current), strict=args.strict, process_state="report"),
                 report, limit=None if args.all else 10)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envlock.capturing import resolve_python
@@ -40,6 +40,13 @@ class Target:
 
     def describe(self, cwd: Path | None = None) -> str:
         return f"{display_path(self.prefix, cwd)} ({self.reason})"
+
+    def probed(self, prefix: str | None) -> Target:
+        """This target named by the prefix its interpreter reported. ``--python python3`` may
+        be a launcher (a pyenv shim, a wrapper script) whose directory is not the environment."""
+        if self.reason != "--python" or not prefix:
+            return self
+        return replace(self, prefix=prefix)
 
 
 def display_path(path: str, cwd: Path | None = None) -> str:
