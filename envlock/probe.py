@@ -1048,6 +1048,27 @@ def scrub_document(doc: Any, secrets: List[str]) -> Any:
     return doc
 
 
+# What is installed is named by package metadata, never by the environment: a secret value that
+# happens to be a word (POSTGRES_PASSWORD=requests, a DATABASE_URL password "postgres") must not
+# rename a package, which made the whole capture fail as an invalid lock.
+_IDENTITY_KEYS = ("name", "version", "active_version")
+
+
+def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, Any]:
+    """``scrub_document`` for a probe's whole output, package names and versions exempt from
+    the secret values (URLs and token shapes are still stripped from them)."""
+    out: Dict[str, Any] = scrub_document(doc, secrets)
+    for table in ("packages", "duplicates"):
+        for i, row in enumerate(doc.get(table) or []):
+            for k in _IDENTITY_KEYS:
+                if isinstance(row, dict) and isinstance(row.get(k), str):
+                    out[table][i][k] = scrub_string(row[k], [])
+    os_pkgs = doc.get("os_packages")
+    if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
+        out["os_packages"]["packages"] = scrub_document(os_pkgs["packages"], [])
+    return out
+
+
 # -- containers ---------------------------------------------------------------------------------
 
 _CID_RE = re.compile(r"(?:docker|libpod|containers|crio|cri-containerd)[-/]([0-9a-f]{64})")
@@ -1663,8 +1684,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
     if "torch" in doc:
         doc["probe"]["torch_facts"] = "cached" if facts is not None else "live"
-    scrubbed: Dict[str, Any] = scrub_document(doc, secret_values())
-    return scrubbed
+    return scrub_lock_document(doc, secret_values())
 
 
 def _load_sibling(fname: str, module_name: str) -> Any:

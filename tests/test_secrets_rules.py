@@ -75,6 +75,26 @@ def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
     assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
 
 
+def test_a_secret_that_is_a_word_does_not_rename_installed_packages() -> None:
+    # POSTGRES_PASSWORD=requests made the capture fail: packages.13.name was '<redacted>'.
+    secrets = probe.secret_values({"POSTGRES_PASSWORD": "requests"})
+    doc = {"packages": [{"name": "requests", "version": "2.34.2", "source": "url",
+                         "url": "https://files.example.org/requests/requests-2.34.2.whl"}],
+           "duplicates": [{"name": "requests", "version": "2.0", "active_version": "2.34.2", "path_index": 1}],
+           "os_packages": {"manager": "dpkg", "packages": ["python3-requests:all=2.28.1"]},
+           "envlock": {"note": "db password requests"}}
+    out = probe.scrub_lock_document(doc, secrets)
+    assert out["packages"][0]["name"] == "requests" and out["duplicates"][0]["name"] == "requests"
+    assert out["os_packages"]["packages"] == ["python3-requests:all=2.28.1"]
+    # Everywhere else the value is still a secret (leak twin): the URL and the note lose it.
+    assert "requests" not in out["packages"][0]["url"] and "requests" not in out["envlock"]["note"]
+
+
+def test_package_rows_still_lose_url_credentials() -> None:
+    doc = {"packages": [{"name": "x", "version": "1.0", "url": "https://u:pw123456789@h/x.whl"}]}
+    assert probe.scrub_lock_document(doc, [])["packages"][0]["url"] == "https://h/x.whl"
+
+
 def test_scrub_document_keeps_the_working_directory(tmp_path: Path) -> None:
     doc = {"python": {"executable": f"{tmp_path}/.venv/bin/python"}, "url": f"file://{tmp_path}/x"}
     environ = {"PWD": str(tmp_path), "OLDPWD": str(tmp_path), "HOME": str(tmp_path), "HF_TOKEN": "1"}
