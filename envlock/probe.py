@@ -516,7 +516,9 @@ def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
     return name, version
 
 
-_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
+# Files an installer writes into dist-info after unpacking (uv adds uv_cache.json when it
+# installs a local file): not part of the build, so not part of record_sha256.
+_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json", "RECORD")
 
 
 def record_sha256(path: str) -> Optional[str]:
@@ -524,7 +526,7 @@ def record_sha256(path: str) -> Optional[str]:
 
     The raw RECORD differs between two venvs installing the same wheel: console scripts land
     in ``../../../bin`` with the venv's own interpreter in their shebang, and the installer adds
-    INSTALLER/REQUESTED/direct_url.json. Dropping those lines keeps a hash that names the exact
+    INSTALLER/REQUESTED/direct_url.json (uv: uv_cache.json). Dropping those lines keeps a hash that names the exact
     build (every shipped file's hash) and is the same wherever that build is installed.
     """
     try:
