@@ -1005,7 +1005,9 @@ def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
 def _url_passwords(value: str) -> List[str]:
     """Passwords of the URLs in any variable (``PIP_INDEX_URL=https://alice:PW@host``): the
     URL itself is stripped wherever it goes, but the password alone, pasted into ``--note``,
-    is a secret too. The user name is not (it is often part of a home directory's path)."""
+    is a secret too. The user name is not (it is often part of a home directory's path), nor a
+    short plain word (``postgres://postgres:postgres@localhost``, a development default that
+    also names directories and packages: replacing it everywhere would corrupt the lock)."""
     if "://" not in value or "@" not in value:
         return []
     out = []
@@ -1016,7 +1018,7 @@ def _url_passwords(value: str) -> List[str]:
         userinfo = _split_authority(m.group(0)[scheme.end():])[0]
         password = userinfo.partition(":")[2]
         for candidate in (password, _unquote(password)):
-            if len(candidate.strip()) >= MIN_SECRET_LEN:
+            if len(candidate.strip()) >= MIN_SECRET_LEN and not (candidate.isalpha() and len(candidate) < 16):
                 out.append(candidate)
     return out
 

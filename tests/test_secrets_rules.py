@@ -69,9 +69,10 @@ def test_secret_values_include_a_url_password_in_any_variable() -> None:
 
 def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
     # Over-redaction twin: user names and short passwords are not scrubbed from other text.
-    environ = {"PIP_INDEX_URL": f"https://{tmp_path.name}:pw@h/simple", "HTTP_PROXY": "http://proxy:3128"}
+    environ = {"PIP_INDEX_URL": f"https://{tmp_path.name}:pw@h/simple", "HTTP_PROXY": "http://proxy:3128",
+               "DATABASE_URL": "postgresql://postgres:postgres@localhost:5432/postgres"}
     assert probe.secret_values(environ) == []
-    doc = {"python": {"prefix": f"{tmp_path}/.venv"}}
+    doc = {"python": {"prefix": f"{tmp_path}/.venv"}, "note": "/srv/postgres-tools"}
     assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
 
 
