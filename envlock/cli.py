@@ -73,7 +73,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False, deep=args.deep,
                        cache=not args.no_cache)
-        locked = f"locked {target.describe()}"
+        locked = f"locked {target.probed(lock.python.prefix).describe()}"
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
@@ -178,6 +178,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             progress.close()
     report = doc.pop("deep", None)
     current = build_lock(doc)
+    target = target.probed(current.python.prefix)
     # This is a fresh process: the seeds and flags the capturing process set are reported.
     cmp = merge(compare(*align(expected, current), strict=args.strict, process_state="report"),
                 report, limit=None if args.all else 10)
@@ -291,18 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also record each distribution's files as they are on disk")
     p.add_argument("--no-cache", action="store_true",
                    help="import torch even when its cached facts are still valid")
-    p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock")
+    p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("verify", help="does this environment match the lock?")
-    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--strict", action="store_true", help="warnings count as drift too")
     p.add_argument("--all", action="store_true",
                    help="also list info-level differences, and every file --deep finds")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--deep", action="store_true",
                    help="re-hash every installed file against its distribution's RECORD")
     p.add_argument("--no-cache", action="store_true",
@@ -310,19 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("diff", help="compare two locks")
-    p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("a", help="the lock before")
+    p.add_argument("b", help="the lock after")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("show", help="summarise a lock")
-    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
                    help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
-    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--check", action="store_true", help="only report whether it would change")
     p.set_defaults(func=cmd_fmt)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from envlock.model import Lock
@@ -476,6 +476,17 @@ def _canary(c: _Collector, old: Lock, new: Lock) -> None:
              {k: v for k, v in settings_b.items() if k not in elsewhere}, {}, default="info")
 
 
+def _hash_seed_hint(c: _Collector) -> None:
+    """PYTHONHASHSEED is fixed when an interpreter starts, so a shell verify of a training run
+    launched with it must be started with it too: say how, instead of "removed (was 1234)"."""
+    if c.words.is_diff:
+        return
+    for i, d in enumerate(c.items):
+        if d.path == "seeds.python_hash_seed" and d.old is not None and d.new is None:
+            c.items[i] = replace(d, message=f"PYTHONHASHSEED={d.old} in the lock, unset here: "
+                                            f"run with PYTHONHASHSEED={d.old}")
+
+
 # Seeds a process sets (seed_everything); PYTHONHASHSEED is fixed at start, so it is environment
 # unless the process changed the variable itself.
 _SEEDS_PROCESS = {"seeds.seed", "seeds.seed_source", "seeds.torch_initial_seed"}
@@ -519,6 +530,7 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
         seeds_a.pop("torch_initial_seed", None)
         seeds_b.pop("torch_initial_seed", None)
     c.fields("seeds", "seeds", seeds_a, seeds_b, _SEEDS)
+    _hash_seed_hint(c)
     env_rules: dict[str, Severity] = {k: "warning" for k in _ENV_WARNING}
     # A numerics variable is reported once, as determinism.env.X (where it is breaking).
     numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)

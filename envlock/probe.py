@@ -994,12 +994,34 @@ def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """
     values = set()
     for name, value in (os.environ if environ is None else environ).items():
+        values.update(_url_passwords(value))
         if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
             continue
         if os.path.isabs(value) and os.path.exists(value):
             continue
         values.add(value)
     return sorted(values, key=len, reverse=True)
+
+
+def _url_passwords(value: str) -> List[str]:
+    """Passwords of the URLs in any variable (``PIP_INDEX_URL=https://alice:PW@host``): the
+    URL itself is stripped wherever it goes, but the password alone, pasted into ``--note``,
+    is a secret too. The user name is not (it is often part of a home directory's path), nor a
+    short plain word (``postgres://postgres:postgres@localhost``, a development default that
+    also names directories and packages: replacing it everywhere would corrupt the lock)."""
+    if "://" not in value or "@" not in value:
+        return []
+    out = []
+    for m in _URL_RE.finditer(value):
+        scheme = _SCHEME_RE.match(m.group(0))
+        if scheme is None:
+            continue
+        userinfo = _split_authority(m.group(0)[scheme.end():])[0]
+        password = userinfo.partition(":")[2]
+        for candidate in (password, _unquote(password)):
+            if len(candidate.strip()) >= MIN_SECRET_LEN and not (candidate.isalpha() and len(candidate) < 16):
+                out.append(candidate)
+    return out
 
 
 def scrub_string(text: str, secrets: List[str]) -> str:
@@ -1029,6 +1051,27 @@ def scrub_document(doc: Any, secrets: List[str]) -> Any:
     if isinstance(doc, str):
         return scrub_string(doc, secrets)
     return doc
+
+
+# What is installed is named by package metadata, never by the environment: a secret value that
+# happens to be a word (POSTGRES_PASSWORD=requests, a DATABASE_URL password "postgres") must not
+# rename a package, which made the whole capture fail as an invalid lock.
+_IDENTITY_KEYS = ("name", "version", "active_version")
+
+
+def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, Any]:
+    """``scrub_document`` for a probe's whole output, package names and versions exempt from
+    the secret values (URLs and token shapes are still stripped from them)."""
+    out: Dict[str, Any] = scrub_document(doc, secrets)
+    for table in ("packages", "duplicates"):
+        for i, row in enumerate(doc.get(table) or []):
+            for k in _IDENTITY_KEYS:
+                if isinstance(row, dict) and isinstance(row.get(k), str):
+                    out[table][i][k] = scrub_string(row[k], [])
+    os_pkgs = doc.get("os_packages")
+    if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
+        out["os_packages"]["packages"] = scrub_document(os_pkgs["packages"], [])
+    return out
 
 
 # -- containers ---------------------------------------------------------------------------------
@@ -1646,8 +1689,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
     if "torch" in doc:
         doc["probe"]["torch_facts"] = "cached" if facts is not None else "live"
-    scrubbed: Dict[str, Any] = scrub_document(doc, secret_values())
-    return scrubbed
+    return scrub_lock_document(doc, secret_values())
 
 
 def _load_sibling(fname: str, module_name: str) -> Any:

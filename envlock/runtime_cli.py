@@ -58,14 +58,19 @@ def cmd_canary(args: argparse.Namespace) -> int:
         if expected.canary is None:
             raise LockInvalid(f"{args.against} has no [canary] table",
                               hint="capture it with `envlock capture --canary`")
-    if args.python:
+    from envlock.target import choose, same_path
+
+    # The environment is chosen as capture chooses it: installed as a tool (pipx, uv tool),
+    # envlock's own interpreter has no torch, the project's .venv or active venv has.
+    target = choose(args.python)
+    if not same_path(target.prefix, sys.prefix):
         from envlock.capturing import capture
 
-        probed = capture(python=args.python, canary=True, in_process=False)
+        probed = capture(python=target.python, canary=True, in_process=False)
         current = probed.canary
         if current is None:
             why = probed.probe.errors.get("torch") or probed.probe.errors.get("canary") or "unknown reason"
-            raise TorchMissing(f"the canary could not run under {args.python}: {why}")
+            raise TorchMissing(f"the canary could not run in {target.describe()}: {why}")
     else:
         from envlock.runtime import canary
 
@@ -101,5 +106,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--device", action="append", metavar="DEV",
                    help="run on DEV only (cpu, cuda:0, ...); repeatable")
     p.add_argument("--against", metavar="LOCK", help="compare with the [canary] of LOCK")
-    p.add_argument("--python", help="run the canary under this interpreter instead")
+    p.add_argument("--python", help="run the canary under this interpreter (default: chosen as "
+                                    "capture does: $VIRTUAL_ENV, $CONDA_PREFIX, a .venv here or above)")
     p.set_defaults(func=cmd_canary)

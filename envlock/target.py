@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envlock.capturing import resolve_python
@@ -41,6 +41,13 @@ class Target:
     def describe(self, cwd: Path | None = None) -> str:
         return f"{display_path(self.prefix, cwd)} ({self.reason})"
 
+    def probed(self, prefix: str | None) -> Target:
+        """This target named by the prefix its interpreter reported. ``--python python3`` may
+        be a launcher (a pyenv shim, a wrapper script) whose directory is not the environment."""
+        if self.reason != "--python" or not prefix:
+            return self
+        return replace(self, prefix=prefix)
+
 
 def display_path(path: str, cwd: Path | None = None) -> str:
     """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
@@ -48,7 +55,9 @@ def display_path(path: str, cwd: Path | None = None) -> str:
     here = cwd or Path.cwd()
     try:
         rel = p.relative_to(here)
-        return "." if str(rel) == "." else f"./{rel}"
+        # From "/" every path is "relative": "./tmp/proj/.venv" reads like a typo.
+        if here != Path(here.anchor):
+            return "." if str(rel) == "." else f"./{rel}"
     except ValueError:
         pass
     home = os.path.expanduser("~")

@@ -207,3 +207,13 @@ def test_canary_in_a_lock_is_outside_the_fingerprint() -> None:
         warnings.simplefilter("error")
         a = _with_canary(base, runtime.canary(["cpu"]))
     assert a.envlock.fingerprint == seal(base).envlock.fingerprint
+
+
+def test_cli_canary_runs_in_the_environment_capture_would_lock(tmp_path: Path) -> None:
+    # Installed as a tool, envlock's own venv is not the project's: `envlock canary` must pick
+    # the project's .venv as capture does. This one has no torch, so the canary cannot run there
+    # (before, it ran in envlock's own interpreter and hashed that torch instead).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / ".venv")], check=True)
+    out = run_cli("canary", cwd=tmp_path, env={"VIRTUAL_ENV": ""})
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "./.venv (.venv in the working directory)" in out.stderr

@@ -205,6 +205,9 @@ def test_output_file_and_refusals(gpu_lock: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("export", str(tmp_path / "missing.lock"), "--to", "intoto")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    # A directory is a usage error (exit 2), not "cannot write DIR: Is a directory" (exit 3).
+    r = run_cli("export", str(gpu_lock), "--to", "intoto", "-o", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
 
 
 def test_pylock_needs_no_toml_library(restore_lock: Any, monkeypatch: pytest.MonkeyPatch) -> None:

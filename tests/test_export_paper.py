@@ -60,6 +60,14 @@ def test_latex_escapes_every_value(paper_lock: Any) -> None:
     assert "envlock restore" in tex and "uv pip install -r pylock.toml" in tex.replace(r"\allowbreak{}", "")
 
 
+def test_latex_keeps_the_spaces_between_joined_parts(paper_lock: Any) -> None:
+    # escape() collapses whitespace, so a part ending or starting with a space lost it:
+    # "pinned in\texttt{env.lock}" typesets as "pinned inenv.lock".
+    tex = show_latex(paper_lock, "env.lock")
+    assert r"pinned in \texttt{env.lock}" in tex
+    assert "2.13.0+cu130 / 13.0 / 91200 / NCCL 2.27.7" in tex
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=60))
 def test_fuzz_escape_leaves_no_active_character(text: str) -> None:

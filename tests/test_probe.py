@@ -72,6 +72,22 @@ def test_record_hash_ignores_venv_specific_lines(tmp_path: Path) -> None:
     assert ha != probe.record_sha256(str(c / "RECORD"))
 
 
+def test_record_hash_is_the_same_for_pip_and_uv_installs_of_one_wheel() -> None:
+    # RECORDs as pip and `uv pip install --find-links DIR` wrote them for six 1.16.0: uv lists
+    # its own uv_cache.json, which gave "same version, different build" for the same wheel.
+    shipped = (b"six-1.16.0.dist-info/LICENSE,sha256=i7hQxWWqOJ_cFvOkaWWtI9gq3_YPI5P8J2K2MYXo5sk,1066\n"
+               b"six-1.16.0.dist-info/METADATA,sha256=VQcGIFCAEmfZcl77E5riPCN4v2TIsc_qtacnjxKHJoI,1795\n"
+               b"six-1.16.0.dist-info/RECORD,,\n"
+               b"six.py,sha256=TOOfQi7nFGfMrIvtdr6wX4wyHH8M7aknmuLfo2cBBrM,34549\n")
+    pip = shipped + (b"six-1.16.0.dist-info/INSTALLER,sha256=zuuue4knoyJ-UwPPXg8fezS7VCrXJQrAP7zeNuwvFQg,4\n"
+                     b"six-1.16.0.dist-info/REQUESTED,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n")
+    uv = shipped + (b"six-1.16.0.dist-info/INSTALLER,sha256=5hhM4Q4mYTT9z6QB6PGpUAW81PGNFrYrdXMj4oM_6ak,2\n"
+                    b"six-1.16.0.dist-info/uv_cache.json,sha256=adB5bRkFScnr9kBuvo3x_wuHR-DDZJL3SNB2c6a_Gbk,127\n")
+    assert probe.record_digest(pip) == probe.record_digest(uv) == probe.record_digest(shipped)
+    # A shipped file that differs is still another build.
+    assert probe.record_digest(uv.replace(b"TOOfQi7n", b"XXXXXXXX")) != probe.record_digest(pip)
+
+
 def test_shadowed_duplicates_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     make_dist(first, "six", "1.17.0")

@@ -79,6 +79,11 @@ def test_python_hash_seed_is_environment_unless_the_process_set_it() -> None:
     now = make_lock(seeds={"hash_randomization": True})
     cmp = compare(locked, now, process_state="report")
     assert {d.path for d in cmp.breaking} == {"seeds.python_hash_seed", "seeds.hash_randomization"}
+    # Fixed at interpreter start: the message says how to start the verify, not "removed".
+    hint = next(d for d in cmp.breaking if d.path == "seeds.python_hash_seed")
+    assert hint.describe() == "PYTHONHASHSEED=0 in the lock, unset here: run with PYTHONHASHSEED=0"
+    diff = compare(locked, now, names=("a.lock", "b.lock"))
+    assert next(d for d in diff.breaking if d.path == "seeds.python_hash_seed").describe() == "removed (was 0)"
 
 
 def test_probe_tells_a_variable_set_at_run_time_from_an_inherited_one(

@@ -58,6 +58,44 @@ def test_secret_values_only_credentials(tmp_path: Path) -> None:
     assert probe.secret_values(environ) == ["hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
 
 
+def test_secret_values_include_a_url_password_in_any_variable() -> None:
+    # The URL is stripped wherever it goes; its password pasted into --note was kept verbatim.
+    environ = {"PIP_INDEX_URL": "https://alice:s3cr3t%2Fpassw0rd@pypi.example.org/simple",
+               "PIP_EXTRA_INDEX_URL": "https://bob:short@h/x https://deploybot@h/y"}
+    assert probe.secret_values(environ) == ["s3cr3t%2Fpassw0rd", "s3cr3t/passw0rd"]
+    note = probe.scrub_string("pw s3cr3t/passw0rd for alice", probe.secret_values(environ))
+    assert note == f"pw {probe.REDACTED} for alice"
+
+
+def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
+    # Over-redaction twin: user names and short passwords are not scrubbed from other text.
+    environ = {"PIP_INDEX_URL": f"https://{tmp_path.name}:pw@h/simple", "HTTP_PROXY": "http://proxy:3128",
+               "DATABASE_URL": "postgresql://postgres:postgres@localhost:5432/postgres"}
+    assert probe.secret_values(environ) == []
+    doc = {"python": {"prefix": f"{tmp_path}/.venv"}, "note": "/srv/postgres-tools"}
+    assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
+
+
+def test_a_secret_that_is_a_word_does_not_rename_installed_packages() -> None:
+    # POSTGRES_PASSWORD=requests made the capture fail: packages.13.name was '<redacted>'.
+    secrets = probe.secret_values({"POSTGRES_PASSWORD": "requests"})
+    doc = {"packages": [{"name": "requests", "version": "2.34.2", "source": "url",
+                         "url": "https://files.example.org/requests/requests-2.34.2.whl"}],
+           "duplicates": [{"name": "requests", "version": "2.0", "active_version": "2.34.2", "path_index": 1}],
+           "os_packages": {"manager": "dpkg", "packages": ["python3-requests:all=2.28.1"]},
+           "envlock": {"note": "db password requests"}}
+    out = probe.scrub_lock_document(doc, secrets)
+    assert out["packages"][0]["name"] == "requests" and out["duplicates"][0]["name"] == "requests"
+    assert out["os_packages"]["packages"] == ["python3-requests:all=2.28.1"]
+    # Everywhere else the value is still a secret (leak twin): the URL and the note lose it.
+    assert "requests" not in out["packages"][0]["url"] and "requests" not in out["envlock"]["note"]
+
+
+def test_package_rows_still_lose_url_credentials() -> None:
+    doc = {"packages": [{"name": "x", "version": "1.0", "url": "https://u:pw123456789@h/x.whl"}]}
+    assert probe.scrub_lock_document(doc, [])["packages"][0]["url"] == "https://h/x.whl"
+
+
 def test_scrub_document_keeps_the_working_directory(tmp_path: Path) -> None:
     doc = {"python": {"executable": f"{tmp_path}/.venv/bin/python"}, "url": f"file://{tmp_path}/x"}
     environ = {"PWD": str(tmp_path), "OLDPWD": str(tmp_path), "HOME": str(tmp_path), "HF_TOKEN": "1"}

@@ -110,6 +110,7 @@ def test_display_path(tmp_path: Path) -> None:
     assert display_path(str(tmp_path / ".venv"), tmp_path) == "./.venv"
     assert display_path(str(tmp_path), tmp_path) == "."
     assert display_path("/opt/venv", tmp_path) == "/opt/venv"
+    assert display_path("/opt/venv", Path("/")) == "/opt/venv"  # not "./opt/venv"
 
 
 def test_recorded_prefix_hint_only_for_an_environment_that_exists_here(envs: dict[str, Path]) -> None:
@@ -157,3 +158,18 @@ def test_lock_of_another_env_verified_without_python_says_so_in_one_line(tmp_pat
     assert not any(x.lstrip().startswith("BREAKING") for x in lines)
     res = run_cli("verify", "--no-torch", "--python", str(other), cwd=work)
     assert res.returncode == 0, res.stdout
+
+
+def test_python_launcher_is_described_by_the_environment_it_runs(tmp_path: Path) -> None:
+    # A pyenv shim or wrapper script: the environment is where the interpreter says it lives,
+    # not the launcher's parent directory (pyenv's shims/python3 printed "locked ~/.pyenv").
+    env = venv(tmp_path / "real-env")
+    launcher = tmp_path / "shims" / "python3"
+    launcher.parent.mkdir()
+    launcher.write_text(f'#!/bin/sh\nexec "{env}/bin/python" "$@"\n')
+    launcher.chmod(0o755)
+    res = run_cli("capture", "--no-torch", "--python", str(launcher), "-o", "env.lock", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "locked ./real-env (--python)" in res.stdout, res.stdout
+    res = run_cli("verify", "--no-torch", "--python", str(launcher), cwd=tmp_path)
+    assert res.returncode == 0 and "against ./real-env (--python)" in res.stdout, res.stdout

@@ -88,14 +88,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output} would overwrite the lock itself")
     if args.wheelhouse and not Path(args.wheelhouse).is_dir():
         raise UsageError(f"--wheelhouse {args.wheelhouse} is not a directory")
+    out = Path(args.output) if args.output not in (None, "-") else None
+    # Checked before rendering, which may ask a package index for every package.
+    if out is not None and out.is_dir():
+        raise UsageError(f"-o {args.output} is a directory; give a file name such as {out / 'pylock.toml'}")
+    if out is not None and not out.resolve().parent.is_dir():
+        raise UsageError(f"-o {args.output}: directory {out.parent} does not exist")
     text = render(args)
-    if args.output in (None, "-"):
+    if out is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return 0
-    out = Path(args.output)
-    if not out.resolve().parent.is_dir():
-        raise UsageError(f"-o {args.output}: directory {out.parent} does not exist")
     if args.to == "pylock":
         from packaging.pylock import is_valid_pylock_path
 

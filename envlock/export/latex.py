@@ -47,7 +47,7 @@ def rows(lock: Lock, name: str) -> list[tuple[str, str]]:
     if t:
         out.append(("PyTorch / CUDA / cuDNN",
                     escape(f"{t.version} / {t.cuda or 'none'} / {t.cudnn or 'none'}")
-                    + (escape(f" / NCCL {t.nccl}") if t.nccl else "")))
+                    + (" / " + escape(f"NCCL {t.nccl}") if t.nccl else "")))
     else:
         out.append(("PyTorch", "not recorded"))
     gpu = lock.gpu
@@ -79,7 +79,7 @@ def rows(lock: Lock, name: str) -> list[tuple[str, str]]:
             f"cuDNN benchmark {_flag(d.cudnn_benchmark)}, TF32 matmul {_flag(d.cuda_matmul_allow_tf32)}")))
     if d.env:
         out.append(("Numerics variables", escape(", ".join(f"{k}={v}" for k, v in d.env.items()))))
-    out.append(("Packages", escape(f"{len(lock.packages)} Python distributions, pinned in ") + tt(name)))
+    out.append(("Packages", escape(f"{len(lock.packages)} Python distributions, pinned in") + " " + tt(name)))
     return out
 
 
