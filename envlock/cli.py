@@ -105,7 +105,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         f"wrote {path}  id {lock.short_id}\n"
         + (f"  {locked}\n" if locked else "")
         + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
-        f"{len(lock.packages)} packages\n"
+        f"{len(lock.packages)} package{'' if len(lock.packages) == 1 else 's'}\n"
     )
     for section, reason in sorted(lock.probe.errors.items()):
         if section not in ("torch", "gpu", "git") or args.verbose:

@@ -210,6 +210,25 @@ def test_output_file_and_refusals(gpu_lock: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
 
 
+def test_an_existing_file_of_the_user_is_never_replaced(gpu_lock: Path, tmp_path: Path) -> None:
+    notes = tmp_path / "job.yaml"
+    notes.write_text("my own notes\n")
+    image = f"reg.example/x@sha256:{'a' * 64}"
+    r = run_cli("export", str(gpu_lock), "--to", "k8s", "--command", "python train.py", "--image", image,
+                "-o", str(notes))
+    assert r.returncode == 2 and "not written by envlock" in r.stderr, r.stderr
+    assert notes.read_text() == "my own notes\n"
+    # Its own earlier export is replaced freely; anything else with --force.
+    out = tmp_path / "job2.yaml"
+    for _ in range(2):
+        r = run_cli("export", str(gpu_lock), "--to", "k8s", "--command", "python train.py",
+                    "--image", image, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+    r = run_cli("export", str(gpu_lock), "--to", "k8s", "--command", "python train.py", "--image", image,
+                "-o", str(notes), "--force")
+    assert r.returncode == 0 and 'kind: "Job"' in notes.read_text(), r.stderr
+
+
 def test_pylock_needs_no_toml_library(restore_lock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """envlock dropped tomlkit; the pylock writer must not reach for it (or any TOML library)."""
     import tomllib

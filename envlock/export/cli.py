@@ -80,6 +80,15 @@ def render(args: argparse.Namespace) -> str:
     return slurm.render(lock, argv=argv, image=args.image, gpus=args.gpus)
 
 
+def _written_by_envlock(path: Path) -> bool:
+    """Every export names envlock near its top (a comment, a tool entry, a label)."""
+    try:
+        with open(path, "rb") as fh:
+            return b"envlock" in fh.read(8192)
+    except OSError:
+        return False
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from envlock.errors import UsageError
     from envlock.lockfile import atomic_write
@@ -94,6 +103,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output} is a directory; give a file name such as {out / 'pylock.toml'}")
     if out is not None and not out.resolve().parent.is_dir():
         raise UsageError(f"-o {args.output}: directory {out.parent} does not exist")
+    if out is not None and out.is_file() and not args.force and not _written_by_envlock(out):
+        # Someone's requirements.txt or job script: never replaced without being asked.
+        raise UsageError(f"refusing to overwrite {args.output}: it was not written by envlock export",
+                         hint="pass --force to replace it, or choose another -o")
     text = render(args)
     if out is None:
         sys.stdout.write(text)
@@ -120,7 +133,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                       "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs)")
     p.add_argument("lock", nargs="?", default="env.lock")
     p.add_argument("--to", required=True, choices=FORMATS, help="output format")
-    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file is "
+                                          "replaced only if envlock export wrote it")
+    p.add_argument("--force", action="store_true", help="replace an existing -o file of any origin")
     g = p.add_argument_group("package files (pylock, requirements)")
     g.add_argument("--index-url", help="simple-API index for packages (default: the index the "
                                        "lock's environment used, else PyPI)")
