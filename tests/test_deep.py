@@ -291,3 +291,19 @@ def test_deep_module_is_stdlib_only_and_py38_syntax() -> None:
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_progress_lines_are_consumed_and_drawn() -> None:
+    from envlock.deepreport import Progress
+
+    bar = Progress(delay=0.0)
+    bar.enabled = True  # as on a terminal
+    assert not bar.feed("Traceback (most recent call last):\n")
+    assert bar.feed("\x1eenvlock-progress 10 100 1000 100000\n")
+    assert bar.bar is not None
+    assert bar.feed("\x1eenvlock-progress 100 100 100000 100000\n")
+    assert bar.bar.tasks[0].completed == 100000
+    bar.close()
+    quiet = Progress(delay=0.0)
+    quiet.enabled = False  # not a terminal: consumed, never drawn, rich never imported for it
+    assert quiet.feed("\x1eenvlock-progress 1 2 3 4\n") and quiet.bar is None
