@@ -228,7 +228,15 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
 
 
 def import_heavy_modules() -> None:
-    """Import pydantic, the models and tomlkit: called while a probe subprocess runs.
+    """Import pydantic, the models and tomlkit: called while a probe subprocess runs."""
+    import_models()
+    import tomlkit  # noqa: F401
+
+    import envlock.lockfile  # noqa: F401
+
+
+def import_models() -> None:
+    """Import envlock's models without pydantic's plugin scan.
 
     Pydantic looks for plugins through the entry points of every installed distribution when
     the first model class is built (~46 us each); envlock's own models need none, so the scan
@@ -245,9 +253,6 @@ def import_heavy_modules() -> None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
             else:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
-    import tomlkit  # noqa: F401
-
-    import envlock.lockfile  # noqa: F401
 
 
 def verify(

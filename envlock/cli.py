@@ -172,6 +172,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from envlock.capturing import import_models
+
+    import_models()
     from envlock.lockfile import load
     from envlock.render import show_json, show_markdown, show_text
 
