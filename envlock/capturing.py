@@ -247,7 +247,7 @@ def import_models() -> None:
         previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
         try:
-            import envlock.model
+            import envlock.model  # noqa: F401
         finally:
             if previous is None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
