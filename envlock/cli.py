@@ -79,6 +79,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
         f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
         f"{len(lock.packages)} packages\n"
     )
+    changed = [p.name for p in lock.packages if p.files_changed]
+    if changed:
+        _err(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
+             f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): see files_changed\n")
     for section, reason in sorted(lock.probe.errors.items()):
         if section not in ("torch", "gpu", "git") or args.verbose:
             _err(f"  note: {section} not captured: {reason}\n")

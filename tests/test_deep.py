@@ -171,7 +171,11 @@ def test_capture_deep_catches_a_file_edited_before_capture(tmp_path: Path, venv:
     original = init.read_bytes()
     init.write_bytes(original + b"# local patch\n")
     lock = tmp_path / "env.lock"
-    data = _capture(venv, lock, "--deep")
+    res = run_cli("capture", "--python", str(venv), "-o", str(lock), "--deep", cwd=tmp_path)
+    assert "files differ from RECORD in 1 distribution(s) (demo-pkg)" in res.stderr
+    import tomllib
+
+    data = tomllib.loads(lock.read_text())
     pkg = next(p for p in data["packages"] if p["name"] == "demo-pkg")
     assert pkg["files_changed"] == [f"modified {NAME}/__init__.py"]
     init.write_bytes(original)  # a clean machine: every file matches RECORD again
