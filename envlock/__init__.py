@@ -1,12 +1,14 @@
 """envlock: make deep-learning experiments replayable.
 
-The package import is kept light (no pydantic, docker or torch) so that ``envlock --help`` and
-the probe stay instant; the public API is resolved lazily on first use.
+The package import is kept light (no pydantic, docker or torch, not even ``typing``) so that
+``envlock --help`` and the probe stay instant; the public API and the public submodules are
+resolved lazily on first use (PEP 562), and ``dir(envlock)`` lists them for tab completion.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+# typing costs a few ms at import; mypy treats any name TYPE_CHECKING as the typing constant.
+TYPE_CHECKING = False
 
 __version__ = "0.1.0"
 
@@ -39,7 +41,32 @@ _LAZY = {
     "canary": ("envlock.runtime", "canary"),
 }
 
+# Submodules users reach as ``envlock.X`` after a plain ``import envlock`` (the README's
+# ``envlock.distributed.check()``); each is imported on first attribute access.
+_SUBMODULES = (
+    "capturing",
+    "distributed",
+    "drift",
+    "errors",
+    "lockfile",
+    "model",
+    "restore",
+    "runtime",
+    "schema",
+)
+
 if TYPE_CHECKING:
+    from typing import Any
+
+    from envlock import capturing as capturing
+    from envlock import distributed as distributed
+    from envlock import drift as drift
+    from envlock import errors as errors
+    from envlock import lockfile as lockfile
+    from envlock import model as model
+    from envlock import restore as restore
+    from envlock import runtime as runtime
+    from envlock import schema as schema
     from envlock.capturing import capture, verify
     from envlock.drift import compare
     from envlock.lockfile import load
@@ -62,4 +89,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        import importlib
+
+        # import_module binds the submodule on this package, so __getattr__ runs once per name.
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'envlock' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    hidden = {"TYPE_CHECKING", "annotations"}
+    return sorted((set(globals()) - hidden) | set(__all__) | set(_SUBMODULES))

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock import __version__
-from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -27,22 +30,41 @@ if TYPE_CHECKING:
 
 PROBE_PATH = Path(__file__).with_name("probe.py")
 CANARY_PATH = Path(__file__).with_name("kernels.py")
-DEFAULT_PROBE_TIMEOUT = 600.0
+OSPKGS_PATH = Path(__file__).with_name("ospkgs.py")
+# The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
+# --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
+# have their own deadlines. Two minutes is several times the slowest cold start measured, and
+# short enough that a hung interpreter does not hold a training job's start for ten minutes.
+# ENVLOCK_PROBE_TIMEOUT raises it (first CUDA JIT of a new GPU architecture can take longer).
+DEFAULT_PROBE_TIMEOUT = 120.0
+# The probe's JSON is about the size of the lock, which is at most 16 MiB; 64 MiB leaves room
+# and keeps a runaway interpreter from taking gigabytes of envlock's memory.
+MAX_PROBE_OUTPUT = 64 << 20
+_STDERR_KEEP = 64 << 10
+# After the probe exits, how long its leftover children may keep the pipes open.
+_EXIT_GRACE = 1.0
 
 
 def resolve_python(python: str) -> str:
-    """An interpreter given as a path or a command name, checked to exist and be runnable."""
-    candidate = Path(python).expanduser()
-    if candidate.is_dir():
+    """An interpreter given as a path or a command name, checked to exist and be runnable.
+
+    A path is a path: ``./python3`` is that file, never ``python3`` looked up on PATH (``Path``
+    drops the ``./``, so the path is made absolute before anything runs it). Only a bare name
+    such as ``python3.11`` is looked up on PATH, as a shell would.
+    """
+    expanded = os.path.expanduser(python)
+    candidate = Path(os.path.abspath(expanded))
+    is_path = os.sep in expanded or (os.altsep is not None and os.altsep in expanded)
+    if candidate.is_dir() and (is_path or not shutil.which(python)):
         # `--python .venv` is what people type; accept the environment directory.
         for sub in ("bin/python", "bin/python3", "Scripts/python.exe"):
             if (candidate / sub).exists():
                 return str(candidate / sub)
         raise InterpreterNotFound(f"{python} is a directory without bin/python")
-    if os.sep in python or candidate.exists():
+    if is_path:
         if not candidate.exists():
             raise InterpreterNotFound(f"interpreter not found: {python}")
-        if not os.access(candidate, os.X_OK):
+        if not os.access(candidate, os.X_OK) or candidate.is_dir():
             raise InterpreterNotFound(f"{python} is not executable")
         return str(candidate)
     found = shutil.which(python)
@@ -72,71 +94,117 @@ def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = 
     return args
 
 
+def probe_timeout() -> float:
+    raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
+    if not raw:
+        return DEFAULT_PROBE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
+    return value
+
+
 class ProbeProcess:
-    """The probe running in another interpreter; ``result()`` waits for and parses its JSON."""
+    """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
+
+    The interpreter is whatever ``--python`` names (it may be a wrapper script), so it runs in
+    its own process group: on timeout the whole group is killed, children included, and
+    nothing is left holding the pipes. Its output is read as it comes, up to a cap.
+    ``on_stderr`` sees each stderr line as it comes (``--deep`` progress) and returns True for
+    the lines it consumed; the rest are kept for the error message.
+    """
 
     def __init__(self, python: str, args: list[str], timeout: float | None = None,
+                 max_output: int = MAX_PROBE_OUTPUT,
                  on_stderr: Callable[[str], bool] | None = None) -> None:
-        """``on_stderr`` sees each stderr line as it comes (deep progress) and returns True
-        for the lines it consumed; the rest are kept for the error message."""
         self.python = resolve_python(python)
+        self.timeout = timeout or probe_timeout()
+        self.max_output = max_output
         self.on_stderr = on_stderr
-        self.timeout = timeout or float(os.environ.get("ENVLOCK_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT))
+        self._pending = bytearray()
         argv = [self.python, str(PROBE_PATH), *args]
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,
             )
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
+        self.deadline = time.monotonic() + self.timeout
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    def _finish(self) -> None:
+        self._kill_group()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.proc.wait()
 
     def cancel(self) -> None:
         """Stop a probe whose answer is no longer wanted (the lock turned out invalid)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
+        self._finish()
 
-    def _communicate(self) -> tuple[bytes, bytes]:
-        if self.on_stderr is None:
-            return self.proc.communicate(timeout=self.timeout)
-        import threading
-
-        assert self.proc.stderr is not None and self.proc.stdout is not None
-        kept: list[bytes] = []
-        stderr, callback = self.proc.stderr, self.on_stderr
-
-        def pump() -> None:
-            for raw in stderr:
-                if not callback(raw.decode("utf-8", "replace")):
-                    kept.append(raw)
-
-        reader = threading.Thread(target=pump, name="envlock-probe-stderr", daemon=True)
-        reader.start()
-        timer = threading.Timer(self.timeout, self.proc.kill)
-        timer.start()
+    def _collect(self) -> tuple[bytes, bytes]:
+        """stdout and (the tail of) stderr, until both close, the deadline or the cap."""
+        out, err = bytearray(), bytearray()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ, out)
+        sel.register(self.proc.stderr, selectors.EVENT_READ, err)
+        exited_at: float | None = None
         try:
-            out = self.proc.stdout.read()
-            self.proc.wait()
-            reader.join()
+            while sel.get_map():
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s",
+                                      hint="raise ENVLOCK_PROBE_TIMEOUT (seconds) if the interpreter "
+                                           "is just slow to start")
+                if exited_at is None and self.proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _EXIT_GRACE:
+                    break  # the probe is done; a child it left behind holds the pipes
+                for key, _ in sel.select(timeout=min(self.deadline - now, 0.25)):
+                    chunk = os.read(key.fd, 1 << 20)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf: bytearray = key.data
+                    if buf is err and self.on_stderr is not None:
+                        chunk = self._feed(chunk)
+                    buf += chunk
+                    if buf is out and len(out) > self.max_output:
+                        raise ProbeFailed(
+                            f"the probe under {self.python} printed more than "
+                            f"{self.max_output >> 20} MiB; a probe document is far smaller, so "
+                            "this interpreter is not running envlock's probe as expected")
+                    if buf is err and len(err) > 2 * _STDERR_KEEP:
+                        del err[:-_STDERR_KEEP]
         finally:
-            timer.cancel()
-            self.proc.stdout.close()
-            stderr.close()
-        if self.proc.returncode == -9 and not out:
-            raise subprocess.TimeoutExpired(self.proc.args, self.timeout)
-        return out, b"".join(kept)
+            sel.close()
+            self._finish()
+        err += self._pending  # a last line without its newline is still worth showing
+        return bytes(out), bytes(err)
+
+    def _feed(self, chunk: bytes) -> bytes:
+        """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
+        assert self.on_stderr is not None
+        self._pending += chunk
+        *lines, rest = bytes(self._pending).split(b"\n")
+        self._pending = bytearray(rest[-_STDERR_KEEP:])
+        kept = [line for line in lines
+                if not self.on_stderr(line.decode("utf-8", "replace") + "\n")]
+        return b"".join(line + b"\n" for line in kept)
 
     def result(self) -> dict[str, Any]:
-        try:
-            out, err = self._communicate()
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s") from None
-        except KeyboardInterrupt:
-            self.proc.kill()
-            self.proc.communicate()
-            raise
+        out, err = self._collect()
         if self.proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             if b"SyntaxError" in err:
@@ -165,9 +233,22 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
     from envlock.lockfile import seal
     from envlock.model import Lock, Meta
+    from envlock.probe import scrub_string, secret_values
 
-    meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                note=note)
+    if note:
+        # The note comes from the user, not the probe: the same scrub, with this process's
+        # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
+        note = scrub_string(note, secret_values())
+    # Timings differ on every run: in a committed lock they would be churn in every diff of
+    # an unchanged environment, so they stay out (the model still reads older locks with them).
+    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
+    if isinstance(doc.get("canary"), dict):
+        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
+    try:
+        meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
+                    note=note)
+    except ValidationError as exc:
+        raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
     try:
         lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
     except ValidationError as exc:
@@ -196,6 +277,8 @@ def capture(
     distribution's on-disk digest (``files_sha256``); ``cache`` lets a probe in another
     interpreter reuse cached torch facts (never in-process: flags there are live state).
     """
+    if image is not None:
+        check_image_option(image)
     doc = capture_doc(python=python, torch=torch, canary=canary, image=image, cwd=cwd,
                       in_process=in_process, deep=deep, cache=cache)
     doc.pop("deep", None)
@@ -227,11 +310,22 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
             progress.close()
 
 
-def import_heavy_modules() -> None:
-    """Import pydantic, the models and tomlkit: called while a probe subprocess runs."""
-    import_models()
-    import tomlkit  # noqa: F401
+def check_image_option(image: str) -> None:
+    """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
+    something the probe found wrong with the environment."""
+    from envlock.restore.values import image_ref
 
+    try:
+        image_ref(image)
+    except UnsafeValue as exc:
+        why = exc.message.removeprefix("refusing ")
+        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+                         hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
+
+
+def import_heavy_modules() -> None:
+    """Import pydantic, the models and the lock writer: called while a probe subprocess runs."""
+    import_models()
     import envlock.lockfile  # noqa: F401
 
 
@@ -261,12 +355,18 @@ def verify(
     python: str | None = None,
     torch: bool | None = None,
     in_process: bool | None = None,
+    strict: bool = False,
     deep: bool = False,
 ) -> Comparison:
     """Capture now and compare with ``lock`` (a Lock or a path); the seal is checked first.
 
+    ``strict``: warnings count as drift too (the result's ``ok`` is False on any warning).
     ``deep``: also re-hash every installed file against its RECORD; each modified, missing or
     added file is a breaking difference (category ``files``).
+
+    In-process (the default without ``python``), everything is compared, seeds and flags
+    included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
+    recorded process state is reported in ``Comparison.process`` instead.
     """
     from envlock.drift import compare
     from envlock.lockfile import check_seal, load
@@ -276,6 +376,8 @@ def verify(
     else:
         check_seal(lock)
         expected = lock
+    if in_process is None:
+        in_process = python is None
     want_torch = expected.torch is not None if torch is None else torch
     doc = capture_doc(python=python, torch=want_torch,
                       canary=expected.canary is not None and want_torch, in_process=in_process,
@@ -284,4 +386,5 @@ def verify(
 
     report = doc.pop("deep", None)
     expected, current = align(expected, build_lock(doc))
-    return merge(compare(expected, current), report, limit=None)
+    return merge(compare(expected, current, strict=strict,
+                         process_state="compare" if in_process else "report"), report, limit=None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from envlock import __version__
 from envlock.errors import EnvlockError, UsageError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
-EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli")
+EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
 
 
@@ -43,6 +44,14 @@ def _err(text: str) -> None:
 # -- capture -----------------------------------------------------------------------------------
 
 
+def _say_link(path: Path) -> None:
+    """A lock that is a symbolic link is updated where it points; say so, it may be shared."""
+    if path.is_symlink():
+        from envlock.lockfile import write_target
+
+        _err(f"note: {path} is a symbolic link; updated its target {write_target(path)}\n")
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     # Nothing heavy is imported before capture(): it starts the probe first and imports
     # pydantic and tomlkit while the probe imports torch.
@@ -54,20 +63,38 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
         lock = capture_in_image(args.in_image, python=args.python, torch=not args.no_torch,
                                 canary=args.canary, note=args.note, engine=args.engine)
+        locked = None
     else:
-        lock = capture(python=args.python, torch=not args.no_torch, canary=args.canary,
+        from envlock.target import choose
+
+        target = choose(args.python)
+        if target.warning:
+            _err(f"envlock: warning: {target.warning}\n")
+        lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False, deep=args.deep,
                        cache=not args.no_cache)
+        locked = f"locked {target.describe()}"
     from envlock.lockfile import dumps, save
 
     if args.output == "-":
-        _out(dumps(lock))
+        if args.json:
+            # The one document on stdout is the lock, as JSON: nothing is written to disk.
+            from envlock.render import show_json
+
+            _out(show_json(lock))
+        else:
+            _out(dumps(lock))
+        if locked:
+            _err(f"envlock: {locked}\n")
         return EXIT_OK
     path = save(lock, args.output, force=args.force, reseal=False)
+    _say_link(path)
     if args.json:
         from envlock.render import show_json
 
         _out(show_json(lock))
+        if locked:
+            _err(f"envlock: {locked}\n")
         return EXIT_OK
     t = lock.torch
     torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
@@ -76,7 +103,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
     _out(
         f"wrote {path}  id {lock.short_id}\n"
-        f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
+        + (f"  {locked}\n" if locked else "")
+        + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
         f"{len(lock.packages)} packages\n"
     )
     changed = [p.name for p in lock.packages if p.files_changed]
@@ -92,23 +120,33 @@ def cmd_capture(args: argparse.Namespace) -> int:
 # -- verify ------------------------------------------------------------------------------------
 
 
-def _peek(path: str) -> dict[str, Any] | None:
-    """The lock's raw tables, cheaply, to decide how to probe before the full validation."""
+_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
+
+
+def _peek(path: str) -> set[str] | None:
+    """The lock's top-level table names, to decide how to probe before the full validation.
+
+    A scan for table headers, not a parse: on the largest accepted lock a full TOML parse costs
+    seconds, and `load()` parses it properly right after (a header inside a multi-line string
+    can only make the probe do more than needed, never less than the lock says).
+    """
     try:
         if os.path.getsize(path) > (16 << 20):
             return None
-        import tomllib
-
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except Exception:
+            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
+    except OSError:
         return None  # load() below reports the problem properly
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, probe_args
     from envlock.deepreport import Progress, align, merge, summary, torch_facts_line
+    from envlock.target import choose, recorded_prefix_hint
 
+    target = choose(args.python)
+    if target.warning:
+        _err(f"envlock: warning: {target.warning}\n")
     raw = _peek(args.lock)
     proc = None
     progress = Progress() if args.deep else None
@@ -118,7 +156,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if raw is not None:
         # Start the probe now, validate the lock while it imports torch.
         want_torch = "torch" in raw and not args.no_torch
-        proc = ProbeProcess(args.python or sys.executable,
+        proc = ProbeProcess(target.python,
                             probe_args(torch=want_torch, canary="canary" in raw and want_torch, **extra),
                             on_stderr=on_stderr)
     import_heavy_modules()
@@ -135,7 +173,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     want_torch = expected.torch is not None and not args.no_torch
     want_canary = expected.canary is not None and want_torch
     if proc is None:
-        proc = ProbeProcess(args.python or sys.executable,
+        proc = ProbeProcess(target.python,
                             probe_args(torch=want_torch, canary=want_canary, **extra), on_stderr=on_stderr)
     try:
         doc = proc.result()
@@ -144,15 +182,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
             progress.close()
     report = doc.pop("deep", None)
     current = build_lock(doc)
-    cmp = merge(compare(*align(expected, current)), report, limit=None if args.all else 10)
-    failed = not cmp.ok or (args.strict and cmp.count("warning") > 0)
+    # This is a fresh process: the seeds and flags the capturing process set are reported.
+    cmp = merge(compare(*align(expected, current), strict=args.strict, process_state="report"),
+                report, limit=None if args.all else 10)
+    captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
+                             environment={"prefix": target.prefix, "reason": target.reason},
+                             captured_from=captured_from,
                              torch_facts=current.probe.torch_facts, deep=report))
     else:
-        _out(verify_text(cmp, expected, str(args.lock), show_info=args.all)
+        _out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
+                         environment=target.describe(), captured_from=captured_from)
              + summary(report) + torch_facts_line(current))
-    return EXIT_DRIFT if failed else EXIT_OK
+    return EXIT_OK if cmp.ok else EXIT_DRIFT
 
 
 # -- diff / show / fmt / schema ----------------------------------------------------------------
@@ -164,7 +207,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
-    cmp = compare(a, b)
+    cmp = compare(a, b, names=(str(args.a), str(args.b)))
     if args.format == "json":
         _out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
     elif args.format == "markdown":
@@ -188,6 +231,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out(show_json(lock))
     elif args.format == "markdown":
         _out(show_markdown(lock, name))
+    elif args.format == "latex":
+        from envlock.export.latex import show_latex
+
+        _out(show_latex(lock, name))
     else:
         _out(show_text(lock, str(args.lock)))
     return EXIT_OK
@@ -206,6 +253,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     if args.check:
         _out(f"{path} would be re-sealed or reformatted\n")
         return EXIT_DRIFT
+    _say_link(path)
     atomic_write(path, after)
     _out(f"re-sealed {path}  id {lock.short_id}\n")
     return EXIT_OK
@@ -234,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("capture", help="record this environment into env.lock")
     p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
-    p.add_argument("--python", help="probe this interpreter (path, command or venv directory)")
+    p.add_argument("--python", help="probe this interpreter (path, command or venv directory); "
+                   "default: $VIRTUAL_ENV, $CONDA_PREFIX, a .venv here or above, envlock's own")
     p.add_argument("--image", help="image reference REF[@sha256:...] this environment runs in")
     p.add_argument("--in-image", metavar="REF",
                    help="capture an image that is not running, in a throwaway container")
@@ -243,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--canary", action="store_true", help="also hash a fixed set of torch kernels")
     p.add_argument("--note", help="free text stored in [envlock].note")
-    p.add_argument("--json", action="store_true", help="print the lock as JSON after writing it")
+    p.add_argument("--json", action="store_true",
+                   help="print the lock as JSON after writing it (with -o -: JSON instead of TOML)")
     p.add_argument("--deep", action="store_true",
                    help="also record each distribution's files as they are on disk")
     p.add_argument("--no-cache", action="store_true",
@@ -254,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="does this environment match the lock?")
     p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--python", help="verify this interpreter instead of the current one")
+    p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--strict", action="store_true", help="warnings count as drift too")
     p.add_argument("--all", action="store_true",
@@ -274,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="summarise a lock")
     p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
+                   help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")

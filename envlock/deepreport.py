@@ -49,7 +49,8 @@ def merge(cmp: Comparison, report: dict[str, Any] | None,
     if not report:
         return cmp
     items = [*cmp.differences, *differences(report, limit)]
-    return Comparison(tuple(sorted(items, key=lambda d: SEVERITY_RANK[d.severity])))
+    return Comparison(tuple(sorted(items, key=lambda d: SEVERITY_RANK[d.severity])), cmp.process,
+                      strict=cmp.strict)
 
 
 def align(expected: Lock, current: Lock) -> tuple[Lock, Lock]:

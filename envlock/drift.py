@@ -10,10 +10,19 @@ Each difference carries a dotted path, the old and new value and a severity:
 
 ``verify`` fails (exit 1) on breaking differences only. The table of severities lives here and
 nowhere else, so every command agrees on what counts as drift.
+
+What the environment *is* (packages, torch build, driver, image, variables set before start)
+is apart from what a process *set* (seeds, torch's determinism flags, variables set by
+``seed_everything()``/``deterministic()`` or training code: ``[determinism].process_env``).
+A fresh process - a shell ``verify``, the check inside a restored image - cannot have the
+second, so ``compare(..., process_state="report")`` moves those differences to
+``Comparison.process``: reported as recorded, not counted as drift. In-process
+``envlock.verify()`` (after ``apply()``) compares everything (``"compare"``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,6 +30,7 @@ from typing import Any, Literal
 from envlock.model import Lock
 
 Severity = Literal["breaking", "warning", "info"]
+ProcessState = Literal["compare", "report"]
 SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
 
 
@@ -55,17 +65,30 @@ class Difference:
 
 @dataclass(frozen=True)
 class Comparison:
-    """The differences between an expected lock (``old``) and an actual one (``new``)."""
+    """The differences between an expected lock (``old``) and an actual one (``new``).
+
+    ``strict`` makes warnings count as drift too (``verify --strict``); ``ok`` is the one verdict
+    every output (text, JSON, exit code) is derived from, so they cannot disagree.
+    """
 
     differences: tuple[Difference, ...] = field(default_factory=tuple)
+    # Process state recorded in the lock that this (fresh) process does not have; not drift.
+    process: tuple[Difference, ...] = field(default_factory=tuple)
+    strict: bool = False
 
     @property
     def breaking(self) -> tuple[Difference, ...]:
         return tuple(d for d in self.differences if d.severity == "breaking")
 
     @property
+    def failing(self) -> tuple[Difference, ...]:
+        """The differences that make ``ok`` false: breaking ones, and warnings when strict."""
+        failing = ("breaking", "warning") if self.strict else ("breaking",)
+        return tuple(d for d in self.differences if d.severity in failing)
+
+    @property
     def ok(self) -> bool:
-        return not self.breaking
+        return not self.failing
 
     def count(self, severity: Severity) -> int:
         return sum(1 for d in self.differences if d.severity == severity)
@@ -76,14 +99,36 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "strict": self.strict,
             "counts": {s: self.count(s) for s in ("breaking", "warning", "info")},
             "differences": [d.to_dict() for d in self.differences],
+            "process_state": [d.to_dict() for d in self.process],
         }
 
 
+@dataclass(frozen=True)
+class _Words:
+    """How messages name the two sides: verify speaks of the lock and this environment, a diff
+    of its two files (``diff A B`` must not say "installed" about a file)."""
+
+    old: str = "the lock"
+    new: str = "this environment"
+    is_diff: bool = False
+
+    def only_new(self, what: str) -> str:
+        return f"{what} only in {self.new}" if self.is_diff else f"{what} is installed but not in the lock"
+
+    def only_old(self, what: str) -> str:
+        return f"{what} only in {self.old}" if self.is_diff else f"{what} is in the lock but not installed"
+
+    def where_new(self) -> str:
+        return f"in {self.new}" if self.is_diff else "here"
+
+
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, words: _Words | None = None) -> None:
         self.items: list[Difference] = []
+        self.words = words or _Words()
 
     def add(self, category: str, path: str, old: Any, new: Any, severity: Severity, message: str = "") -> None:
         self.items.append(Difference(category, path, old, new, severity, message))
@@ -123,8 +168,9 @@ _PYTHON: dict[str, Severity] = {
 _TORCH: dict[str, Severity] = {
     "version": "breaking", "git_version": "breaking", "cuda": "breaking", "cudnn": "breaking",
     "nccl": "breaking", "hip": "breaking", "debug": "breaking", "cxx11_abi": "breaking",
-    "arch_list": "warning", "config_sha256": "warning", "mkl": "warning", "mkldnn": "warning",
+    "arch_list": "warning", "mkl": "warning", "mkldnn": "warning",
     "openmp": "warning", "cuda_available": "warning", "device_count": "info",
+    "cpu_capability": "info",
 }
 _GPU: dict[str, Severity] = {"source": "info", "driver": "warning", "cuda_driver": "warning"}
 _GPU_DEVICE: dict[str, Severity] = {
@@ -133,7 +179,10 @@ _GPU_DEVICE: dict[str, Severity] = {
 }
 _DETERMINISM_SOFT: dict[str, Severity] = {
     "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
+    "process_env": "info",  # which variables were set at run time; their values are compared
 }
+# Determinism fields read without torch (the others are unknown when torch was not probed).
+_NOT_FROM_TORCH = {"late"}
 _SEEDS: dict[str, Severity] = {
     "seed": "breaking", "python_hash_seed": "breaking", "hash_randomization": "breaking",
     "torch_initial_seed": "breaking", "seed_source": "info",
@@ -142,6 +191,7 @@ _PACKAGE: dict[str, Severity] = {
     "version": "breaking", "source": "warning", "url": "warning", "vcs": "breaking",
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
+    "os_package": "warning", "os_package_version": "warning",
     # Only compared when both locks were captured with --deep (deepreport.align).
     "files_sha256": "breaking", "files_changed": "breaking",
 }
@@ -169,7 +219,9 @@ def _image(c: _Collector, old: Lock, new: Lock, expected_image_change: bool) -> 
     elif a.id and b.id and a.id != b.id:
         c.add("image", "image.id", a.id, b.id, "breaking")
     elif (a.digest or a.id) and not (b.digest or b.id):
+        w = c.words
         c.add("image", "image.digest", a.digest or a.id, None, "warning",
+              f"{w.old} names an image, {w.new} names none" if w.is_diff else
               "the lock names an image, but this environment cannot tell its own image "
               "(outside a container, or run without ENVLOCK_IMAGE_DIGEST)")
     if a.in_container != b.in_container:
@@ -181,11 +233,25 @@ def _torch(c: _Collector, old: Lock, new: Lock) -> None:
         return
     if old.torch is None or new.torch is None:
         skipped = "torch" in new.probe.errors and "skipped" in new.probe.errors.get("torch", "")
+        not_probed = (f"torch was not probed in {c.words.new} (--no-torch)" if c.words.is_diff
+                      else "torch was not probed (--no-torch)")
         c.add("torch", "torch", old.torch and old.torch.version, new.torch and new.torch.version,
-              "warning" if skipped else "breaking",
-              "torch was not probed (--no-torch)" if skipped else "")
+              "warning" if skipped else "breaking", not_probed if skipped else "")
         return
-    c.fields("torch", "torch", _dump(old.torch), _dump(new.torch), _TORCH)
+    a, b = _dump(old.torch), _dump(new.torch)
+    build_a, build_b = a.pop("build", {}), b.pop("build", {})
+    opts_a, opts_b = build_a.pop("options", {}), build_b.pop("options", {})
+    explained = len(c.items)
+    c.fields("torch", "torch.build", build_a, build_b, {}, default="warning")
+    c.fields("torch", "torch.build.options", opts_a, opts_b, {}, default="warning")
+    explained = len(c.items) - explained
+    config_a, config_b = a.pop("config_sha256", None), b.pop("config_sha256", None)
+    if config_a != config_b and not explained:
+        # The readable build fields say what changed when they can; the hash is the fallback.
+        c.add("torch", "torch.config_sha256", config_a, config_b, "warning",
+              "torch.__config__.show() differs in a line envlock does not parse "
+              "(or one side predates [torch.build])")
+    c.fields("torch", "torch", a, b, _TORCH)
 
 
 def _gpu(c: _Collector, old: Lock, new: Lock) -> None:
@@ -195,13 +261,18 @@ def _gpu(c: _Collector, old: Lock, new: Lock) -> None:
     if a is None or b is None:
         names_a = [d.name for d in a.devices] if a else None
         names_b = [d.name for d in b.devices] if b else None
-        c.add("gpu", "gpu", names_a, names_b, "warning",
-              "no GPU visible now" if b is None else "GPUs visible now, none in the lock")
+        w = c.words
+        if w.is_diff:
+            message = f"no GPU in {w.new}" if b is None else f"GPUs in {w.new}, none in {w.old}"
+        else:
+            message = "no GPU visible now" if b is None else "GPUs visible now, none in the lock"
+        c.add("gpu", "gpu", names_a, names_b, "warning", message)
         return
     c.fields("gpu", "gpu", _dump(a), _dump(b), _GPU)
     if len(a.devices) != len(b.devices):
+        now = f"in {c.words.new}" if c.words.is_diff else "now"
         c.add("gpu", "gpu.devices", len(a.devices), len(b.devices), "warning",
-              f"{len(a.devices)} GPU(s) in the lock, {len(b.devices)} now")
+              f"{len(a.devices)} GPU(s) in {c.words.old}, {len(b.devices)} {now}")
     for i, (da, db) in enumerate(zip(a.devices, b.devices, strict=False)):
         c.fields("gpu", f"gpu.devices[{i}]", _dump(da), _dump(db), _GPU_DEVICE)
 
@@ -211,9 +282,12 @@ def _determinism(c: _Collector, old: Lock, new: Lock) -> None:
     env_a, env_b = a.pop("env", {}), b.pop("env", {})
     if old.determinism.torch_loaded and not new.determinism.torch_loaded:
         c.add("determinism", "determinism", None, None, "warning",
-              "torch flags not compared: torch was not loaded in this capture")
-        a = {k: v for k, v in a.items() if k in _DETERMINISM_SOFT}
-        b = {k: v for k, v in b.items() if k in _DETERMINISM_SOFT}
+              f"torch flags not compared: torch was not loaded in {c.words.new}" if c.words.is_diff
+              else "torch flags not compared: torch was not loaded in this capture")
+        # Compare only what was probed: thread counts come from torch too, so without torch
+        # they are unknown, not "removed".
+        a = {k: v for k, v in a.items() if k in _NOT_FROM_TORCH}
+        b = {k: v for k, v in b.items() if k in _NOT_FROM_TORCH}
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key), b.get(key)
         if va == vb:
@@ -222,7 +296,17 @@ def _determinism(c: _Collector, old: Lock, new: Lock) -> None:
         if (va is None or vb is None) and severity == "breaking":
             severity = "warning"  # the knob exists in only one of the two torch versions
         c.add("determinism", f"determinism.{key}", va, vb, severity)
-    c.fields("determinism", "determinism.env", env_a, env_b, {}, default="breaking")
+    seeded = _reported_by_seeds(old, new)
+    c.fields("determinism", "determinism.env", {k: v for k, v in env_a.items() if k not in seeded},
+             {k: v for k, v in env_b.items() if k not in seeded}, {}, default="breaking")
+
+
+def _reported_by_seeds(old: Lock, new: Lock) -> set[str]:
+    """Variables that [seeds] already reports (as python_hash_seed, seed, seed_source)."""
+    names = {"PYTHONHASHSEED"}
+    if old.seeds.seed is not None or new.seeds.seed is not None:
+        names |= {"ENVLOCK_SEED", "ENVLOCK_SEED_SOURCE"}
+    return names
 
 
 def _packages(c: _Collector, old: Lock, new: Lock) -> None:
@@ -232,10 +316,10 @@ def _packages(c: _Collector, old: Lock, new: Lock) -> None:
         pa, pb = a.get(name), b.get(name)
         if pa is None and pb is not None:
             c.add("packages", f"packages.{name}", None, pb.version, "breaking",
-                  f"{name} {pb.version} is installed but not in the lock")
+                  c.words.only_new(f"{name} {pb.version}"))
         elif pb is None and pa is not None:
             c.add("packages", f"packages.{name}", pa.version, None, "breaking",
-                  f"{name} {pa.version} is in the lock but not installed")
+                  c.words.only_old(f"{name} {pa.version}"))
         elif pa is not None and pb is not None and pa != pb:
             da, db = _dump(pa), _dump(pb)
             if da.get("version") != db.get("version"):
@@ -256,6 +340,84 @@ def _packages(c: _Collector, old: Lock, new: Lock) -> None:
         gone = (name, version) in dup_a
         c.add("packages", f"duplicates.{name}", version if gone else None, None if gone else version,
               "warning", f"shadowed copy of {name} {version} " + ("gone" if gone else "appeared"))
+
+
+# OS packages whose change alone can change results or stop the code from running: the C
+# library, the CUDA stack (toolkit, cuDNN, NCCL, cuBLAS, the driver's user-space libraries) and
+# the Python interpreter itself. Every other OS package change is a warning.
+OS_BREAKING_RE = re.compile(
+    r"^(libc6(-.+)?|glibc(-.+)?|musl"
+    r"|cuda-.+|libcuda.*|libcudnn.*|cudnn.*|libnccl.*|libcublas.*|libcusparse.*|libcufft.*"
+    r"|libcurand.*|libcusolver.*|libnvjitlink.*|libnvidia-.+|nvidia-.+"
+    r"|(lib)?python3(\.[0-9]+)?(-minimal|-stdlib|-libs|-dev)?)$")
+OS_NAMES_SHOWN = 8
+
+
+def os_package_severity(name: str) -> Severity:
+    """``breaking`` for libc, CUDA-stack and Python packages, else ``warning``."""
+    return "breaking" if OS_BREAKING_RE.match(name.split(":", 1)[0]) else "warning"
+
+
+def _os_packages(c: _Collector, old: Lock, new: Lock) -> None:
+    """One line per breaking change, and one summary line for all the others.
+
+    An image update easily changes a hundred OS packages; listing each would bury the few that
+    matter, so the rest are counted and named on one line (the full maps stay in --json).
+    """
+    a, b = old.os_packages, new.os_packages
+    if a is None and b is None:
+        return
+    if a is None or b is None:
+        c.add("os_packages", "os_packages", a and len(a.packages), b and len(b.packages), "warning",
+              "OS packages not recorded here" if b is None else "OS packages recorded here, none in the lock")
+        return
+    if a.manager != b.manager:
+        c.add("os_packages", "os_packages.manager", a.manager, b.manager, "breaking",
+              f"OS packages managed by {a.manager} in the lock, by {b.manager} here")
+        return
+    va, vb = a.versions(), b.versions()
+    soft: dict[str, list[str]] = {"changed": [], "added": [], "removed": []}
+    old_soft: dict[str, str] = {}
+    new_soft: dict[str, str] = {}
+    for key in sorted(set(va) | set(vb)):
+        x, y = va.get(key), vb.get(key)
+        if x == y:
+            continue
+        name = key.split(":", 1)[0]
+        kind = "added" if x is None else "removed" if y is None else "changed"
+        if os_package_severity(name) == "breaking":
+            message = {"added": f"OS package {name} {y} is installed but not in the lock",
+                       "removed": f"OS package {name} {x} is in the lock but not installed",
+                       "changed": f"OS package {name} {x} -> {y}"}[kind]
+            c.add("os_packages", f"os_packages.{key}", x, y, "breaking", message)
+            continue
+        soft[kind].append(name)
+        if x is not None:
+            old_soft[key] = x
+        if y is not None:
+            new_soft[key] = y
+    total = sum(len(v) for v in soft.values())
+    if not total:
+        return
+    parts = []
+    for kind in ("changed", "added", "removed"):
+        names = soft[kind]
+        if names:
+            names = sorted(names)
+            shown = ", ".join(names[:OS_NAMES_SHOWN])
+            more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
+            parts.append(f"{len(names)} {kind} ({shown}{more})")
+    c.add("os_packages", "os_packages", _os_side(old_soft), _os_side(new_soft), "warning",
+          f"{total} other OS package(s) differ: " + "; ".join(parts))
+
+
+def _os_side(versions: dict[str, str]) -> str | None:
+    """One side of the summary line, short enough for a table cell: a few ``name version``."""
+    if not versions:
+        return None
+    items = sorted((key.split(":", 1)[0], v) for key, v in versions.items())
+    shown = ", ".join(f"{n} {v}" for n, v in items[:OS_NAMES_SHOWN])
+    return shown + (f" and {len(items) - OS_NAMES_SHOWN} more" if len(items) > OS_NAMES_SHOWN else "")
 
 
 def _conda(c: _Collector, old: Lock, new: Lock) -> None:
@@ -300,29 +462,79 @@ def _canary(c: _Collector, old: Lock, new: Lock) -> None:
         elif key in a:
             why = new.canary.errors.get(f"{name}[{device},{dtype}]")
             c.add("canary", path, a[key][:12], None, "warning" if why else "info",
-                  f"{name} on {device} ({dtype}) " + (f"failed here: {why}" if why else "not run here"))
+                  f"{name} on {device} ({dtype}) "
+                  + (f"failed {c.words.where_new()}: {why}" if why else f"not run {c.words.where_new()}"))
         else:
-            c.add("canary", path, None, b[key][:12], "info", f"{name} on {device} not in the lock")
-    c.fields("canary", "canary.settings", settings_a, settings_b, {}, default="info")
+            c.add("canary", path, None, b[key][:12], "info", f"{name} on {device} not in {c.words.old}")
+    # Settings reported elsewhere (a variable, a determinism flag, the CPU ISA) appear once:
+    # in the hint above and under their own path, not again as canary.settings.*.
+    seen = set(old.env) | set(new.env) | set(old.determinism.env) | set(new.determinism.env)
+    elsewhere = {f"env.{k}" for k in seen} | set(_dump(old.determinism)) | set(_dump(new.determinism))
+    if old.torch and new.torch and old.torch.cpu_capability and new.torch.cpu_capability:
+        elsewhere.add("cpu_capability")
+    c.fields("canary", "canary.settings", {k: v for k, v in settings_a.items() if k not in elsewhere},
+             {k: v for k, v in settings_b.items() if k not in elsewhere}, {}, default="info")
 
 
-def compare(old: Lock, new: Lock, *, expected_image_change: bool = False) -> Comparison:
-    """Differences from ``old`` (the lock, or diff's A) to ``new`` (now, or B), most severe first."""
-    c = _Collector()
+# Seeds a process sets (seed_everything); PYTHONHASHSEED is fixed at start, so it is environment
+# unless the process changed the variable itself.
+_SEEDS_PROCESS = {"seeds.seed", "seeds.seed_source", "seeds.torch_initial_seed"}
+
+
+def _is_process_state(d: Difference, names: set[str]) -> bool:
+    path = d.path
+    if path in _SEEDS_PROCESS:
+        return True
+    if path == "seeds.python_hash_seed":
+        return "PYTHONHASHSEED" in names
+    for prefix in ("determinism.env.", "env."):
+        if path.startswith(prefix):
+            return path[len(prefix):] in names
+    # torch's knobs (and which were set too late) are set by the process; their defaults follow
+    # from the torch build and the variables above, which stay compared.
+    return path.startswith("determinism.") and path != "determinism.torch_loaded"
+
+
+def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict: bool = False,
+            names: tuple[str, str] | None = None,
+            process_state: ProcessState = "compare") -> Comparison:
+    """Differences from ``old`` (the lock, or diff's A) to ``new`` (now, or B), most severe first.
+
+    With ``strict``, warnings fail the comparison as well as breaking differences. ``names``
+    (diff's two file names) makes messages speak of A and B instead of the lock and this
+    environment. ``process_state="report"``: ``new`` is a fresh process, so what ``old``'s
+    process set is returned in ``Comparison.process`` instead of as drift (see the module
+    docstring).
+    """
+    c = _Collector(_Words(names[0], names[1], is_diff=True) if names else None)
     _image(c, old, new, expected_image_change)
     c.fields("platform", "platform", _dump(old.platform), _dump(new.platform), _PLATFORM)
     _python(c, old, new)
     _torch(c, old, new)
     _gpu(c, old, new)
     _determinism(c, old, new)
-    c.fields("seeds", "seeds", _dump(old.seeds), _dump(new.seeds), _SEEDS)
+    seeds_a, seeds_b = _dump(old.seeds), _dump(new.seeds)
+    if not new.determinism.torch_loaded:
+        # torch.initial_seed() is only known where torch was loaded.
+        seeds_a.pop("torch_initial_seed", None)
+        seeds_b.pop("torch_initial_seed", None)
+    c.fields("seeds", "seeds", seeds_a, seeds_b, _SEEDS)
     env_rules: dict[str, Severity] = {k: "warning" for k in _ENV_WARNING}
-    c.fields("env", "env", old.env, new.env, env_rules, default="info")
+    # A numerics variable is reported once, as determinism.env.X (where it is breaking).
+    numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
+    c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
+             {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
     _packages(c, old, new)
     _conda(c, old, new)
+    _os_packages(c, old, new)
     _canary(c, old, new)
     gold, gnew = _dump(old.git), _dump(new.git)
     c.fields("git", "git", gold, gnew, {}, default="info")
     ordered = sorted(c.items, key=lambda d: SEVERITY_RANK[d.severity])
-    return Comparison(tuple(ordered))
+    if process_state == "compare":
+        return Comparison(tuple(ordered), strict=strict)
+    set_by_process = set(old.determinism.process_env) | set(new.determinism.process_env)
+    flags = [_is_process_state(d, set_by_process) for d in ordered]
+    return Comparison(tuple(d for d, p in zip(ordered, flags, strict=True) if not p),
+                      tuple(d for d, p in zip(ordered, flags, strict=True) if p), strict=strict)
 

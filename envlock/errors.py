@@ -52,6 +52,12 @@ class InterpreterNotFound(ProbeFailed):
     """``--python`` names something that is not a runnable interpreter."""
 
 
+class TorchMissing(EnvlockError):
+    """The command needs torch, and the environment has none: an environment problem."""
+
+    exit_code = 3
+
+
 class EngineUnavailable(EnvlockError):
     """No container engine is reachable."""
 

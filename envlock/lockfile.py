@@ -1,9 +1,9 @@
 """Reading, sealing and writing ``env.lock``.
 
-Reading uses ``tomllib`` (fast, strict); writing uses ``tomlkit`` for the document and its
-comments, with the long ``[[packages]]`` array emitted directly (tomlkit spends ~0.25 ms per
-table, a quarter of a second for a 1,000-package lock, at the start of every training job).
-Every write is atomic: a temp file in the same directory, fsync, ``os.replace``.
+Reading uses ``tomllib`` (fast, strict); writing uses ``envlock.tomlwriter``, linear in the
+size of the lock (tomlkit, used before, is quadratic in a table's size: 20,000 ``[env]`` keys
+took over 100 s). Every write is atomic: a temp file in the same directory, fsync,
+``os.replace``.
 
 Two hashes seal a lock, both over canonical JSON (sorted keys, no whitespace, UTF-8):
 
@@ -18,14 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from envlock import __version__
+from envlock import __version__, tomlwriter
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.model import FINGERPRINT_EXCLUDE, SCHEMA_VERSION, Lock
 
@@ -35,12 +37,13 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 MAX_LOCK_BYTES = 16 * 1024 * 1024
+# No file name in here: the same environment written to two names must give the same text.
 HEADER = """\
 env.lock - a replayable environment, written by envlock {version}.
-  envlock verify {name}     does the environment in front of you match it?
-  envlock show {name}       summary (--format markdown for a paper or pull request)
-  envlock restore {name}    rebuild it as a container
-Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt {name}`."""
+  envlock verify LOCK     does the environment in front of you match it?
+  envlock show LOCK       summary (--format markdown for a paper or pull request)
+  envlock restore LOCK    rebuild it as a container
+Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
 _SECTION_COMMENTS = {
     "image": "Container the environment ran in; `source` says where each value came from.",
@@ -108,6 +111,11 @@ def parse(text: str, name: str = "env.lock", *, verify_seal: bool = True) -> Loc
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockInvalid(f"{name} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise LockInvalid(f"{name} is not a lock: its arrays or tables nest too deeply") from None
+    except ValueError as exc:
+        # int() refuses integers of more than 4,300 digits (CVE-2020-10735 guard).
+        raise LockInvalid(f"{name} is not a lock: {exc}") from None
     return from_dict(data, name, verify_seal=verify_seal)
 
 
@@ -126,6 +134,8 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
         lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise LockInvalid(f"{name} does not match the lock schema: {_first_error(exc)}") from None
+    except RecursionError:
+        raise LockInvalid(f"{name} does not match the lock schema: values nest too deeply") from None
     if verify_seal:
         check_seal(lock, name)
     return lock
@@ -162,78 +172,46 @@ def load(path: str | os.PathLike[str], *, verify_seal: bool = True) -> Lock:
 # -- writing -----------------------------------------------------------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    # JSON's string escapes (\" \\ \n \uXXXX ...) are all valid in TOML basic strings, and so
-    # are its arrays of scalars; bool and int spell the same.
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + inner + " }" if inner else "{}"
-    if isinstance(value, float) and value != value:  # NaN has no place in a lock
-        raise ValueError("NaN cannot be written to a lock")
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _toml_key(key: str) -> str:
-    if key and all(c.isalnum() or c in "-_" for c in key) and key.isascii():
-        return key
-    return json.dumps(key, ensure_ascii=False)
-
-
-def _array_of_tables(name: str, rows: list[dict[str, Any]]) -> str:
-    out = []
-    for row in rows:
-        out.append(f"\n[[{name}]]\n")
-        out.extend(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in row.items())
-    return "".join(out)
+def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
+    # One pin per line: hundreds of them on a single line would make a diff of two locks show
+    # one giant changed line instead of one line per changed OS package.
+    specs = table.get("packages", [])
+    out.append(f"\n# {len(specs)} OS packages installed by {tomlwriter.string(table['manager'])[1:-1]}, "
+               "as name:arch=version.\n")
+    out += ["[os_packages]\n", f"manager = {tomlwriter.string(table['manager'])}\n", "packages = ["]
+    out.extend(f"\n    {tomlwriter.string(s)}," for s in specs)
+    out.append("\n]\n" if specs else "]\n")
 
 
 def dumps(lock: Lock, name: str = "env.lock") -> str:
-    """Render a lock as TOML: stable order (model field order, packages by name)."""
-    import tomlkit  # imported early by capture(), in parallel with the probe
-
+    """Render a lock as TOML: stable order (model field order, packages by name), linear time."""
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
-    doc = tomlkit.document()
-    for line in HEADER.format(version=lock.envlock.tool_version, name=name).splitlines():
-        doc.add(tomlkit.comment(line))
-    doc.add(tomlkit.nl())
+    # A comment cannot hold control characters: the version and file name go in escaped.
+    header = HEADER.format(version=tomlwriter.string(lock.envlock.tool_version)[1:-1],
+                           name=tomlwriter.string(name)[1:-1])
+    out = [f"# {line}\n" for line in header.splitlines()]
     tail = []
     for key, value in data.items():
-        if key in ("packages", "duplicates"):
+        if key in ("os_packages", "packages", "duplicates"):
             if value:
                 tail.append((key, value))
             continue
         if value in ({}, []) and key not in ("determinism", "seeds"):
             continue
-        table = tomlkit.table()
-        if key in _SECTION_COMMENTS:
-            table.add(tomlkit.comment(_SECTION_COMMENTS[key]))
-        for k, v in value.items():
-            if isinstance(v, list) and v and isinstance(v[0], dict):
-                aot = tomlkit.aot()
-                for row in v:
-                    aot.append(tomlkit.item(row))
-                table.add(k, aot)
-            elif isinstance(v, dict):
-                if not v:
-                    continue
-                sub = tomlkit.table()
-                for sk, sv in v.items():
-                    sub.add(sk, sv)
-                table.add(k, sub)
-            elif v != []:
-                table.add(k, v)
-        doc.add(key, table)
-    text = tomlkit.dumps(doc)
+        tomlwriter.table(out, key, value, _SECTION_COMMENTS.get(key))
     for key, rows in tail:
+        if key == "os_packages":
+            _os_packages_table(out, rows)
+            continue
         if key == "packages":
-            text += f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n"
+            out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
         else:
-            text += "\n# Distributions shadowed by another of the same name earlier on sys.path.\n"
-        text += _array_of_tables(key, rows)
-    return text
+            out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
+        # An empty list is the model's default: `hashes = []` on every row is only noise in a
+        # pull request's diff.
+        tomlwriter.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
+    return "".join(out)
 
 
 def looks_like_lock(path: Path) -> bool:
@@ -245,21 +223,102 @@ def looks_like_lock(path: Path) -> bool:
     return b"[envlock]" in head
 
 
-def atomic_write(path: Path, text: str) -> None:
+def _schema_of(path: Path) -> int | None:
+    """The schema_version an existing lock declares (read cheaply from its head), if any."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return None
+    m = re.search(rb"^schema_version\s*=\s*([0-9]{1,9})\s*$", head, re.M)
+    return int(m.group(1)) if m else None
+
+
+# Temp files of a write are named ``.<name>.<pid>.<random>.envlock-tmp`` so that the next write
+# can tell an interrupted one (its process is gone) from one in progress, and remove it.
+TMP_SUFFIX = ".envlock-tmp"
+_TMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX))
+STALE_TMP_SECONDS = 600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(directory: Path, name: str) -> list[Path]:
+    """Remove temp files of interrupted writes of ``name`` in ``directory``; returns them."""
+    removed: list[Path] = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = _TMP_RE.fullmatch(entry)
+        if not m or m.group("name") != name:
+            continue
+        path = directory / entry
+        try:
+            st = os.lstat(path)
+            if _pid_alive(int(m.group("pid"))) and now - st.st_mtime < STALE_TMP_SECONDS:
+                continue  # a write in progress (or a pid reused: removed once it is old)
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it the only portable way, and put it back
+    os.umask(mask)
+    return mask
+
+
+def write_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: the link's final target when ``path`` is a link.
+
+    Replacing a symbolic link by a regular file would silently cut it from where it pointed
+    (a lock kept in a shared directory); the target is updated instead, and callers say so.
+    """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def atomic_write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically; returns the file written (a link's target).
+
+    New files get the mode the umask allows (as ``open()`` would); an existing file keeps its
+    mode. Temp files of earlier interrupted writes are removed first.
+    """
+    target = write_target(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    remove_stale_temps(directory, target.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         try:
-            mode = path.stat().st_mode & 0o777
+            mode = target.stat().st_mode & 0o7777
         except FileNotFoundError:
-            mode = 0o644
+            mode = 0o666 & ~_umask()
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -274,29 +333,43 @@ def atomic_write(path: Path, text: str) -> None:
             os.close(dfd)
     except OSError:
         pass
+    return target
 
 
 def save(lock: Lock, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
     """Seal and write ``lock`` atomically.
 
     An existing file that is not an env.lock is never overwritten without ``force``: one typo
-    in ``-o`` must not cost a researcher their training script.
+    in ``-o`` must not cost a researcher their training script. Nor is a lock of a newer
+    schema: this envlock cannot read it, so it cannot know what the overwrite would lose.
     """
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name such as {p / 'env.lock'}")
-    if p.exists() and not force and not looks_like_lock(p):
-        raise UsageError(
-            f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
-        )
-    parent = p.parent if str(p.parent) else Path(".")
+    if p.exists() and not force:
+        if not looks_like_lock(p):
+            raise UsageError(
+                f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
+            )
+        theirs = _schema_of(p)
+        if theirs is not None and theirs > SCHEMA_VERSION:
+            raise UsageError(
+                f"refusing to overwrite {p}: it is a lock of schema {theirs}, written by a newer "
+                f"envlock (this one, {__version__}, writes schema {SCHEMA_VERSION})",
+                hint="upgrade envlock, write elsewhere with -o, or pass --force to replace it")
+    target = write_target(p)
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"cannot write {p}: directory {parent} does not exist")
     # reseal=False is for a lock that was sealed a moment ago (capture): hashing twice costs
     # ~25 ms on a 5,000-package environment.
     sealed = seal(lock) if reseal or lock.envlock.fingerprint is None else lock
     try:
-        atomic_write(p, dumps(sealed, p.name))
+        text = dumps(sealed, p.name)
+    except ValueError as exc:
+        raise EnvlockError(f"cannot write {p}: {exc}") from None
+    try:
+        atomic_write(p, text)
     except OSError as exc:
         raise EnvlockError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p

@@ -13,7 +13,6 @@ import re
 from datetime import datetime
 from itertools import pairwise
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -25,25 +24,48 @@ from pydantic import (
 )
 
 # The probe decides what is a secret and how names normalise; the model enforces the same rules.
-from envlock.probe import REDACTED, canonicalize_name, looks_secret
+from envlock.probe import REDACTED, canonicalize_name, looks_secret, scrub_text, strip_url
 
 SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
 def _check_name(value: str) -> str:
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):
         raise ValueError(f"not a normalised (PEP 503) distribution name: {value!r}")
     return value
 
 
+_CREDENTIALS = ("carries credentials (a URL's user:password@, a secret query parameter or fragment, "
+                "an index token in the path, or a token-shaped word); envlock never stores them")
+
+
+def _check_clean(value: str) -> str:
+    """The rule capture applies, enforced on every string a lock may carry from outside:
+    a value is clean when scrubbing would leave it unchanged. So a hand edit that puts a
+    credential back is refused (``fmt`` will not seal it) exactly as capture would strip it."""
+    if scrub_text(value) != value:
+        raise ValueError(_CREDENTIALS)
+    return value
+
+
 def _check_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("URL carries credentials (user:password@); envlock never stores them")
+    if strip_url(value) != value or scrub_text(value) != value:
+        raise ValueError(f"URL {_CREDENTIALS}")
     if any(c in value for c in "\n\r\t \"'`$\\"):
         raise ValueError(f"URL contains a character that is not allowed: {value!r}")
     return value
+
+
+def _check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
+    # A validator on a dict cannot point its error at one key, so the message names it.
+    for name, value in env.items():
+        if looks_secret(name):
+            if value != REDACTED:
+                raise ValueError(f"{table}.{name} looks like a secret; a lock only stores it as {REDACTED!r}")
+        elif scrub_text(value) != value:
+            raise ValueError(f"{table}.{name} {_CREDENTIALS}")
+    return dict(sorted(env.items()))
 
 
 DistName = Annotated[str, AfterValidator(_check_name)]
@@ -54,6 +76,7 @@ Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_-
 Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 HexSha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_check_url)]
+CleanStr = Annotated[str, AfterValidator(_check_clean)]
 Scalar = str | int | float | bool
 
 
@@ -69,7 +92,7 @@ class Meta(_Model):
     created_at: datetime = Field(strict=False)
     fingerprint: Sha256Digest | None = None
     integrity: Sha256Digest | None = None
-    note: str | None = Field(default=None, max_length=4096)
+    note: CleanStr | None = Field(default=None, max_length=4096)
 
 
 ImageSource = Literal["env", "containerenv", "mountinfo", "cgroup", "dockerenv", "cli", "engine", "none"]
@@ -110,8 +133,42 @@ class PythonInfo(_Model):
     prefix: str | None = None
 
 
+BuildText = Annotated[str, StringConstraints(max_length=4096)]
+
+
+class TorchBuild(_Model):
+    """``[torch.build]``: how this torch was built, parsed from ``torch.__config__``.
+
+    Readable fields, so that a diff of two builds names the BLAS or oneDNN that changed instead
+    of showing two hashes. ``options`` holds the remaining ``Build settings`` (USE_*, flags).
+    """
+
+    compiler: BuildText | None = None
+    cxx_standard: BuildText | None = None
+    build_type: BuildText | None = None
+    blas: BuildText | None = None
+    lapack: BuildText | None = None
+    mkl_version: BuildText | None = None
+    onednn_version: BuildText | None = None
+    openmp_version: BuildText | None = None
+    parallel_backend: BuildText | None = None
+    cuda_runtime: BuildText | None = None
+    cudnn_version: BuildText | None = None
+    magma_version: BuildText | None = None
+    hip_runtime: BuildText | None = None
+    miopen_version: BuildText | None = None
+    cuda_arch_flags: list[Annotated[str, StringConstraints(max_length=128)]] | None = None
+    options: dict[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")], BuildText] = Field(
+        default_factory=dict)
+
+
 class TorchInfo(_Model):
-    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it."""
+    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it.
+
+    ``cpu_capability`` is the ISA torch's dispatcher picked on the capturing host (AVX2,
+    AVX512...): a host fact, kept for the reader and out of the fingerprint.
+    ``config_sha256`` hashes ``torch.__config__.show()`` without that host line.
+    """
 
     version: Version
     git_version: str | None = None
@@ -123,11 +180,13 @@ class TorchInfo(_Model):
     cxx11_abi: bool | None = None
     arch_list: list[str] = Field(default_factory=list)
     config_sha256: HexSha256 | None = None
+    cpu_capability: str | None = Field(default=None, max_length=64)
     mkl: bool | None = None
     mkldnn: bool | None = None
     openmp: bool | None = None
     cuda_available: bool | None = None
     device_count: int | None = None
+    build: TorchBuild | None = None
 
 
 class GpuDevice(_Model):
@@ -184,9 +243,19 @@ class Determinism(_Model):
     num_threads: int | None = None
     num_interop_threads: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        return _check_env(env, "determinism.env")
+
     # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
     # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
     late: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
+        default_factory=list)
+    # Recorded variables the process set, changed or removed after it started (seed_everything,
+    # deterministic(), training code): process state, which a shell verify reports, not compares.
+    process_env: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]] = Field(
         default_factory=list)
 
 
@@ -207,7 +276,10 @@ class GitInfo(_Model):
     remote: Url | None = None
 
 
-PackageSource = Literal["index", "url", "vcs", "editable", "local", "unknown"]
+PackageSource = Literal["index", "url", "vcs", "editable", "local", "system", "unknown"]
+# An OS package name, as dpkg, apk and rpm spell them.
+OsPackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")]
+OsPackageVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
 
 
 class Package(_Model):
@@ -221,14 +293,58 @@ class Package(_Model):
     url: Url | None = None
     vcs: str | None = Field(default=None, pattern=r"^(git|hg|svn|bzr)$")
     commit: str | None = Field(default=None, pattern=r"^[0-9A-Za-z._/-]{1,128}$")
-    requested_revision: str | None = None
+    requested_revision: CleanStr | None = None
     archive_hash: str | None = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
     hashes: list[Sha256Digest] = Field(default_factory=list)
     record_sha256: HexSha256 | None = None
+    # source = "system": the OS package that installed this distribution (apt's python3-torch).
+    os_package: OsPackageName | None = None
+    os_package_version: OsPackageVersion | None = None
+
     # `capture --deep` only: the files as they were on disk (deep.files_digest), and those that
     # differed from RECORD then ("modified path", "missing path", "added path").
     files_sha256: HexSha256 | None = None
     files_changed: list[Annotated[str, StringConstraints(max_length=4096)]] | None = None
+
+
+# ``name:arch=version``: apt's spelling of an exact pin; one string per package keeps a lock
+# with hundreds of OS packages short and its diffs one line per change.
+OsPackageSpec = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
+
+
+def split_os_spec(spec: str) -> tuple[str, str, str]:
+    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
+    head, _, version = spec.partition("=")
+    name, _, arch = head.partition(":")
+    return name, arch, version
+
+
+class OsPackages(_Model):
+    """``[os_packages]``: what the image's package manager installed, one pin per package."""
+
+    manager: Literal["dpkg", "apk", "rpm"]
+    packages: list[OsPackageSpec] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _sorted_unique(cls, packages: list[str]) -> list[str]:
+        ordered = sorted(set(packages))
+        seen: set[tuple[str, str]] = set()
+        for spec in ordered:
+            name, arch, _ = split_os_spec(spec)
+            if (name, arch) in seen:
+                raise ValueError(f"OS package {name}:{arch} is listed twice")
+            seen.add((name, arch))
+        return ordered
+
+    def versions(self) -> dict[str, str]:
+        """``name:arch`` -> version."""
+        out = {}
+        for spec in self.packages:
+            name, arch, version = split_os_spec(spec)
+            out[f"{name}:{arch}"] = version
+        return out
 
 
 class Duplicate(_Model):
@@ -244,7 +360,7 @@ class CondaPackage(_Model):
     name: str
     version: str
     build: str | None = None
-    channel: str | None = None
+    channel: CleanStr | None = None
 
 
 class Conda(_Model):
@@ -273,6 +389,17 @@ class Canary(_Model):
     errors: dict[str, str] = Field(default_factory=dict)
     duration_ms: float | None = None
 
+    @field_validator("settings")
+    @classmethod
+    def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
+        # env.NAME entries here are the numerics variables the kernels ran under.
+        env = {k[4:]: v for k, v in settings.items() if k.startswith("env.") and isinstance(v, str)}
+        _check_env(env, "canary.settings.env")
+        for value in settings.values():
+            if isinstance(value, str):
+                _check_clean(value)
+        return settings
+
 
 class ProbeInfo(_Model):
     """``[probe]``: what the probe could not collect, and why."""
@@ -299,6 +426,7 @@ class Lock(_Model):
     git: GitInfo | None = None
     canary: Canary | None = None
     conda: Conda | None = None
+    os_packages: OsPackages | None = None
     packages: list[Package] = Field(default_factory=list)
     duplicates: list[Duplicate] = Field(default_factory=list)
     probe: ProbeInfo = Field(default_factory=ProbeInfo)
@@ -316,10 +444,7 @@ class Lock(_Model):
     @field_validator("env")
     @classmethod
     def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if looks_secret(name) and value != REDACTED:
-                raise ValueError(f"{name} looks like a secret; a lock only stores it as {REDACTED!r}")
-        return dict(sorted(env.items()))
+        return _check_env(env)
 
     # -- convenience -------------------------------------------------------------------
     def package(self, name: str) -> Package | None:
@@ -355,9 +480,9 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = {
     "image": {"source", "reference", "container_id", "in_container", "engine"},
     "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
     "python": {"executable", "prefix"},
-    "torch": {"cuda_available", "device_count"},
+    "torch": {"cuda_available", "device_count", "cpu_capability"},
     "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
-    "determinism": {"num_threads", "num_interop_threads", "late"},
+    "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
     # files_sha256 stays out: the same environment captured with and without --deep must
     # share its id. An edited file still changes the id through files_changed, which a clean
     # install never has, and integrity seals the digest against hand edits.

@@ -48,21 +48,67 @@ NUMERICS_ENV = (
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
     "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
 )
-# Names are ignored for the secret check when they are known to hold no secret even though
-# they contain a suspicious word (e.g. KMP_..._AFFINITY has none; HF_HUB_DISABLE_IMPLICIT_TOKEN).
-_SECRET_RE = re.compile(
-    r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|API_?KEY|PRIVATE|(^|_)KEY($|_)|_PAT$|SIGNATURE)",
-    re.IGNORECASE,
-)
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-_SECRET_QUERY_RE = re.compile(
-    r"(token|secret|password|passwd|key|sig|signature|auth|credential|session)", re.IGNORECASE
-)
+# ---------------------------------------------------------------------------------------------
+# Secrets: which variables hold one, and what of a value may be kept.
+# ---------------------------------------------------------------------------------------------
+
+# A name is split into words (on "_", ".", "-" and camelCase), and it is a secret when one of
+# its words says so. Whole words, not substrings: TOKENIZERS_PARALLELISM, DESKTOP_SESSION,
+# KMP_AFFINITY and XAUTHORITY hold settings, not credentials.
+_SECRET_WORDS = frozenset((
+    "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
+    "PASSPHRASE", "PWD", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "APIKEY", "KEY", "KEYS",
+    "PRIVATE", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT", "BEARER", "WEBHOOK", "DSN",
+    "SAS", "OTP", "SIGNATURE", "CONNSTR",
+))
+# Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
+                    "PRIVATEKEY", "ACCESSKEY")
+# A switch about a secret holds a flag, wherever the word stands (HF_HUB_DISABLE_IMPLICIT_TOKEN=1).
+_SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT",
+                           "REQUIRE", "REQUIRED", "PROMPT"))
+# A property of a secret when it comes after the secret's noun (TOKEN_URL, AUTH_TIMEOUT,
+# KEY_TYPE, CREDENTIAL_HELPER); before it, the noun is the secret (DATABASE_URL_PASSWORD).
+_PROPERTY_WORDS = frozenset((
+    "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
+    "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
+))
+# Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
+# Variables that hold a location, never a credential: the shell's and the desktop's own, and
+# any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
+_PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
+                         "KUBECONFIG", "KRB5CCNAME", "PATH"))
+_PATH_WORDS = frozenset(("PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "SOCK", "SOCKET",
+                         "HOME", "ROOT", "PREFIX", "CACHE", "LOCATION", "FOLDER"))
+_NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# The shortest value the last-line scrub replaces wherever it appears. Credentials issued by
+# services are far longer (hf_ 37, ghp_ 40, AWS 40, W&B 40 characters) and password policies
+# start at 8 (NIST SP 800-63B); a shorter value ("1", "true", "gpu0", a user name) is far more
+# likely to be part of a version, a path or a flag than a credential, and replacing it there
+# would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
+MIN_SECRET_LEN = 8
+
+
+def _name_words(name: str) -> List[str]:
+    return [w.upper() for w in _NAME_SPLIT_RE.split(name) if w]
+
+
+def is_path_variable(name: str) -> bool:
+    """True for variables that hold a filesystem location (PWD, HOME, *_PATH, *_DIR, ...)."""
+    words = _name_words(name)
+    return name.upper() in _PATH_NAMES or bool(words and words[-1] in _PATH_WORDS)
 
 
 def looks_secret(name: str) -> bool:
     """True for environment variable names whose values must never reach a lock."""
-    return bool(_SECRET_RE.search(name))
+    if is_path_variable(name):
+        return False
+    words = _name_words(name)
+    nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
+    if not nouns or any(w in _SWITCH_WORDS for w in words):
+        return False
+    return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
 
 
 def canonicalize_name(name: str) -> str:
@@ -72,36 +118,169 @@ def canonicalize_name(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
+# A URL keeps its scheme, host, path and harmless query parameters; it loses its userinfo
+# (except the service user of an ssh remote, "git@"), secret-looking query values, every
+# fragment other than pip's own (#egg=, #subdirectory=, #sha256=...), and the token segment of
+# index hosts known to carry one in the path. The functions only ever remove: a string that
+# needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
+
+# Starts only where a run of scheme characters starts: otherwise every position of a long run
+# without "://" would be tried, quadratic in its length.
+_URL_RE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+# scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
+# quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
+# start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
+# "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
+# userinfo backtracks quadratically on "=a@=a@...").
+_SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
+_SCP_WORD_RE = re.compile(r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*")
+_SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
+_SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
+_SECRET_QUERY_RE = re.compile(
+    r"(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)",
+    re.IGNORECASE,
+)
+# Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
+_SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
+# Users that name a service account, not a person or a token (git@github.com:org/repo.git).
+_SERVICE_USERS = ("git", "hg")
+# Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
+# the token. Gemfury, anaconda.org and conda's own rule for
+# any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
+# (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
+# webhooks, Telegram bots.
+_PATH_TOKENS = (
+    # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
+    # with capitals (tokens are mixed case, account names are lowercase), is the token.
+    (re.compile(r"(^|\.)fury\.io$", re.I),
+     re.compile(r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))")),
+    (re.compile(r"."), re.compile(r"(?:^|/)t/([^/]+)")),
+    (re.compile(r"(^|\.)packagecloud\.io$", re.I), re.compile(r"^/priv/([^/]+)")),
+    (re.compile(r"^dl\.cloudsmith\.io$", re.I), re.compile(r"^/(?!public/|basic/)([^/]+)/")),
+    (re.compile(r"^hooks\.slack\.com$", re.I), re.compile(r"^/services/(.+)")),
+    (re.compile(r"(^|\.)discord(app)?\.com$", re.I), re.compile(r"^/api/webhooks/(.+)")),
+    (re.compile(r"^api\.telegram\.org$", re.I), re.compile(r"^/(?:file/)?bot([^/]+)")),
+)
+# Credentials recognisable by their own shape, wherever they appear in text.
+_TOKEN_SHAPES_RE = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|hf_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{32,}|pypi-[A-Za-z0-9_-]{40,}|npm_[A-Za-z0-9]{36})"
+)
+
+
+def _strip_query(query: str) -> str:
+    out = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if not eq:
+            # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
+            out.append(REDACTED if key and key != REDACTED else key)
+        elif value and value != REDACTED and _SECRET_QUERY_RE.search(_unquote(key)):
+            out.append(key + "=" + REDACTED)
+        else:
+            out.append(item)
+    return "&".join(out)
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def _strip_fragment(fragment: str) -> str:
+    keep = []
+    for item in fragment.split("&"):
+        key, eq, value = item.partition("=")
+        if eq and key.lower() in _SAFE_FRAGMENT_KEYS and re.match(r"^[A-Za-z0-9._+/\[\],-]*\Z", value):
+            keep.append(item)
+    return "&".join(keep)
+
+
+def _split_authority(rest: str) -> Tuple[str, str]:
+    """(userinfo, remainder) of what follows ``scheme://``; userinfo is "" when there is none.
+
+    The authority ends at the first "/", so a password with an unencoded "#", "?" or "@"
+    (alice:p#SECRET@host) is still userinfo; a password with an unencoded "/" is recognised by
+    a ":" before it that is not a port (alice:p/SECRET@host).
+    """
+    slash = rest.find("/")
+    authority = rest if slash < 0 else rest[:slash]
+    at = authority.rfind("@")
+    if at >= 0:
+        return rest[:at], rest[at + 1:]
+    colon = authority.find(":")
+    at = rest.find("@", slash) if slash >= 0 else -1
+    if colon >= 0 and at >= 0 and not authority[colon + 1:].isdigit() and not re.search(r"\s", rest[:at]):
+        return rest[:at], rest[at + 1:]
+    return "", rest
+
+
+def _path_tokens(host: str, path: str) -> str:
+    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    for host_re, path_re in _PATH_TOKENS:
+        if not host_re.search(host):
+            continue
+        m = path_re.search(path)
+        if m and m.group(1) != REDACTED:
+            path = path[:m.start(1)] + REDACTED + path[m.end(1):]
+    return path
 
 
 def strip_url(url: str) -> str:
-    """Drop ``user:password@`` and secret-looking query parameters from a URL."""
-    try:
-        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    """``url`` without credentials (see the rules above); unchanged when it has none."""
+    m = _SCHEME_RE.match(url)
+    if not m:
+        return _strip_scp(url)
+    scheme = m.group(1).lower()
+    userinfo, rest = _split_authority(url[m.end():])
+    keep_user = ""
+    if userinfo and "ssh" in scheme and userinfo in _SERVICE_USERS:
+        keep_user = userinfo + "@"
+    rest, hash_, fragment = rest.partition("#")
+    rest, qmark, query = rest.partition("?")
+    slash = rest.find("/")
+    host, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    path = _path_tokens(host, path)
+    out = url[:m.end()] + keep_user + host + path
+    if qmark:
+        out += "?" + _strip_query(query)
+    if hash_:
+        fragment = _strip_fragment(fragment)
+        if fragment:
+            out += "#" + fragment
+    return _TOKEN_SHAPES_RE.sub(REDACTED, out)
 
-        parts = urlsplit(url)
-        if not parts.scheme:
-            return url
-        netloc = parts.netloc
-        if "@" in netloc:
-            netloc = netloc.rsplit("@", 1)[1]
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            cleaned = [(k, REDACTED if _SECRET_QUERY_RE.search(k) else v) for k, v in pairs]
-            query = urlencode(cleaned, safe="<>")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except Exception:
-        # A URL we cannot parse is not worth the risk of keeping.
-        return REDACTED
+
+def _scp_word(word: str) -> str:
+    keep = _SCP_KEEP_RE.match(word)
+    start = keep.end() if keep else 0
+    slash = word.find("/", start)
+    at = word.rfind("@", start, slash if slash >= 0 else len(word))
+    while at > start:
+        if _SCP_HOST_RE.match(word, at + 1) is not None:
+            return word if word[start:at] in _SERVICE_USERS else word[:start] + word[at + 1:]
+        at = word.rfind("@", start, at)
+    return word
+
+
+def _strip_scp(text: str) -> str:
+    if "@" not in text or _SCP_HINT_RE.search(text) is None:
+        return text
+    return _SCP_WORD_RE.sub(lambda m: _scp_word(m.group(0)), text)
 
 
 def scrub_text(text: str) -> str:
-    """Strip credentials from every URL embedded in free text (an env value, a remote)."""
-    if "://" not in text:
-        return text
-    return _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    """``text`` with every embedded URL and scp remote stripped and token-shaped words removed."""
+    if "://" in text:
+        text = _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+    if "@" in text:
+        text = _strip_scp(text)
+    return _TOKEN_SHAPES_RE.sub(REDACTED, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +412,14 @@ def _read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
         return None
 
 
+def _read_bytes(path: str, limit: int = 4 << 20) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
 def collect_platform() -> Dict[str, Any]:
     import platform
 
@@ -345,6 +532,11 @@ def record_sha256(path: str) -> Optional[str]:
             data = fh.read()
     except OSError:
         return None
+    return record_digest(data)
+
+
+def record_digest(data: bytes) -> str:
+    """``record_sha256`` of a RECORD's bytes (also used on a wheel's own RECORD, unpacked)."""
     keep = []
     for raw in data.splitlines():
         if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):
@@ -401,20 +593,25 @@ def _path_entries(skip: Optional[str]) -> List[str]:
     return entries
 
 
-def collect_packages(skip_dir: Optional[str] = None,
-                     locations: Optional[List[Tuple[str, str, str]]] = None,
+def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[str, str]] = None,
+                     deep_locations: Optional[List[Tuple[str, str, str]]] = None,
                      record_digest: Callable[[str], Optional[str]] = record_sha256,
                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
     Scanning ``*.dist-info`` directories ourselves is what importlib.metadata does, minus the
     full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
-    ``locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
+    ``locations``, when given, receives name -> metadata path of each active distribution (the
+    OS packages block uses it to find the distributions an OS package owns).
+    ``deep_locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
     RECORD, for the deep check.
     """
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
     active: Dict[str, str] = {}
+    # name -> (position in packages, metadata path), to recognise an editable project's own
+    # build metadata when it shows up a second time on the path.
+    seen: Dict[str, Tuple[int, str]] = {}
     for index, entry in enumerate(_path_entries(skip_dir)):
         try:
             names = sorted(os.listdir(entry))
@@ -441,11 +638,10 @@ def collect_packages(skip_dir: Optional[str] = None,
             if not name or not version:
                 continue
             cname = canonicalize_name(name)
-            if cname in active:
-                duplicates.append({"name": cname, "version": version,
-                                   "active_version": active[cname], "path_index": index})
-                continue
-            active[cname] = version
+            if cname in active and kind == "egg-info":
+                pos, _ = seen[cname]
+                if _inside_editable(packages[pos], full):
+                    continue  # the editable project's own src/NAME.egg-info, not a second copy
             pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
             if "INSTALLER" in files:
                 installer = (_read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
@@ -462,13 +658,54 @@ def collect_packages(skip_dir: Optional[str] = None,
                 pkg.pop("url", None)
             if "RECORD" in files:
                 pkg["record_sha256"] = record_digest(os.path.join(full, "RECORD"))
-                if locations is not None and kind == "dist-info":
-                    locations.append((cname, entry, fname))
             if kind == "egg-info" and pkg["source"] == "index":
                 pkg["source"] = "unknown"
-            packages.append({k: v for k, v in pkg.items() if v is not None})
+            pkg = {k: v for k, v in pkg.items() if v is not None}
+            if cname in active:
+                pos, first = seen[cname]
+                if first.endswith(".egg-info") and _inside_editable(pkg, first):
+                    # The project's egg-info came first (src/ on PYTHONPATH): the editable
+                    # install is the real entry, the egg-info its build metadata.
+                    packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                    if locations is not None:
+                        locations[cname] = full
+                    _note_deep(deep_locations, cname, entry, fname, kind, files)
+                else:
+                    duplicates.append({"name": cname, "version": version,
+                                       "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            if locations is not None:
+                locations[cname] = full
+            _note_deep(deep_locations, cname, entry, fname, kind, files)
+            seen[cname] = (len(packages), full)
+            packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+def _note_deep(deep_locations: Optional[List[Tuple[str, str, str]]], name: str, entry: str,
+               fname: str, kind: str, files: Tuple[str, ...]) -> None:
+    """An active distribution with a RECORD is one the deep check re-hashes."""
+    if deep_locations is not None and kind == "dist-info" and "RECORD" in files:
+        deep_locations.append((name, entry, fname))
+
+
+def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
+    """True when ``metadata_path`` lies in the project directory of editable ``pkg``.
+
+    setuptools leaves ``src/NAME.egg-info`` in a project whenever it builds it (a wheel, an
+    sdist, an older editable install); with the project's src/ on sys.path that directory looks
+    like a second, shadowed installation of the same distribution.
+    """
+    url = pkg.get("url") or ""
+    if pkg.get("source") != "editable" or not url.startswith("file:"):
+        return False
+    from urllib.parse import unquote, urlsplit
+
+    project = os.path.realpath(unquote(urlsplit(url).path))
+    where = os.path.realpath(metadata_path)
+    return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
 
 
 def collect_conda() -> Optional[Dict[str, Any]]:
@@ -534,9 +771,96 @@ def collect_torch(torch: Any) -> Dict[str, Any]:
     info["device_count"] = quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
     info["arch_list"] = quiet(lambda: list(torch.cuda.get_arch_list())) or []
     config = quiet(lambda: torch.__config__.show())
-    if config:
-        info["config_sha256"] = hashlib.sha256(config.encode("utf-8")).hexdigest()
+    parallel = quiet(lambda: torch.__config__.parallel_info())
+    build = parse_torch_config(config if isinstance(config, str) else "",
+                               parallel if isinstance(parallel, str) else "")
+    capability = quiet(lambda: str(torch.backends.cpu.get_cpu_capability())) or build.pop("cpu_capability", None)
+    build.pop("cpu_capability", None)
+    info["cpu_capability"] = capability
+    if build:
+        info["build"] = build
+    if isinstance(config, str) and config:
+        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
+
+
+# torch.__config__.show() mixes how torch was built with what it found on this host: the "CPU
+# capability usage" line is the ISA the dispatcher picked here (AVX2 on one machine, AVX512 on
+# the next). Host facts stay out of the build's identity, or one stack gets two fingerprints.
+_HOST_LINE_RE = re.compile(r"^\s*-?\s*CPU capability usage\s*:", re.IGNORECASE)
+_CONFIG_LINES = (
+    # (field, pattern on one "  - ..." line); the first group is the value.
+    ("compiler", re.compile(r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$")),
+    ("cxx_standard", re.compile(r"^C\+\+ Version:\s*(\S+)$")),
+    ("mkl_version", re.compile(r"Math Kernel Library Version\s+([0-9][0-9.]*)")),
+    ("onednn_version", re.compile(r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)")),
+    ("openmp_version", re.compile(r"^OpenMP\s+(\d+)")),
+    ("cpu_capability", re.compile(r"^CPU capability usage:\s*(.+)$")),
+    ("cuda_runtime", re.compile(r"^(?:Built with )?CUDA Runtime\s+(\S+)$")),
+    ("cudnn_version", re.compile(r"^CuDNN\s+(\S+)")),
+    ("magma_version", re.compile(r"^Magma\s+(\S+)$")),
+    ("hip_runtime", re.compile(r"^HIP Runtime\s+(\S+)$")),
+    ("miopen_version", re.compile(r"^MIOpen\s+(\S+)$")),
+)
+# "Build settings: K=V, K=V, ..." where a value (CXX_FLAGS) may itself hold commas.
+_SETTING_SPLIT_RE = re.compile(r",\s*(?=[A-Z][A-Z0-9_]*=)")
+_SETTING_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_SETTING_FIELDS = {"BLAS_INFO": "blas", "LAPACK_INFO": "lapack", "BUILD_TYPE": "build_type"}
+# Already recorded as torch.version / torch.git_version.
+_SETTING_SKIP = ("TORCH_VERSION", "COMMIT_SHA")
+_MAX_VALUE = 4096
+
+
+def config_identity(config: str) -> str:
+    """torch.__config__.show() without the lines that describe the host rather than the build."""
+    return "".join(line for line in config.splitlines(True) if not _HOST_LINE_RE.match(line))
+
+
+def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
+    """Readable build facts from ``torch.__config__.show()`` and ``.parallel_info()``.
+
+    Both are free text whose wording changes between torch versions, so every line is matched
+    on its own and anything unrecognised is ignored rather than guessed at.
+    """
+    build: Dict[str, Any] = {}
+    options: Dict[str, str] = {}
+    for raw in config.splitlines():
+        line = raw.strip()
+        if line.startswith("- "):
+            line = line[2:].strip()
+        if line.startswith("NVCC architecture flags:"):
+            flags = [f.strip() for f in line.split(":", 1)[1].split(";")]
+            arch = [f for f in flags if f and f != "-gencode" and len(f) <= 128]
+            if arch:
+                build["cuda_arch_flags"] = arch
+            continue
+        if line.startswith("Build settings:"):
+            for item in _SETTING_SPLIT_RE.split(line.split(":", 1)[1].strip().rstrip(",")):
+                key, sep, value = item.partition("=")
+                key, value = key.strip(), value.strip().rstrip(",").strip()
+                if not sep or not _SETTING_KEY_RE.match(key) or key in _SETTING_SKIP:
+                    continue
+                value = value[:_MAX_VALUE]
+                if key in _SETTING_FIELDS:
+                    if value:
+                        build[_SETTING_FIELDS[key]] = value
+                else:
+                    options[key] = value
+            continue
+        for field, pattern in _CONFIG_LINES:
+            match = pattern.search(line)
+            if match and field not in build:
+                value = match.group(1).strip()[:_MAX_VALUE]
+                if value:
+                    build[field] = value
+                break
+    for raw in parallel.splitlines():
+        key, sep, value = raw.strip().partition(":")
+        if sep and key.strip() == "ATen parallel backend" and value.strip():
+            build["parallel_backend"] = value.strip()[:_MAX_VALUE]
+    if options:
+        build["options"] = dict(sorted(options.items()))
+    return build
 
 
 def collect_determinism(torch: Any) -> Dict[str, Any]:
@@ -583,7 +907,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
             value = quiet(read)
             if isinstance(value, (bool, int, str)):
                 det[key] = value
-    det["env"] = {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
+    det["env"] = {k: env_value(k, os.environ[k]) for k in NUMERICS_ENV if k in os.environ}
     # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
     # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
     # envlock to read it, tagged with the pid because children inherit the environment but not
@@ -591,10 +915,39 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
     # leading underscore keeps it out of the [env] allow-list.
     pid, _, names = os.environ.get("_ENVLOCK_LATE", "").partition(":")
     if pid == str(os.getpid()):
-        late = sorted(set(n for n in names.split(",") if re.match(r"^[A-Za-z0-9_.]{1,128}$", n)))
+        late = sorted(set(n for n in names.split(",") if re.fullmatch(r"^[A-Za-z0-9_.]{1,128}$", n)))
         if late:
             det["late"] = late
+    changed = process_set_env()
+    if changed:
+        det["process_env"] = changed
     return det
+
+
+def _recorded_name(name: str) -> bool:
+    return name in NUMERICS_ENV or name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+
+
+def process_set_env() -> List[str]:
+    """Recorded variables this process set, changed or removed after it started.
+
+    They are process state (``seed_everything`` exports ENVLOCK_SEED, ``deterministic()`` sets
+    CUBLAS_WORKSPACE_CONFIG, training code sets variables itself), not the environment a fresh
+    process inherits, so a shell ``verify`` reports rather than compares them. Linux keeps the
+    environment a process was started with in /proc/self/environ (setenv never writes there);
+    elsewhere nothing is known and every variable counts as environment.
+    """
+    raw = _read_bytes("/proc/self/environ")
+    if raw is None:
+        return []
+    initial: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            initial[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    names = set(initial) | set(os.environ)
+    return sorted(n for n in names if _recorded_name(n) and initial.get(n) != os.environ.get(n)
+                  and re.fullmatch(r"[A-Za-z0-9_.]{1,128}", n))
 
 
 def collect_seeds(torch: Any) -> Dict[str, Any]:
@@ -615,36 +968,63 @@ def collect_seeds(torch: Any) -> Dict[str, Any]:
     return seeds
 
 
+def env_value(name: str, value: str) -> str:
+    """What a lock may keep of one variable: nothing of a secret, a URL without credentials."""
+    return REDACTED if looks_secret(name) else scrub_text(value)
+
+
 def collect_env() -> Dict[str, str]:
     out = {}
     for name, value in os.environ.items():
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
             continue
-        out[name] = REDACTED if looks_secret(name) else scrub_text(value)
+        out[name] = env_value(name, value)
     return dict(sorted(out.items()))
 
 
-def secret_values() -> List[str]:
-    """Values of every secret-looking variable in the environment, to scrub from the document."""
-    values = []
-    for name, value in os.environ.items():
-        if looks_secret(name) and len(value) >= 6:
-            values.append(value)
-    return sorted(set(values), key=len, reverse=True)
+def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """Values of the variables that hold a secret, to scrub from the whole document.
+
+    Only values that can be a credential: at least MIN_SECRET_LEN long, and not the location
+    of something on this machine (a secret-named variable may hold a path to a key file; its
+    directory must not vanish from every path in the lock).
+    """
+    values = set()
+    for name, value in (os.environ if environ is None else environ).items():
+        if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
+            continue
+        if os.path.isabs(value) and os.path.exists(value):
+            continue
+        values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def scrub_string(text: str, secrets: List[str]) -> str:
+    """One string as it may enter a lock: URLs stripped, secret values replaced.
+
+    Repeated until nothing changes, so that what it returns passes the model's own check
+    (``scrub_text(x) == x``) even when a replacement makes a new pattern appear."""
+    for _ in range(4):
+        before = text
+        text = scrub_text(text)
+        for secret in secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        if text == before:
+            break
+    return text
 
 
 def scrub_document(doc: Any, secrets: List[str]) -> Any:
-    """Last line of defence: no secret value survives anywhere in the document."""
-    if not secrets:
-        return doc
+    """Last line of defence: no credential-bearing URL and no secret value survives anywhere
+    in the document, keys included."""
     if isinstance(doc, dict):
-        return {k: scrub_document(v, secrets) for k, v in doc.items()}
+        return {scrub_string(k, secrets) if isinstance(k, str) else k: scrub_document(v, secrets)
+                for k, v in doc.items()}
     if isinstance(doc, list):
         return [scrub_document(v, secrets) for v in doc]
     if isinstance(doc, str):
-        for secret in secrets:
-            if secret in doc:
-                doc = doc.replace(secret, REDACTED)
+        return scrub_string(doc, secrets)
     return doc
 
 
@@ -725,6 +1105,10 @@ def collect_image(cli_ref: Optional[str]) -> Dict[str, Any]:
 # -- GPU ----------------------------------------------------------------------------------------
 
 
+class NvmlError(RuntimeError):
+    """An NVML call failed; the message is NVML's own error string."""
+
+
 class _CtypesNvml:
     """The handful of NVML calls envlock needs, straight from libnvidia-ml through ctypes.
 
@@ -737,11 +1121,16 @@ class _CtypesNvml:
 
         self.ct = ctypes
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._check(self.lib.nvmlInit_v2(), "nvmlInit")
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise RuntimeError("%s failed with NVML error %d" % (what, rc))
+            # NVML's own words ("Driver Not Loaded"), which users can search for; the bare
+            # code is kept for the rare build whose table lacks it.
+            text = self.lib.nvmlErrorString(rc)
+            words = text.decode("utf-8", "replace") if text else "Unknown Error"
+            raise NvmlError("%s: %s (NVML error %d)" % (what, words, rc))
 
     def _string(self, fn: Any, *args: Any) -> str:
         buf = self.ct.create_string_buffer(96)
@@ -753,18 +1142,18 @@ class _CtypesNvml:
 
     def cuda_driver(self) -> int:
         v = self.ct.c_int()
-        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "cuda version")
+        self._check(self.lib.nvmlSystemGetCudaDriverVersion_v2(self.ct.byref(v)), "nvmlSystemGetCudaDriverVersion_v2")
         return v.value
 
     def count(self) -> int:
         n = self.ct.c_uint()
-        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "device count")
+        self._check(self.lib.nvmlDeviceGetCount_v2(self.ct.byref(n)), "nvmlDeviceGetCount_v2")
         return n.value
 
     def device(self, i: int) -> Dict[str, Any]:
         ct = self.ct
         h = ct.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "handle")
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(i), ct.byref(h)), "nvmlDeviceGetHandleByIndex_v2")
         dev: Dict[str, Any] = {"index": i, "name": self._string(self.lib.nvmlDeviceGetName, h)}
         try:
             dev["uuid"] = self._string(self.lib.nvmlDeviceGetUUID, h)
@@ -858,6 +1247,15 @@ def _hash_uuids(info: Dict[str, Any]) -> Dict[str, Any]:
     return info
 
 
+def _nvml_words(exc: BaseException) -> str:
+    """What went wrong, in NVML's words when NVML answered (ctypes or nvidia-ml-py)."""
+    if isinstance(exc, NvmlError):
+        return str(exc)
+    if type(exc).__name__.startswith("NVMLError"):  # nvidia-ml-py: str() is nvmlErrorString
+        return "%s (NVML error %s)" % (exc, getattr(exc, "value", "?"))
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """NVML in a watchdog thread (a wedged driver must not hang capture), then torch.cuda."""
     box: Dict[str, Any] = {}
@@ -866,7 +1264,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
         try:
             box["info"] = _nvml_query()
         except Exception as exc:
-            box["error"] = "%s: %s" % (type(exc).__name__, exc)
+            box["error"] = _nvml_words(exc)
 
     thread = threading.Thread(target=work, name="envlock-nvml", daemon=True)
     thread.start()
@@ -876,7 +1274,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
     elif "info" in box:
         return _hash_uuids(box["info"]), None
     else:
-        nvml_error = "NVML unavailable (%s)" % box.get("error", "unknown")
+        nvml_error = "NVML unavailable: %s" % box.get("error", "unknown")
     if torch is not None and quiet(lambda: torch.cuda.is_available()):
         devices = []
         for i in range(torch.cuda.device_count()):
@@ -1181,15 +1579,19 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
     doc["platform"] = guard("platform", collect_platform)
     doc["python"] = guard("python", collect_python)
-    locations: List[Tuple[str, str, str]] = []
+    locations: Dict[str, str] = {}
+    deep_locations: List[Tuple[str, str, str]] = []
     records = guard("cache", RecordDigests) if cache else None
-    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations,
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or record_sha256))
     if records is not None:
         records.save()
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
+    if os_packages:
+        doc["os_packages"] = os_packages
     if deep:
-        guard("deep", lambda: _deep_check(doc, locations, progress, processes))
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
@@ -1245,22 +1647,52 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     return scrubbed
 
 
-def load_sibling(filename: str, module_name: str) -> Any:
-    """A module from beside this file, loaded by path: it travels with the probe into
+def _load_sibling(fname: str, module_name: str) -> Any:
+    """A stdlib module from beside this file, loaded by path: it travels with the probe into
     containers, where no envlock package exists to import it from."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), fname)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None or not os.path.exists(path):
-        raise RuntimeError("%s not found beside the probe" % filename)
+        raise RuntimeError("%s not found beside the probe" % fname)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def load_kernels() -> Any:
-    return load_sibling("kernels.py", "_envlock_canary")
+    return _load_sibling("kernels.py", "_envlock_canary")
+
+
+# ---------------------------------------------------------------------------------------------
+# OS packages: the dpkg/apk/rpm database of this root (parsers in ospkgs.py beside this file)
+# ---------------------------------------------------------------------------------------------
+
+_OSPKGS: List[Any] = []
+
+
+def load_ospkgs() -> Any:
+    if not _OSPKGS:
+        _OSPKGS.append(_load_sibling("ospkgs.py", "_envlock_ospkgs"))
+    return _OSPKGS[0]
+
+
+def _run_tool(argv: List[str], timeout: float) -> Tuple[Optional[int], bytes, str]:
+    env = dict(os.environ, LC_ALL="C")
+    return _Proc(argv, timeout, env=env).result()
+
+
+def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
+                        root: str = "/") -> Optional[Dict[str, Any]]:
+    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
+    ospkgs = load_ospkgs()
+    db = ospkgs.load(root, _run_tool)
+    if db is None:
+        return None
+    ospkgs.mark_system(packages, locations, db)
+    doc: Dict[str, Any] = db.document()
+    return doc
 
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
@@ -1270,7 +1702,7 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
     Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
     ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
     """
-    deep = load_sibling("deep.py", "_envlock_deep")
+    deep = _load_sibling("deep.py", "_envlock_deep")
     cb = None
     if progress:
         def cb(files: int, total_files: int, nbytes: int, total_bytes: int) -> None:

@@ -6,6 +6,7 @@ Rendering only; nothing here decides what counts as drift (that is ``compare``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,10 +14,28 @@ from envlock.drift import Comparison, Difference
 from envlock.model import Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
+# What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
+# sequences that retitle windows, rewrite lines or fake hyperlinks), DEL, C1 controls (CSI and
+# OSC have one-byte forms), line and paragraph separators, and the Unicode bidi controls that
+# display text in another order than it is stored. JSON output is escaped by json already.
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe(value: Any) -> str:
+    """``value`` as text a terminal shows literally: every control character escaped, a
+    newline in a value included (it would otherwise forge a line of output)."""
+    text = str(value)
+    return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
 
 
 def _dash(value: Any) -> str:
-    return "-" if value in (None, "", []) else str(value)
+    return "-" if value in (None, "", []) else safe(value)
 
 
 def _flag(value: bool | None) -> str:
@@ -62,6 +81,8 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
             sources[p.source] = sources.get(p.source, 0) + 1
     extra = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
     rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
+    if lock.os_packages is not None:
+        rows.append(("os packages", f"{len(lock.os_packages.packages)} ({lock.os_packages.manager})"))
     d = lock.determinism
     if d.torch_loaded:
         rows.append(("determinism",
@@ -96,22 +117,50 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
 def show_text(lock: Lock, name: str = "env.lock") -> str:
     rows = summary_rows(lock)
     width = max(len(k) for k, _ in rows)
-    return "\n".join([name] + [f"  {k.ljust(width)}  {v}" for k, v in rows]) + "\n"
+    return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
 
 
-def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+def md_cell(value: Any) -> str:
+    """One table cell: no line breaks, pipes, backticks or HTML that could change the table."""
+    text = " ".join(safe(value).split())
+    for a, b in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(a, b)
+    return text
+
+
+def md_code(value: Any, *, table: bool = True) -> str:
+    """Text for inside a `code span`: escapes do not work there, so a backtick becomes '."""
+    text = " ".join(safe(value).split()).replace("`", "'")
+    return text.replace("|", "\\|") if table else text
+
+
+def shared_rows(lock: Lock) -> list[tuple[str, str]]:
+    """Summary rows for what is shared (PRs, papers): probe errors by section, never raw text."""
+    rows = [(k, v) for k, v in summary_rows(lock) if k != "id"]
+    if lock.probe.errors:
+        rows = [(k, ", ".join(sorted(lock.probe.errors)) + " (details: envlock show)")
+                if k == "not captured" else (k, v) for k, v in rows]
+    return rows
+
+
+def replay_lines(name: str) -> tuple[str, str]:
+    """How a reader replays the environment: with envlock, and with only uv or pip."""
+    return (f"envlock restore {name}",
+            f"envlock export {name} --to pylock -o pylock.toml && uv pip install -r pylock.toml")
 
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
-    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| | |", "|---|---|"]
-    out += [f"| {k} | {_md_cell(v)} |" for k, v in summary_rows(lock) if k != "id"]
+    out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
+    out += [f"| {k} | {md_cell(v)} |" for k, v in shared_rows(lock)]
     out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
             "| package | version | source |", "|---|---|---|"]
-    out += [f"| {p.name} | {_md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    out += [f"| {p.name} | {md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    with_envlock, without = replay_lines(name)
     out += ["", "</details>", "",
             f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
-            f"`envlock verify {name}`; rebuild it with `envlock restore {name}`.", ""]
+            f"`envlock verify {md_code(name, table=False)}`. Replay it with "
+            f"`{md_code(with_envlock, table=False)}` (a container), or without envlock: "
+            f"`{md_code(without, table=False)}`.", ""]
     return "\n".join(out)
 
 
@@ -120,7 +169,7 @@ def show_json(lock: Lock) -> str:
 
 
 def differences_text(differences: Iterable[Difference]) -> str:
-    rows = [(_SEVERITY_LABEL[d.severity], d.path, d.describe()) for d in differences]
+    rows = [(_SEVERITY_LABEL[d.severity], safe(d.path), safe(d.describe())) for d in differences]
     if not rows:
         return ""
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
@@ -131,31 +180,63 @@ def counts_line(cmp: Comparison) -> str:
     return f"{cmp.count('breaking')} breaking, {cmp.count('warning')} warning, {cmp.count('info')} info"
 
 
-def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False) -> str:
+def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
+                environment: str | None = None, captured_from: str | None = None) -> str:
+    """The verify report. ``environment`` says what was checked and why ("./.venv
+    (VIRTUAL_ENV)"); ``captured_from`` is the lock's own environment when it exists here but
+    another one was checked: the one line that explains a wall of drift."""
+    from envlock.verify_report import (
+        DETAIL_LINES,
+        SUMMARY_AFTER,
+        image_hint,
+        process_state_text,
+        verify_summary,
+    )
+
     shown = [d for d in cmp.differences if show_info or d.severity != "info"]
-    head = f"{name} (id {lock.short_id}): {counts_line(cmp)}"
-    body = differences_text(shown)
+    against = f" against {safe(environment)}" if environment else ""
+    head = f"{safe(name)} (id {lock.short_id}){against}: {counts_line(cmp)}\n"
+    elsewhere = captured_from is not None and not cmp.ok
+    if elsewhere:
+        name, captured_from = safe(name), safe(captured_from)
+        head += (f"  {name} was captured from {captured_from}, not from the environment checked "
+                 f"here: run `envlock verify {name} --python {captured_from}`\n")
     hidden = cmp.count("info") if not show_info else 0
-    tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
-    verdict = ("OK: the environment matches the lock\n" if cmp.ok
-               else f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n")
-    return head + "\n" + body + tail + verdict
+    if len(shown) > SUMMARY_AFTER or elsewhere:
+        head += verify_summary(cmp, lock)
+        limit = len(shown) if show_info else (0 if elsewhere else DETAIL_LINES)
+        body = differences_text(shown[:limit])
+        if body:
+            body = f"  details ({min(limit, len(shown))} of {len(shown)}):\n" + body
+        left = len(shown) - limit + hidden
+        tail = f"  ({left} more differences; --all lists every one)\n" if left else ""
+    else:
+        body = differences_text(shown)
+        tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
+    tail += image_hint(cmp, lock, name) + process_state_text(cmp)
+    if cmp.ok:
+        verdict = "OK: the environment matches the lock\n"
+    elif cmp.breaking:
+        verdict = f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n"
+    else:
+        verdict = f"DRIFT: {cmp.count('warning')} warning(s), which count as drift with --strict\n"
+    return head + body + tail + verdict
 
 
 def diff_text(cmp: Comparison, a: str, b: str) -> str:
     if not cmp.differences:
-        return f"{a} and {b} describe the same environment\n"
-    return f"{a} -> {b}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
+        return f"{safe(a)} and {safe(b)} describe the same environment\n"
+    return f"{safe(a)} -> {safe(b)}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
 
 
 def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -> str:
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
-    out += [f"{counts_line(cmp)} ({a_name} → {b_name})", "",
+    out += [f"{counts_line(cmp)} ({md_cell(a_name)} → {md_cell(b_name)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
-        out.append(f"| {d.severity} | `{_md_cell(d.path)}` | {_md_cell(_dash(d.old))} | {_md_cell(_dash(d.new))} |")
+        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(_dash(d.old))} | {md_cell(_dash(d.new))} |")
     out.append("")
     return "\n".join(out)
 

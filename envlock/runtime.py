@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from envlock.errors import UsageError
+from envlock.errors import TorchMissing, UsageError
 from envlock.probe import quiet as _quiet
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ReproducibilityWarning(UserWarning):
 
 
 def _torch(required: bool = False) -> Any:
-    """torch if it is installed (already imported wins); None, or UsageError when required."""
+    """torch if it is installed (already imported wins); None, or TorchMissing when required."""
     mod = sys.modules.get("torch")
     if mod is not None:
         return mod
@@ -63,7 +63,7 @@ def _torch(required: bool = False) -> Any:
 
     if importlib.util.find_spec("torch") is None:
         if required:
-            raise UsageError("this needs torch, which is not installed in this environment")
+            raise TorchMissing("this needs torch, which is not installed in this environment")
         return None
     import torch
 
@@ -632,7 +632,7 @@ def _apply_flags(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
     if torch is None:
         missing.append(NotApplied("determinism", "torch flags", None, "torch is not installed"))
         return
-    recorded = det.model_dump(exclude={"env", "late", "torch_loaded"})
+    recorded = det.model_dump(exclude={"env", "late", "torch_loaded", "process_env"})
     target = {k: v for k, v in recorded.items() if v is not None}
     before = _read_state(torch, target)
     # A knob this torch lacks cannot be set; compare reports it as a warning already. (Not
@@ -702,9 +702,12 @@ def canary_module() -> Any:
 def canary(devices: list[str] | None = None) -> Canary:
     """Run the numeric canary in this process, under its current flags; a ``[canary]`` table."""
     from envlock.model import Canary
+    from envlock.probe import scrub_document, secret_values
 
     torch = _torch(required=True)
-    return Canary.model_validate(canary_module().run(torch, devices))
+    # The settings carry numerics variables verbatim (any may hold a URL): the same
+    # scrub as every other string that enters a lock.
+    return Canary.model_validate(scrub_document(canary_module().run(torch, devices), secret_values()))
 
 
 __all__ = [

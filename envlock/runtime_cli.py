@@ -48,7 +48,7 @@ def _check_text(cmp: Comparison, name: str) -> str:
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
-    from envlock.errors import LockInvalid
+    from envlock.errors import LockInvalid, TorchMissing
 
     expected = None
     if args.against:  # read the lock before the (slow) canary, so a bad path fails at once
@@ -61,9 +61,11 @@ def cmd_canary(args: argparse.Namespace) -> int:
     if args.python:
         from envlock.capturing import capture
 
-        current = capture(python=args.python, canary=True, in_process=False).canary
+        probed = capture(python=args.python, canary=True, in_process=False)
+        current = probed.canary
         if current is None:
-            raise LockInvalid(f"the probe under {args.python} could not run the canary (is torch installed?)")
+            why = probed.probe.errors.get("torch") or probed.probe.errors.get("canary") or "unknown reason"
+            raise TorchMissing(f"the canary could not run under {args.python}: {why}")
     else:
         from envlock.runtime import canary
 

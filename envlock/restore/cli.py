@@ -31,7 +31,8 @@ def _options(args: argparse.Namespace) -> Options:
     return Options(base=args.base, allow_unpinned_base=args.allow_unpinned_base,
                    skip_local=args.skip_local,
                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
-                   index_url=args.index_url, venv=args.venv, python=args.python)
+                   index_url=args.index_url, venv=args.venv, python=args.python,
+                   allow_http=args.allow_http)
 
 
 def _report_build_failure(exc: Any) -> None:
@@ -71,7 +72,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         from envlock.restore.restore import write_dockerfile_only
 
         lock = load(args.lock)
-        plan = write_dockerfile_only(lock, _options(args), Path(args.dockerfile_only))
+        plan = write_dockerfile_only(lock, _options(args), Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
             _say(f"note: {note}")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
@@ -127,7 +128,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     lock = load(args.lock)
     result = bundle(lock, Path(args.output), source=Path(args.wheelhouse) if args.wheelhouse else None,
                     index_url=args.index_url, pip_find_links=Path(args.find_links) if args.find_links else None,
-                    skip_local=args.skip_local)
+                    skip_local=args.skip_local, allow_http=args.allow_http)
     for name in result.missing_tooling:
         _say(f"note: no wheel for {name}; a restore takes it from the base image's ensurepip")
     if result.skipped:
@@ -141,11 +142,20 @@ def _split_run_args(args: argparse.Namespace) -> list[str]:
     """The command after ``--``; options between the lock and ``--`` are parsed here.
 
     argparse hands everything after the lock to REMAINDER, so ``envlock run env.lock --gpus all
-    -- python train.py`` arrives as one list; without ``--`` the whole list is the command.
+    -- python train.py`` arrives as one list. Without ``--``, leading options are envlock's and
+    the command starts at the first other word (``envlock run env.lock --jupyter --workspace
+    DIR`` has no command at all).
     """
     rest = list(args.cmd or [])
     if "--" not in rest:
-        return rest
+        if not rest or not rest[0].startswith("-"):
+            return rest
+        parser = argparse.ArgumentParser(prog="envlock run", add_help=False)
+        _build_options(parser, lock=False)
+        _run_options(parser)
+        parser.add_argument("cmd", nargs=argparse.REMAINDER)
+        parser.parse_args(rest, namespace=args)
+        return list(args.cmd or [])
     cut = rest.index("--")
     before, command = rest[:cut], rest[cut + 1:]
     if before:
@@ -178,6 +188,8 @@ def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
     p.add_argument("--wheelhouse", metavar="DIR", help="install offline from these wheels "
                    "(pip --no-index; an `envlock bundle` directory adds hash checks)")
     p.add_argument("--index-url", metavar="URL", help="package index instead of PyPI")
+    p.add_argument("--allow-http", action="store_true",
+                   help="accept plain http:// package URLs and indexes (content can be swapped in transit)")
     p.add_argument("--venv", metavar="PATH", help="virtual environment path in the image "
                    "(default: the lock's)")
     p.add_argument("--python", metavar="CMD", help="the base image's interpreter (default python3)")
@@ -195,6 +207,8 @@ def register(sub: Any) -> None:
     _build_options(p)
     p.add_argument("--dockerfile-only", metavar="DIR",
                    help="only write the build context (Dockerfile, requirements) to DIR; no engine")
+    p.add_argument("--force", action="store_true",
+                   help="with --dockerfile-only: replace a build context envlock wrote to DIR before")
     p.add_argument("--all", action="store_true", help="also list info-level differences")
     p.set_defaults(func=cmd_restore)
 
@@ -212,4 +226,5 @@ def register(sub: Any) -> None:
     p.add_argument("--index-url", metavar="URL", help="download from this index (default PyPI)")
     p.add_argument("--find-links", metavar="DIR", help="download with pip from this directory, no index")
     p.add_argument("--skip-local", action="store_true", help="leave out editable/local packages")
+    p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.set_defaults(func=cmd_bundle)

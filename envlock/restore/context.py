@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,7 @@ from envlock import __version__
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.model import SCHEMA_VERSION, Lock, Package
 from envlock.probe import NUMERICS_ENV
-from envlock.restore import values
+from envlock.restore import ospackages, values
 from envlock.restore.tables import bases
 
 LayerName = Literal["torch", "packages", "tooling"]
@@ -74,6 +72,8 @@ class Options:
     python: str | None = None
     # Hashes known from elsewhere (a bundle's manifest), used where the lock has none.
     extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
+    allow_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,11 @@ class Plan:
     wheels: Mapping[str, tuple[Path, ...]]  # layer -> wheel files to copy into the context
     notes: tuple[str, ...]
     offline: bool
+    # OS packages installed with the image's package manager (system-Python locks only).
+    os_install: ospackages.OsInstall | None = None
+    # vcs packages installed from a wheel of the same version (offline: no checkout reachable);
+    # the image cannot show their commit, and verification knows why.
+    from_wheel: tuple[str, ...] = ()
 
     @property
     def expected_image_change(self) -> bool:
@@ -144,7 +149,7 @@ class Plan:
 def choose_base(lock: Lock, options: Options) -> BaseChoice:
     """The base named by --base, the lock's image, or the data table (in that order)."""
     if options.base:
-        ref = values.image_ref(options.base)
+        ref = values.image_ref(options.base, what="--base")
         return BaseChoice(ref, "--base", values.is_pinned(ref), ref)
     img = lock.image
     if img.digest:
@@ -195,20 +200,31 @@ def _hashes(pkg: Package, options: Options) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _weak_hash_note(pkg: Package, offline: bool) -> str | None:
+    """Say what happens to an archive hash pip cannot check (md5 from old indexes)."""
+    if not pkg.archive_hash or pkg.archive_hash.startswith(("sha256", "sha384", "sha512")):
+        return None
+    algo = re.split(r"[=:]", pkg.archive_hash, maxsplit=1)[0]
+    checked = ("checked by envlock against the wheelhouse file" if offline
+               else "not checked at install; the build is checked inside the image (record_sha256)")
+    return f"{pkg.name}: the lock's archive hash is {algo}, which pip cannot check: {checked}"
+
+
 def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Requirement | None, str | None]:
     """(requirement, note) for one package; raises when it cannot be expressed safely."""
     name = values.dist_name(pkg.name)
     ver = values.version(pkg.version, name=name)
     pin = f"{name}=={ver}"
     if pkg.source in ("index", "unknown"):
-        return Requirement(name, ver, pin, _hashes(pkg, options)), None
+        return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
     if pkg.source == "url":
         if offline:
-            return Requirement(name, ver, pin, _hashes(pkg, options)), None
+            return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
         if not pkg.url:
             raise NotRestorable(f"{name} {ver} was installed from a URL the lock does not record")
-        link = values.url(pkg.url, what=f"URL of {name}")
-        return Requirement(name, ver, f"{name} @ {link}", _hashes(pkg, options)), None
+        link = values.url(pkg.url, what=f"URL of {name}", allow_http=options.allow_http)
+        return (Requirement(name, ver, f"{name} @ {link}", _hashes(pkg, options)),
+                _weak_hash_note(pkg, offline))
     if pkg.source == "vcs":
         vcs = pkg.vcs or ""
         if vcs not in values.VCS_SCHEMES:
@@ -220,7 +236,8 @@ def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Require
         if offline:
             return (Requirement(name, ver, pin, ()),
                     f"{name}: vcs source replaced by a wheel of {ver} from the wheelhouse")
-        link = values.url(pkg.url, schemes=values.VCS_SCHEMES[vcs], what=f"{vcs} URL of {name}")
+        link = values.url(pkg.url, schemes=values.VCS_SCHEMES[vcs], what=f"{vcs} URL of {name}",
+                          allow_http=options.allow_http)
         # pip cannot hash a checkout; the full commit id is the pin.
         return Requirement(name, ver, f"{name} @ {vcs}+{link}@{commit}", ()), None
     return None, None  # editable / local: the caller decides
@@ -234,9 +251,23 @@ def _torch_label(lock: Lock) -> str | None:
 
 
 def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
+    out = numerics_env(lock, process=False)
+    if lock.torch and lock.torch.cuda:
+        for key, value in CUDA_ENV.items():
+            out.setdefault(key, value)
+    return tuple(out.items())
+
+
+def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
+    """The lock's numerics variables, validated: those set before the capturing process started
+    (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
+    state, which ``envlock run`` passes to the command and the image does not carry)."""
     allowed = set(NUMERICS_ENV)
+    set_by_process = set(lock.determinism.process_env)
     out: dict[str, str] = {}
     for key, value in sorted(lock.determinism.env.items()):
+        if (key in set_by_process) != process:
+            continue
         values.env_name(key)
         if key not in allowed:
             raise UnsafeValue(
@@ -244,10 +275,21 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
                 "numerics (envlock.probe.NUMERICS_ENV)",
                 hint="the lock was edited or crafted; restore only sets known numerics variables")
         out[key] = values.env_value(value, name=key)
-    if lock.torch and lock.torch.cuda:
-        for key, value in CUDA_ENV.items():
-            out.setdefault(key, value)
-    return tuple(out.items())
+    return out
+
+
+# `python -m venv /usr/local` in a python image would replace the image's own interpreter and
+# pip; a venv at a home or shared root would be mixed with everything else there.
+NOT_A_VENV = frozenset({"/usr", "/usr/local", "/usr/share", "/usr/include", "/root", "/home", "/opt",
+                        "/var", "/tmp", "/srv", "/mnt", "/media"})
+
+
+def _venv_path(raw: str, *, what: str) -> str:
+    venv = values.abs_path(raw, what=what)
+    if venv in NOT_A_VENV:
+        raise UnsafeValue(f"refusing {what} {venv!r}: a system or shared directory, not a place for "
+                          "a virtual environment", hint="pass --venv /opt/venv")
+    return venv
 
 
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
@@ -263,7 +305,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     notes: list[str] = []
     offline = options.wheelhouse is not None
     if options.index_url:
-        values.url(options.index_url, what="--index-url")
+        values.url(options.index_url, what="--index-url", allow_http=options.allow_http)
 
     prefix_kind = lock.python.prefix_kind
     if prefix_kind == "conda" and base.origin != "lock":
@@ -275,18 +317,16 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         if not raw:
             raise NotRestorable("the lock was captured in a virtual environment but does not record "
                                 "its path", hint="pass --venv /opt/venv")
-        venv = values.abs_path(raw, what="virtual environment path")
+        venv = _venv_path(raw, what="--venv" if options.venv else "virtual environment path")
         if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
             raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
                                 "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
     elif options.venv:
-        venv = values.abs_path(options.venv, what="--venv")
-    base_python = options.python or "python3"
-    if options.python and "/" in options.python:
-        values.abs_path(options.python, what="--python")
-    elif not re.match(r"^python[0-9.]*$", base_python):
-        raise UsageError(f"--python must be an absolute path or python/python3[.X], not {base_python!r}")
+        venv = _venv_path(options.venv, what="--venv")
+    base_python = values.interpreter(options.python) if options.python else "python3"
     python = f"{venv}/bin/python" if venv else base_python
+    os_install = ospackages.plan_os(lock, venv, notes)
+    from_os = set(ospackages.system_dists(lock, os_install, notes))
 
     table = bases().torch
     label = _torch_label(lock)
@@ -294,7 +334,12 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
     skipped: list[str] = []
     local: list[str] = []
+    from_wheel: list[str] = []
     for pkg in lock.packages:
+        if pkg.name in from_os:
+            if os_install is None:
+                skipped.append(pkg.name)
+            continue
         if pkg.installer == "conda":
             if base.origin == "lock":
                 skipped.append(pkg.name)
@@ -303,6 +348,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         req, note = _requirement(pkg, options, offline)
         if note:
             notes.append(note)
+        if req is not None and pkg.source == "vcs" and offline:
+            from_wheel.append(pkg.name)
         if req is None:
             where = f" ({pkg.url})" if pkg.url else ""
             if not options.skip_local:
@@ -353,7 +400,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
             wheels[layer.name] = tuple(files)
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                wheels=wheels, notes=tuple(notes), offline=offline)
+                from_wheel=tuple(from_wheel), wheels=wheels, notes=tuple(notes), offline=offline,
+                os_install=os_install)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -410,6 +458,9 @@ def dockerfile(plan: Plan) -> str:
         f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/env:{plan.short_id} .)",
         f"# Base: {plan.base.display} ({plan.base.origin})",
         f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
+        # The base may end with a non-root USER (a lock captured in an image that runs as its
+        # researcher, as most workstation images do): installing needs root.
+        "USER root",
         "",
         "# Fail early, with a clear message, when the base's python is not the lock's.",
         _version_check(plan),
@@ -418,6 +469,8 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
                   "RUN " + _exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
+    if plan.os_install:
+        lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
     comments = {
         "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
                  "must not rebuild or re-download them.",
@@ -442,6 +495,7 @@ def dockerfile(plan: Plan) -> str:
     if staged:
         lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
                   f"FROM {plan.base.ref}",
+                  "USER root",
                   f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
                   f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
@@ -468,6 +522,8 @@ def render(plan: Plan) -> dict[str, str]:
             head = (f"# {layer.name} layer of envlock lock {plan.short_id}: exact pins, installed "
                     "with --no-deps\n")
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
+    if plan.os_install:
+        out.update(ospackages.files(plan.os_install))
     out[".dockerignore"] = "build.log\n"
     return out
 
@@ -486,28 +542,14 @@ def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None,
+                  *, force: bool = False) -> Path:
+    """Write the build context to ``directory``: new, empty, or (with ``force``) one envlock made.
 
+    See ``envlock.restore.outdir``: nothing is written through a link, nothing of the user's is
+    removed.
+    """
+    from envlock.restore import outdir
 
-def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None) -> Path:
-    """Write the build context to ``directory`` (created; stale generated files replaced)."""
-    directory = Path(directory)
     rendered = rendered if rendered is not None else render(plan)
-    directory.mkdir(parents=True, exist_ok=True)
-    for sub in ("requirements", "wheels"):
-        if (directory / sub).is_dir():
-            shutil.rmtree(directory / sub)
-    for rel, text in rendered.items():
-        path = directory / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    for layer, files in plan.wheels.items():
-        target = directory / "wheels" / layer
-        target.mkdir(parents=True, exist_ok=True)
-        for wheel in files:
-            _link_or_copy(wheel, target / wheel.name)
-    return directory
+    return outdir.write(Path(directory), rendered, plan.wheels, force=force)

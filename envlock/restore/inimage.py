@@ -8,9 +8,7 @@ comes from the engine, not from inside: a container cannot learn its own image r
 
 from __future__ import annotations
 
-import re
-
-from envlock.errors import EngineUnavailable, UsageError
+from envlock.errors import EngineUnavailable
 from envlock.model import Lock
 from envlock.restore import values
 
@@ -24,11 +22,9 @@ def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
     from envlock.restore.engine import connect
     from envlock.restore.verify import InterpreterMissing, probe_in_image
 
-    values.image_ref(ref)
-    if python is not None and "/" in python:
-        values.abs_path(python, what="--python")
-    elif python is not None and not re.match(r"^python[0-9.]*$", python):
-        raise UsageError(f"--python must be a path inside the image or python/python3[.X], not {python!r}")
+    values.image_ref(ref, what="--in-image")
+    if python is not None:
+        values.interpreter(python)
     eng = connect(engine)
     try:
         eng.remove_stale()

@@ -84,6 +84,8 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
         from envlock.restore import wheelhouse
 
         wheels_for = wheelhouse.select(options.wheelhouse, lock.packages)
+        # Prove each build before it is installed: a swapped wheel fails here, naming its package.
+        wheelhouse.check_builds(lock.packages, wheels_for)
         manifest = wheelhouse.read_manifest(options.wheelhouse)
         if manifest and not options.extra_hashes:
             options = dataclasses.replace(options, extra_hashes=manifest)
@@ -91,9 +93,10 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
     return plan, ctx.render(plan)
 
 
-def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path) -> ctx.Plan:
+def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
+                          force: bool = False) -> ctx.Plan:
     plan, rendered = prepare(lock, options, None)
-    ctx.write_context(plan, directory, rendered)
+    ctx.write_context(plan, directory, rendered, force=force)
     return plan
 
 
@@ -123,7 +126,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             engine.tag(image_id, tag)
         say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
     else:
-        ctx.write_context(plan, context_dir, rendered)
+        # envlock's own context of an earlier build of this lock is replaced; anything else
+        # at that place (a user's --context-dir) is refused.
+        ctx.write_context(plan, context_dir, rendered, force=True)
         log_path = workdir / "build.log"
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
@@ -145,4 +150,5 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     from envlock.restore.verify import verify_image
 
     return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
-                        skipped=plan.skipped)
+                        skipped=plan.skipped, from_wheel=plan.from_wheel,
+                        os_packages_restored=plan.os_install is not None or plan.base.origin == "lock")

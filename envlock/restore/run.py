@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envlock.errors import EnvlockError, UsageError
 from envlock.model import Lock
-from envlock.restore.context import WORKDIR
+from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
 
@@ -52,7 +52,7 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep:
             key, value = item, os.environ.get(item, "")
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not re.fullmatch(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise UsageError(f"--env {item!r}: not NAME=VALUE")
         if "\0" in value:
             raise UsageError(f"--env {key}: value contains a NUL byte")
@@ -63,7 +63,7 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 def parse_ports(items: Sequence[str]) -> dict[str, tuple[str, int]]:
     out: dict[str, tuple[str, int]] = {}
     for item in items:
-        m = _PORT_RE.match(item)
+        m = _PORT_RE.fullmatch(item)
         if not m or not (0 < int(m.group(2)) < 65536 and 0 < int(m.group(3)) < 65536):
             raise UsageError(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]")
         out[f"{int(m.group(3))}/{m.group(4) or 'tcp'}"] = (m.group(1) or "0.0.0.0", int(m.group(2)))
@@ -71,7 +71,12 @@ def parse_ports(items: Sequence[str]) -> dict[str, tuple[str, int]]:
 
 
 def host_driver() -> str | None:
-    """The NVIDIA driver version of this host, from the kernel module or nvidia-smi."""
+    """The NVIDIA driver version of this host: kernel module, then NVML, then nvidia-smi.
+
+    NVML comes before nvidia-smi because it is what the probe records as ``[gpu].driver`` and
+    it is present wherever the driver's user-space library is (also in containers that lack
+    /proc/driver/nvidia); the probe's watchdog bounds a wedged driver.
+    """
     try:
         text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
         m = re.search(r"\b(\d{3,4}\.\d+(?:\.\d+)?)\b", text)
@@ -79,6 +84,11 @@ def host_driver() -> str | None:
             return m.group(1)
     except OSError:
         pass
+    from envlock.probe import DEFAULT_NVML_TIMEOUT, collect_gpu
+
+    info, _ = collect_gpu(None, float(os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT)))
+    if info and info.get("driver"):
+        return str(info["driver"])
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20, check=False)
@@ -90,7 +100,7 @@ def host_driver() -> str | None:
 
 def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
     """(the GPU request for the engine or None, warnings); refuses what cannot work."""
-    if not _GPUS_RE.match(gpus):
+    if not _GPUS_RE.fullmatch(gpus):
         raise UsageError(f"--gpus {gpus!r}: expected all, none, auto or a list like 0,1")
     cuda = lock.torch.cuda if lock.torch else None
     if gpus == "none" or (gpus == "auto" and (not cuda or driver is None)):
@@ -118,7 +128,11 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
                  *, python: str) -> int:
     """Run the command (or JupyterLab) and return its exit code."""
     command = list(opts.command)
-    env = {"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"}
+    # The process state the lock recorded as variables (CUBLAS_WORKSPACE_CONFIG set by
+    # deterministic(), ENVLOCK_SEED by seed_everything(), which seed_everything() with no
+    # argument reads back); the image itself carries only what was set before start.
+    env = numerics_env(lock, process=True)
+    env.update({"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"})
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
     if opts.jupyter:

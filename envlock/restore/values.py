@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envlock.errors import UnsafeValue
+from envlock.errors import EnvlockError, UnsafeValue, UsageError
+from envlock.probe import strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -47,24 +48,48 @@ FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/l
                            "/usr/sbin", "/usr/lib", "/boot", "/run")
 
 
-def _refuse(what: str, value: object, why: str) -> UnsafeValue:
+def _refuse(what: str, value: object, why: str) -> EnvlockError:
     shown = repr(value)
     if len(shown) > 120:
         shown = shown[:117] + "..."
+    if what.startswith("--"):
+        # The user typed it: a usage error about that option, not a verdict on the lock.
+        return UsageError(f"{what} {shown} {why}" if why.startswith("is ") else f"{what} {shown}: {why}")
     return UnsafeValue(f"refusing {what} {shown}: {why}",
                        hint="the lock was edited or crafted; restore only renders provably inert values")
 
 
+MAX_INTERPRETER = 1024
+
+
+def interpreter(value: str, *, what: str = "--python") -> str:
+    """An interpreter inside an image: an absolute path or a command name on the image's PATH.
+
+    It is an argv element (exec-form RUN, the container's command), never shell text, so any
+    path is acceptable as long as it is inert: printable, no NUL or control characters, a sane
+    length, and not something a program would read as an option.
+    """
+    if not isinstance(value, str) or not value or len(value) > MAX_INTERPRETER:
+        raise _refuse(what, value, f"must be a path or command of 1 to {MAX_INTERPRETER} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise _refuse(what, value, "contains a control character (NUL, newline, tab, ...)")
+    if value.startswith("-"):
+        raise _refuse(what, value, "starts with '-'")
+    if "/" in value and not value.startswith("/"):
+        raise _refuse(what, value, "must be an absolute path inside the image or a command name")
+    return value
+
+
 def dist_name(name: str) -> str:
     """A PEP 503 normalised distribution name, exactly (``Foo_Bar`` is refused, not fixed)."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or canonicalize_name(name) != name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or canonicalize_name(name) != name:
         raise _refuse("package name", name, "not a normalised (PEP 503) distribution name")
     return name
 
 
 def version(value: str, *, name: str = "package") -> str:
     """A PEP 440 version (local labels such as ``+cu121`` kept), returned as written."""
-    if not isinstance(value, str) or not _VERSION_CHARS_RE.match(value):
+    if not isinstance(value, str) or not _VERSION_CHARS_RE.fullmatch(value):
         raise _refuse(f"version of {name}", value, "not a PEP 440 version")
     try:
         Version(value)
@@ -80,44 +105,44 @@ def local_label(value: str) -> str | None:
 
 
 def digest(value: str) -> str:
-    if not isinstance(value, str) or not _DIGEST_RE.match(value):
+    if not isinstance(value, str) or not _DIGEST_RE.fullmatch(value):
         raise _refuse("image digest", value, "not sha256:<64 hex digits>")
     return value
 
 
 def package_hash(value: str, *, name: str = "package") -> str:
     """A hash in pip's ``--hash`` spelling (``sha256:<hex>``); ``sha256=<hex>`` is accepted."""
-    m = _HASH_RE.match(value) if isinstance(value, str) else None
+    m = _HASH_RE.fullmatch(value) if isinstance(value, str) else None
     if not m or len(m.group(2)) != _HASH_LEN[m.group(1)]:
         raise _refuse(f"hash of {name}", value, "not sha256/sha384/sha512 with the right length")
     return f"{m.group(1)}:{m.group(2)}"
 
 
-def image_ref(value: str) -> str:
+def image_ref(value: str, *, what: str = "image reference") -> str:
     """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
     if not isinstance(value, str) or len(value) > 512:
-        raise _refuse("image reference", value, "not an image reference")
-    if _DIGEST_RE.match(value):
+        raise _refuse(what, value, "not an image reference")
+    if _DIGEST_RE.fullmatch(value):
         return value  # an image id (sha256:...), as used for images that exist only locally
     name, at, dig = value.partition("@")
-    if at:
-        digest(dig)
+    if at and not _DIGEST_RE.fullmatch(dig):
+        raise _refuse(what, value, "the digest is not sha256:<64 hex digits>")
     repo, tag = name, ""
     slash = name.rfind("/")
     colon = name.rfind(":")
     if colon > slash:
         repo, tag = name[:colon], name[colon + 1:]
-        if not _TAG_RE.match(tag):
-            raise _refuse("image reference", value, "bad tag")
-    if not _REPO_RE.match(repo):
-        raise _refuse("image reference", value, "not an image reference")
+        if not _TAG_RE.fullmatch(tag):
+            raise _refuse(what, value, "bad tag")
+    if not _REPO_RE.fullmatch(repo):
+        raise _refuse(what, value, "not an image reference")
     return value
 
 
 def split_ref(value: str) -> tuple[str, str | None, str | None]:
     """(repository, tag, digest) of a validated reference; an image id gives ("", None, id)."""
     image_ref(value)
-    if _DIGEST_RE.match(value):
+    if _DIGEST_RE.fullmatch(value):
         return "", None, value
     name, _, dig = value.partition("@")
     slash, colon = name.rfind("/"), name.rfind(":")
@@ -133,13 +158,13 @@ def is_pinned(ref: str) -> bool:
 
 
 def env_name(name: str) -> str:
-    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+    if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
         raise _refuse("environment variable name", name, "not [A-Z_][A-Z0-9_]*")
     return name
 
 
 def env_value(value: str, *, name: str = "variable") -> str:
-    if not isinstance(value, str) or not _ENV_VALUE_RE.match(value):
+    if not isinstance(value, str) or not _ENV_VALUE_RE.fullmatch(value):
         raise _refuse(f"value of {name}", value,
                       "contains a quote, backslash, $, backtick, newline or non-ASCII character")
     return value
@@ -147,7 +172,7 @@ def env_value(value: str, *, name: str = "variable") -> str:
 
 def abs_path(value: str, *, what: str = "path") -> str:
     """An absolute POSIX path of plain segments (no ``..``, no spaces), outside system dirs."""
-    if not isinstance(value, str) or not _PATH_RE.match(value) or len(value) > 1024:
+    if not isinstance(value, str) or not _PATH_RE.fullmatch(value) or len(value) > 1024:
         raise _refuse(what, value, "not an absolute path of [A-Za-z0-9._+-] segments")
     parts = value.rstrip("/").split("/")
     if any(p in (".", "..") for p in parts):
@@ -158,23 +183,47 @@ def abs_path(value: str, *, what: str = "path") -> str:
     return clean
 
 
-def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL") -> str:
-    """A URL with an allowed scheme, a host, no credentials and only inert characters."""
-    if not isinstance(value, str) or not _URL_CHARS_RE.match(value):
+class PlainHttp(UnsafeValue):
+    """An ``http://`` URL without ``--allow-http``: anyone on the path can swap what it serves."""
+
+
+def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL",
+        allow_http: bool = False) -> str:
+    """A URL with an allowed scheme, a host, no credentials and only inert characters.
+
+    Plain ``http`` needs ``allow_http``. An ``ssh`` URL keeps its user name (``git@host``): it
+    names the account, not a secret, and without it the clone logs in as the wrong user.
+    """
+    if not isinstance(value, str) or not _URL_CHARS_RE.fullmatch(value):
         raise _refuse(what, value, "contains characters that are not allowed in a restorable URL")
     parts = urlsplit(value)
     if parts.scheme not in schemes:
         raise _refuse(what, value, f"scheme must be one of {', '.join(sorted(schemes))}")
+    if parts.scheme == "http" and not allow_http:
+        raise PlainHttp(f"refusing {what} {value!r}: plain http can be tampered with in transit",
+                        hint="use https, or pass --allow-http to accept the risk")
     if not parts.hostname:
         raise _refuse(what, value, "has no host")
-    if parts.username is not None or parts.password is not None:
+    # The capture rule, not a stricter copy: ssh's service user (git@host) is no credential.
+    if strip_url(value) != value:
         raise _refuse(what, value, "carries credentials")
     return value
+
+
+_OS_SPEC_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")
+
+
+def os_package(spec: str) -> str:
+    """An OS package pin ``name:arch=version``; every character is inert in an argv."""
+    if not isinstance(spec, str) or not _OS_SPEC_RE.fullmatch(spec):
+        raise _refuse("OS package", spec, "not name:arch=version")
+    return spec
 
 
 def vcs_commit(value: str, *, vcs: str) -> str:
     """A full commit id: a branch or tag name could move, a hash cannot."""
     lengths = {"git": (40, 64), "hg": (40,)}
-    if not isinstance(value, str) or not _HEX_RE.match(value) or len(value) not in lengths.get(vcs, ()):
+    if not isinstance(value, str) or not _HEX_RE.fullmatch(value) or len(value) not in lengths.get(vcs, ()):
         raise _refuse(f"{vcs} commit", value, "not a full commit hash")
     return value

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import CANARY_PATH, PROBE_PATH, probe_args
+from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
+from envlock.drift import Comparison
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison
+    from envlock.drift import Difference
     from envlock.model import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
@@ -26,6 +28,8 @@ PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can tak
 
 def probe_files() -> dict[str, bytes]:
     files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
+    # The probe loads its OS-package parsers from beside itself.
+    files[f"{PROBE_DIR}/ospkgs.py"] = OSPKGS_PATH.read_bytes()
     if CANARY_PATH.exists():
         files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
     return files
@@ -66,14 +70,17 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
-                 skipped: Sequence[str] = ()) -> tuple[Lock, Comparison]:
+                 skipped: Sequence[str] = (), from_wheel: Sequence[str] = (),
+                 os_packages_restored: bool = True) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
-    out on purpose (``--skip-local``) are not reported as missing.
+    out on purpose (``--skip-local``) are not reported as missing, and the origin of vcs
+    packages restored from a wheel of the same version (``from_wheel``) is info, not drift:
+    their version and files are still compared.
     """
     from envlock.capturing import build_lock
-    from envlock.drift import Comparison, compare
+    from envlock.drift import compare
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
@@ -84,8 +91,43 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
                          canary=lock.canary is not None and want_torch, env=env)
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
-    cmp = compare(lock, inside, expected_image_change=True)
+    # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
+    # envlock.apply(), not expected here.
+    cmp = compare(lock, inside, expected_image_change=True, process_state="report")
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
-        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone))
-    return inside, cmp
+        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone), cmp.process)
+    if not os_packages_restored:
+        # A venv restore puts the venv on another base: its OS packages are the base's, by
+        # design, and reported for the reader only.
+        cmp = Comparison(tuple(
+            replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
+            if d.category == "os_packages" else d for d in cmp.differences), cmp.process)
+    if from_wheel:
+        origin = {f"packages.{name}.{key}" for name in from_wheel for key in ("commit", "vcs", "url", "source")}
+        cmp = Comparison(tuple(
+            replace(d, severity="info", message=f"{d.describe()} (restored from a wheel of "
+                    "the same version: the vcs source is out of reach offline)")
+            if d.path in origin else d for d in cmp.differences), cmp.process)
+    return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
+
+
+# pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
+# installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
+# rebuilds of them, so another build of them is reported but does not fail the restore.
+_TOOLING = frozenset({"pip", "setuptools", "wheel"})
+
+
+def _restore_severity(d: Difference) -> Difference:
+    """A restore must prove the build: another build of a locked package fails it.
+
+    An ordinary ``verify`` keeps a different ``record_sha256`` a warning (a rebuilt wheel of the
+    same version on a colleague's machine is worth a look, rarely different numbers); a restore
+    exists to reproduce the lock's exact artifacts, so there it is breaking.
+    """
+    parts = d.path.split(".")
+    if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
+            and parts[1] not in _TOOLING and d.severity != "breaking":
+        message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
+        return replace(d, severity="breaking", message=message)
+    return d

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from packaging.version import Version
 
 from envlock.errors import EnvlockError, NotRestorable, UsageError
 from envlock.model import Lock, Package
+from envlock.probe import record_digest
 from envlock.restore import values
 from envlock.restore.context import TOOLING
 
@@ -38,9 +41,16 @@ PIP_TIMEOUT = 3600.0
 
 
 class HashMismatch(EnvlockError):
-    """A wheel's sha256 is not one the lock (or the bundle's manifest) allows."""
+    """A wheel's sha256 (or build) is not one the lock (or the bundle's manifest) allows."""
 
     exit_code = 3
+
+
+class BadWheel(HashMismatch):
+    """A file named like a wheel that is not one (not a zip, no RECORD)."""
+
+
+_HEX_RE = re.compile(r"[0-9a-fA-F]+")
 
 
 def _parse(path: Path) -> tuple[str, Version] | None:
@@ -57,17 +67,30 @@ def _parse(path: Path) -> tuple[str, Version] | None:
 
 
 def scan(directory: Path) -> dict[str, list[tuple[Version, Path]]]:
-    """Distribution name -> (version, file) for every wheel or sdist in ``directory``."""
+    """Distribution name -> (version, file) for every wheel or sdist in ``directory``.
+
+    A symbolic link counts only when it stays inside the wheelhouse: a link named like a wheel
+    that points at ``~/.ssh/id_ed25519`` must never be copied into a bundle or a build context.
+    Such a link is refused when a package of the lock would take it (``select``).
+    """
     out: dict[str, list[tuple[Version, Path]]] = {}
     if not Path(directory).is_dir():
         raise UsageError(f"wheelhouse {directory} is not a directory")
     for path in sorted(Path(directory).iterdir()):
-        if not path.is_file():
-            continue
         parsed = _parse(path)
-        if parsed:
+        if parsed and (path.is_symlink() or path.is_file()):
             out.setdefault(parsed[0], []).append((parsed[1], path))
     return out
+
+
+def _check_inside(path: Path, root: Path) -> None:
+    if not path.is_symlink():
+        return
+    real = path.resolve()
+    if not real.is_relative_to(root.resolve()) or not real.is_file():
+        raise UsageError(f"wheelhouse entry {path} is a symbolic link to {real}, outside the "
+                         "wheelhouse (or not a file)",
+                         hint="envlock never follows links out of a wheelhouse; copy the wheel in")
 
 
 def sha256_file(path: Path) -> str:
@@ -83,8 +106,12 @@ def select(directory: Path, packages: Iterable[Package]) -> dict[str, tuple[Path
     found = scan(directory)
     out: dict[str, tuple[Path, ...]] = {}
     for pkg in packages:
+        if pkg.source == "system":
+            continue  # the OS package manager installs it, not pip
         want = Version(values.version(pkg.version, name=pkg.name))
         files = tuple(p for v, p in found.get(pkg.name, []) if v == want)
+        for f in files:
+            _check_inside(f, Path(directory))
         if files:
             out[pkg.name] = files
     return out
@@ -102,16 +129,108 @@ def read_manifest(directory: Path) -> dict[str, tuple[str, ...]]:
         for row in rows:
             name = values.dist_name(str(row["name"]))
             out.setdefault(name, []).append(values.package_hash(str(row["sha256"]), name=name))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path} is not a valid bundle manifest: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"{path} is not a valid bundle manifest: {why}") from None
     return {k: tuple(v) for k, v in out.items()}
 
 
 def allowed_hashes(pkg: Package) -> tuple[str, ...]:
+    """``algo:hex`` hashes the lock allows for ``pkg``'s file, whatever the algorithm.
+
+    An archive hash in another algorithm than sha2 (``md5=...`` from an old index) is kept, not
+    dropped: envlock checks it itself where it has the file (bundle, offline restore); pip's
+    ``--hash`` only takes sha256/384/512, and restore says so (see ``context``).
+    """
     found = [values.package_hash(h, name=pkg.name) for h in pkg.hashes]
-    if pkg.archive_hash and pkg.archive_hash.startswith("sha256"):
-        found.append(values.package_hash(pkg.archive_hash, name=pkg.name))
-    return tuple(found)
+    if pkg.archive_hash:
+        algo, _, hexdigest = pkg.archive_hash.replace("=", ":", 1).partition(":")
+        if algo in ("sha256", "sha384", "sha512"):
+            found.append(values.package_hash(pkg.archive_hash, name=pkg.name))
+        elif algo in hashlib.algorithms_guaranteed and _HEX_RE.fullmatch(hexdigest):
+            found.append(f"{algo}:{hexdigest.lower()}")
+        else:
+            raise HashMismatch(f"{pkg.name} {pkg.version}: the lock's archive hash {pkg.archive_hash!r} "
+                               "uses an algorithm envlock cannot check")
+    return tuple(dict.fromkeys(found))
+
+
+def file_matches(path: Path, allowed: Iterable[str]) -> bool:
+    """True when ``path``'s digest in one of the algorithms of ``allowed`` is listed there."""
+    by_algo: dict[str, set[str]] = {}
+    for entry in allowed:
+        algo, _, hexdigest = entry.partition(":")
+        by_algo.setdefault(algo, set()).add(hexdigest)
+    for algo, digests in by_algo.items():
+        h = hashlib.new(algo)
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() in digests:
+            return True
+    return False
+
+
+MAX_RECORD_BYTES = 64 << 20
+_DATA_SCHEMES_IN_SITE = (b"purelib/", b"platlib/")
+
+
+def wheel_record_sha256(path: Path) -> str:
+    """The ``record_sha256`` the probe will report once this wheel is installed.
+
+    A wheel's RECORD lists every file it ships with its hash; installing moves
+    ``*.data/purelib|platlib/`` into site-packages and everything else under ``*.data/`` out of
+    it (scripts, headers, data: ``../`` lines, which the probe leaves out), and adds the
+    installer's own files (left out too). Mapping the lines that way gives the probe's value
+    without installing anything.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            records = [i for i in zf.infolist()
+                       if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/RECORD")]
+            if len(records) != 1:
+                raise BadWheel(f"{path.name} is not a wheel: it has no single *.dist-info/RECORD")
+            if records[0].file_size > MAX_RECORD_BYTES:
+                raise BadWheel(f"{path.name}: its RECORD is implausibly large")
+            data = zf.read(records[0])
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
+        raise BadWheel(f"{path.name} is not a wheel (not a zip archive: {exc})") from None
+    except OSError as exc:
+        raise BadWheel(f"{path.name} cannot be read: {exc.strerror or exc}") from None
+    lines = []
+    for raw in data.splitlines():
+        quoted = raw.startswith(b'"')
+        body = raw[1:] if quoted else raw
+        top, slash, rest = body.partition(b"/")
+        if slash and top.endswith(b".data"):
+            scheme = next((s for s in _DATA_SCHEMES_IN_SITE if rest.startswith(s)), None)
+            if scheme is None:
+                continue  # installed outside site-packages: the probe drops those lines
+            body = rest[len(scheme):]
+        lines.append(b'"' + body if quoted else body)
+    return record_digest(b"\n".join(lines))
+
+
+def check_builds(packages: Iterable[Package], files_for: Mapping[str, tuple[Path, ...]]) -> None:
+    """Every wheel that would be installed for a package is the build the lock records.
+
+    Raises ``BadWheel`` for a file that is no wheel and ``HashMismatch`` (naming the package) for
+    another build (its RECORD) or an archive whose hash the lock does not allow.
+    """
+    for pkg in packages:
+        allowed = allowed_hashes(pkg)
+        for f in files_for.get(pkg.name, ()):
+            if allowed and not file_matches(f, allowed):
+                raise HashMismatch(f"{pkg.name} {pkg.version}: {f.name} is not the file the lock "
+                                   f"allows (its hash is none of {', '.join(a[:19] + '...' for a in allowed)})")
+            if not f.name.endswith(".whl"):
+                continue  # an sdist: the build is checked inside the restored image
+            built = wheel_record_sha256(f)
+            if pkg.record_sha256 and built != pkg.record_sha256:
+                raise HashMismatch(
+                    f"{pkg.name} {pkg.version}: {f.name} is another build than the lock's (its RECORD "
+                    f"gives record_sha256 {built[:12]}..., the lock {pkg.record_sha256[:12]}...)",
+                    hint="use the wheel the locked environment was installed from")
 
 
 @dataclass(frozen=True)
@@ -128,6 +247,9 @@ def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
     local: list[str] = []
     for pkg in lock.packages:
         values.dist_name(pkg.name)
+        if pkg.source == "system":
+            skipped.append(pkg.name)  # its OS package brings it back, not a wheel
+            continue
         values.version(pkg.version, name=pkg.name)
         if pkg.installer == "conda":
             skipped.append(pkg.name)
@@ -150,10 +272,10 @@ def _platform_args(lock: Lock) -> list[str]:
         args += ["--implementation", "cp"]
         if py.soabi and py.soabi.startswith("cpython-"):
             abi = "cp" + py.soabi.split("-")[1]
-            if re.match(r"^cp[0-9]+t?$", abi):
+            if re.fullmatch(r"^cp[0-9]+t?$", abi):
                 args += ["--abi", abi, "--abi", "abi3", "--abi", "none"]
     machine = lock.platform.machine
-    if lock.platform.os == "Linux" and re.match(r"^[A-Za-z0-9_]+$", machine):
+    if lock.platform.os == "Linux" and re.fullmatch(r"^[A-Za-z0-9_]+$", machine):
         glibc_minor = 17
         if lock.platform.libc == "glibc" and lock.platform.libc_version:
             parts = lock.platform.libc_version.split(".")
@@ -168,11 +290,12 @@ def _platform_args(lock: Lock) -> list[str]:
 
 
 def _download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | None,
-              find_links: Path | None, torch_index: str | None) -> None:
+              find_links: Path | None, torch_index: str | None, allow_http: bool = False) -> None:
     lines = []
     for pkg in pkgs:
         if pkg.source == "url" and pkg.url and not find_links:
-            lines.append(f"{pkg.name} @ {values.url(pkg.url, what=f'URL of {pkg.name}')}")
+            link = values.url(pkg.url, what=f"URL of {pkg.name}", allow_http=allow_http)
+            lines.append(f"{pkg.name} @ {link}")
         elif pkg.source == "vcs":
             raise NotRestorable(f"{pkg.name} comes from {pkg.vcs}; put a wheel built from commit "
                                 f"{pkg.commit} into a wheelhouse and bundle with --wheelhouse")
@@ -187,7 +310,7 @@ def _download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | N
         argv += ["--no-index", "--find-links", str(find_links)]
     else:
         if index_url:
-            argv += ["--index-url", values.url(index_url, what="--index-url")]
+            argv += ["--index-url", values.url(index_url, what="--index-url", allow_http=allow_http)]
         if torch_index:
             argv += ["--extra-index-url", torch_index]
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -199,7 +322,8 @@ def _download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | N
 
 
 def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str | None = None,
-           pip_find_links: Path | None = None, skip_local: bool = False) -> BundleResult:
+           pip_find_links: Path | None = None, skip_local: bool = False,
+           allow_http: bool = False) -> BundleResult:
     """Collect every wheel of ``lock`` into ``out`` (hash-checked) and write the manifest.
 
     ``source``: a local wheelhouse to copy from; otherwise ``pip download`` fetches the exact
@@ -221,7 +345,7 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
         else:
             torch_index = bases().torch.index_for(_torch_label(lock))
             _download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
-                      torch_index=torch_index)
+                      torch_index=torch_index, allow_http=allow_http)
         have = select(staging, wanted)
         rows: list[tuple[str, str, str, str]] = []
         missing: list[str] = []
@@ -231,13 +355,9 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
             if not files:
                 (missing_tooling if pkg.name in TOOLING else missing).append(f"{pkg.name}=={pkg.version}")
                 continue
-            allowed = allowed_hashes(pkg)
+            check_builds([pkg], {pkg.name: files})
             for f in files:
-                digest = sha256_file(f)
-                if allowed and digest not in allowed:
-                    raise HashMismatch(f"{f.name}: sha256 {digest[7:19]}... is not one the lock "
-                                       f"allows for {pkg.name} {pkg.version}")
-                rows.append((pkg.name, pkg.version, f.name, digest))
+                rows.append((pkg.name, pkg.version, f.name, sha256_file(f)))
         if missing:
             where = f"in {source}" if source else "on the index"
             raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
@@ -249,7 +369,11 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
         "lock_id": lock.short_id,
         "files": [{"name": n, "version": v, "filename": f, "sha256": h} for n, v, f, h in rows],
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    # Replaced, never written through: a link planted at the manifest's name stays untouched.
+    tmp_manifest = out / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp_manifest.unlink(missing_ok=True)
+    tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp_manifest, out / MANIFEST)
     return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped))
 
 

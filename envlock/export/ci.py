@@ -1,0 +1,94 @@
+"""The report step of the GitHub Action (``action.yml``): verify/diff JSON -> markdown + outputs.
+
+``python -m envlock.export.ci --json R.json --lock env.lock --command verify --fail-on breaking``
+writes the markdown report (to ``--report`` and ``$GITHUB_STEP_SUMMARY``), the step outputs
+``short-id``, ``drift`` and ``report-path`` (to ``$GITHUB_OUTPUT``), and exits 1 when the
+differences reach ``--fail-on``. Kept in the package (typed, tested) rather than as shell in
+the action, so a workflow can run it the same way outside GitHub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from envlock.render import md_cell, md_code
+
+FAIL_ON = ("breaking", "warning", "never")
+
+
+def drift_level(counts: dict[str, int]) -> str:
+    if counts.get("breaking"):
+        return "breaking"
+    if counts.get("warning"):
+        return "warning"
+    return "none"
+
+
+def fails(level: str, fail_on: str) -> bool:
+    return (fail_on == "breaking" and level == "breaking") or (fail_on == "warning" and level != "none")
+
+
+def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str,
+           base_name: str | None = None) -> str:
+    """The markdown a reviewer reads in the job summary or a PR comment."""
+    counts = result.get("counts", {})
+    level = drift_level(counts)
+    what = (f"`{md_code(lock_name, table=False)}` against this environment" if command == "verify"
+            else f"`{md_code(base_name or '?', table=False)}` → `{md_code(lock_name, table=False)}`")
+    verdict = {"none": "no drift", "warning": "warnings only", "breaking": "**breaking drift**"}[level]
+    out = [f"### envlock {command}: {verdict}", "",
+           f"{what}: {counts.get('breaking', 0)} breaking, {counts.get('warning', 0)} warning, "
+           f"{counts.get('info', 0)} info.", ""]
+    shown = [d for d in result.get("differences", []) if d.get("severity") != "info"]
+    if shown:
+        out += ["| severity | what | difference |", "|---|---|---|"]
+        out += [f"| {md_cell(d.get('severity'))} | `{md_code(d.get('path'))}` | {md_cell(d.get('message'))} |"
+                for d in shown]
+        out.append("")
+    return "\n".join(out) + "\n" + summary
+
+
+def _append(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m envlock.export.ci")
+    p.add_argument("--json", required=True, help="output of `envlock verify|diff --json`")
+    p.add_argument("--lock", required=True)
+    p.add_argument("--base-lock")
+    p.add_argument("--command", choices=("verify", "diff"), default="verify")
+    p.add_argument("--fail-on", choices=FAIL_ON, default="breaking")
+    p.add_argument("--report", default="envlock-report.md")
+    args = p.parse_args(argv)
+
+    from envlock.errors import EnvlockError
+    from envlock.lockfile import load
+    from envlock.render import show_markdown
+
+    try:
+        result = json.loads(Path(args.json).read_text(encoding="utf-8"))
+        lock = load(args.lock)
+    except (OSError, ValueError, EnvlockError) as exc:
+        sys.stderr.write(f"envlock: error: cannot build the report: {exc}\n")
+        return 2
+    text = report(result, command=args.command, lock_name=Path(args.lock).name,
+                  summary=show_markdown(lock, Path(args.lock).name),
+                  base_name=Path(args.base_lock).name if args.base_lock else None)
+    Path(args.report).write_text(text, encoding="utf-8")
+    _append(os.environ.get("GITHUB_STEP_SUMMARY"), text)
+    level = drift_level(result.get("counts", {}))
+    _append(os.environ.get("GITHUB_OUTPUT"),
+            f"short-id={lock.short_id}\ndrift={level}\nreport-path={Path(args.report).resolve()}\n")
+    return 1 if fails(level, args.fail_on) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

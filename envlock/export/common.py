@@ -1,0 +1,96 @@
+"""What the cluster and attestation exports share: the pinned image, the numerics environment,
+the command, and the facts that identify the lock."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from envlock.errors import EnvlockError, UsageError
+from envlock.model import Lock
+
+
+def facts(lock: Lock) -> dict[str, Any]:
+    """The envlock facts every export carries: identity and the stack pip does not see."""
+    out: dict[str, Any] = {"id": lock.short_id, "fingerprint": lock.envlock.fingerprint or "",
+                           "python": lock.python.version}
+    if lock.torch:
+        t = lock.torch
+        out["torch"] = {k: v for k, v in (("version", t.version), ("cuda", t.cuda), ("cudnn", t.cudnn),
+                                          ("nccl", t.nccl), ("hip", t.hip)) if v}
+    if lock.gpu and lock.gpu.devices:
+        out["gpu"] = {"driver": lock.gpu.driver or "", "devices": [d.name for d in lock.gpu.devices]}
+    if lock.image.digest:
+        out["image"] = f"{lock.image.reference or ''}@{lock.image.digest}".lstrip("@")
+    if lock.determinism.env:
+        out["env"] = dict(lock.determinism.env)
+    return out
+
+
+def pinned_image(lock: Lock, override: str | None) -> str:
+    """``REF@sha256:...`` a cluster can pull: ``--image``, else the lock's own image by digest."""
+    from envlock.restore import values
+
+    if override:
+        try:
+            values.image_ref(override)
+        except EnvlockError as exc:
+            raise UsageError(f"--image: {exc.message}") from None
+        if "@sha256:" not in override:
+            raise UsageError(f"--image {override} is not pinned by digest",
+                             hint="pass REF@sha256:... (a tag can move under a running job)")
+        repo, _, dig = values.split_ref(override)
+        return f"{repo}@{dig}"
+    img = lock.image
+    if img.reference and img.digest:
+        try:
+            repo = values.split_ref(img.reference)[0]
+            values.digest(img.digest)
+        except EnvlockError:
+            repo = ""
+        if repo:  # the tag is dropped: the digest alone names the content
+            return f"{repo}@{img.digest}"
+    raise UsageError("the lock names no pullable image digest",
+                     hint="rebuild it with `envlock restore` and push it to a registry, then pass "
+                          "--image REGISTRY/REPO@sha256:...")
+
+
+def environment(lock: Lock) -> list[tuple[str, str]]:
+    """Variables the job must set: the locked numerics variables and PYTHONHASHSEED."""
+    from envlock.restore import values
+    from envlock.restore.context import CUDA_ENV, _env  # the validated set restore uses
+
+    # CUDA_ENV is for Docker's NVIDIA hook; on a cluster the device plugin or --nv decides
+    # which GPUs a job sees, and NVIDIA_VISIBLE_DEVICES=all would bypass a Kubernetes limit.
+    out = {k: v for k, v in _env(lock) if k not in CUDA_ENV}
+    seed = lock.seeds.python_hash_seed
+    if seed is not None:
+        out["PYTHONHASHSEED"] = values.env_value(seed, name="PYTHONHASHSEED")
+    return sorted(out.items())
+
+
+def command(value: str | None, *, required: bool) -> list[str] | None:
+    if not value:
+        if required:
+            raise UsageError("this format needs --command 'python train.py ...'")
+        return None
+    try:
+        argv = shlex.split(value)
+    except ValueError as exc:
+        raise UsageError(f"--command: {exc}") from None
+    if not argv:
+        raise UsageError("--command is empty")
+    return argv
+
+
+def gpu_count(lock: Lock, override: int | None) -> int:
+    if override is not None:
+        if override < 0:
+            raise UsageError("--gpus must be 0 or more")
+        return override
+    return len(lock.gpu.devices) if lock.gpu else 0
+
+
+def job_name(lock: Lock) -> str:
+    return "envlock-" + re.sub(r"[^a-z0-9]", "", lock.short_id.lower())

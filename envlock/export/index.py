@@ -1,0 +1,289 @@
+"""Find the artifact (file name, URL, sha256) behind each ``name==version`` of a lock.
+
+A lock records what is installed, not the file it came from, yet pylock.toml and
+``--require-hashes`` need the file's hash. The package index says: its simple API lists every
+file of a project with a hash (PEP 691 JSON, or PEP 503 HTML with ``#sha256=`` fragments).
+Listings are cached on disk per index and project; a cached listing is used only while it
+still names the wanted version, so a new release never hides behind a stale cache and no
+expiry time is needed. Files are immutable on an index, so their hashes never go stale.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit, urlunsplit
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from envlock.errors import EnvlockError, UsageError
+
+ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
+TIMEOUT = 60.0
+MAX_PAGE = 64 << 20
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")  # torch's project page on the PyTorch index is a few MB
+
+
+class IndexUnavailable(EnvlockError):
+    """The index could not be reached or answered nonsense: a problem around envlock (3)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file of a project as an index lists it."""
+
+    filename: str
+    url: str
+    sha256: str | None  # hex; None when the index gives no hash (it is then computed)
+    size: int | None = None
+    yanked: bool = False
+
+    @property
+    def version(self) -> Version | None:
+        try:
+            if self.filename.endswith(".whl"):
+                return parse_wheel_filename(self.filename)[1]
+            if self.filename.endswith((".tar.gz", ".zip")):
+                return parse_sdist_filename(self.filename)[1]
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            return None
+        return None
+
+
+def redact(url: str) -> str:
+    """``url`` without user:password, for messages (the index URL may carry a token)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def cache_root() -> Path:
+    from envlock.restore.restore import cache_dir
+
+    override = os.environ.get("ENVLOCK_CACHE_DIR")
+    return Path(override) if override else cache_dir().parent
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.rows: list[tuple[dict[str, str | None], str]] = []
+        self._open: dict[str, str | None] | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._open, self._text = dict(attrs), []
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._open is not None:
+            self.rows.append((self._open, "".join(self._text).strip()))
+            self._open = None
+
+
+def parse_html(text: str, page_url: str) -> list[IndexFile]:
+    """PEP 503: one anchor per file, the hash (if any) in the URL fragment."""
+    parser = _Anchors()
+    parser.feed(text)
+    out = []
+    for attrs, label in parser.rows:
+        href = attrs.get("href")
+        if not href:
+            continue
+        url, fragment = urldefrag(urljoin(page_url, href))
+        name = label or url.rsplit("/", 1)[-1]
+        algo, _, value = fragment.partition("=")
+        sha = value.lower() if algo == "sha256" and _HEX64.match(value) else None
+        out.append(IndexFile(name, url, sha, None, "data-yanked" in attrs))
+    return out
+
+
+def parse_json(data: Any, page_url: str) -> list[IndexFile]:
+    """PEP 691: ``files`` with ``filename``, ``url`` and a ``hashes`` table."""
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise ValueError("no 'files' list")
+    out = []
+    for row in data["files"]:
+        if not isinstance(row, dict) or not isinstance(row.get("filename"), str):
+            continue
+        hashes = row.get("hashes")
+        sha = hashes.get("sha256") if isinstance(hashes, dict) else None
+        sha = sha if isinstance(sha, str) and _HEX64.match(sha) else None
+        size = row.get("size") if isinstance(row.get("size"), int) else None
+        url = urldefrag(urljoin(page_url, str(row.get("url", ""))))[0]
+        out.append(IndexFile(row["filename"], url, sha.lower() if sha else None, size,
+                             bool(row.get("yanked"))))
+    return out
+
+
+def _atomic_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class SimpleIndex:
+    """One simple-API index, read over HTTP(S) or ``file:``, with an on-disk listing cache."""
+
+    def __init__(self, url: str, *, cache: Path | None = None, refresh: bool = False) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https", "file"):
+            raise UsageError(f"index URL {redact(url)!r} is not http(s):// or file://")
+        # user:password in the URL becomes a Basic header, sent only to the index's own host;
+        # the URL kept (for messages, the cache key and the export) has none.
+        self._auth: tuple[str, str] | None = None
+        if parts.username is not None:
+            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
+            self._auth = (parts.netloc.rpartition("@")[2], "Basic " + token.decode())
+        self.url = redact(url).rstrip("/") + "/"
+        self.cache = cache
+        self.refresh = refresh
+
+    def _cache_path(self, name: str) -> Path | None:
+        if self.cache is None:
+            return None
+        key = hashlib.sha256(self.url.encode()).hexdigest()[:24]
+        return self.cache / "simple" / key / f"{name}.json"
+
+    def _request(self, url: str, accept: str) -> urllib.request.Request:
+        headers = {"Accept": accept, "User-Agent": "envlock"}
+        if self._auth and urlsplit(url).netloc == self._auth[0]:
+            headers["Authorization"] = self._auth[1]
+        return urllib.request.Request(url, headers=headers)
+
+    def _get(self, url: str, accept: str) -> tuple[bytes, str] | None:
+        """Body and content type; None for 404 (the project is not on this index)."""
+        req = self._request(url, accept)
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+                body = resp.read(MAX_PAGE + 1)
+                ctype = resp.headers.get("Content-Type", "") if hasattr(resp, "headers") else ""
+        except urllib.error.HTTPError as exc:
+            if exc.code in (404, 410):
+                return None
+            raise IndexUnavailable(f"{redact(url)} answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            if urlsplit(url).scheme == "file" and isinstance(exc, urllib.error.URLError) and \
+                    isinstance(exc.reason, FileNotFoundError):
+                return None
+            reason = getattr(exc, "reason", exc)
+            raise IndexUnavailable(f"cannot reach {redact(url)}: {reason}",
+                                   hint="pass --index-url, or --wheelhouse DIR to work offline") from None
+        if len(body) > MAX_PAGE:
+            raise IndexUnavailable(f"{redact(url)} is larger than {MAX_PAGE >> 20} MiB")
+        return body, ctype or ""
+
+    def _fetch(self, name: str) -> list[IndexFile]:
+        page = self.url + name + "/"
+        got = self._get(page, ACCEPT)
+        if got is None:
+            return []
+        body, ctype = got
+        try:
+            if "json" in ctype:
+                return parse_json(json.loads(body), page)
+            return parse_html(body.decode("utf-8", "replace"), page)
+        except ValueError as exc:
+            raise IndexUnavailable(f"{redact(page)} is not a simple-API page: {exc}") from None
+
+    def files(self, name: str, version: Version) -> list[IndexFile]:
+        """Every file of ``name`` at exactly ``version`` (local label included), hashed."""
+        path = self._cache_path(name)
+        if path is not None and not self.refresh and path.is_file():
+            try:
+                rows = [IndexFile(**r) for r in json.loads(path.read_text(encoding="utf-8"))]
+                hit = [f for f in rows if f.version == version]
+                if hit and all(f.sha256 for f in hit):
+                    return hit
+            except (OSError, ValueError, TypeError):
+                pass  # a broken cache entry is refetched and overwritten
+        rows = self._fetch(name)
+        hit = [f for f in rows if f.version == version and not f.yanked] or \
+              [f for f in rows if f.version == version]
+        hit = [f if f.sha256 else self._hash_download(f) for f in hit]
+        if path is not None and rows:
+            done = {f.filename: f for f in hit}
+            keep = [done.get(f.filename, f) for f in rows]
+            _atomic_json(path, [f.__dict__ for f in keep])
+        return hit
+
+    def _hash_download(self, f: IndexFile) -> IndexFile:
+        """An index without hashes (a plain directory listing): hash the file, streamed."""
+        h, size = hashlib.sha256(), 0
+        req = self._request(f.url, "*/*")
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    h.update(chunk)
+                    size += len(chunk)
+        except (urllib.error.URLError, OSError) as exc:
+            raise IndexUnavailable(f"{redact(f.url)} is listed but cannot be downloaded: "
+                                   f"{getattr(exc, 'reason', exc)}") from None
+        return IndexFile(f.filename, f.url, h.hexdigest(), size, f.yanked)
+
+
+@dataclass(frozen=True)
+class Query:
+    """Where to look for one ``name==version``: the first index that has it wins."""
+
+    name: str
+    version: str
+    indexes: tuple[SimpleIndex, ...]
+
+
+def resolve(queries: Sequence[Query], *, workers: int = 8) -> dict[str, tuple[SimpleIndex, list[IndexFile]]]:
+    """name -> (index, files) for every query some index answers; absent names are missing."""
+
+    def one(q: Query) -> tuple[str, tuple[SimpleIndex, list[IndexFile]] | None]:
+        want = Version(q.version)
+        for ix in q.indexes:
+            files = ix.files(q.name, want)
+            if files:
+                return q.name, (ix, files)
+        return q.name, None
+
+    out: dict[str, tuple[SimpleIndex, list[IndexFile]]] = {}
+    if not queries:
+        return out
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(queries)))) as pool:
+        for name, found in pool.map(one, queries):
+            if found is not None:
+                out[name] = found
+    return out
+
+
+def names(indexes: Iterable[SimpleIndex]) -> str:
+    return ", ".join(redact(ix.url) for ix in indexes)

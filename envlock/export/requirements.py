@@ -1,0 +1,54 @@
+"""``export --to requirements``: exact pins with hashes for ``pip install --require-hashes -r``.
+
+pip reads one index per file (plus extras), so the PyTorch index that serves ``+cuXXX`` builds
+goes in an ``--extra-index-url`` line; hashes keep pip from taking any other file from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envlock.export.artifacts import Resolved
+from envlock.export.index import redact
+from envlock.model import Lock
+
+_PYPI = "https://pypi.org/simple"
+
+
+def _hashes(r: Resolved) -> list[str]:
+    return [f"    --hash=sha256:{a.sha256}" for a in r.artifacts]
+
+
+def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = None,
+           wheelhouse: Path | None = None) -> str:
+    head = [f"# pip requirements exported from envlock {lock.short_id} ({lock.envlock.fingerprint})",
+            f"# python {lock.python.version} on {lock.platform.os} {lock.platform.machine}",
+            "# install: pip install --require-hashes -r requirements.txt"]
+    opts: list[str] = []
+    if wheelhouse is not None:
+        opts += ["--no-index", f"--find-links {wheelhouse}"]
+    else:
+        if main_index and main_index.rstrip("/") != _PYPI:
+            opts.append(f"--index-url {redact(main_index)}")
+        for extra in dict.fromkeys(r.index for r in resolved if r.kind == "index" and r.index):
+            if extra != (main_index or _PYPI).rstrip("/"):
+                opts.append(f"--extra-index-url {redact(extra)}")
+    body: list[str] = []
+    unhashed: list[str] = []
+    for r in resolved:
+        pkg = r.package
+        if r.kind in ("index", "wheelhouse"):
+            body.append(f"{pkg.name}=={pkg.version} \\\n" + " \\\n".join(_hashes(r)))
+        elif r.kind == "archive":
+            target = r.artifacts[0].url or f"file://{r.artifacts[0].path}"
+            body.append(f"{pkg.name} @ {target} \\\n" + " \\\n".join(_hashes(r)))
+        elif r.kind == "vcs":
+            body.append(f"{pkg.name} @ {pkg.vcs}+{pkg.url}@{pkg.commit}")
+            unhashed.append(pkg.name)
+        else:
+            body.append(f"-e {r.path}" if pkg.source == "editable" else f"{pkg.name} @ file://{r.path}")
+            unhashed.append(pkg.name)
+    if unhashed:
+        head.append("# not installable with --require-hashes (no artifact hash exists): "
+                    + ", ".join(unhashed))
+    return "\n".join([*head, *opts, *body]) + "\n"

@@ -1,0 +1,291 @@
+"""Installed OS packages (dpkg, apk, rpm) and the Python distributions they own.
+
+Stdlib only, Python >= 3.8, loaded by path beside ``probe.py`` (it travels into containers with
+it). The databases are read as files, not through ``dpkg-query``/``apk``: a capture runs at the
+start of every training job, and parsing ``/var/lib/dpkg/status`` in-process costs a few
+milliseconds where starting dpkg-query costs tens (see ``benchmarks/ospkgs.py``). Only rpm has
+no stable on-disk format (a BerkeleyDB or SQLite file), so rpm is asked through ``run``, the
+probe's subprocess runner (argv, timeout, own process group).
+
+Each package is one string ``name:arch=version``: apt's own spelling of an exact pin, and short
+enough that a lock with 800 OS packages stays readable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
+
+DPKG_STATUS = "var/lib/dpkg/status"
+DPKG_INFO = "var/lib/dpkg/info"
+APK_INSTALLED = "lib/apk/db/installed"
+RPM_TIMEOUT = 20.0
+RPM_QUERYFORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
+
+# What a lock accepts for each part; anything else in a database is dropped, not trusted.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")
+_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")
+_ARCH_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+# Where an OS package manager puts Python distributions (never /usr/local, where pip goes).
+_SYSTEM_SITE_RE = re.compile(r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$")
+
+
+def spec(name: str, arch: str, version: str) -> Optional[str]:
+    """``name:arch=version``, or None when a part is not inert text."""
+    if _NAME_RE.match(name) and _ARCH_RE.match(arch) and _VERSION_RE.match(version):
+        return "%s:%s=%s" % (name, arch, version)
+    return None
+
+
+_DPKG_FIELD_RE = re.compile(r"^(Package|Status|Version|Architecture|Source): *([^\n]*)$", re.M)
+
+
+def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
+    """Installed packages of a dpkg status file: name, version, arch (and source if it differs).
+
+    Only stanzas whose Status is ``install ok installed``: a removed package keeps a stanza
+    (``deinstall ok config-files``) while its files are gone. One regex pass over the whole file
+    (fields start a line; continuation lines start with a space and never match) keeps this at
+    a few milliseconds for hundreds of packages.
+    """
+    out: List[Dict[str, str]] = []
+    fields: Dict[str, str] = {}
+
+    def flush() -> None:
+        name, version = fields.get("Package"), fields.get("Version")
+        if fields.get("Status", "").strip() != "install ok installed" or not name or not version:
+            return
+        pkg = {"name": name.strip(), "version": version.strip(),
+               "arch": (fields.get("Architecture") or "all").strip()}
+        source = fields.get("Source", "").split(" ")[0]
+        if source and source != pkg["name"]:
+            pkg["source"] = source
+        out.append(pkg)
+
+    for key, value in _DPKG_FIELD_RE.findall(text):
+        if key == "Package":
+            flush()
+            fields = {}
+        fields.setdefault(key, value)
+    flush()
+    return out
+
+
+def parse_apk_installed(text: str) -> Tuple[List[Dict[str, str]], Dict[str, str]]:
+    """(packages, {directory: package name}) of Alpine's ``/lib/apk/db/installed``.
+
+    The database lists each package's directories (``F:``) and files (``R:``); the directory
+    map is what tells which package owns a ``*.dist-info`` directory, with no second read.
+    """
+    out: List[Dict[str, str]] = []
+    dirs: Dict[str, str] = {}
+    for stanza in text.split("\n\n"):
+        fields: Dict[str, str] = {}
+        owned: List[str] = []
+        for line in stanza.split("\n"):
+            if len(line) < 2 or line[1] != ":":
+                continue
+            key, value = line[0], line[2:]
+            if key == "F":
+                if value.endswith((".dist-info", ".egg-info")):
+                    owned.append("/" + value)
+            elif key in "PVAo" and key not in fields:
+                fields[key] = value.strip()
+        name, version = fields.get("P"), fields.get("V")
+        if not name or not version:
+            continue
+        pkg = {"name": name, "version": version, "arch": fields.get("A") or "noarch"}
+        if fields.get("o") and fields["o"] != name:
+            pkg["source"] = fields["o"]
+        out.append(pkg)
+        for path in owned:
+            dirs[path] = name
+    return out, dirs
+
+
+def parse_rpm_query(text: str) -> List[Dict[str, str]]:
+    """Output of ``rpm -qa --qf RPM_QUERYFORMAT``: one ``name<TAB>version<TAB>arch`` per line."""
+    out: List[Dict[str, str]] = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            continue
+        if parts[0] == "gpg-pubkey":
+            continue  # imported signing keys, not software
+        out.append({"name": parts[0], "version": parts[1], "arch": parts[2] or "noarch"})
+    return out
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+class Database:
+    """The OS packages of one root, and (for dpkg and apk) who owns which directory."""
+
+    def __init__(self, manager: str, packages: List[Dict[str, str]], root: str,
+                 apk_dirs: Optional[Dict[str, str]] = None) -> None:
+        self.manager = manager
+        self.packages = packages
+        self.root = root
+        self._apk_dirs = apk_dirs
+
+    def specs(self) -> List[str]:
+        found = (spec(p["name"], p["arch"], p["version"]) for p in self.packages)
+        return sorted(set(s for s in found if s))
+
+    def document(self) -> Dict[str, object]:
+        return {"manager": self.manager, "packages": self.specs()}
+
+    def owners(self, dirs: Iterable[str]) -> Dict[str, Tuple[str, str]]:
+        """{directory: (package, version)} for the given dist-info/egg-info directories."""
+        wanted = set(dirs)
+        if not wanted:
+            return {}
+        if self.manager == "apk":
+            names = self._apk_dirs or {}
+            found = {d: names[d] for d in wanted if d in names}
+        elif self.manager == "dpkg":
+            found = _dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
+        else:
+            return {}
+        versions = dict((p["name"], p["version"]) for p in self.packages)
+        versions.update(("%s:%s" % (p["name"], p["arch"]), p["version"]) for p in self.packages)
+        out = {}
+        for d, owner in found.items():
+            bare = owner.split(":", 1)[0]
+            version = versions.get(owner) or versions.get(bare)
+            if version and _NAME_RE.match(bare) and _VERSION_RE.match(version):
+                out[d] = (bare, version)
+        return out
+
+
+def _dpkg_owners(info_dir: str, wanted: "set[str]") -> Dict[str, str]:
+    """Scan dpkg's ``*.list`` file lists for the wanted paths; python packages first.
+
+    A Debian system holds hundreds of lists; the ones that own Python distributions are almost
+    always named python3-*, so those are read first and the scan stops once all are found. Each
+    list is searched for whole lines with bytes.find (memmem), never split into lines.
+    """
+    try:
+        names = [n for n in os.listdir(info_dir) if n.endswith(".list")]
+    except OSError:
+        return {}
+    names.sort(key=lambda n: (0 if "python" in n else 1, n))
+    targets = dict((b"\n" + p.encode("utf-8", "surrogateescape") + b"\n", p) for p in wanted)
+    found: Dict[str, str] = {}
+    for fname in names:
+        try:
+            with open(os.path.join(info_dir, fname), "rb") as fh:
+                data = b"\n" + fh.read() + b"\n"
+        except OSError:
+            continue
+        if b"-info\n" not in data:
+            continue
+        for needle, path in targets.items():
+            if path not in found and needle in data:
+                found[path] = fname[:-5]
+        if len(found) == len(targets):
+            break
+    return found
+
+
+def load(root: str = "/", run: Optional[Runner] = None) -> Optional[Database]:
+    """The package database of ``root``, or None when it has none envlock can read."""
+    text = _read(os.path.join(root, DPKG_STATUS))
+    if text is not None:
+        return Database("dpkg", parse_dpkg_status(text), root)
+    text = _read(os.path.join(root, APK_INSTALLED))
+    if text is not None:
+        packages, dirs = parse_apk_installed(text)
+        return Database("apk", packages, root, dirs)
+    if run is not None and root == "/" and any(
+            os.path.exists(p) for p in ("/var/lib/rpm", "/usr/lib/sysimage/rpm")):
+        rc, out, err = run(["rpm", "-qa", "--qf", RPM_QUERYFORMAT], RPM_TIMEOUT)
+        if rc != 0:
+            raise RuntimeError("rpm -qa failed: %s" % (err or "exit %s" % rc))
+        return Database("rpm", parse_rpm_query(out.decode("utf-8", "replace")), root)
+    return None
+
+
+def is_system_site(directory: str) -> bool:
+    """True for the directories an OS package manager installs Python distributions into."""
+    return bool(_SYSTEM_SITE_RE.match(directory.rstrip("/")))
+
+
+def mark_system(packages: List[Dict[str, object]], locations: Dict[str, str],
+                db: Database) -> int:
+    """Give ``source = "system"`` and the owning package to distributions the OS installed.
+
+    ``locations`` maps a distribution name to its dist-info/egg-info path; only those in a
+    system site directory are looked up, so a venv capture reads no file list at all.
+    """
+    candidates: Dict[str, str] = {}
+    for name, path in locations.items():
+        if is_system_site(os.path.dirname(path)):
+            candidates[path] = name
+            real = os.path.realpath(path)
+            if real != path:
+                candidates.setdefault(real, name)
+    owners = db.owners(candidates)
+    by_name: Dict[str, Tuple[str, str]] = {}
+    for path, owner in owners.items():
+        by_name.setdefault(candidates[path], owner)
+    marked = 0
+    for pkg in packages:
+        found = by_name.get(str(pkg.get("name")))
+        if found is None:
+            continue
+        pkg["source"] = "system"
+        pkg["os_package"], pkg["os_package_version"] = found
+        for key in ("url", "vcs", "commit", "requested_revision", "archive_hash"):
+            pkg.pop(key, None)
+        marked += 1
+    return marked
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python ospkgs.py --check SPEC_FILE``: which pinned packages apt cannot install.
+
+    Runs inside a restore build, after ``apt-get update``: every ``name:arch=version`` of the
+    file must be installed already or be offered by the image's sources. Prints one line naming
+    each missing pin and exits 100, so the build fails with that line as its cause.
+    """
+    import subprocess
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "--check":
+        sys.stderr.write("usage: ospkgs.py --check SPEC_FILE\n")
+        return 2
+    wanted = [line.strip() for line in (_read(args[1]) or "").splitlines()
+              if line.strip() and not line.startswith("#")]
+    db = load("/")
+    have = set(db.specs()) if db else set()
+    names = sorted(set(s.split(":", 1)[0] for s in wanted if s not in have))
+    offered = set()
+    for i in range(0, len(names), 200):
+        proc = subprocess.run(["apt-cache", "madison", *names[i:i + 200]],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=300)
+        for line in proc.stdout.decode("utf-8", "replace").splitlines():
+            cols = [c.strip() for c in line.split("|")]
+            if len(cols) >= 2:
+                offered.add("%s=%s" % (cols[0], cols[1]))
+    missing = [s for s in wanted if s not in have
+               and "%s=%s" % (s.split(":", 1)[0], s.split("=", 1)[1]) not in offered]
+    if missing:
+        sys.stdout.write("envlock: OS package versions no longer available: %s\n" % ", ".join(missing))
+        sys.stdout.flush()
+        return 100
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Which environment a command-line ``capture`` or ``verify`` looks at.
+
+envlock is usually installed the way CLI tools are (pipx, ``uv tool install``, a tool venv), so
+the interpreter it runs in is rarely the environment the user means. Without ``--python`` the
+choice follows what uv and pip-audit users expect, first match wins:
+
+1. ``VIRTUAL_ENV`` (an activated venv);
+2. ``CONDA_PREFIX`` (an activated conda env), except conda's *base* environment when a
+   project ``.venv`` is found (many shells activate base at login; it is rarely the project);
+3. a ``.venv`` (with ``pyvenv.cfg``) in the working directory or one of its parents;
+4. the interpreter envlock runs in, with a warning when that is envlock's own tool venv (a
+   pipx or ``uv tool`` venv: locking it records envlock's dependencies, not the project's).
+
+The choice is explained in one line ("./.venv (VIRTUAL_ENV)") that capture and verify print.
+Only paths are inspected here; the probe runs later, in the chosen interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from envlock.capturing import resolve_python
+
+# Files that pipx and uv leave in the venvs they make for tools.
+_TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter to probe, the environment directory it belongs to, and why."""
+
+    python: str
+    prefix: str
+    reason: str
+    warning: str | None = None
+
+    def describe(self, cwd: Path | None = None) -> str:
+        return f"{display_path(self.prefix, cwd)} ({self.reason})"
+
+
+def display_path(path: str, cwd: Path | None = None) -> str:
+    """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
+    p = Path(path)
+    here = cwd or Path.cwd()
+    try:
+        rel = p.relative_to(here)
+        return "." if str(rel) == "." else f"./{rel}"
+    except ValueError:
+        pass
+    home = os.path.expanduser("~")
+    if home not in ("", "/"):
+        try:
+            return f"~/{p.relative_to(home)}"
+        except ValueError:
+            pass
+    return str(p)
+
+
+def _interpreter(prefix: Path) -> str | None:
+    for sub in ("bin/python", "bin/python3", "Scripts/python.exe"):
+        candidate = prefix / sub
+        if candidate.exists() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_dot_venv(start: Path) -> Path | None:
+    """The nearest ``.venv`` that is a virtual environment, from ``start`` up to the root."""
+    for directory in (start, *start.parents):
+        candidate = directory / ".venv"
+        if (candidate / "pyvenv.cfg").is_file() and _interpreter(candidate):
+            return candidate
+    return None
+
+
+def same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def is_tool_venv(prefix: str) -> bool:
+    """A venv made by pipx or ``uv tool`` (each leaves a receipt file in it)."""
+    return any((Path(prefix) / marker).is_file() for marker in _TOOL_VENV_MARKERS)
+
+
+def _own(reason: str, notes: list[str]) -> Target:
+    prefix = sys.prefix
+    warning = None
+    if is_tool_venv(prefix):
+        warning = (f"locking envlock's own tool environment {display_path(prefix)}, not a project's: "
+                   "activate the project's environment, run from its directory (.venv), "
+                   "or pass --python")
+    if notes:
+        warning = "; ".join([*notes, *([warning] if warning else [])])
+    return Target(sys.executable, prefix, reason, warning)
+
+
+def _given(python: str) -> Target:
+    exe = resolve_python(python)
+    given = Path(python).expanduser()
+    prefix = given if given.is_dir() else Path(exe).parent.parent
+    return Target(exe, str(prefix.absolute()), "--python")
+
+
+def choose(python: str | None = None, *, cwd: Path | None = None,
+           environ: Mapping[str, str] | None = None) -> Target:
+    """The environment to probe; ``python`` (``--python``) overrides every rule."""
+    env = os.environ if environ is None else environ
+    here = (cwd or Path.cwd()).absolute()
+    if python:
+        return _given(python)
+    notes: list[str] = []
+    venv = env.get("VIRTUAL_ENV")
+    if venv:
+        exe = _interpreter(Path(venv))
+        if exe:
+            return Target(exe, venv, "VIRTUAL_ENV")
+        notes.append(f"VIRTUAL_ENV={venv} has no python; ignored")
+    dot_venv = find_dot_venv(here)
+    conda = env.get("CONDA_PREFIX")
+    if conda:
+        exe = _interpreter(Path(conda))
+        # base is the installation itself (it holds condabin/); named envs live in envs/NAME.
+        is_base = env.get("CONDA_DEFAULT_ENV") == "base" or (Path(conda) / "condabin").is_dir()
+        if exe and not (is_base and dot_venv is not None):
+            return Target(exe, conda, "CONDA_PREFIX")
+        if not exe:
+            notes.append(f"CONDA_PREFIX={conda} has no python; ignored")
+    if dot_venv is not None:
+        exe = _interpreter(dot_venv)
+        assert exe is not None  # find_dot_venv checked it
+        where = "the working directory" if dot_venv.parent == here else "a parent directory"
+        return Target(exe, str(dot_venv), f".venv in {where}")
+    return _own("the interpreter envlock runs in", notes)
+
+
+def recorded_prefix_hint(recorded: str | None, target: Target) -> str | None:
+    """The lock's own environment, when it exists on this machine and was not the one chosen.
+
+    A lock captured with ``--python X`` and verified without it would otherwise compare two
+    unrelated environments and list every package as drift.
+    """
+    if not recorded or same_path(recorded, target.prefix):
+        return None
+    path = Path(recorded)
+    if not path.is_dir() or _interpreter(path) is None:
+        return None  # another machine or container: its paths need not exist here
+    return recorded

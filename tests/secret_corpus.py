@@ -1,0 +1,241 @@
+"""The leak corpus and its over-redaction twin, as data.
+
+``LEAKS``: inputs that carry a credential, each with the part that must never appear in any
+output (``secret``). ``ORDINARY``: inputs that carry none and must come out verbatim. Each
+entry says where it enters a capture:
+
+* ``env-name``   a variable whose *name* says it holds a secret (value = the secret);
+* ``env-value``  an allow-listed variable whose *value* carries one (a URL, a token);
+* ``det-env``    a numerics variable recorded in ``[determinism.env]``;
+* ``direct-url`` the ``url`` of a distribution's PEP 610 ``direct_url.json``;
+* ``conda``      the ``channel`` of a package in ``conda-meta``;
+* ``git``        the ``origin`` remote of the working directory's repository;
+* ``note``       text given to ``capture --note``.
+
+Secrets are unique per entry so that a leak names its input.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Case(NamedTuple):
+    where: str
+    name: str  # variable name; "" where the entry point has none
+    value: str
+    secret: str  # must not survive (LEAKS); "" for ORDINARY
+
+
+def _s(i: int) -> str:
+    """A unique credential-looking string, 14 characters."""
+    return f"Zq7x{i:03d}LEAKv9W"
+
+
+def _ghp(i: int) -> str:
+    return "ghp_" + f"LEAK{i:03d}".ljust(36, "k")
+
+
+_NAME_SECRETS = [
+    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "GITLAB_PAT", "WANDB_API_KEY",
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "OPENAI_API_KEY",
+    "TORCH_DB_PASS", "HF_HUB_PASSPHRASE", "NCCL_IB_SECRET_SAUCE", "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN", "COMET_API_KEY", "NEPTUNE_API_TOKEN", "DB_PASSWD", "MYSQL_PWD",
+    "PGPASSWORD", "TWINE_PASSWORD", "CUDA_PRIVATE_KEY", "TORCH_AUTH", "HF_COOKIE", "SENTRY_DSN",
+    "NVIDIA_API_KEY", "TRITON_CREDENTIALS", "HF_hubAuthToken", "ACCELERATE_CLIENTSECRET",
+    "KAGGLE_KEY",
+]
+
+_ENV_VALUES = [
+    # userinfo, also with characters a URL parser would cut the password at
+    "https://alice:{s}@pypi.lab.example/simple",
+    "https://alice:p#{s}@host.example/simple",
+    "https://alice:p@{s}@host.example/simple",
+    "https://alice:p?{s}@host.example/simple",
+    "https://alice:p/{s}@host.example/simple",
+    "https://alice:p%40{s}@host.example/simple",
+    "https://{s}@github.com/org/repo.git",
+    "https://{s}:@packagecloud.io/org/repo/pypi/simple",
+    "https://__token__:{s}@upload.pypi.org/legacy/",
+    "https://aws:{s}@dom-1234.d.codeartifact.us-east-1.amazonaws.com/pypi/repo/simple/",
+    "https://oauth2accesstoken:{s}@us-python.pkg.dev/proj/repo/simple/",
+    "HTTPS://u:{s}@HOST.example/x",
+    "https://u:{s}@[::1]:8080/simple",
+    "https://u:{s}@proxy.example:3128",
+    "socks5h://u:{s}@proxy.example:1080",
+    "u:{s}@proxy.example:3128",
+    "git+https://u:{s}@github.com/o/r.git@v1#egg=r",
+    # several URLs in one value (pip accepts a space-separated list)
+    "https://pypi.org/simple https://u:{s}@b.example/simple",
+    "--index-url https://u:{s}@h.example/simple --trusted-host h.example",
+    # tokens in the path of known index hosts
+    "https://pypi.fury.io/{s}/acme/",
+    "https://dl.cloudsmith.io/{s}/org/repo/python/simple/",
+    "https://packagecloud.io/priv/{s}/org/repo/pypi/simple",
+    "https://conda.anaconda.org/t/{s}/lab",
+    "https://hooks.slack.com/services/T000/B000/{s}",
+    # query parameters and fragments
+    "https://download.pytorch.org/whl/cu121?token={s}",
+    "https://h.example/simple?private_token={s}&x=1",
+    "https://bucket.s3.amazonaws.com/w.whl?X-Amz-Signature={s}",
+    "https://acct.blob.core.windows.net/c/w.whl?sv=2020-01-01&sig={s}",
+    "https://h.example/simple?{s}",
+    "https://h.example/simple#token={s}",
+    "https://h.example/w.whl#{s}",
+]
+
+_TOKEN_SHAPES = [
+    "--token {ghp}",
+    "--hub-token=hf_{s}abcdefghijklmnopqrst",
+    "xoxb-{s}-1234567890",
+    "AKIA{s_upper}",
+    "glpat-{s}abcdefghij",
+]
+
+_DET_ENV = [
+    ("XLA_FLAGS", "--xla_dump_to=https://u:{s}@h.example/x"),
+    ("CUBLAS_WORKSPACE_CONFIG", ":4096:8 https://h.example/x?token={s}"),
+    ("NCCL_ALGO", "Ring deploy:{s}@host.example:lab/p.git"),
+]
+
+_DIRECT_URLS = [
+    "https://deploy:{s}@git.example.org/lab/x.git",
+    "ssh://deploy:{s}@git.example.org/lab/x.git",
+    "https://{s}@github.com/o/r.git",
+    "https://oauth2:{s}@gitlab.example.org/o/r.git",
+    "https://h.example/x-1.0-py3-none-any.whl#token={s}",
+    "https://h.example/x-1.0-py3-none-any.whl?sig={s}",
+    "https://alice:p#{s}@h.example/x-1.0-py3-none-any.whl",
+    "https://pypi.fury.io/{s}/acme/x-1.0-py3-none-any.whl",
+    "https://h.example/x-1.0-py3-none-any.whl#sha256=abc&token={s}",
+    "https://u:{s}@h.example/x-1.0-py3-none-any.whl",
+]
+
+_CONDA = [
+    "https://conda.anaconda.org/t/{s}/lab",
+    "https://repo.anaconda.cloud/t/{s}/main",
+    "https://u:{s}@conda.lab.example/channel",
+    "https://conda.lab.example/channel?token={s}",
+    "https://conda.lab.example/t/{s}/channel",
+    "https://conda.lab.example/channel#{s}",
+]
+
+_GIT = [
+    "https://oauth2:{s}@gitlab.example.org/lab/paper.git",
+    "https://{s}@github.com/org/repo.git",
+    "https://x-access-token:{s}@github.com/org/repo.git",
+    "deploy:{s}@host.example:lab/p.git",
+    "deploy:ab@{s}@host.example:lab/p.git",
+    "ssh://deploy:{s}@host.example/lab/p.git",
+    "https://alice:p#{s}@host.example/lab/p.git",
+    "https://host.example/lab/p.git?access_token={s}",
+]
+
+_NOTES = [
+    "index https://bob:{s}@host.example/x",
+    "pushed to deploy:{s}@host.example:lab/p.git",
+    "weights at https://h.example/w.pt?sig={s}",
+    "see https://h.example/run#access_token={s}",
+    "conda https://conda.anaconda.org/t/{s}/lab",
+    "fury (https://pypi.fury.io/{s}/acme/)",
+    "token {ghp} in a note",
+    "slack xoxp-{s}-99",
+]
+
+
+def _build_leaks() -> list[Case]:
+    out: list[Case] = []
+    i = 0
+
+    def add(where: str, name: str, template: str) -> None:
+        nonlocal i
+        i += 1
+        s = _s(i)
+        upper = f"{i:03d}LEAKQWERTYUIOP"[:16]  # an AWS access key id is AKIA + 16
+        value = template.format(s=s, ghp=_ghp(i), s_upper=upper)
+        secret = _ghp(i) if "{ghp}" in template else (upper if "{s_upper}" in template else s)
+        out.append(Case(where, name, value, secret))
+
+    for name in _NAME_SECRETS:
+        add("env-name", name, "{s}")
+    for n, template in enumerate(_ENV_VALUES + _TOKEN_SHAPES):
+        names = ["PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "PIP_FIND_LINKS"]
+        add("env-value", names[n] if n < len(names) else f"TORCH_CORPUS_VALUE_{n:02d}", template)
+    for name, template in _DET_ENV:
+        add("det-env", name, template)
+    for template in _DIRECT_URLS:
+        add("direct-url", "", template)
+    for template in _CONDA:
+        add("conda", "", template)
+    for template in _GIT:
+        add("git", "", template)
+    for template in _NOTES:
+        add("note", "", template)
+    return out
+
+
+LEAKS = _build_leaks()
+
+# {tmp} is replaced by a scratch directory of the test, {project} by the project directory.
+ORDINARY = [
+    # allow-listed variables that must be kept exactly
+    Case("env-value", "TOKENIZERS_PARALLELISM", "false", ""),
+    Case("env-value", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "1", ""),
+    Case("env-value", "KMP_AFFINITY", "granularity=fine,compact,1,0", ""),
+    Case("env-value", "CUDA_VISIBLE_DEVICES", "0,1", ""),
+    Case("env-value", "OMP_NUM_THREADS", "4", ""),
+    Case("env-value", "HF_HUB_OFFLINE", "1", ""),
+    Case("env-value", "HF_HOME", "{tmp}/hf-home", ""),
+    Case("env-value", "HF_TOKEN_PATH", "{tmp}/hf-home/token", ""),
+    Case("env-value", "TORCH_HOME", "{project}/.cache/torch", ""),
+    Case("env-value", "PIP_INDEX_URL", "https://pypi.org/simple", ""),
+    Case("env-value", "PIP_EXTRA_INDEX_URL", "https://download.pytorch.org/whl/cu121", ""),
+    Case("env-value", "UV_INDEX_URL", "https://pypi.fury.io/acme/", ""),
+    Case("env-value", "PIP_FIND_LINKS", "file://{tmp}/wheels", ""),
+    Case("env-value", "HF_ENDPOINT", "https://huggingface.co", ""),
+    Case("env-value", "NCCL_SOCKET_IFNAME", "eth0", ""),
+    Case("env-value", "NCCL_IB_HCA", "mlx5_0:1", ""),
+    Case("env-value", "TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX", ""),
+    Case("env-value", "TORCH_CORPUS_OK_01", "https://host.example:8080/pkg@1.0", ""),
+    Case("env-value", "TORCH_CORPUS_OK_02", "git+https://github.com/o/r.git@v1.0#egg=r", ""),
+    Case("env-value", "TORCH_CORPUS_OK_03", "https://h.example/x-1.0-py3-none-any.whl#sha256=" + "ab" * 32, ""),
+    Case("env-value", "TORCH_CORPUS_OK_04", "ssh://git@github.com/org/repo.git", ""),
+    Case("env-value", "TORCH_CORPUS_OK_05", "git@github.com:org/repo.git", ""),
+    Case("env-value", "TORCH_CORPUS_OK_06", "https://h.example/simple?page=2&format=json", ""),
+    Case("env-value", "TORCH_CORPUS_OK_07", "alice@example.org", ""),
+    Case("env-value", "TORCH_CORPUS_OK_08", "file://{project}/dist/pkg-1.0.tar.gz#subdirectory=sub", ""),
+    Case("det-env", "XLA_FLAGS", "--xla_gpu_deterministic_ops=true --xla_dump_to={tmp}/dump", ""),
+    Case("det-env", "CUBLAS_WORKSPACE_CONFIG", ":4096:8", ""),
+    Case("det-env", "PYTHONHASHSEED", "0", ""),
+    # variables outside the allow-list: never secrets, so their values must not be scrubbed
+    # from anywhere else (checked through an allow-listed echo holding the same value)
+    Case("env-echo", "PWD", "{project}", ""),
+    Case("env-echo", "OLDPWD", "{tmp}", ""),
+    Case("env-echo", "HOME", "{tmp}/home", ""),
+    Case("env-echo", "DESKTOP_SESSION", "gnome-classic", ""),
+    Case("env-echo", "XAUTHORITY", "{tmp}/home/.Xauthority", ""),
+    Case("env-echo", "SSH_AUTH_SOCK", "{tmp}/agent.sock", ""),
+    Case("env-echo", "XDG_SESSION_TYPE", "wayland", ""),
+    Case("env-echo", "SESSION_MANAGER", "local/host:@/tmp/.ICE-unix/1234", ""),
+    Case("env-echo", "KEYRING_BACKEND", "keyring.backends.null.Keyring", ""),
+    # secret-named variables whose values are too short to be credentials, or a path: the
+    # variable is redacted, but the same text elsewhere in the lock stays
+    Case("env-echo", "SOME_PASSWORD", "1", ""),
+    Case("env-echo", "DB_PASS", "x86_64", ""),
+    Case("env-echo", "MY_TOKEN", "true", ""),
+    Case("env-echo", "GOOGLE_APPLICATION_CREDENTIALS", "{project}", ""),
+    # the other entry points
+    Case("direct-url", "", "https://github.com/org/repo.git", ""),
+    Case("direct-url", "", "ssh://git@github.com/org/repo.git", ""),
+    Case("direct-url", "", "https://h.example/x-1.0-py3-none-any.whl#sha256=" + "cd" * 32, ""),
+    Case("direct-url", "", "https://pypi.fury.io/acme/x-1.0-py3-none-any.whl", ""),
+    Case("direct-url", "", "file://{project}/vendor/x-1.0-py3-none-any.whl", ""),
+    Case("conda", "", "https://conda.anaconda.org/pytorch", ""),
+    Case("conda", "", "https://repo.anaconda.com/pkgs/main", ""),
+    Case("conda", "", "conda-forge", ""),
+    Case("git", "", "git@github.com:org/repo.git", ""),
+    Case("git", "", "https://github.com/org/repo.git", ""),
+    Case("git", "", "ssh://git@host.example:22/o/r.git", ""),
+    Case("note", "", "lr=0.1, batch 64: https://wandb.ai/lab/proj/runs/abc123", ""),
+    Case("note", "", "mail alice@example.org; code at git@github.com:org/repo.git", ""),
+]

@@ -1,0 +1,162 @@
+"""The simple-API reader (PEP 691 JSON, PEP 503 HTML) and the choice of files for a lock."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from export_index import layout, serve
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.version import Version
+
+from envlock.export.artifacts import lock_tags, pick
+from envlock.export.index import IndexFile, SimpleIndex, parse_html, parse_json, redact
+
+WHEEL = "demo-1.0-py3-none-any.whl"
+BODY = b"not really a wheel, but bytes with a hash"
+SHA = hashlib.sha256(BODY).hexdigest()
+
+
+class _Pep691(BaseHTTPRequestHandler):
+    """Answers JSON only to clients that ask for it (content negotiation, like PyPI)."""
+
+    seen: list[str] = []  # noqa: RUF012 (shared by the handler instances on purpose)
+    auth: list[str | None] = []  # noqa: RUF012
+
+    def do_GET(self) -> None:
+        accept = self.headers.get("Accept", "")
+        self.seen.append(accept)
+        self.auth.append(self.headers.get("Authorization"))
+        if self.path == "/simple/demo/" and "vnd.pypi.simple.v1+json" in accept:
+            body = json.dumps({"meta": {"api-version": "1.1"}, "name": "demo", "files": [
+                {"filename": WHEEL, "url": f"../../files/{WHEEL}", "hashes": {"sha256": SHA.upper()},
+                 "size": len(BODY)},
+                {"filename": "demo-1.0.tar.gz", "url": "/files/demo-1.0.tar.gz", "hashes": {},
+                 "yanked": "broken"},
+                {"filename": "demo-2.0-py3-none-any.whl", "url": "x", "hashes": {"sha256": "0" * 64}},
+            ]}).encode()
+            ctype = "application/vnd.pypi.simple.v1+json"
+        elif self.path == f"/files/{WHEEL}":
+            body, ctype = BODY, "application/octet-stream"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def json_index() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pep691)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pep691_json_is_asked_for_and_read(json_index: str, tmp_path: Path) -> None:
+    ix = SimpleIndex(json_index, cache=tmp_path)
+    files = ix.files("demo", Version("1.0"))
+    assert [(f.filename, f.sha256, f.size) for f in files] == [(WHEEL, SHA, len(BODY))]
+    assert files[0].url == json_index.rsplit("/", 1)[0] + f"/files/{WHEEL}"
+    assert "application/vnd.pypi.simple.v1+json" in _Pep691.seen[-1]
+    assert ix.files("nothing-here", Version("1.0")) == []  # 404: not on this index
+
+
+def test_credentials_go_in_a_header_to_the_index_host_only(json_index: str) -> None:
+    import base64
+
+    ix = SimpleIndex(json_index.replace("http://", "http://bob:p%40ss@"), cache=None)
+    assert "bob" not in ix.url and "p%40ss" not in ix.url
+    _Pep691.auth.clear()
+    assert ix.files("demo", Version("1.0"))
+    assert _Pep691.auth == ["Basic " + base64.b64encode(b"bob:p@ss").decode()]
+    other = IndexFile(WHEEL, json_index.replace("127.0.0.1", "localhost").rsplit("/", 1)[0] + f"/files/{WHEEL}", None)
+    _Pep691.auth.clear()
+    assert ix._hash_download(other).sha256 == SHA
+    assert _Pep691.auth == [None]  # another host never sees them
+
+
+def test_html_without_hashes_is_hashed_by_download(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / WHEEL).write_bytes(BODY)
+    root = layout(wh, tmp_path / "root", hashes=False)
+    with serve(root) as url:
+        files = SimpleIndex(f"{url}/simple", cache=None).files("demo", Version("1.0"))
+    assert [(f.filename, f.sha256, f.size) for f in files] == [(WHEEL, SHA, len(BODY))]
+
+
+def test_parse_html_reads_fragments_and_yanked() -> None:
+    page = ('<a href="/f/demo-1.0-py3-none-any.whl#sha256=' + "A" * 64 + '" data-requires-python="&gt;=3.8">'
+            'demo-1.0-py3-none-any.whl</a><a href="demo-1.0.tar.gz#md5=00" data-yanked="">demo-1.0.tar.gz</a>'
+            '<a>no href</a>')
+    rows = parse_html(page, "https://h.example/simple/demo/")
+    assert rows == [
+        IndexFile("demo-1.0-py3-none-any.whl", "https://h.example/f/demo-1.0-py3-none-any.whl", "a" * 64),
+        IndexFile("demo-1.0.tar.gz", "https://h.example/simple/demo/demo-1.0.tar.gz", None, None, True),
+    ]
+
+
+def test_redact_drops_credentials_only() -> None:
+    assert redact("https://u:tok@h.example:8443/simple") == "https://h.example:8443/simple"
+    assert redact("https://h.example/simple") == "https://h.example/simple"
+
+
+def test_files_fit_the_locks_platform(restore_lock: object) -> None:
+    lock = restore_lock()  # type: ignore[operator]  # cpython 3.11, Linux x86_64, glibc 2.36
+    tags = lock_tags(lock)
+    names = [
+        "n-1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "n-1-cp311-cp311-manylinux_2_39_x86_64.whl",  # needs a newer glibc
+        "n-1-cp312-cp312-manylinux_2_17_x86_64.whl",
+        "n-1-cp311-cp311-manylinux_2_17_aarch64.whl",
+        "n-1-cp311-cp311-musllinux_1_2_x86_64.whl",
+        "n-1-py3-none-any.whl",
+        "n-1.tar.gz",
+    ]
+    files = [IndexFile(n, "u", "0" * 64) for n in names]
+    assert pick(files, tags) == [names[0], names[5]]
+    assert pick([files[-1]], tags) == ["n-1.tar.gz"]  # no wheel: the sdist
+    mac = restore_lock(platform={"os": "Darwin", "machine": "arm64"})  # type: ignore[operator]
+    assert lock_tags(mac) is None and pick(files, None) == names[:-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_fuzz_parse_html_never_raises(page: str) -> None:
+    for row in parse_html(page, "https://h.example/simple/x/"):
+        assert row.sha256 is None or len(row.sha256) == 64
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                           lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["files", "meta", "name"]), json_values | st.lists(
+    st.dictionaries(st.sampled_from(["filename", "url", "hashes", "size", "yanked"]), json_values),
+    max_size=3)))
+def test_fuzz_parse_json_rejects_or_reads(doc: dict[str, object]) -> None:
+    try:
+        rows = parse_json(doc, "https://h.example/simple/x/")
+    except ValueError:
+        assert not isinstance(doc.get("files"), list)
+        return
+    assert all(isinstance(r.filename, str) for r in rows)

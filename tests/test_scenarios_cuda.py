@@ -1,0 +1,105 @@
+"""Scenario matrix f: the CUDA build of torch (PyPI's default torch==2.13.0, CUDA 13.0 with its
+nvidia-* wheels) captured on a host without a GPU.
+
+The ~4.8 GB venv is made once by scripts/test.sh outside the repository (``ENVLOCK_TEST_TORCH_CUDA_VENV``,
+under the test cache, with a stamp) and never modified here. The lock must hold what that
+venv's torch itself reports; the rendered restore must put torch's CUDA wheels in torch's layer.
+The image is rendered, not built: it would copy ~4.8 GB of wheels into an image that, without a
+GPU, can only import torch, so verify inside and run are not done here (scenario g covers the GPU
+side of run with a stand-in driver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+from scenario_steps import Steps, envlock, ok
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ASK_TORCH = """
+import json, torch
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda,
+                  "cudnn": torch.backends.cudnn.version(), "nccl": list(torch.cuda.nccl.version()),
+                  "arch_list": torch.cuda.get_arch_list()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cuda_venv() -> Path:
+    raw = os.environ.get("ENVLOCK_TEST_TORCH_CUDA_VENV")
+    if not raw or not (Path(raw) / "bin" / "python").exists():
+        reason = "ENVLOCK_TEST_TORCH_CUDA_VENV is not set or holds no venv; run scripts/test.sh"
+        if os.environ.get("ENVLOCK_REQUIRE_ENGINE") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return Path(raw)
+
+
+def _cudnn(v: int) -> str:
+    # cuDNN >= 9 encodes its version as major * 10000 + minor * 100 + patch.
+    assert v >= 90000, v
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+
+
+def test_f_cuda_torch_on_a_cpu_host(cuda_venv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = Steps("f CUDA torch", capsys)
+    steps.not_applicable("setup", f"cached venv {cuda_venv} (made by scripts/test.sh, ~90 s once)")
+    reported = json.loads(subprocess.run([str(cuda_venv / "bin" / "python"), "-c", ASK_TORCH], capture_output=True,
+                                         text=True, check=True, timeout=300).stdout)
+    assert reported["cuda"] == "13.0" and reported["version"] == "2.13.0+cu130"
+    lock = tmp_path / "env.lock"
+    with steps.step("capture"):
+        ok(envlock("capture", "--python", str(cuda_venv), "-o", str(lock), cwd=tmp_path))
+    doc = tomllib.loads(lock.read_text())
+    torch = doc["torch"]
+    assert torch["version"] == reported["version"]
+    assert torch["cuda"] == reported["cuda"]
+    assert torch["cudnn"] == _cudnn(reported["cudnn"])
+    assert torch["nccl"] == ".".join(str(n) for n in reported["nccl"])
+    assert torch["arch_list"] == reported["arch_list"]
+    assert torch["cuda_available"] is False  # no GPU here; the build is what is locked
+    nvidia = sorted(p["name"] for p in doc["packages"] if p["name"].startswith("nvidia-"))
+    installed = sorted(d.name.split("-")[0].replace("_", "-") for d in
+                       (cuda_venv / "lib").glob("python3*/site-packages/nvidia_*.dist-info"))
+    assert nvidia == installed and len(nvidia) >= 10, nvidia
+    with steps.step("verify"):
+        assert "OK: the environment matches the lock" in ok(
+            envlock("verify", str(lock), "--python", str(cuda_venv), cwd=tmp_path))
+    with steps.step("change + verify"):
+        # The venv is a shared cache and stays untouched: the change is a variable that changes
+        # CUDA numerics (TF32 on Ampere and newer), set in the environment verify runs in.
+        out = ok(envlock("verify", str(lock), "--python", str(cuda_venv), cwd=tmp_path,
+                         env={"NVIDIA_TF32_OVERRIDE": "0"}), 1)
+        assert "NVIDIA_TF32_OVERRIDE" in out, out
+    context = tmp_path / "context"
+    with steps.step("restore (render)"):
+        ok(envlock("restore", str(lock), "--dockerfile-only", str(context), "--allow-unpinned-base", cwd=tmp_path))
+    torch_layer = _pins(context / "requirements" / "torch.txt")
+    others = _pins(context / "requirements" / "packages.txt")
+    assert set(nvidia) <= set(torch_layer), sorted(set(nvidia) - set(torch_layer))
+    assert torch_layer["torch"] == "2.13.0" and {"triton", "cuda-toolkit"} <= set(torch_layer)
+    assert not [n for n in others if n.startswith(("nvidia-", "cuda-"))], others
+    dockerfile = (context / "Dockerfile").read_text()
+    # The torch layer comes first (cached apart from the rest) and from PyPI, where this CUDA
+    # build is the default: no download.pytorch.org index for a version without a local label.
+    assert dockerfile.index("requirements/torch.txt") < dockerfile.index("requirements/packages.txt")
+    assert "download.pytorch.org" not in dockerfile
+    why = ("the CUDA image is rendered, not built: ~4.8 GB of wheels, and no GPU here to run it "
+           "(scenario g covers run --gpus with a stand-in driver)")
+    steps.not_applicable("verify inside", why)
+    steps.not_applicable("run", why)
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.strip()] = version.split()[0] if version else ""
+    return pins

@@ -1,0 +1,233 @@
+"""The secret rules themselves: which names hold a secret, which values the last-line scrub may
+replace, and what of a URL survives, with a property test that reaches strip_url/scrub_text."""
+
+from __future__ import annotations
+
+import os
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from helpers import make_dist, run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envlock import probe
+
+SECRET_NAMES = [
+    "HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    "TORCH_DB_PASS", "HF_HUB_PASSPHRASE", "MYSQL_PWD", "PGPASSWORD", "DB_PASSWD", "GITLAB_PAT",
+    "NCCL_IB_SECRET_SAUCE", "SENTRY_DSN", "HF_COOKIE", "TORCH_AUTH", "MLFLOW_TRACKING_PASSWORD",
+    "apiKey", "hubAuthToken", "ACCELERATE_CLIENTSECRET", "KAGGLE_KEY", "SSH_PRIVATE_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS", "SLACK_WEBHOOK", "hf_token", "DATABASE_URL_PASSWORD",
+    "SMTP_HOST_PASSWORD", "AWS_ACCESS_KEY_ID", "TRANSFORMERS_USE_AUTH_TOKEN",
+]
+SETTING_NAMES = [
+    "TOKENIZERS_PARALLELISM", "DESKTOP_SESSION", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "KMP_AFFINITY",
+    "PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "HF_TOKEN_PATH", "GIT_ASKPASS_DIR",
+    "SSL_KEY_FILE", "XDG_SESSION_TYPE", "SESSION_MANAGER", "GIT_AUTHOR_NAME", "KEYRING_BACKEND",
+    "PASSWORD_STORE_DIR", "CUDA_VISIBLE_DEVICES", "PIP_INDEX_URL", "HF_HOME", "BYPASS_CACHE",
+    "MONKEY_PATCH", "AUTH_TIMEOUT", "TOKEN_URL", "GNUPGHOME", "GIT_CREDENTIAL_HELPER", "KEY_TYPE",
+    "GIT_ASKPASS", "HF_HUB_USER_AGENT",
+]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_names_that_hold_a_secret(name: str) -> None:
+    assert probe.looks_secret(name)
+
+
+@pytest.mark.parametrize("name", SETTING_NAMES)
+def test_names_that_hold_a_setting_or_a_path(name: str) -> None:
+    assert not probe.looks_secret(name)
+
+
+def test_secret_values_only_credentials(tmp_path: Path) -> None:
+    environ = {
+        "HF_TOKEN": "hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "MY_PASSWORD": "1234567",  # shorter than MIN_SECRET_LEN: more likely a flag than a credential
+        "DB_PASS": "x86_64",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path),  # an existing path, not a credential
+        "PWD": str(tmp_path),
+        "DESKTOP_SESSION": "gnome-classic",
+        "TOKENIZERS_PARALLELISM": "false-ish-long",
+    }
+    assert probe.secret_values(environ) == ["hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
+
+
+def test_scrub_document_keeps_the_working_directory(tmp_path: Path) -> None:
+    doc = {"python": {"executable": f"{tmp_path}/.venv/bin/python"}, "url": f"file://{tmp_path}/x"}
+    environ = {"PWD": str(tmp_path), "OLDPWD": str(tmp_path), "HOME": str(tmp_path), "HF_TOKEN": "1"}
+    assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
+
+
+# -- URL hygiene: a secret put in any position of any URL never survives ------------------------
+
+_MARK = st.text(alphabet=string.ascii_letters + string.digits, min_size=8, max_size=24).map(lambda s: "Sx9" + s)
+# Characters a password may hold unencoded, the ones that cut a URL parser's authority short
+# ("#", "?", "@", ":") included. An unencoded "/" is excluded: no parser can tell where such a
+# password ends (only the "user:pass/word@host" shape is recognised, see _split_authority).
+_PW = st.text(alphabet=string.ascii_letters + string.digits + "-._~!$&()*+,;=%#?@:", max_size=8)
+_HOST = st.from_regex(r"host-[a-z]{1,8}(\.[a-z]{2,5}){0,2}", fullmatch=True)
+_PORT = st.sampled_from(["", ":8080", ":443"])
+_SEG = st.from_regex(r"[a-z][a-z0-9._-]{1,10}", fullmatch=True)
+_PATH = st.lists(_SEG, max_size=4).map(lambda parts: "".join("/" + p for p in parts))
+_SAFE_QUERY = st.sampled_from(["", "?page=2", "?format=json&v=1", "?plain=1"])
+_SAFE_FRAGMENT = st.sampled_from(["", "#egg=pkg", "#subdirectory=sub", "#sha256=" + "a" * 64])
+_SCHEME = st.sampled_from(["https", "http", "git+https", "HTTPS", "ssh", "git+ssh", "socks5h"])
+_SECRET_KEY = st.sampled_from(["token", "access_token", "private_token", "sig", "X-Amz-Signature",
+                               "api_key", "password", "auth", "apikey", "Signature"])
+
+
+@st.composite
+def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
+    mark = draw(_MARK)
+    scheme, host, port, path = draw(_SCHEME), draw(_HOST), draw(_PORT), draw(_PATH)
+    query, frag = draw(_SAFE_QUERY), draw(_SAFE_FRAGMENT)
+    where = draw(st.integers(0, 9))
+    base = f"{scheme}://"
+    if where == 0:  # password
+        url = f"{base}{draw(_SEG)}:{draw(_PW)}{mark}{draw(_PW)}@{host}{port}{path}{query}{frag}"
+    elif where == 1:  # a token as the user, with or without an empty password
+        url = f"{base}{mark}{draw(st.sampled_from(['', ':']))}@{host}{port}{path}{query}{frag}"
+    elif where == 2:  # a secret query parameter among others
+        sep = "&" if query else "?"
+        url = f"{base}{host}{port}{path}{query}{sep}{draw(_SECRET_KEY)}={mark}{frag}"
+    elif where == 3:  # a bare query item
+        url = f"{base}{host}{port}{path}?{mark}{frag}"
+    elif where == 4:  # a fragment that is not pip's own
+        url = f"{base}{host}{port}{path}{query}#{draw(st.sampled_from(['', 'token=', 'access_token=', 'x=']))}{mark}"
+    elif where == 5:  # token-in-path index hosts
+        url = draw(st.sampled_from([
+            "https://pypi.fury.io/{m}/acme/", "https://conda.anaconda.org/t/{m}/lab/noarch",
+            "https://dl.cloudsmith.io/{m}/org/repo/python/simple/",
+            "https://packagecloud.io/priv/{m}/org/repo/pypi/simple",
+            "https://{h}/t/{m}/channel", "https://hooks.slack.com/services/T0/B0/{m}",
+        ])).format(m=mark, h=host)
+    elif where == 6:  # scp-style remote
+        url = f"{draw(_SEG)}:{draw(_PW)}{mark}{draw(_PW)}@{host}:{draw(_SEG)}/{draw(_SEG)}.git"
+    elif where == 7:  # password with a "/" after a user:
+        url = f"{base}{draw(_SEG)}:p/{mark}@{host}{port}{path}"
+    elif where == 8:  # a secret query parameter with a fragment after it
+        url = f"{base}{host}{path}?{draw(_SECRET_KEY)}={mark}#egg=pkg"
+    else:  # the user of an ssh remote with a password
+        url = f"ssh://git:{mark}@{host}{port}{path}"
+    return url, mark
+
+
+@settings(max_examples=400, deadline=None)
+@given(_secret_urls(), st.sampled_from(["{u}", "see {u} now", "--index-url={u}", "a\n{u}\nb", "({u})"]))
+def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], context: str) -> None:
+    url, mark = case
+    text = context.format(u=url)
+    cleaned = probe.scrub_text(text)
+    assert mark not in cleaned
+    assert probe.scrub_text(cleaned) == cleaned  # what capture keeps, the model accepts
+    if context == "{u}":
+        stripped = probe.strip_url(url)
+        assert mark not in stripped
+        assert probe.strip_url(stripped) == stripped
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SCHEME, _HOST, _PORT, _PATH, _SAFE_QUERY, _SAFE_FRAGMENT)
+def test_a_url_without_credentials_is_kept_verbatim(scheme: str, host: str, port: str, path: str,
+                                                    query: str, frag: str) -> None:
+    url = f"{scheme}://{host}{port}{path}{query}{frag}"
+    assert probe.strip_url(url) == url
+    assert probe.scrub_text(f"see {url} now") == f"see {url} now"
+    assert probe.strip_url(f"ssh://git@{host}{path}") == f"ssh://git@{host}{path}"
+    assert probe.strip_url(f"git@{host}:org{path}.git") == f"git@{host}:org{path}.git"
+
+
+def test_url_examples_from_the_issues() -> None:
+    cases = {
+        "https://alice:p#SECRET@host/simple": "https://host/simple",
+        "https://pypi.fury.io/SECRET/acme/": "https://pypi.fury.io/<redacted>/acme/",
+        "https://pypi.fury.io/acme/x-1.0.whl": "https://pypi.fury.io/acme/x-1.0.whl",
+        "https://conda.anaconda.org/t/SECRET/lab": "https://conda.anaconda.org/t/<redacted>/lab",
+        "https://h/x-1.0.whl#token=SECRET": "https://h/x-1.0.whl",
+        "https://h/x-1.0.whl#sha256=abc": "https://h/x-1.0.whl#sha256=abc",
+        "git+https://github.com/o/r.git@v1.0#egg=r": "git+https://github.com/o/r.git@v1.0#egg=r",
+        "deploy:SECRET@host:lab/p.git": "host:lab/p.git",
+        "git@github.com:org/repo.git": "git@github.com:org/repo.git",
+        "https://TOKEN:@packagecloud.io/org/repo": "https://packagecloud.io/org/repo",
+        "https://host:8080/pkg@1.0": "https://host:8080/pkg@1.0",
+        "file:///home/u/t/proj/x.whl": "file:///home/u/t/proj/x.whl",
+    }
+    for url, expected in cases.items():
+        assert probe.strip_url(url) == expected, url
+    texts = {
+        "--xla_dump_to=https://u:SECRET@h/x": "--xla_dump_to=https://h/x",
+        "--remote=deploy:SE;CRET@h:p.git": "--remote=h:p.git",
+        "pushed (deploy:ab@SECRET@host:lab/p.git)": "pushed (host:lab/p.git)",
+        "see /pkg@host:x and bob@lab.org: thanks": "see /pkg@host:x and bob@lab.org: thanks",
+        "u:SECRET@proxy.example:3128": "proxy.example:3128",
+    }
+    for text, expected in texts.items():
+        assert probe.scrub_text(text) == expected, text
+
+
+# -- issue: the working directory was treated as a secret ------------------------------------
+
+
+def test_project_venv_lock_keeps_real_paths_same_fingerprint_and_restores(tmp_path: Path) -> None:
+    project = tmp_path / "paper"
+    sub = project / "src" / "model"
+    sub.mkdir(parents=True)
+    venv = project / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    make_dist(site, "numpy", "2.1.0")
+    (tmp_path / "home").mkdir()
+    runs = [(project, ".venv/bin/python"), (sub, "../../.venv/bin/python"), (Path("/"), f"{venv}/bin/python")]
+    fingerprints = set()
+    for n, (cwd, python) in enumerate(runs):
+        lock_path = tmp_path / f"run{n}.lock"
+        # PWD/OLDPWD as a shell sets them; HF_TOKEN is there so the last-line scrub runs.
+        env = {"PWD": str(cwd), "OLDPWD": str(project), "HOME": str(tmp_path / "home"),
+               "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"}
+        res = run_cli("capture", "--no-torch", "--python", python, "-o", str(lock_path), cwd=cwd, env=env)
+        assert res.returncode == 0, res.stderr
+        text = lock_path.read_text()
+        lock = tomllib.loads(text)
+        # (normalising "src/model/../../.venv" is the interpreter selection's business)
+        assert os.path.normpath(lock["python"]["executable"]) == f"{venv}/bin/python"
+        assert lock["python"]["prefix"] == str(venv)
+        assert text.count("<redacted>") == 1  # HF_TOKEN's own entry, nothing else
+        fingerprints.add(lock["envlock"]["fingerprint"])
+    assert len(fingerprints) == 1
+    out = tmp_path / "restore"
+    res = run_cli("restore", str(tmp_path / "run0.lock"), "--dockerfile-only", str(out),
+                  "--allow-unpinned-base", cwd=project)
+    assert res.returncode == 0, res.stderr
+    assert (out / "Dockerfile").is_file()
+    assert "<redacted>" not in (out / "Dockerfile").read_text()
+
+
+def test_restore_applies_the_same_url_rule() -> None:
+    from envlock.errors import UnsafeValue
+    from envlock.restore import values
+
+    ssh = frozenset({"ssh"})
+    assert values.url("ssh://git@github.com/o/r.git", schemes=ssh) == "ssh://git@github.com/o/r.git"
+    assert values.url("https://h.example/x-1.0.whl#sha256=" + "a" * 64)
+    for bad in ("https://u:pw@h.example/x.whl", "https://h.example/x.whl#token=abc",
+                "https://h.example/x.whl?sig=abc", "https://pypi.fury.io/Tok3nTok3n/acme/x.whl"):
+        with pytest.raises(UnsafeValue):
+            values.url(bad)
+    with pytest.raises(UnsafeValue):
+        values.url("ssh://deploy:pw@github.com/o/r.git", schemes=ssh)
+
+
+def test_in_process_canary_settings_are_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import envlock.runtime
+
+    # CPU kernels never read it; a hostile value must still not reach the lock
+    monkeypatch.setenv("MKL_CBWR", "AUTO https://u:CanarySecret99@h.example/x")
+    settings = envlock.runtime.canary(["cpu"]).settings
+    assert settings["env.MKL_CBWR"] == "AUTO https://h.example/x"
