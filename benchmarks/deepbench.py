@@ -124,11 +124,13 @@ def render(deep: dict[str, Any] | None) -> str:
     for c, nbytes in ((s, deep["site_bytes"]), (d, deep["bytes"])):
         lines.append(f"| `{c.label}` | {c.median:.2f} s | {c.min:.2f} s | "
                      f"{statistics.median(c.cpu):.2f} s | {nbytes / 1e9 / c.median:.2f} |")
-    lines += ["", f"verify --deep is {d.median / s.median:.2f}x sha256sum; its wall time is "
+    lines += ["", f"verify --deep is {d.median / s.median:.2f}x sha256sum (CPU time: "
+              f"{statistics.median(d.cpu) / statistics.median(s.cpu):.2f}x); its wall time is "
               f"{d.median / floor:.1f}x the hashlib floor of this machine (the rest: interpreter "
-              f"start, RECORD parsing, Python's per-file cost, and the rest of verify). "
-              f"Inside the probe the check itself took {deep['in_probe_s']:.2f} s "
-              f"with {deep['workers']} workers.", ""]
+              f"start, RECORD parsing, Python's per-file cost, and the rest of verify). The floor "
+              f"itself is {floor / s.median:.2f}x sha256sum: no tool hashing with hashlib on "
+              f"{deep['cpus']} CPUs can go below that. Inside the probe the check took "
+              f"{deep['in_probe_s']:.2f} s with {deep['workers']} workers.", ""]
     return "\n".join(lines)
 
 

@@ -324,7 +324,13 @@ def check_image_option(image: str) -> None:
 
 
 def import_heavy_modules() -> None:
-    """Import pydantic, the models and the lock writer: called while a probe subprocess runs.
+    """Import pydantic, the models and the lock writer: called while a probe subprocess runs."""
+    import_models()
+    import envlock.lockfile  # noqa: F401
+
+
+def import_models() -> None:
+    """Import envlock's models without pydantic's plugin scan.
 
     Pydantic looks for plugins through the entry points of every installed distribution when
     the first model class is built (~46 us each); envlock's own models need none, so the scan
@@ -335,13 +341,12 @@ def import_heavy_modules() -> None:
         previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
         try:
-            import envlock.model
+            import envlock.model  # noqa: F401
         finally:
             if previous is None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
             else:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
-    import envlock.lockfile  # noqa: F401
 
 
 def verify(

@@ -107,6 +107,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
         + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
         f"{len(lock.packages)} package{'' if len(lock.packages) == 1 else 's'}\n"
     )
+    changed = [p.name for p in lock.packages if p.files_changed]
+    if changed:
+        _err(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
+             f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): see files_changed\n")
     for section, reason in sorted(lock.probe.errors.items()):
         if section not in ("torch", "gpu", "git") or args.verbose:
             _err(f"  note: {section} not captured: {reason}\n")
@@ -216,6 +220,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from envlock.capturing import import_models
+
+    import_models()
     from envlock.lockfile import load
     from envlock.render import show_json, show_markdown, show_text
 

@@ -127,12 +127,13 @@ class Progress:
                 TransferSpeedColumn,
             )
 
-            self.bar = Progress(TextColumn("hashing installed files"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
+            self.bar = Progress(TextColumn("hashing {task.description}"), BarColumn(),
+                                DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                transient=True)
             self.bar.start()
-            self.task = self.bar.add_task("deep", total=total_bytes)
-        self.bar.update(self.task, completed=nbytes,
-                        description=f"{files}/{total_files} files")
+            # Started a second late: begin at what is done, or the first speed reads TB/s.
+            self.task = self.bar.add_task("", total=total_bytes, completed=nbytes)
+        self.bar.update(self.task, completed=nbytes, description=f"{files:,}/{total_files:,} files")
         return True
 
     def close(self) -> None:

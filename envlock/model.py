@@ -81,7 +81,7 @@ Scalar = str | int | float | bool
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Meta(_Model):

@@ -1402,6 +1402,16 @@ def _torch_dists() -> List[Tuple[str, str]]:
     return found
 
 
+def _own_digest() -> str:
+    """sha256 of this file: a probe that reads torch differently (a new field) must not be
+    served the facts an older probe cached; PROBE_VERSION alone is not bumped for that."""
+    try:
+        with open(os.path.abspath(__file__), "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return "unknown:%s" % time.time()  # unreadable: never reuse
+
+
 def torch_cache_key() -> Optional[str]:
     """sha256 of every input the torch facts depend on, or None when they cannot be pinned
     down (no torch distribution with a RECORD: a source checkout, an egg)."""
@@ -1421,7 +1431,7 @@ def torch_cache_key() -> Optional[str]:
 
     put("format", str(CACHE_FORMAT), str(PROBE_VERSION), sys.version, sys.prefix,
         os.path.realpath(sys.executable or ""), _stat_line(os.path.realpath(sys.executable or "")),
-        _stat_line(spec.origin))
+        _stat_line(spec.origin), _own_digest())
     for entry, info in dists:
         record = os.path.join(entry, info, "RECORD")
         try:

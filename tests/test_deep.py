@@ -171,7 +171,11 @@ def test_capture_deep_catches_a_file_edited_before_capture(tmp_path: Path, venv:
     original = init.read_bytes()
     init.write_bytes(original + b"# local patch\n")
     lock = tmp_path / "env.lock"
-    data = _capture(venv, lock, "--deep")
+    res = run_cli("capture", "--python", str(venv), "-o", str(lock), "--deep", cwd=tmp_path)
+    assert "files differ from RECORD in 1 distribution(s) (demo-pkg)" in res.stderr
+    import tomllib
+
+    data = tomllib.loads(lock.read_text())
     pkg = next(p for p in data["packages"] if p["name"] == "demo-pkg")
     assert pkg["files_changed"] == [f"modified {NAME}/__init__.py"]
     init.write_bytes(original)  # a clean machine: every file matches RECORD again
@@ -291,3 +295,19 @@ def test_deep_module_is_stdlib_only_and_py38_syntax() -> None:
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_progress_lines_are_consumed_and_drawn() -> None:
+    from envlock.deepreport import Progress
+
+    bar = Progress(delay=0.0)
+    bar.enabled = True  # as on a terminal
+    assert not bar.feed("Traceback (most recent call last):\n")
+    assert bar.feed("\x1eenvlock-progress 10 100 1000 100000\n")
+    assert bar.bar is not None
+    assert bar.feed("\x1eenvlock-progress 100 100 100000 100000\n")
+    assert bar.bar.tasks[0].completed == 100000
+    bar.close()
+    quiet = Progress(delay=0.0)
+    quiet.enabled = False  # not a terminal: consumed, never drawn, rich never imported for it
+    assert quiet.feed("\x1eenvlock-progress 1 2 3 4\n") and quiet.bar is None

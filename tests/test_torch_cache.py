@@ -219,3 +219,12 @@ def test_cache_dir_follows_xdg_and_override(monkeypatch: pytest.MonkeyPatch, tmp
     assert probe.cache_dir() == str(tmp_path / "home" / ".cache" / "envlock")
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "mine"))
     assert probe.cache_dir() == str(tmp_path / "mine")
+
+
+def test_another_probe_version_is_another_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Facts cached by an older probe (which read fewer torch fields) are never served."""
+    before = _key()
+    edited = tmp_path / "probe.py"
+    edited.write_bytes(Path(probe.__file__).read_bytes() + b"\n# a newer probe\n")
+    monkeypatch.setattr(probe, "__file__", str(edited))
+    assert _key() != before
