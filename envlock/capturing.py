@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,8 +75,10 @@ def resolve_python(python: str) -> str:
 
 def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
                cwd: str | None = None, deep: bool = False, cache: bool = True,
-               progress: bool = False) -> list[str]:
+               progress: bool = False, git_exclude: Sequence[str] = ()) -> list[str]:
     args = []
+    for path in git_exclude:
+        args += ["--git-exclude", os.path.abspath(path)]
     if not torch:
         args.append("--no-torch")
     if deep:
@@ -220,11 +222,12 @@ class ProbeProcess:
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
-                         cwd: str | None = None, deep: bool = False) -> dict[str, Any]:
+                         cwd: str | None = None, deep: bool = False,
+                         git_exclude: Sequence[str] = ()) -> dict[str, Any]:
     from envlock import probe
 
     return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
-                         deep=deep)
+                         deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude])
 
 
 def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
@@ -269,6 +272,7 @@ def capture(
     in_process: bool | None = None,
     deep: bool = False,
     cache: bool = False,
+    git_exclude: Sequence[str] = (),
 ) -> Lock:
     """Capture the environment as a sealed ``Lock``.
 
@@ -276,23 +280,26 @@ def capture(
     get recorded); with ``python``, that interpreter runs the probe. ``deep`` adds each
     distribution's on-disk digest (``files_sha256``); ``cache`` lets a probe in another
     interpreter reuse cached torch facts (never in-process: flags there are live state).
+    ``git_exclude``: files kept out of ``[git]`` (the lock about to be written over).
     """
     if image is not None:
         check_image_option(image)
     doc = capture_doc(python=python, torch=torch, canary=canary, image=image, cwd=cwd,
-                      in_process=in_process, deep=deep, cache=cache)
+                      in_process=in_process, deep=deep, cache=cache, git_exclude=git_exclude)
     doc.pop("deep", None)
     return build_lock(doc, note=note)
 
 
 def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool = False,
                 image: str | None = None, cwd: str | None = None, in_process: bool | None = None,
-                deep: bool = False, cache: bool = False) -> dict[str, Any]:
+                deep: bool = False, cache: bool = False,
+                git_exclude: Sequence[str] = ()) -> dict[str, Any]:
     """The probe's document, with the ``--deep`` report under ``"deep"`` when asked for."""
     if in_process is None:
         in_process = python is None
     if in_process:
-        return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep)
+        return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                                    git_exclude=git_exclude)
     progress = None
     if deep:
         from envlock.deepreport import Progress
@@ -300,7 +307,8 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
         progress = Progress()
     proc = ProbeProcess(python or sys.executable,
                         probe_args(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
-                                   cache=cache, progress=progress is not None and progress.enabled),
+                                   cache=cache, progress=progress is not None and progress.enabled,
+                                   git_exclude=git_exclude),
                         on_stderr=progress.feed if progress is not None else None)
     import_heavy_modules()
     try:

@@ -72,7 +72,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
             _err(f"envlock: warning: {target.warning}\n")
         lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False, deep=args.deep,
-                       cache=not args.no_cache)
+                       cache=not args.no_cache,
+                       git_exclude=[] if args.output == "-" else [args.output])
         locked = f"locked {target.probed(lock.python.prefix).describe()}"
     from envlock.lockfile import dumps, save
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 PROBE_VERSION = 1
 REDACTED = "<redacted>"
@@ -346,16 +346,44 @@ def _git_env() -> Dict[str, str]:
     return env
 
 
+def _repo_root(path: str) -> Optional[str]:
+    """The nearest directory holding ``.git`` (a directory, or a file for worktrees)."""
+    path = os.path.abspath(path)
+    while True:
+        if os.path.exists(os.path.join(path, ".git")):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def _git_pathspec(cwd: str, exclude: Sequence[str]) -> List[str]:
+    """Pathspecs that leave the lock being written out of the git state.
+
+    Without them a lock committed to the repository makes the next capture see itself as
+    untracked or modified, and every lock of an unchanged environment differs in [git]. A path
+    outside the repository would make git fail, so only paths in the same one are named.
+    """
+    root = _repo_root(cwd)
+    if root is None:
+        return []
+    spec = [":(exclude,literal)" + os.path.abspath(p) for p in exclude
+            if _repo_root(os.path.dirname(os.path.abspath(p))) == root]
+    return ["--", ":/", *spec] if spec else []
+
+
 class _GitJob:
     """All git commands for the capture, started together."""
 
-    def __init__(self, cwd: str, timeout: float) -> None:
+    def __init__(self, cwd: str, timeout: float, exclude: Sequence[str] = ()) -> None:
         env = _git_env()
         git = os.environ.get("ENVLOCK_GIT", "git")
+        spec = _git_pathspec(cwd, exclude)
         self.rev = _Proc([git, "rev-parse", "HEAD", "--abbrev-ref", "HEAD"], timeout, cwd, env)
-        self.status = _Proc([git, "status", "--porcelain=v1", "-z", "--untracked-files=all"],
+        self.status = _Proc([git, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec],
                             timeout, cwd, env)
-        self.diff = _Proc([git, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary"],
+        self.diff = _Proc([git, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary", *spec],
                           timeout, cwd, env)
         self.remote = _Proc([git, "config", "--get", "remote.origin.url"], timeout, cwd, env)
 
@@ -1610,8 +1638,10 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             cwd: Optional[str] = None, git_timeout: Optional[float] = None,
             nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
             deep: bool = False, cache: bool = False, progress: bool = False,
-            processes: bool = False) -> Dict[str, Any]:
+            processes: bool = False, git_exclude: Sequence[str] = ()) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
+
+    ``git_exclude``: files left out of the git state (the lock about to be written).
 
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
     (see the torch facts cache above); only for a fresh interpreter, never a training process.
@@ -1623,7 +1653,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
     nvml_timeout = nvml_timeout if nvml_timeout is not None else float(
         os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT))
-    git_job = _GitJob(cwd or os.getcwd(), git_timeout)
+    git_job = _GitJob(cwd or os.getcwd(), git_timeout, git_exclude)
 
     def guard(section: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -1797,6 +1827,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--deep", action="store_true", help="hash every installed file")
     parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
     parser.add_argument("--no-cache", action="store_true", help="always import torch")
+    parser.add_argument("--git-exclude", action="append", default=[],
+                        help="a file to leave out of the git state (the lock being written)")
     args = parser.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
     # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
@@ -1804,7 +1836,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
                   image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
                   cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
-                  progress=args.progress, processes=True)
+                  progress=args.progress, processes=True, git_exclude=args.git_exclude)
     sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()

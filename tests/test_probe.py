@@ -178,6 +178,28 @@ def test_git_state_and_remote_without_credentials(repo: Path) -> None:
     assert info2["diff_sha256"] != clean_hash
 
 
+def test_the_lock_being_written_is_left_out_of_the_git_state(repo: Path, tmp_path: Path) -> None:
+    lock = repo / "env.lock"
+    lock.write_text("# an earlier lock\n")
+    (repo / "sub").mkdir()
+    clean, _ = probe._GitJob(str(repo / "sub"), 10, [str(lock)]).collect()
+    assert clean is not None and clean["untracked"] == 0 and clean["dirty"] is False
+    _git(repo, "add", "env.lock")
+    _git(repo, "commit", "-qm", "lock")
+    lock.write_text("# rewritten by the last capture\n")
+    again, _ = probe._GitJob(str(repo / "sub"), 10, [str(lock)]).collect()
+    assert again == {**clean, "commit": again["commit"]}
+    # Its twin: anything else still counts, and so does the lock when it is not the output.
+    (repo / "notes.txt").write_text("x")
+    other, _ = probe._GitJob(str(repo), 10, [str(lock)]).collect()
+    assert other is not None and other["untracked"] == 1
+    plain, _ = probe._GitJob(str(repo), 10).collect()
+    assert plain is not None and plain["dirty"] is True
+    # A lock written outside the repository names no pathspec git would refuse.
+    outside, err = probe._GitJob(str(repo), 10, [str(tmp_path / "elsewhere" / "env.lock")]).collect()
+    assert err is None and outside is not None and outside["untracked"] == 1
+
+
 def test_outside_git(tmp_path: Path) -> None:
     info, err = probe._GitJob(str(tmp_path), 10).collect()
     assert info is None and err == "not a git repository"
