@@ -81,10 +81,9 @@ def redact(url: str) -> str:
 
 
 def cache_root() -> Path:
-    from envlock.restore.restore import cache_dir
+    from envlock.probe import cache_dir
 
-    override = os.environ.get("ENVLOCK_CACHE_DIR")
-    return Path(override) if override else cache_dir().parent
+    return Path(cache_dir())
 
 
 class _Anchors(HTMLParser):

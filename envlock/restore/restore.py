@@ -9,7 +9,6 @@ anew. Images are tagged ``envlock/<name>:<short id>``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import time
 from collections.abc import Callable
@@ -49,8 +48,10 @@ def image_name(lock_path: Path | None, name: str | None = None) -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "envlock" / "restore"
+    """Restore's part of envlock's one cache directory (``probe.cache_dir``)."""
+    from envlock.probe import cache_dir as envlock_cache
+
+    return Path(envlock_cache()) / "restore"
 
 
 def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Options) -> ctx.BaseChoice:
