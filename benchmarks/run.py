@@ -636,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also profile where capture time goes (benchmarks/profile_capture.py)")
     parser.add_argument("--settle", type=float, default=SETTLE.max_wait,
                         help="before each round wait up to this many seconds for the CPUs to "
-                             f"be under {SETTLE.threshold:.0%} busy (0: do not wait)")
+                             f"be under {SETTLE.threshold * 100:.0f}%% busy (0: do not wait)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--no-deep", action="store_true",
                         help="skip verify --deep vs sha256sum (the longest group)")

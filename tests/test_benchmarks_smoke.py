@@ -151,3 +151,15 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
     text = deepbench.render(deep)
     assert "0.25x sha256sum" in text and "1.00 GB/s" in text.replace("| 1.00 |", "1.00 GB/s")
     assert deepbench.as_json(deep)["commands"]["verify_deep"]["median_s"] == 1.0
+
+
+@pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
+                                    "profile_capture"])
+def test_every_benchmark_explains_itself(script: str) -> None:
+    """``--help`` is how a reader finds the knobs; argparse formats help lazily, so a stray
+    ``%`` in a help string only breaks when someone asks."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
