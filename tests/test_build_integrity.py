@@ -212,3 +212,39 @@ def test_a_deeply_nested_manifest_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text('{"files": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(UsageError, match="not a valid bundle manifest"):
         read_manifest(tmp_path)
+
+
+def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock: Any, house: Path) -> None:
+    from envlock.errors import NotRestorable
+
+    lock = _lock(restore_lock, house)
+    pkgs = [*lock.packages, lock.packages[0].model_copy(update={"name": "gamma", "version": "3.0"})]
+    lock = lock.model_copy(update={"packages": [
+        p.model_copy(update={"version": "9.9.9"}) if p.name == "beta" else p for p in pkgs]})
+    with pytest.raises(NotRestorable, match=r"no wheel in the wheelhouse .* for: beta==9\.9\.9, gamma==3\.0") as exc:
+        prepare(lock, ctx.Options(wheelhouse=house))
+    assert exc.value.exit_code == 3 and "envlock bundle" in (exc.value.hint or "")
+
+
+def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_lock: Any, house: Path) -> None:
+    from envlock.restore.verify import base_tooling_info
+
+    build_wheel(house, "setuptools", "65.5.0")
+    lock = _lock(restore_lock, house)
+    setuptools = {"name": "setuptools", "version": "65.5.0",
+                  "record_sha256": wheel_record_sha256(house / "setuptools-65.5.0-py3-none-any.whl")}
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
+                        packages=[*(p.model_dump() for p in lock.packages),
+                                  {"name": "pip", "version": "23.2.1"}, setuptools])
+    plan, files = prepare(lock, ctx.Options(wheelhouse=house))
+    assert plan.base_tooling == ("pip",)
+    assert any(n.startswith("pip==23.2.1: no wheel in the wheelhouse") for n in plan.notes)
+    assert "pip==" not in files["requirements/tooling.txt"]
+    assert "setuptools==65.5.0" in files["requirements/tooling.txt"]  # the one it has is pinned
+    assert "pip" not in plan.remove  # the base's pip stays, it is not uninstalled
+    inside = lock.model_copy(update={"packages": [
+        p.model_copy(update={"version": "23.0.1"}) if p.name in ("pip", "alpha") else p for p in lock.packages]})
+    shown = base_tooling_info(compare(lock, inside), plan.base_tooling)
+    sev = {d.path: d.severity for d in shown.differences}
+    assert sev["packages.pip.version"] == "info"
+    assert sev["packages.alpha.version"] == "breaking"  # the experiment's packages still count

@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -131,6 +131,9 @@ class Plan:
     # vcs packages installed from a wheel of the same version (offline: no checkout reachable);
     # the image cannot show their commit, and verification knows why.
     from_wheel: tuple[str, ...] = ()
+    # pip/setuptools/wheel with no wheel offline: the base's ensurepip copy stays, as `bundle`
+    # announces, and verification reports its version as info.
+    base_tooling: tuple[str, ...] = ()
 
     @property
     def expected_image_change(self) -> bool:
@@ -391,16 +394,41 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
         # that the lock does not list must go, or verification sees extra packages.
         remove = tuple(t for t in ("wheel", "setuptools", "pip") if t not in have)
     wheels: dict[str, tuple[Path, ...]] = {}
+    base_tooling: list[str] = []
     if offline:
         wheels_for = wheels_for or {}
+        kept: list[Layer] = []
+        for layer in layers:
+            if layer.name == "tooling":
+                reqs = tuple(r for r in layer.requirements if wheels_for.get(r.name))
+                for r in layer.requirements:
+                    if not wheels_for.get(r.name):
+                        base_tooling.append(r.name)
+                        notes.append(f"{r.name}=={r.version}: no wheel in the wheelhouse; the base "
+                                     f"image's ensurepip {r.name} stays (its version is reported as info)")
+                layer = replace(layer, requirements=reqs)
+                if not reqs:
+                    continue
+            kept.append(layer)
+        layers = kept
         for layer in layers:
             files: list[Path] = []
             for req in layer.requirements:
                 files.extend(wheels_for.get(req.name, ()))
             wheels[layer.name] = tuple(files)
+        # pip would stop at the first missing wheel, after minutes of earlier layers (torch);
+        # naming every missing one now costs nothing and saves a build per missing wheel.
+        missing = [f"{r.name}=={r.version}" for layer in layers for r in layer.requirements
+                   if not wheels_for.get(r.name)]
+        if missing:
+            raise NotRestorable(
+                f"no wheel in the wheelhouse {options.wheelhouse} for: " + ", ".join(missing),
+                hint="add them (pip download --no-deps --only-binary=:all: NAME==VERSION -d DIR), "
+                     "or collect every wheel with `envlock bundle env.lock -o DIR`")
     return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
                 layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
                 from_wheel=tuple(from_wheel), wheels=wheels, notes=tuple(notes), offline=offline,
+                base_tooling=tuple(base_tooling),
                 os_install=os_install)
 
 

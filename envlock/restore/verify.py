@@ -71,7 +71,8 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
                  reference: str | None = None, digest: str | None = None,
                  skipped: Sequence[str] = (), from_wheel: Sequence[str] = (),
-                 os_packages_restored: bool = True) -> tuple[Lock, Comparison]:
+                 os_packages_restored: bool = True, base_tooling: Sequence[str] = ()
+                 ) -> tuple[Lock, Comparison]:
     """(lock captured inside ``image_id``, comparison with ``lock``).
 
     The image is new by construction, so its identity is an expected change; packages left
@@ -109,6 +110,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
             replace(d, severity="info", message=f"{d.describe()} (restored from a wheel of "
                     "the same version: the vcs source is out of reach offline)")
             if d.path in origin else d for d in cmp.differences), cmp.process)
+    cmp = base_tooling_info(cmp, base_tooling)
     return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
 
 
@@ -116,6 +118,17 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
 # installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
 # rebuilds of them, so another build of them is reported but does not fail the restore.
 _TOOLING = frozenset({"pip", "setuptools", "wheel"})
+
+
+def base_tooling_info(cmp: Comparison, base_tooling: Sequence[str]) -> Comparison:
+    """Offline without their wheel, the base's ensurepip copy was kept on purpose (restore said
+    so, as ``bundle`` announces): the installer's tools, not the experiment's code, so info."""
+    kept = {f"packages.{name}" for name in base_tooling if name in _TOOLING}
+    if not kept:
+        return cmp
+    return Comparison(tuple(
+        replace(d, severity="info", message=f"{d.describe()} (the base image's own: no wheel offline)")
+        if ".".join(d.path.split(".")[:2]) in kept else d for d in cmp.differences), cmp.process)
 
 
 def _restore_severity(d: Difference) -> Difference:
