@@ -195,3 +195,32 @@ def test_podman_without_a_socket_says_how_to_start_it(tmp_path: Path, monkeypatc
 def test_bad_engine_name_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         connect("kubernetes")
+
+
+def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: Any) -> None:
+    from envlock.restore import context as ctx
+    from envlock.restore.restore import cache_labels, prepare
+
+    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
+                        packages=[("six", "1.17.0")])
+    plan, _ = prepare(lock, ctx.Options())
+    build_stage, final = "sha256:" + "b1" * 32, "sha256:" + "f1" * 32
+    images = {  # what Podman leaves after a multi-stage build with --label: both carry it
+        build_stage: {ctx.LABEL_CONTEXT: "k"},
+        final: {ctx.LABEL_CONTEXT: "k", ctx.LABEL_SHORT_ID: plan.short_id, ctx.LABEL_SCHEMA: "1"},
+    }
+
+    class Images(FakeAPI):
+        def images(self, filters: dict[str, list[str]]) -> list[dict[str, str]]:
+            assert len(filters["label"]) == 1  # Podman 4 answers nothing to two label filters
+            want = dict(f.split("=", 1) for f in filters["label"])
+            return [{"Id": i} for i, labels in images.items()  # newest first does not matter
+                    if all(labels.get(k) == v for k, v in want.items())]
+
+        def inspect_image(self, ref: str) -> dict[str, Any]:
+            return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
+
+    eng = engine(Images())
+    assert eng.find_image({ctx.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
+    found = eng.find_image(cache_labels(plan, "k"))
+    assert found is not None and found.id == final

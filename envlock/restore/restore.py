@@ -101,6 +101,16 @@ def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
     return plan
 
 
+def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
+    """The labels that find the final image of a build of this context, and only it.
+
+    Podman puts build labels on every stage it commits, so the build stage (root, wheels,
+    never verified) carries the context label too; only the final stage has the Dockerfile's
+    own ``LABEL``s, the short id among them.
+    """
+    return {ctx.LABEL_CONTEXT: key, ctx.LABEL_SHORT_ID: plan.short_id}
+
+
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
             workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
             use_cache: bool = True, say: Callable[[str], None] = lambda s: None) -> RestoreResult:
@@ -119,7 +129,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     context_dir = workdir / "context"
     labels = {ctx.LABEL_CONTEXT: key}
     t0 = time.monotonic()
-    found = engine.find_image(labels) if use_cache else None
+    found = engine.find_image(cache_labels(plan, key)) if use_cache else None
     log_path: Path | None = None
     if found is not None:
         image_id, cached = found.id, True
