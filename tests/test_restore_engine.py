@@ -224,3 +224,14 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
     assert eng.find_image({ctx.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
     found = eng.find_image(cache_labels(plan, "k"))
     assert found is not None and found.id == final
+
+
+def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.errors import UsageError
+    from envlock.restore.engine import connect
+
+    monkeypatch.setenv("ENVLOCK_ENGINE", "bogus")
+    with pytest.raises(UsageError, match=r"^ENVLOCK_ENGINE must be docker, podman or an API URL, not 'bogus'$"):
+        connect()
+    with pytest.raises(UsageError, match=r"^--engine must be"):
+        connect("nerdctl")

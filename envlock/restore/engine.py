@@ -549,6 +549,7 @@ def connect(engine: str | None = None) -> ContainerEngine:
     """``docker`` (default), ``podman``, or an API URL such as ``unix:///run/podman/podman.sock``."""
     import docker
 
+    source = "--engine" if engine else "ENVLOCK_ENGINE"
     spec = engine or os.environ.get("ENVLOCK_ENGINE") or "docker"
     if spec == "docker":
         return DockerEngine(_docker_context_client, _docker_endpoint())
@@ -563,7 +564,7 @@ def connect(engine: str | None = None) -> ContainerEngine:
     elif re.match(r"^(unix|tcp|ssh|npipe|http|https)://", spec):
         url = spec
     else:
-        raise UsageError(f"--engine must be docker, podman or an API URL, not {spec!r}")
+        raise UsageError(f"{source} must be docker, podman or an API URL, not {spec!r}")
 
     def make(timeout: float | None) -> Any:
         client = docker.DockerClient(base_url=url, timeout=timeout if timeout is not None else 60)
