@@ -107,3 +107,19 @@ def test_a_file_is_not_a_directory(lock_path: Path, tmp_path: Path) -> None:
     f.write_text("mine\n")
     assert _restore(lock_path, f) == 2
     assert f.read_text() == "mine\n"
+
+
+
+def test_the_printed_build_command_works_as_pasted(restore_lock: Any, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
+    path = tmp_path / "my proj" / "env.lock"
+    path.parent.mkdir()
+    save(lock, path)
+    out = tmp_path / "build ctx"
+    assert _restore(path, out) == 0
+    command = capsys.readouterr().out.split("build it with: ", 1)[1].strip()
+    # The tag `envlock restore` itself gives, and a directory with a space stays one word.
+    assert shlex.split(command) == ["docker", "build", "-t", f"envlock/my-proj:{lock.short_id}", str(out)]

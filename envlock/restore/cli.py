@@ -68,15 +68,18 @@ def _restore(args: argparse.Namespace, *, verify: bool) -> Any:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     if args.dockerfile_only:
+        import shlex
+
         from envlock.lockfile import load
-        from envlock.restore.restore import write_dockerfile_only
+        from envlock.restore.restore import image_name, write_dockerfile_only
 
         lock = load(args.lock)
         plan = write_dockerfile_only(lock, _options(args), Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
             _say(f"note: {note}")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
-                         f"build it with: docker build -t envlock/env:{lock.short_id} {args.dockerfile_only}\n")
+                         f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
+                         f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")
         return EXIT_OK
     from envlock.render import verify_text
 
