@@ -10,9 +10,12 @@ output (run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from envlock.errors import EnvlockError, UsageError
 
 if TYPE_CHECKING:
     from envlock.restore.context import Options
@@ -52,18 +55,37 @@ def _restore(args: argparse.Namespace, *, verify: bool) -> Any:
     lock = load(args.lock)
     options = _options(args)
     engine = connect(args.engine)
+    name = image_name(Path(args.lock), args.name)
+    tag = f"envlock/{name}:{lock.short_id}"
     try:
-        result = restore(lock, options, engine=engine, name=image_name(Path(args.lock), args.name),
+        result = restore(lock, options, engine=engine, name=name,
                          workdir=Path(args.context_dir) if args.context_dir else None,
                          verify=verify, use_cache=not args.no_cache, say=_say)
     except BuildFailed as exc:
+        _hint_earlier_image(exc, engine, tag)
         engine.close()
         _report_build_failure(exc)
+        raise
+    except EnvlockError as exc:
+        _hint_earlier_image(exc, engine, tag)
+        engine.close()
         raise
     except BaseException:
         engine.close()
         raise
     return lock, engine, result
+
+
+def _hint_earlier_image(exc: EnvlockError, engine: Any, tag: str) -> None:
+    """`restore --base X --wheelhouse W` then a bare `run`: the cache key differs, so run
+    starts another restore from the lock's own image, which fails; say what was meant."""
+    if isinstance(exc, UsageError):
+        return
+    with contextlib.suppress(Exception):  # the engine may be the very thing that failed
+        if engine.image(tag) is not None:
+            also = (f"{tag} exists but was restored with other options: give `envlock run` "
+                    "the same --base/--wheelhouse/--index-url/--venv as `envlock restore`")
+            exc.hint = f"{exc.hint}; {also}" if exc.hint else also
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
