@@ -234,7 +234,9 @@ def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: st
     assert main(["restore", *common]) == 0
     assert "cache hit" in capfd.readouterr().out
     code = main(["run", *common, "--workspace", str(tmp_path), "--", "python", "-c",
-                 "import six; print('podman', six.__version__); raise SystemExit(4)"])
+                 "import os, six; print('podman', six.__version__, os.path.exists('/tmp/envlock-wheels')); "
+                 "raise SystemExit(4)"])
     out, _ = capfd.readouterr()
-    assert code == 4 and "podman 1.16.0" in out
+    # False: the cache hit ran the final image, not Podman's labelled build stage with the wheels.
+    assert code == 4 and "podman 1.16.0 False" in out
     no_leftover_containers(podman_client)
