@@ -391,8 +391,11 @@ def verify(
                       canary=expected.canary is not None and want_torch, in_process=in_process,
                       deep=deep)
     from envlock.deepreport import align, merge
+    from envlock.drift import os_packages_come_from_base, os_packages_from_base
 
     report = doc.pop("deep", None)
     expected, current = align(expected, build_lock(doc))
-    return merge(compare(expected, current, strict=strict,
-                         process_state="compare" if in_process else "report"), report, limit=None)
+    cmp = compare(expected, current, strict=strict, process_state="compare" if in_process else "report")
+    if os_packages_come_from_base():
+        cmp = os_packages_from_base(cmp)
+    return merge(cmp, report, limit=None)

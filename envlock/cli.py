@@ -161,7 +161,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                             probe_args(torch=want_torch, canary="canary" in raw and want_torch, **extra),
                             on_stderr=on_stderr)
     import_heavy_modules()
-    from envlock.drift import compare
+    from envlock.drift import compare, os_packages_come_from_base, os_packages_from_base
     from envlock.lockfile import load
     from envlock.render import comparison_json, verify_text
 
@@ -185,8 +185,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     current = build_lock(doc)
     target = target.probed(current.python.prefix)
     # This is a fresh process: the seeds and flags the capturing process set are reported.
-    cmp = merge(compare(*align(expected, current), strict=args.strict, process_state="report"),
-                report, limit=None if args.all else 10)
+    cmp = compare(*align(expected, current), strict=args.strict, process_state="report")
+    if os_packages_come_from_base():
+        cmp = os_packages_from_base(cmp)
+    cmp = merge(cmp, report, limit=None if args.all else 10)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,

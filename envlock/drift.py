@@ -550,3 +550,23 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     return Comparison(tuple(d for d, p in zip(ordered, flags, strict=True) if not p),
                       tuple(d for d, p in zip(ordered, flags, strict=True) if p), strict=strict)
 
+
+# `envlock run` sets this in an image whose venv was restored onto another base: the image's
+# OS packages are the base's by design (restore does not reinstall a host's apt packages).
+OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
+
+
+def os_packages_from_base(cmp: Comparison) -> Comparison:
+    """OS package differences as info: what the restore's own check inside the image decides,
+    so an in-process ``envlock.verify()`` there agrees with it."""
+    moved = [replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
+             if d.category == "os_packages" else d for d in cmp.differences]
+    return replace(cmp, differences=tuple(sorted(moved, key=lambda d: SEVERITY_RANK[d.severity])))
+
+
+def os_packages_come_from_base() -> bool:
+    """True inside an image `envlock run` started whose OS packages are its base's."""
+    import os
+
+    return os.environ.get(OS_FROM_BASE_ENV) == "base"
+

@@ -302,3 +302,31 @@ def test_markdown_diff_keeps_os_packages_to_one_short_row() -> None:
     rows = [line for line in diff_markdown(compare(old, new), old, new, "a", "b").splitlines() if "os_packages" in line]
     assert len(rows) == 1 and len(rows[0]) < 400
     assert "lib0 1.0, lib1 1.0" in rows[0] and "and 492 more" in rows[0]
+
+
+def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv lock from a host, restored onto the test base: `envlock run` says the image's
+    OS packages are the base's, and in-process verify then judges them as restore's check did."""
+    from envlock.drift import OS_FROM_BASE_ENV, compare, os_packages_come_from_base, os_packages_from_base
+
+    host = make_lock(os_packages={"manager": "dpkg", "packages": ["python3.11:amd64=3.11.2-6+deb12u6",
+                                                                  "libgl1:amd64=1.6.0-1"]})
+    image = make_lock(os_packages={"manager": "dpkg", "packages": ["python3.11:amd64=3.11.2-6"]})
+    strict = compare(host, image)
+    assert not strict.ok and any(d.path.startswith("os_packages") for d in strict.breaking)
+    monkeypatch.delenv(OS_FROM_BASE_ENV, raising=False)
+    assert not os_packages_come_from_base()  # the twin: outside such an image, still breaking
+    monkeypatch.setenv(OS_FROM_BASE_ENV, "base")
+    assert os_packages_come_from_base()
+    relaxed = os_packages_from_base(strict)
+    assert relaxed.ok and relaxed.count("info") >= 2
+    assert all("base image" in (d.message or "") for d in relaxed.differences if d.category == "os_packages")
+
+
+def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: Any) -> None:
+    from envlock.restore.context import Options, plan
+
+    venv_lock = restore_lock()
+    on_base = plan(venv_lock, Options(base="python@sha256:" + "a" * 64))
+    assert not on_base.os_packages_restored

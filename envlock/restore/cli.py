@@ -152,7 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 sys.stderr.write(verify_text(cmp, lock, f"{args.lock} inside {result.tag}"))
                 _say("refusing to run in an image that does not match the lock (--no-verify overrides)")
                 return EXIT_DRIFT
-        return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python)
+        return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
+                            os_packages_restored=result.plan.os_packages_restored)
     finally:
         engine.close()
 

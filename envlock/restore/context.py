@@ -142,6 +142,11 @@ class Plan:
         return True
 
     @property
+    def os_packages_restored(self) -> bool:
+        """False when a venv goes onto another base: the image's OS packages are the base's."""
+        return self.os_install is not None or self.base.origin == "lock"
+
+    @property
     def short_id(self) -> str:
         return self.lock.short_id
 

@@ -163,4 +163,4 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
                         skipped=plan.skipped, from_wheel=plan.from_wheel,
                         base_tooling=plan.base_tooling,
-                        os_packages_restored=plan.os_install is not None or plan.base.origin == "lock")
+                        os_packages_restored=plan.os_packages_restored)

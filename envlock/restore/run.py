@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envlock.drift import OS_FROM_BASE_ENV
 from envlock.errors import EnvlockError, UsageError
 from envlock.model import Lock
 from envlock.restore.context import WORKDIR, numerics_env
@@ -125,14 +126,20 @@ def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None,
 
 
 def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
-                 *, python: str) -> int:
-    """Run the command (or JupyterLab) and return its exit code."""
+                 *, python: str, os_packages_restored: bool = True) -> int:
+    """Run the command (or JupyterLab) and return its exit code.
+
+    ``os_packages_restored=False`` (a venv put onto another base) is passed on to the process,
+    so that ``envlock.verify()`` inside judges the OS packages as the restore's check did.
+    """
     command = list(opts.command)
     # The process state the lock recorded as variables (CUBLAS_WORKSPACE_CONFIG set by
     # deterministic(), ENVLOCK_SEED by seed_everything(), which seed_everything() with no
     # argument reads back); the image itself carries only what was set before start.
     env = numerics_env(lock, process=True)
     env.update({"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"})
+    if not os_packages_restored:
+        env[OS_FROM_BASE_ENV] = "base"
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
     if opts.jupyter:

@@ -81,7 +81,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     their version and files are still compared.
     """
     from envlock.capturing import build_lock
-    from envlock.drift import compare
+    from envlock.drift import compare, os_packages_from_base
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
@@ -101,9 +101,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     if not os_packages_restored:
         # A venv restore puts the venv on another base: its OS packages are the base's, by
         # design, and reported for the reader only.
-        cmp = Comparison(tuple(
-            replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
-            if d.category == "os_packages" else d for d in cmp.differences), cmp.process)
+        cmp = os_packages_from_base(cmp)
     if from_wheel:
         origin = {f"packages.{name}.{key}" for name in from_wheel for key in ("commit", "vcs", "url", "source")}
         cmp = Comparison(tuple(
