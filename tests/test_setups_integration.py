@@ -123,8 +123,12 @@ def packages(path: Path) -> set[str]:
 
 
 def restore_and_run(tool: Path, lock: Path, cwd: Path, base: str, wheels: Path, name: str,
-                    steps: Steps, activate: Path | None = None) -> None:
-    """restore (the probe verifies inside), then `envlock run` imports the changed package."""
+                    steps: Steps, activate: Path | None = None, *, verify_in_process: bool = False) -> None:
+    """restore (the probe verifies inside), then `envlock run` imports the changed package.
+
+    ``verify_in_process``: the lock's environment has envlock itself, so a process in the
+    container can call ``envlock.verify()`` as training code would (the venv went onto another
+    base: OS packages differ by design and must not fail it)."""
     common = [str(lock), "--base", base, "--wheelhouse", str(wheels), "--name", name]
     with steps("restore+verify inside"):
         res = envlock(tool, "restore", *common, cwd=cwd, activate=activate)
@@ -135,6 +139,14 @@ def restore_and_run(tool: Path, lock: Path, cwd: Path, base: str, wheels: Path, 
                       "import six; print('six', six.__version__)", cwd=cwd, activate=activate)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "six 1.17.0" in res.stdout
+    if verify_in_process:
+        code = ("import envlock, json, sys; c = envlock.verify('env.lock'); "
+                "print('in-process verify ok' if c.ok else json.dumps(c.to_dict())); sys.exit(not c.ok)")
+        with steps("envlock.verify() inside"):
+            res = envlock(tool, "run", *common, "--gpus", "none", "--", "python", "-c", code,
+                          cwd=cwd, activate=activate)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "in-process verify ok" in res.stdout
 
 
 def change_and_verify(tool: Path, venv: Path, wheels: Path, cwd: Path, steps: Steps,
@@ -182,7 +194,8 @@ def test_a_project_venv_with_envlock_inside(tmp_path: Path, wheels: Path, base_i
     with steps("capture"):
         assert envlock(venv, "capture", "-o", "env.lock", cwd=project).returncode == 0
     _purge(docker_client, "scenario-a")
-    restore_and_run(venv, project / "env.lock", project, base_image, wheels, "scenario-a", steps)
+    restore_and_run(venv, project / "env.lock", project, base_image, wheels, "scenario-a", steps,
+                    verify_in_process=True)
     steps.print(capsys)
 
 
