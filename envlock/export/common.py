@@ -59,11 +59,12 @@ def pinned_image(lock: Lock, override: str | None) -> str:
 def environment(lock: Lock) -> list[tuple[str, str]]:
     """Variables the job must set: the locked numerics variables and PYTHONHASHSEED."""
     from envlock.restore import values
-    from envlock.restore.context import CUDA_ENV, _env  # the validated set restore uses
+    from envlock.restore.context import numerics_env  # the validated set restore uses
 
-    # CUDA_ENV is for Docker's NVIDIA hook; on a cluster the device plugin or --nv decides
-    # which GPUs a job sees, and NVIDIA_VISIBLE_DEVICES=all would bypass a Kubernetes limit.
-    out = {k: v for k, v in _env(lock) if k not in CUDA_ENV}
+    # Not restore's image ENV: that adds CUDA_ENV for Docker's NVIDIA hook, while on a cluster
+    # the device plugin or --nv decides which GPUs a job sees (NVIDIA_VISIBLE_DEVICES=all would
+    # bypass a Kubernetes limit).
+    out = numerics_env(lock, process=False)
     seed = lock.seeds.python_hash_seed
     if seed is not None:
         out["PYTHONHASHSEED"] = values.env_value(seed, name="PYTHONHASHSEED")
