@@ -308,7 +308,12 @@ def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A venv lock from a host, restored onto the test base: `envlock run` says the image's
     OS packages are the base's, and in-process verify then judges them as restore's check did."""
-    from envlock.drift import OS_FROM_BASE_ENV, compare, os_packages_come_from_base, os_packages_from_base
+    from envlock.drift import (
+        OS_FROM_BASE_ENV,
+        compare,
+        os_packages_come_from_base,
+        os_packages_from_base,
+    )
 
     host = make_lock(os_packages={"manager": "dpkg", "packages": ["python3.11:amd64=3.11.2-6+deb12u6",
                                                                   "libgl1:amd64=1.6.0-1"]})
