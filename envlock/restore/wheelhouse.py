@@ -24,7 +24,6 @@ from pathlib import Path
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
-    canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
@@ -375,7 +374,3 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_manifest, out / MANIFEST)
     return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped))
-
-
-def manifest_names(hashes: Mapping[str, tuple[str, ...]]) -> list[str]:
-    return sorted(canonicalize_name(n) for n in hashes)
