@@ -34,7 +34,7 @@ def safe(value: Any) -> str:
     return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
 
 
-def _dash(value: Any) -> str:
+def dash(value: Any) -> str:
     return "-" if value in (None, "", []) else safe(value)
 
 
@@ -56,7 +56,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
     ]
     if lock.torch:
         t = lock.torch
-        rows.append(("torch", f"{t.version}  CUDA {_dash(t.cuda)}  cuDNN {_dash(t.cudnn)}  NCCL {_dash(t.nccl)}"
+        rows.append(("torch", f"{t.version}  CUDA {dash(t.cuda)}  cuDNN {dash(t.cudnn)}  NCCL {dash(t.nccl)}"
                      + (f"  HIP {t.hip}" if t.hip else "")))
     else:
         rows.append(("torch", "not captured"))
@@ -65,7 +65,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
         for dev in lock.gpu.devices:
             names[dev.name] = names.get(dev.name, 0) + 1
         gpus = ", ".join(f"{n} x {name}" for name, n in names.items())
-        rows.append(("gpu", f"{gpus} (driver {_dash(lock.gpu.driver)}, CUDA driver {_dash(lock.gpu.cuda_driver)})"))
+        rows.append(("gpu", f"{gpus} (driver {dash(lock.gpu.driver)}, CUDA driver {dash(lock.gpu.cuda_driver)})"))
     else:
         rows.append(("gpu", "none"))
     img = lock.image
@@ -90,7 +90,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
                      f"cudnn.deterministic {_flag(d.cudnn_deterministic)}, "
                      f"cudnn.benchmark {_flag(d.cudnn_benchmark)}, "
                      f"tf32 matmul {_flag(d.cuda_matmul_allow_tf32)}, "
-                     f"float32_matmul_precision {_dash(d.float32_matmul_precision)}"))
+                     f"float32_matmul_precision {dash(d.float32_matmul_precision)}"))
     if d.env:
         rows.append(("numerics env", ", ".join(f"{k}={v}" for k, v in d.env.items())))
     s = lock.seeds
@@ -106,7 +106,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
             state.append("dirty")
         if g.untracked:
             state.append(f"{g.untracked} untracked")
-        rows.append(("git", f"{_dash(g.branch)} @ {(g.commit or '-')[:12]}" + (f" ({', '.join(state)})" if state else "")))
+        rows.append(("git", f"{dash(g.branch)} @ {(g.commit or '-')[:12]}" + (f" ({', '.join(state)})" if state else "")))
     if lock.probe.errors:
         rows.append(("not captured", "; ".join(f"{k}: {v}" for k, v in sorted(lock.probe.errors.items()))))
     if lock.envlock.note:
@@ -236,7 +236,7 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
     out += [f"{counts_line(cmp)} ({md_cell(a_name)} → {md_cell(b_name)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
-        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(_dash(d.old))} | {md_cell(_dash(d.new))} |")
+        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(dash(d.old))} | {md_cell(dash(d.new))} |")
     out.append("")
     return "\n".join(out)
 

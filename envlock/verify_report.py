@@ -13,7 +13,7 @@ from typing import Any
 
 from envlock.drift import Comparison, Difference
 from envlock.model import Lock
-from envlock.render import _dash, safe
+from envlock.render import dash, safe
 
 # Beyond this many lines a verify report leads with a summary and lists the first DETAIL_LINES.
 SUMMARY_AFTER = 12
@@ -22,7 +22,7 @@ _HEADLINE = ("python", "torch", "gpu", "image", "packages")
 
 
 def _short(value: Any) -> str:
-    text = _dash(value)
+    text = dash(value)
     return text[:19] + "…" if text.startswith("sha256:") and len(text) > 20 else text
 
 
@@ -50,12 +50,12 @@ def verify_summary(cmp: Comparison, lock: Lock) -> str:
     if "torch" in changed:
         rows.append(("torch", f"{_short(changed['torch'].old)} -> {_short(changed['torch'].new)}"))
     elif not changed:
-        rows.append(("torch", ", ".join(f"{label}{_dash(v)}" for label, _, v in stack) + " (unchanged)"
+        rows.append(("torch", ", ".join(f"{label}{dash(v)}" for label, _, v in stack) + " (unchanged)"
                      if t else "not in the lock"))
     else:
         rows.append(("torch", ", ".join(
             f"{label}{_short(changed[p].old)} -> {_short(changed[p].new)}" if p in changed
-            else f"{label}{_dash(v)}" for label, p, v in stack)))
+            else f"{label}{dash(v)}" for label, p, v in stack)))
     if lock.gpu or cmp.by_category("gpu"):
         rows.append(("driver", _change(cmp, "gpu.driver", lock.gpu.driver if lock.gpu else None)))
     img = lock.image

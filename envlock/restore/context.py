@@ -251,7 +251,7 @@ def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Require
     return None, None  # editable / local: the caller decides
 
 
-def _torch_label(lock: Lock) -> str | None:
+def torch_label(lock: Lock) -> str | None:
     torch = lock.package("torch")
     if torch is None:
         return None
@@ -337,7 +337,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     from_os = set(ospackages.system_dists(lock, os_install, notes))
 
     table = bases().torch
-    label = _torch_label(lock)
+    label = torch_label(lock)
     torch_index = table.index_for(label)
     by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
     skipped: list[str] = []

@@ -329,7 +329,7 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     pins for the lock's platform from ``index_url`` (PyPI by default, plus the PyPI-compatible
     PyTorch index for local labels such as +cu121), or from ``pip_find_links`` with no index.
     """
-    from envlock.restore.context import _torch_label
+    from envlock.restore.context import torch_label
     from envlock.restore.tables import bases
 
     wanted, skipped = _wanted(lock, skip_local)
@@ -342,7 +342,7 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
                 for f in files:
                     shutil.copy2(f, staging / f.name)
         else:
-            torch_index = bases().torch.index_for(_torch_label(lock))
+            torch_index = bases().torch.index_for(torch_label(lock))
             _download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
                       torch_index=torch_index, allow_http=allow_http)
         have = select(staging, wanted)
