@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from envlock import __version__
 from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
@@ -376,7 +376,6 @@ def verify(
     included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
     recorded process state is reported in ``Comparison.process`` instead.
     """
-    from envlock.drift import compare
     from envlock.lockfile import check_seal, load
 
     if isinstance(lock, (str, os.PathLike)):
@@ -390,12 +389,20 @@ def verify(
     doc = capture_doc(python=python, torch=want_torch,
                       canary=expected.canary is not None and want_torch, in_process=in_process,
                       deep=deep)
-    from envlock.deepreport import align, merge
-    from envlock.drift import os_packages_come_from_base, os_packages_from_base
-
     report = doc.pop("deep", None)
-    expected, current = align(expected, build_lock(doc))
-    cmp = compare(expected, current, strict=strict, process_state="compare" if in_process else "report")
+    return judge(expected, build_lock(doc), report, strict=strict,
+                 process_state="compare" if in_process else "report", limit=None)
+
+
+def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,
+          process_state: Literal["compare", "report"], limit: int | None) -> Comparison:
+    """The verdict ``verify()`` and ``envlock verify`` both give: the comparison of the two
+    locks, OS packages judged as restore's check does inside an image `envlock run` started
+    on another base, and the ``--deep`` findings (``report``) merged in."""
+    from envlock.deepreport import align, merge
+    from envlock.drift import compare, os_packages_come_from_base, os_packages_from_base
+
+    cmp = compare(*align(expected, current), strict=strict, process_state=process_state)
     if os_packages_come_from_base():
         cmp = os_packages_from_base(cmp)
-    return merge(cmp, report, limit=None)
+    return merge(cmp, report, limit=limit)

@@ -141,8 +141,8 @@ def _peek(path: str) -> set[str] | None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, probe_args
-    from envlock.deepreport import Progress, align, merge, summary, torch_facts_line
+    from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, judge, probe_args
+    from envlock.deepreport import Progress, summary, torch_facts_line
     from envlock.target import choose, recorded_prefix_hint
 
     target = choose(args.python)
@@ -161,7 +161,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
                             probe_args(torch=want_torch, canary="canary" in raw and want_torch, **extra),
                             on_stderr=on_stderr)
     import_heavy_modules()
-    from envlock.drift import compare, os_packages_come_from_base, os_packages_from_base
     from envlock.lockfile import load
     from envlock.render import comparison_json, verify_text
 
@@ -185,10 +184,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     current = build_lock(doc)
     target = target.probed(current.python.prefix)
     # This is a fresh process: the seeds and flags the capturing process set are reported.
-    cmp = compare(*align(expected, current), strict=args.strict, process_state="report")
-    if os_packages_come_from_base():
-        cmp = os_packages_from_base(cmp)
-    cmp = merge(cmp, report, limit=None if args.all else 10)
+    cmp = judge(expected, current, report, strict=args.strict, process_state="report",
+                limit=None if args.all else 10)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
