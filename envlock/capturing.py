@@ -43,6 +43,8 @@ MAX_PROBE_OUTPUT = 64 << 20
 _STDERR_KEEP = 64 << 10
 # After the probe exits, how long its leftover children may keep the pipes open.
 _EXIT_GRACE = 1.0
+# Where an environment directory keeps its interpreter (POSIX venv or conda, then Windows).
+PREFIX_INTERPRETERS = ("bin/python", "bin/python3", "Scripts/python.exe")
 
 
 def resolve_python(python: str) -> str:
@@ -57,7 +59,7 @@ def resolve_python(python: str) -> str:
     is_path = os.sep in expanded or (os.altsep is not None and os.altsep in expanded)
     if candidate.is_dir() and (is_path or not shutil.which(python)):
         # `--python .venv` is what people type; accept the environment directory.
-        for sub in ("bin/python", "bin/python3", "Scripts/python.exe"):
+        for sub in PREFIX_INTERPRETERS:
             if (candidate / sub).exists():
                 return str(candidate / sub)
         raise InterpreterNotFound(f"{python} is a directory without bin/python")

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from envlock.capturing import resolve_python
+from envlock.capturing import PREFIX_INTERPRETERS, resolve_python
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
@@ -70,7 +70,7 @@ def display_path(path: str, cwd: Path | None = None) -> str:
 
 
 def _interpreter(prefix: Path) -> str | None:
-    for sub in ("bin/python", "bin/python3", "Scripts/python.exe"):
+    for sub in PREFIX_INTERPRETERS:
         candidate = prefix / sub
         if candidate.exists() and os.access(candidate, os.X_OK):
             return str(candidate)
