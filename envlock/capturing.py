@@ -1,7 +1,7 @@
 """Run the probe and turn its JSON into a ``Lock``.
 
 From the command line the probe runs in a subprocess started *first*, so that importing torch
-there (the bulk of a capture) overlaps with envlock importing pydantic and tomlkit here. From a
+there (the bulk of a capture) overlaps with envlock importing pydantic and the models here. From a
 training script (``envlock.capture()``) it runs in-process, because seeds and determinism
 flags are live state that only that process knows.
 """

@@ -54,7 +54,7 @@ def _say_link(path: Path) -> None:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     # Nothing heavy is imported before capture(): it starts the probe first and imports
-    # pydantic and tomlkit while the probe imports torch.
+    # pydantic and the models while the probe imports torch.
     from envlock.capturing import capture
 
     if args.in_image:
