@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envlock.export.artifacts import Sources
 
 FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
 NEEDS_ARTIFACTS = ("pylock", "requirements")
 
 
-def _sources(args: argparse.Namespace) -> object:
+def _sources(args: argparse.Namespace) -> Sources:
     from packaging.utils import canonicalize_name
 
     from envlock.export.artifacts import Sources
@@ -32,11 +36,9 @@ def render(args: argparse.Namespace) -> str:
     lock = load(args.lock)
     out_dir = Path(args.output).resolve().parent if args.output not in (None, "-") else None
     if args.to in NEEDS_ARTIFACTS:
-        from envlock.export.artifacts import Sources, main_index, resolve_lock
+        from envlock.export.artifacts import main_index, resolve_lock
 
-        sources = _sources(args)
-        assert isinstance(sources, Sources)
-        resolved = resolve_lock(lock, sources, relative_to=out_dir if args.to == "pylock" else None)
+        resolved = resolve_lock(lock, _sources(args), relative_to=out_dir if args.to == "pylock" else None)
         if args.to == "pylock":
             from envlock.export import pylock
 
@@ -51,11 +53,9 @@ def render(args: argparse.Namespace) -> str:
 
         hashed = None
         if args.hashes:
-            from envlock.export.artifacts import Sources, resolve_lock
+            from envlock.export.artifacts import resolve_lock
 
-            sources = _sources(args)
-            assert isinstance(sources, Sources)
-            hashed = resolve_lock(lock, sources)
+            hashed = resolve_lock(lock, _sources(args))
         return cyclonedx.render(lock, hashed)
     from envlock.export import common
 
