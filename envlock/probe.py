@@ -1330,6 +1330,11 @@ def _nvml_words(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+def nvml_timeout_from_env() -> float:
+    """Seconds the NVML watchdog waits: ``$ENVLOCK_NVML_TIMEOUT``, else the default."""
+    return float(os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT))
+
+
 def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """NVML in a watchdog thread (a wedged driver must not hang capture), then torch.cuda."""
     box: Dict[str, Any] = {}
@@ -1651,8 +1656,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc: Dict[str, Any] = {}
     git_timeout = git_timeout if git_timeout is not None else float(
         os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
-    nvml_timeout = nvml_timeout if nvml_timeout is not None else float(
-        os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT))
+    nvml_timeout = nvml_timeout if nvml_timeout is not None else nvml_timeout_from_env()
     git_job = _GitJob(cwd or os.getcwd(), git_timeout, git_exclude)
 
     def guard(section: str, fn: Callable[[], Any]) -> Any:

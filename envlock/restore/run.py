@@ -85,9 +85,9 @@ def host_driver() -> str | None:
             return m.group(1)
     except OSError:
         pass
-    from envlock.probe import DEFAULT_NVML_TIMEOUT, collect_gpu
+    from envlock.probe import collect_gpu, nvml_timeout_from_env
 
-    info, _ = collect_gpu(None, float(os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT)))
+    info, _ = collect_gpu(None, nvml_timeout_from_env())
     if info and info.get("driver"):
         return str(info["driver"])
     try:
