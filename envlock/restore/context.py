@@ -39,7 +39,6 @@ BUILD_STAGE = "envlock-build"
 DEFAULT_UID = 1000
 IMAGE_USER = "user"
 WORKDIR = "/workspace"
-LABEL_PREFIX = "org.envlock."
 LABEL_FINGERPRINT = "org.envlock.fingerprint"
 LABEL_SCHEMA = "org.envlock.schema-version"
 LABEL_SHORT_ID = "org.envlock.short-id"

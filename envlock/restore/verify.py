@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from envlock.model import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
-PROBE_TIMEOUT_NOTE = "the probe imports torch when the lock has it; that can take a while"
 
 
 def probe_files() -> dict[str, bytes]:
