@@ -91,6 +91,17 @@ def uv_binary() -> str:
     return found
 
 
+def uv_venv(venv: Path) -> None:
+    """A venv made by uv (no pip in it) from the base image's python3 version."""
+    subprocess.run([uv_binary(), "venv", "-q", "--python", debian_python(), str(venv)], check=True, timeout=120)
+
+
+def uv_install(venv: Path, wheelhouse: Path, *specs: str, timeout: float = 300) -> None:
+    """``uv pip install`` into ``venv``, offline, from the test wheelhouse only."""
+    subprocess.run([uv_binary(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--offline",
+                    "--no-index", "--find-links", str(wheelhouse), *specs], check=True, timeout=timeout)
+
+
 def debian_python() -> str:
     """The interpreter the scenario venvs are made from: the base image's own python3 version.
 

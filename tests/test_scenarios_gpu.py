@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from scenario_steps import Steps, build_nvml_standin, debian_python, envlock, ok, uv_binary
+from scenario_steps import Steps, build_nvml_standin, envlock, ok, uv_install, uv_venv
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +54,9 @@ def test_g_simulated_gpu_host(tmp_path: Path, standin: Path, base_image: str, wh
                               capsys: pytest.CaptureFixture[str]) -> None:
     steps = Steps("g GPU host (stand-in NVML)", capsys)
     venv = tmp_path / ".venv"
-    uv = uv_binary()
     with steps.step("setup"):
-        subprocess.run([uv, "venv", "-q", "--python", debian_python(), str(venv)], check=True, timeout=120)
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--offline",
-                        "--no-index", "--find-links", str(wheelhouse), "six==1.16.0"], check=True, timeout=300)
+        uv_venv(venv)
+        uv_install(venv, wheelhouse, "six==1.16.0")
         # The ctypes path is the one under test: nvidia-ml-py must not be importable there.
         res = subprocess.run([str(venv / "bin" / "python"), "-c", "import pynvml"], capture_output=True,
                              check=False, timeout=60)
@@ -98,8 +96,7 @@ def test_g_simulated_gpu_host(tmp_path: Path, standin: Path, base_image: str, wh
         assert error == "NVML unavailable: nvmlInit: Driver Not Loaded (NVML error 9)"
     with steps.step("nvidia-ml-py path"):
         # Where nvidia-ml-py is installed (the `gpu` extra) the probe uses it: same facts, same words.
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--offline",
-                        "--no-index", "--find-links", str(wheelhouse), "nvidia-ml-py"], check=True, timeout=300)
+        uv_install(venv, wheelhouse, "nvidia-ml-py")
         with_pynvml = tmp_path / "pynvml.lock"
         ok(envlock("capture", "--python", str(venv), "-o", str(with_pynvml), cwd=tmp_path, env=gpu))
         assert tomllib.loads(with_pynvml.read_text())["gpu"] == EXPECTED_GPU

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import tomllib
-from scenario_steps import Steps, artifacts_dir, debian_python, envlock, ok, uv_binary
+from scenario_steps import Steps, artifacts_dir, envlock, ok, uv_binary, uv_install, uv_venv
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -137,10 +137,8 @@ def test_h_notebook_in_a_restored_environment(tmp_path: Path, base_image: str, w
     venv = tmp_path / ".venv"
     uv = uv_binary()
     with steps.step("setup"):
-        subprocess.run([uv, "venv", "-q", "--python", debian_python(), str(venv)], check=True, timeout=120)
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--offline",
-                        "--no-index", "--find-links", str(wheelhouse), "torch==2.13.0+cpu", "jupyterlab==4.6.6"],
-                       check=True, timeout=900)
+        uv_venv(venv)
+        uv_install(venv, wheelhouse, "torch==2.13.0+cpu", "jupyterlab==4.6.6", timeout=900)
     lock = tmp_path / "env.lock"
     with steps.step("capture"):
         ok(envlock("capture", "--python", str(venv), "-o", str(lock), cwd=tmp_path))

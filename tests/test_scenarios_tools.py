@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from scenario_steps import Steps, debian_python, envlock, ok, restore_verify_run, uv_binary
+from scenario_steps import (
+    Steps,
+    debian_python,
+    envlock,
+    ok,
+    restore_verify_run,
+    uv_install,
+    uv_venv,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +40,10 @@ def _packages(lock: Path) -> dict[str, dict[str, object]]:
 def test_c_uv_venv(tmp_path: Path, base_image: str, wheelhouse: Path,
                    capsys: pytest.CaptureFixture[str]) -> None:
     steps = Steps("c uv venv", capsys)
-    uv = uv_binary()
     venv = tmp_path / "proj" / ".venv"
-    offline = ["--offline", "--no-index", "--find-links", str(wheelhouse)]
     with steps.step("setup"):
-        _run(uv, "venv", "-q", "--python", debian_python(), str(venv))
-        _run(uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *offline, *SMALL)
+        uv_venv(venv)
+        uv_install(venv, wheelhouse, *SMALL)
         # uv makes venvs without pip; the lock must not need it either.
         assert not list((venv / "lib").glob("python3*/site-packages/pip"))
     lock = tmp_path / "env.lock"
@@ -53,7 +59,7 @@ def test_c_uv_venv(tmp_path: Path, base_image: str, wheelhouse: Path,
         assert "OK: the environment matches the lock" in ok(
             envlock("verify", str(lock), "--python", str(venv), cwd=tmp_path))
     with steps.step("change + verify"):
-        _run(uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *offline, "six==1.17.0")
+        uv_install(venv, wheelhouse, "six==1.17.0")
         out = ok(envlock("verify", str(lock), "--python", str(venv), cwd=tmp_path), 1)
         assert "six 1.16.0 -> 1.17.0" in out
     restore_verify_run(steps, lock, base=base_image, wheelhouse=wheelhouse, name="scenario-c",
