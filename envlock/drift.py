@@ -22,8 +22,9 @@ second, so ``compare(..., process_state="report")`` moves those differences to
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -556,17 +557,21 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
 OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
 
 
+def as_info(cmp: Comparison, matches: Callable[[Difference], bool], why: str) -> Comparison:
+    """``cmp`` with the differences ``matches`` picks reported as info, ``why`` appended: a
+    difference expected by construction (e.g. inside a restored image) is told, not counted."""
+    moved = [replace(d, severity="info", message=f"{d.describe()} ({why})") if matches(d) else d
+             for d in cmp.differences]
+    return replace(cmp, differences=tuple(sorted(moved, key=lambda d: SEVERITY_RANK[d.severity])))
+
+
 def os_packages_from_base(cmp: Comparison) -> Comparison:
     """OS package differences as info: what the restore's own check inside the image decides,
     so an in-process ``envlock.verify()`` there agrees with it."""
-    moved = [replace(d, severity="info", message=f"{d.describe()} (OS packages come from the base image)")
-             if d.category == "os_packages" else d for d in cmp.differences]
-    return replace(cmp, differences=tuple(sorted(moved, key=lambda d: SEVERITY_RANK[d.severity])))
+    return as_info(cmp, lambda d: d.category == "os_packages", "OS packages come from the base image")
 
 
 def os_packages_come_from_base() -> bool:
     """True inside an image `envlock run` started whose OS packages are its base's."""
-    import os
-
     return os.environ.get(OS_FROM_BASE_ENV) == "base"
 

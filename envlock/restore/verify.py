@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
-from envlock.drift import Comparison
+from envlock.drift import Comparison, as_info
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
@@ -96,19 +96,17 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     cmp = compare(lock, inside, expected_image_change=True, process_state="report")
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
-        cmp = Comparison(tuple(d for d in cmp.differences if d.path not in gone), cmp.process)
+        cmp = replace(cmp, differences=tuple(d for d in cmp.differences if d.path not in gone))
     if not os_packages_restored:
         # A venv restore puts the venv on another base: its OS packages are the base's, by
         # design, and reported for the reader only.
         cmp = os_packages_from_base(cmp)
     if from_wheel:
         origin = {f"packages.{name}.{key}" for name in from_wheel for key in ("commit", "vcs", "url", "source")}
-        cmp = Comparison(tuple(
-            replace(d, severity="info", message=f"{d.describe()} (restored from a wheel of "
-                    "the same version: the vcs source is out of reach offline)")
-            if d.path in origin else d for d in cmp.differences), cmp.process)
+        cmp = as_info(cmp, lambda d: d.path in origin,
+                      "restored from a wheel of the same version: the vcs source is out of reach offline")
     cmp = base_tooling_info(cmp, base_tooling)
-    return inside, Comparison(tuple(_restore_severity(d) for d in cmp.differences), cmp.process)
+    return inside, replace(cmp, differences=tuple(_restore_severity(d) for d in cmp.differences))
 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
@@ -123,9 +121,8 @@ def base_tooling_info(cmp: Comparison, base_tooling: Sequence[str]) -> Compariso
     kept = {f"packages.{name}" for name in base_tooling if name in _TOOLING}
     if not kept:
         return cmp
-    return Comparison(tuple(
-        replace(d, severity="info", message=f"{d.describe()} (the base image's own: no wheel offline)")
-        if ".".join(d.path.split(".")[:2]) in kept else d for d in cmp.differences), cmp.process)
+    return as_info(cmp, lambda d: ".".join(d.path.split(".")[:2]) in kept,
+                   "the base image's own: no wheel offline")
 
 
 def _restore_severity(d: Difference) -> Difference:
