@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import RankMismatch, UsageError
 
 if TYPE_CHECKING:
     from envlock.drift import Difference
@@ -37,10 +37,6 @@ class RankReport:
     rank: int
     host: str
     differences: tuple[Difference, ...]
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(d.path for d in self.differences)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host,
@@ -76,16 +72,6 @@ class CheckResult:
         return {"ok": self.ok, "world_size": self.world_size, "reference": self.reference,
                 "hosts": list(self.hosts), "fingerprints": list(self.fingerprints),
                 "mismatches": [m.to_dict() for m in self.mismatches]}
-
-
-class RankMismatch(EnvlockError):
-    """Raised on every rank by ``check(raise_on_mismatch=True)``; ``result`` has the report."""
-
-    exit_code = 1
-
-    def __init__(self, result: CheckResult) -> None:
-        super().__init__(result.describe())
-        self.result = result
 
 
 def _canary(torch: Any, label_cuda: bool) -> dict[str, Any]:

@@ -7,6 +7,14 @@ environment around envlock (no engine, interpreter missing, build failed).
 
 from __future__ import annotations
 
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+# The typing module costs milliseconds at import, and this module is on every path; mypy
+# treats any name TYPE_CHECKING as the typing constant.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from envlock.distributed import CheckResult
+
 
 class EnvlockError(Exception):
     """Base class: a failure with a one-line, user-facing message."""
@@ -88,3 +96,14 @@ class NotRestorable(EnvlockError):
     """The lock names something that cannot be rebuilt (editable or local sources)."""
 
     exit_code = 3
+
+
+class RankMismatch(EnvlockError):
+    """Raised on every rank by ``distributed.check(raise_on_mismatch=True)``; ``result`` has
+    the report. Exit code 1, like any drift: the ranks run different stacks."""
+
+    exit_code = EXIT_DRIFT
+
+    def __init__(self, result: CheckResult) -> None:
+        super().__init__(result.describe())
+        self.result = result

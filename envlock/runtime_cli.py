@@ -11,11 +11,11 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from envlock.errors import EXIT_DRIFT, EXIT_OK, LockInvalid, TorchMissing
+
 if TYPE_CHECKING:
     from envlock.drift import Comparison
     from envlock.model import Canary
-
-EXIT_OK, EXIT_DRIFT = 0, 1
 
 
 def _text(canary: Canary) -> str:
@@ -48,8 +48,6 @@ def _check_text(cmp: Comparison, name: str) -> str:
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
-    from envlock.errors import LockInvalid, TorchMissing
-
     expected = None
     if args.against:  # read the lock before the (slow) canary, so a bad path fails at once
         from envlock.lockfile import load

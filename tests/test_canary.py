@@ -21,10 +21,11 @@ from envlock.capturing import capture, verify
 from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
+from envlock.runtime import knobs
 
 torch = pytest.importorskip("torch")
 
-CANARY_PATH = Path(runtime.__file__).with_name("kernels.py")
+CANARY_PATH = Path(probe.__file__).with_name("kernels.py")  # shipped beside the probe
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
            ("matmul_large", "bfloat16"), ("conv2d", "float32"), ("conv2d", "bfloat16"),
            ("softmax", "float32"), ("layer_norm", "float32"), ("sum", "float32"),
@@ -35,7 +36,7 @@ KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloa
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """Knobs, variables and RNG put back after the test; an empty cwd so captures skip git."""
     env = dict(os.environ)
-    flags = runtime._read_state(torch)
+    flags = knobs.read_state(torch)
     rng = torch.get_rng_state()
     mkldnn = torch.backends.mkldnn.enabled
     monkeypatch.chdir(tmp_path)
@@ -45,7 +46,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
         os.environ.clear()
         os.environ.update(env)
         torch.backends.mkldnn.enabled = mkldnn
-        assert not runtime._write_state(torch, flags)
+        assert not knobs.write_state(torch, flags)
         torch.set_rng_state(rng)
 
 
@@ -73,10 +74,10 @@ def test_canary_covers_every_kernel_on_cpu_and_is_bit_identical_across_runs() ->
 
 def test_canary_leaves_the_process_as_it_found_it() -> None:
     rng = torch.get_rng_state()
-    flags = runtime._read_state(torch)
+    flags = knobs.read_state(torch)
     runtime.canary(["cpu"])
     assert torch.equal(torch.get_rng_state(), rng)
-    assert runtime._read_state(torch) == flags
+    assert knobs.read_state(torch) == flags
 
 
 def test_a_device_that_fails_is_reported_not_fatal() -> None:

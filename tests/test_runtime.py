@@ -23,7 +23,7 @@ from envlock.capturing import capture, verify
 from envlock.errors import UsageError
 from envlock.lockfile import seal
 from envlock.model import Lock
-from envlock.runtime import ReproducibilityWarning
+from envlock.runtime import ReproducibilityWarning, knobs, seeds
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -34,7 +34,7 @@ def _restore_process(env: dict[str, str], flags: dict[str, Any], rng: Any, py_rn
                      np_rng: Any) -> None:
     os.environ.clear()
     os.environ.update(env)
-    failures = runtime._write_state(torch, flags)
+    failures = knobs.write_state(torch, flags)
     assert not failures, failures
     torch.set_rng_state(rng)
     random.setstate(py_rng)
@@ -48,9 +48,9 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     Also moves to an empty directory, so captures skip git and two captures compare cleanly.
     """
     env = dict(os.environ)
-    flags = runtime._read_state(torch)
+    flags = knobs.read_state(torch)
     state = (torch.get_rng_state(), random.getstate(), np.random.get_state())
-    monkeypatch.setattr(runtime, "_hash_seed_warned", False)
+    monkeypatch.setattr(seeds, "_hash_seed_warned", False)
     monkeypatch.chdir(tmp_path)
     for name in ("ENVLOCK_SEED", "ENVLOCK_SEED_WORKERS", "_ENVLOCK_LATE", "CUBLAS_WORKSPACE_CONFIG",
                  "PYTHONHASHSEED", "RANK"):
@@ -104,7 +104,7 @@ def test_pythonhashseed_mismatch_warns_once(isolated: Path) -> None:
     with pytest.warns(ReproducibilityWarning, match="PYTHONHASHSEED is not set, not 5"):
         envlock.seed_everything(5)
     envlock.seed_everything(6)  # filterwarnings=error: a second warning would fail here
-    runtime._hash_seed_warned = False
+    seeds._hash_seed_warned = False
     os.environ["PYTHONHASHSEED"] = "6"
     envlock.seed_everything(6)  # matches: no warning
 
@@ -257,7 +257,7 @@ if hasattr(torch.backends, "fp32_precision"):
     lambda names: st.tuples(*[st.tuples(st.just(n), _PUBLIC_SETTERS[n][0]) for n in names])))
 def test_deterministic_then_restore_round_trips_any_reachable_state(
         isolated: Path, steps: tuple[tuple[str, Any], ...]) -> None:
-    flags = runtime._read_state(torch)
+    flags = knobs.read_state(torch)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own notes about the legacy TF32 API
@@ -276,7 +276,7 @@ def test_deterministic_then_restore_round_trips_any_reachable_state(
         # hidden value; restore leaves it consistent (readable) instead. Nothing else appears.
         assert set(after) - set(before) <= _LEGACY_TF32
     finally:
-        assert not runtime._write_state(torch, flags)
+        assert not knobs.write_state(torch, flags)
 
 
 # -- apply(lock) -------------------------------------------------------------------------------
@@ -399,7 +399,7 @@ def test_apply_reproduces_a_recorded_flag_state_from_any_other(
         isolated: Path, recorded: tuple[tuple[str, Any], ...], current: tuple[tuple[str, Any], ...]) -> None:
     from hypothesis import assume
 
-    flags = runtime._read_state(torch)
+    flags = knobs.read_state(torch)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -409,7 +409,7 @@ def test_apply_reproduces_a_recorded_flag_state_from_any_other(
             # A mixed legacy/new TF32 state hides the legacy cuDNN flag from every reader, the
             # probe included, so such a state cannot be recorded completely, nor replayed.
             assume("cudnn_allow_tf32" in wanted and "float32_matmul_precision" in wanted)
-            assert not runtime._write_state(torch, flags)
+            assert not knobs.write_state(torch, flags)
             for name, value in current:
                 _PUBLIC_SETTERS[name][1](value)
         lock = Lock.model_validate({**_base_lock().model_dump(), "determinism": wanted})
@@ -417,7 +417,7 @@ def test_apply_reproduces_a_recorded_flag_state_from_any_other(
         assert result.ok, result.describe()
         assert _live() == wanted
     finally:
-        assert not runtime._write_state(torch, flags)
+        assert not knobs.write_state(torch, flags)
 
 
 @functools.cache

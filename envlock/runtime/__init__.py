@@ -1,0 +1,54 @@
+"""The in-process API for training code: seeds, determinism flags, ``apply(lock)``, the canary.
+
+Only the training process knows its live seeds and flags, so this is where they are set and
+where ``envlock.capture()`` reads them back (through the probe, which reads the live values
+rather than trusting anything recorded here). Three rules shape the package:
+
+* **Never pretend.** A knob that cannot take effect any more is reported, not recorded as in
+  effect (``replay``, ``determinism``).
+* **Read back what was written.** Every flag write is verified by reading the live value
+  (``knobs``).
+* **TF32 is two APIs in torch >= 2.9**, coupled; the knob table's order keeps them consistent
+  (``knobs``).
+
+One module per concern, each importing only the siblings before it, never this facade:
+``common`` (lazy torch/numpy, the exported variables, the warning) <- ``seeds``, ``knobs`` <-
+``determinism``, ``replay`` (``apply``); ``numeric`` runs the canary. torch and numpy are imported lazily:
+envlock itself does not need either.
+"""
+
+from __future__ import annotations
+
+from envlock.runtime.common import CUBLAS_DETERMINISTIC as CUBLAS_DETERMINISTIC
+from envlock.runtime.common import CUBLAS_ENV as CUBLAS_ENV
+from envlock.runtime.common import LATE_ENV as LATE_ENV
+from envlock.runtime.common import MAX_SEED as MAX_SEED
+from envlock.runtime.common import SEED_ENV as SEED_ENV
+from envlock.runtime.common import WORKERS_ENV as WORKERS_ENV
+from envlock.runtime.common import ReproducibilityWarning
+from envlock.runtime.determinism import Deterministic, deterministic
+from envlock.runtime.determinism import Mode as Mode
+from envlock.runtime.numeric import canary
+from envlock.runtime.numeric import canary_module as canary_module
+from envlock.runtime.replay import ApplyResult, Change, NotApplied, apply
+from envlock.runtime.seeds import (
+    dataloader_generator,
+    derive_seed,
+    seed_everything,
+    worker_init_fn,
+)
+
+__all__ = [
+    "ApplyResult",
+    "Change",
+    "Deterministic",
+    "NotApplied",
+    "ReproducibilityWarning",
+    "apply",
+    "canary",
+    "dataloader_generator",
+    "derive_seed",
+    "deterministic",
+    "seed_everything",
+    "worker_init_fn",
+]
