@@ -4,7 +4,7 @@ The core never prints or exits; it raises an ``EnvlockError`` subclass, and the 
 one-line ``message`` (and ``hint``) and returns its ``exit_code``. The codes are the contract
 scripts and CI jobs rely on, documented in the README:
 
-    0  ok / no drift               1  drift or differences found
+    0  ok / no drift               1  drift or differences found (raised: distributed.RankMismatch)
     2  the input is wrong: usage, an invalid, tampered or unsafe lock (the user fixes the input)
     3  the environment around envlock is wrong: no engine, interpreter or torch, a failed probe
        or build, an unreachable index (the same input can succeed elsewhere)
