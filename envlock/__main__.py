@@ -1,3 +1,3 @@
-from envlock.cli import main
+from envlock.cli import console_main
 
-raise SystemExit(main())
+console_main()

@@ -6,6 +6,7 @@ stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see
     0  ok / no drift          1  drift or differences found
     2  usage error, invalid or tampered lock
     3  environment problem (no container engine, interpreter not found, build failed)
+    130  interrupted
 
 Commands other than the core ones live in their own modules and register themselves through
 ``register(subparsers)`` (see ``EXTENSIONS``); everything heavy is imported inside handlers,
@@ -21,12 +22,11 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from envlock import __version__
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvlockError
 
-EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
 
@@ -77,44 +77,27 @@ def cmd_capture(args: argparse.Namespace) -> int:
         locked = f"locked {target.probed(lock.python.prefix).describe()}"
     from envlock.lockfile import dumps, save
 
-    if args.output == "-":
-        if args.json:
-            # The one document on stdout is the lock, as JSON: nothing is written to disk.
-            from envlock.render import show_json
+    if args.output != "-":
+        path = save(lock, args.output, force=args.force, reseal=False)
+        _say_link(path)
+        if not args.json:
+            from envlock.render import capture_summary
 
-            _out(show_json(lock))
-        else:
-            _out(dumps(lock))
-        if locked:
-            _err(f"envlock: {locked}\n")
-        return EXIT_OK
-    path = save(lock, args.output, force=args.force, reseal=False)
-    _say_link(path)
+            summary, notes = capture_summary(lock, str(path), locked, verbose=args.verbose)
+            _out(summary)
+            if notes:
+                _err(notes)
+            return EXIT_OK
+    # The one document on stdout is the lock: as JSON with --json, which with -o - is all that
+    # is written (nothing goes to disk).
     if args.json:
         from envlock.render import show_json
 
         _out(show_json(lock))
-        if locked:
-            _err(f"envlock: {locked}\n")
-        return EXIT_OK
-    t = lock.torch
-    torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
-                  else "torch not captured")
-    gpu = lock.gpu
-    gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
-    _out(
-        f"wrote {path}  id {lock.short_id}\n"
-        + (f"  {locked}\n" if locked else "")
-        + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, {gpu_part}, "
-        f"{len(lock.packages)} package{'' if len(lock.packages) == 1 else 's'}\n"
-    )
-    changed = [p.name for p in lock.packages if p.files_changed]
-    if changed:
-        _err(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
-             f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): see files_changed\n")
-    for section, reason in sorted(lock.probe.errors.items()):
-        if section not in ("torch", "gpu", "git") or args.verbose:
-            _err(f"  note: {section} not captured: {reason}\n")
+    else:
+        _out(dumps(lock))
+    if locked:
+        _err(f"envlock: {locked}\n")
     return EXIT_OK
 
 
@@ -338,31 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schema)
 
     for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
-        register = module.register
-        register(sub)
+        # These ship with envlock: a missing one is a broken install, reported, never skipped.
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
-    if argv is None:
-        # Run as a program: everything is written and every container removed by now, so skip
-        # the interpreter's teardown of pydantic and friends (~30 ms per command).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    """Run one command (``argv`` None: ``sys.argv[1:]``) and return its exit code.
 
-
-def _main(argv: list[str] | None) -> int:
+    Never exits, so tests and other programs call it in-process; argparse's own exits (usage
+    errors 2, ``--help`` 0) become return values too.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
@@ -375,7 +349,7 @@ def _main(argv: list[str] | None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         _err("envlock: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:
@@ -386,4 +360,15 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_ENV
 
 
-__all__ = ["EXIT_DRIFT", "EXIT_ENV", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+def console_main() -> NoReturn:
+    """The ``envlock`` program (console script, ``python -m envlock``): ``main``, then exit
+    without the interpreter's teardown. Everything is written and every container removed by
+    then, and tearing down pydantic and friends costs ~30 ms per command; atexit handlers
+    registered while the command ran are skipped with it (envlock registers none)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+__all__ = ["build_parser", "console_main", "main"]

@@ -1,8 +1,16 @@
 """One exception hierarchy, so the CLI can map every failure to a documented exit code.
 
-The core never prints or exits; it raises one of these. ``exit_code`` is the CLI contract:
-2 for anything wrong with the input (usage, invalid or tampered lock), 3 for a problem of the
-environment around envlock (no engine, interpreter missing, build failed).
+The core never prints or exits; it raises an ``EnvlockError`` subclass, and the CLI prints its
+one-line ``message`` (and ``hint``) and returns its ``exit_code``. The codes are the contract
+scripts and CI jobs rely on, documented in the README:
+
+    0  ok / no drift               1  drift or differences found (raised: distributed.RankMismatch)
+    2  the input is wrong: usage, an invalid, tampered or unsafe lock (the user fixes the input)
+    3  the environment around envlock is wrong: no engine, interpreter or torch, a failed probe
+       or build, an unreachable index (the same input can succeed elsewhere)
+    130  interrupted (Ctrl-C), as shells report SIGINT
+
+Every exception envlock raises for a user to read lives here, so the mapping is seen whole.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ if TYPE_CHECKING:
 
 
 class EnvlockError(Exception):
-    """Base class: a failure with a one-line, user-facing message."""
+    """Base class: a failure with a one-line, user-facing message. Exit code 3 unless a
+    subclass says otherwise: a failure nobody classified is more likely the environment's."""
 
-    exit_code: int = 3
+    exit_code: int = EXIT_ENV
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -30,52 +39,80 @@ class EnvlockError(Exception):
         return self.message
 
 
-class UsageError(EnvlockError):
-    """The command line or API call itself is wrong."""
+# -- 2: the input is wrong ---------------------------------------------------------------------
 
-    exit_code = 2
+
+class UsageError(EnvlockError):
+    """The command line or API call itself is wrong (2): rerunning it unchanged cannot help."""
+
+    exit_code = EXIT_USAGE
 
 
 class LockInvalid(EnvlockError):
-    """The lock cannot be read or does not match the schema."""
+    """The lock cannot be read or does not match the schema (2): the file is the problem."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class LockTampered(LockInvalid):
-    """The lock parses, but its fingerprint does not match its content (edited after capture)."""
+    """The lock parses, but its fingerprint does not match its content (edited after capture):
+    2, like any invalid lock, since `envlock fmt` after a deliberate edit fixes it."""
 
 
 class UnsafeValue(LockInvalid):
-    """A value in the lock would reach a Dockerfile or shell and is not provably inert."""
+    """A value in the lock would reach a Dockerfile or shell and is not provably inert (2)."""
+
+
+# -- 3: the environment is wrong ---------------------------------------------------------------
 
 
 class ProbeFailed(EnvlockError):
-    """The probe could not run or did not return a JSON document."""
+    """The probe could not run or did not return a JSON document (3)."""
 
-    exit_code = 3
+    exit_code = EXIT_ENV
 
 
 class InterpreterNotFound(ProbeFailed):
-    """``--python`` names something that is not a runnable interpreter."""
+    """``--python`` names something that is not a runnable interpreter (3, like the probe
+    failing: the path may well be right on another machine)."""
 
 
 class TorchMissing(EnvlockError):
-    """The command needs torch, and the environment has none: an environment problem."""
+    """The command needs torch, and the environment has none (3)."""
 
-    exit_code = 3
+    exit_code = EXIT_ENV
+
+
+class MissingExtra(EnvlockError):
+    """An optional library a format needs (cyclonedx-python-lib) is not installed (3): one
+    ``pip install`` next to envlock fixes it, the lock and options are fine."""
+
+    exit_code = EXIT_ENV
+
+
+class IndexUnavailable(EnvlockError):
+    """The package index could not be reached or answered nonsense (3)."""
+
+    exit_code = EXIT_ENV
+
+
+class ArtifactsMissing(EnvlockError):
+    """Some package's file is on no index, or not in the wheelhouse (3): the lock is valid,
+    the places searched lack the file."""
+
+    exit_code = EXIT_ENV
 
 
 class EngineUnavailable(EnvlockError):
-    """No container engine is reachable."""
+    """No container engine is reachable (3)."""
 
-    exit_code = 3
+    exit_code = EXIT_ENV
 
 
 class BuildFailed(EnvlockError):
-    """The image build failed; ``step`` and ``log_tail`` say where."""
+    """The image build failed (3); ``step`` and ``log_tail`` say where."""
 
-    exit_code = 3
+    exit_code = EXIT_ENV
 
     def __init__(
         self,
@@ -93,9 +130,10 @@ class BuildFailed(EnvlockError):
 
 
 class NotRestorable(EnvlockError):
-    """The lock names something that cannot be rebuilt (editable or local sources)."""
+    """The lock names something that cannot be rebuilt (editable or local sources): 3, the lock
+    is valid and records faithfully what this environment cannot provide."""
 
-    exit_code = 3
+    exit_code = EXIT_ENV
 
 
 class RankMismatch(EnvlockError):

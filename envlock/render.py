@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envlock.drift import Comparison, Difference
-from envlock.model import Lock
+if TYPE_CHECKING:
+    # Annotations only: capture prints its summary without importing the comparison (~25 ms).
+    from collections.abc import Iterable
+
+    from envlock.drift import Comparison, Difference
+    from envlock.model import Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
 # What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
@@ -118,6 +121,33 @@ def show_text(lock: Lock, name: str = "env.lock") -> str:
     rows = summary_rows(lock)
     width = max(len(k) for k, _ in rows)
     return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
+
+
+def capture_summary(lock: Lock, path: str, locked: str | None, *,
+                    verbose: bool = False) -> tuple[str, str]:
+    """What ``envlock capture`` prints after writing ``path``: the summary (stdout) and the
+    notes (stderr). torch, gpu and git are often absent on purpose (``--no-torch``, a CPU box,
+    no repository), so their absence is noted only with ``verbose``; any other section is."""
+    t = lock.torch
+    torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
+                  else "torch not captured")
+    gpu = lock.gpu
+    gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
+    n = len(lock.packages)
+    summary = (f"wrote {path}  id {lock.short_id}\n"
+               + (f"  {locked}\n" if locked else "")
+               + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, "
+               f"{gpu_part}, {n} package{'' if n == 1 else 's'}\n")
+    notes = []
+    changed = [p.name for p in lock.packages if p.files_changed]
+    if changed:
+        notes.append(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
+                     f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): "
+                     "see files_changed\n")
+    notes += [f"  note: {section} not captured: {reason}\n"
+              for section, reason in sorted(lock.probe.errors.items())
+              if section not in ("torch", "gpu", "git") or verbose]
+    return summary, "".join(notes)
 
 
 def md_cell(value: Any) -> str:

@@ -20,19 +20,13 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from envlock.errors import EnvlockError
+from envlock.errors import ArtifactsMissing
 from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, redact, resolve
 from envlock.model import Lock, Package
 
 # Variables a lock may carry (probe allow-list) that name the index the environment used.
 INDEX_ENV = ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL")
 ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2")
-
-
-class ArtifactsMissing(EnvlockError):
-    """Some package's file is on no index (or not in the wheelhouse): the environment's problem."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

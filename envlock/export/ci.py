@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", default="envlock-report.md")
     args = p.parse_args(argv)
 
-    from envlock.errors import EnvlockError
+    from envlock.errors import EXIT_DRIFT, EXIT_OK, EXIT_USAGE, EnvlockError
     from envlock.lockfile import load
     from envlock.render import show_markdown
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         lock = load(args.lock)
     except (OSError, ValueError, EnvlockError) as exc:
         sys.stderr.write(f"envlock: error: cannot build the report: {exc}\n")
-        return 2
+        return EXIT_USAGE
     text = report(result, command=args.command, lock_name=Path(args.lock).name,
                   summary=show_markdown(lock, Path(args.lock).name),
                   base_name=Path(args.base_lock).name if args.base_lock else None)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     level = drift_level(result.get("counts", {}))
     _append(os.environ.get("GITHUB_OUTPUT"),
             f"short-id={lock.short_id}\ndrift={level}\nreport-path={Path(args.report).resolve()}\n")
-    return 1 if fails(level, args.fail_on) else 0
+    return EXIT_DRIFT if fails(level, args.fail_on) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def _written_by_envlock(path: Path) -> bool:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from envlock.errors import UsageError
+    from envlock.errors import EXIT_OK, EnvlockError, UsageError
     from envlock.lockfile import atomic_write
 
     if args.output not in (None, "-") and Path(args.output).resolve() == Path(args.lock).resolve():
@@ -111,7 +111,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
         sys.stdout.flush()
-        return 0
+        return EXIT_OK
     if args.to == "pylock":
         from packaging.pylock import is_valid_pylock_path
 
@@ -121,11 +121,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         atomic_write(out, text)
     except OSError as exc:
-        from envlock.errors import EnvlockError
-
         raise EnvlockError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     sys.stderr.write(f"wrote {out} ({args.to}, {len(text.encode())} bytes)\n")
-    return 0
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

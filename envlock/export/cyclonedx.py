@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import EnvlockError
+from envlock.errors import MissingExtra
 from envlock.model import Lock, Package
 
 if TYPE_CHECKING:
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from envlock.export.artifacts import Resolved
 
 _NS = uuid.UUID("5b0c7d3e-0c4b-4f51-9a51-7e6e0c6c6b10")  # envlock's namespace for serial numbers
-
-
-class MissingExtra(EnvlockError):
-    exit_code = 3
 
 
 def _lib() -> Any:

@@ -34,18 +34,12 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import IndexUnavailable, UsageError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 TIMEOUT = 60.0
 MAX_PAGE = 64 << 20
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")  # torch's project page on the PyTorch index is a few MB
-
-
-class IndexUnavailable(EnvlockError):
-    """The index could not be reached or answered nonsense: a problem around envlock (3)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
