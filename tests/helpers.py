@@ -8,7 +8,10 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envlock.model import Lock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +72,7 @@ def probe_doc(**sections: Any) -> dict[str, Any]:
     return doc
 
 
-def make_lock(**sections: Any) -> Any:
+def make_lock(**sections: Any) -> Lock:
     """A sealed Lock built from ``probe_doc(**sections)`` with a fixed timestamp."""
     from envlock.capturing import build_lock
     from envlock.lockfile import seal
@@ -77,6 +80,31 @@ def make_lock(**sections: Any) -> Any:
     lock = build_lock(probe_doc(**sections))
     meta = lock.envlock.model_copy(update={"created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)})
     return seal(lock.model_copy(update={"envlock": meta}))
+
+
+def full_lock() -> Lock:
+    """A sealed Lock with every section filled: loaders and writers see most of the schema."""
+    return make_lock(
+        git={"commit": "a" * 40, "branch": "main", "remote": "https://example.org/r.git"},
+        env={"NCCL_DEBUG": "INFO"},
+        torch={"version": "2.13.0", "git_version": "g", "arch_list": ["sm_90"], "cpu_capability": "AVX2",
+               "build": {"compiler": "GCC 11.2", "blas": "MKL", "cuda_arch_flags": ["sm_90"],
+                         "options": {"USE_CUDA": "ON"}}},
+        os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]},
+        gpu={"source": "nvml", "driver": "550", "devices": [{"index": 0, "name": "H100"}]},
+        determinism={"torch_loaded": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                     "float32_matmul_precision": "highest"},
+        canary={"settings": {"k": "v"}, "errors": {"a": "b"},
+                "results": [{"name": "mm", "device": "cpu", "dtype": "float32", "sha256": "0" * 64}]},
+        conda={"packages": [{"name": "x", "version": "1", "build": "b", "channel": "c"}]},
+        probe={"version": 1, "errors": {"gpu": "none"}},
+        packages=[{"name": "numpy", "version": "2.1.0", "installer": "pip", "requested_revision": "r",
+                   "source": "vcs", "vcs": "git", "commit": "c" * 40, "url": "https://h/x.git",
+                   "archive_hash": "sha256=ab", "record_sha256": "0" * 64},
+                  {"name": "six", "version": "1.16.0", "source": "system", "os_package": "python3-six",
+                   "os_package_version": "1.16.0-4"}],
+        duplicates=[{"name": "numpy", "version": "1.0", "active_version": "2.1.0", "path_index": 1}],
+    )
 
 
 def run_cli(
