@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import run_cli
 
 from envlock import lockfile, probe, runtime
@@ -21,8 +22,6 @@ from envlock.capturing import capture, verify
 from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
-
-torch = pytest.importorskip("torch")
 
 CANARY_PATH = Path(runtime.__file__).with_name("kernels.py")
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),

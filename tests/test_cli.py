@@ -32,7 +32,8 @@ def _one_line_error(res: object) -> str:
 
 
 def test_capture_records_torch_and_defaults(captured: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     lock = lockfile.load(captured)
     assert lock.torch is not None and lock.torch.version == torch.__version__
     assert lock.determinism.torch_loaded and lock.determinism.deterministic_algorithms is False

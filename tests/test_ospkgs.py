@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -19,7 +20,6 @@ from pydantic import ValidationError
 from envlock import ospkgs, probe
 from envlock.drift import compare, os_package_severity
 from envlock.model import OsPackages
-from tests.helpers import make_lock
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
 DPKG_ROOT = FIXTURES / "dpkg"

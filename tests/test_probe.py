@@ -253,7 +253,8 @@ def test_collect_without_torch_validates_as_lock(tmp_path: Path) -> None:
 
 
 def test_collect_with_live_torch_flags(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     try:

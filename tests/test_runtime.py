@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import envlock
 from envlock import probe, runtime
@@ -24,10 +27,6 @@ from envlock.errors import UsageError
 from envlock.lockfile import seal
 from envlock.model import Lock
 from envlock.runtime import ReproducibilityWarning
-
-torch = pytest.importorskip("torch")
-np = pytest.importorskip("numpy")
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402 - after the skip
 
 
 def _restore_process(env: dict[str, str], flags: dict[str, Any], rng: Any, py_rng: Any,
