@@ -94,8 +94,8 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
         probe_ms.append((doc.get("probe") or {}).get("duration_ms"))
         return doc
 
-    proc_cls.__init__ = init  # type: ignore[method-assign]
-    proc_cls.result = result  # type: ignore[method-assign]
+    proc_cls.__init__ = init
+    proc_cls.result = result
     # envlock.lockfile is imported by the CLI at a moment this profile must not move, so its
     # functions are wrapped right after that import happens, whenever it happens.
     real_import = builtins.__import__

@@ -96,7 +96,8 @@ def test_canary_file_is_stdlib_and_torch_only_and_python38_syntax() -> None:
 
 
 def _flip_mkldnn() -> None:
-    torch.backends.mkldnn.enabled = False
+    mkldnn: Any = torch.backends.mkldnn  # torch types `enabled` as its descriptor, not as a bool
+    mkldnn.enabled = False
 
 
 def _threads_3() -> None:

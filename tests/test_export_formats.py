@@ -59,7 +59,7 @@ def test_cyclonedx_is_valid_1_6_with_purls_and_stack(gpu_lock: Path) -> None:
 
     text = export(gpu_lock, "cyclonedx")
     errors = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text, all_errors=True)
-    assert errors is None, [str(e) for e in errors]  # type: ignore[union-attr]
+    assert errors is None, [str(e) for e in errors]
     bom = json.loads(text)
     assert bom["specVersion"] == "1.6"
     by_ref = {c["bom-ref"]: c for c in bom["components"]}

@@ -187,7 +187,7 @@ def test_the_lock_being_written_is_left_out_of_the_git_state(repo: Path, tmp_pat
     _git(repo, "commit", "-qm", "lock")
     lock.write_text("# rewritten by the last capture\n")
     again, _ = probe._GitJob(str(repo / "sub"), 10, [str(lock)]).collect()
-    assert again == {**clean, "commit": again["commit"]}
+    assert again is not None and again == {**clean, "commit": again["commit"]}
     # Its twin: anything else still counts, and so does the lock when it is not the output.
     (repo / "notes.txt").write_text("x")
     other, _ = probe._GitJob(str(repo), 10, [str(lock)]).collect()

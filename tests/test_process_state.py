@@ -21,7 +21,7 @@ from envlock import probe
 from envlock.drift import compare
 from envlock.render import verify_text
 
-TRAINED = {
+TRAINED: dict[str, Any] = {
     "determinism": {"torch_loaded": True, "deterministic_algorithms": True,
                     "cudnn_deterministic": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8",
                                                          "ENVLOCK_SEED": "1234"},
@@ -30,7 +30,7 @@ TRAINED = {
               "hash_randomization": True},
     "env": {"ENVLOCK_SEED": "1234"},
 }
-FRESH = {
+FRESH: dict[str, Any] = {
     "determinism": {"torch_loaded": True, "deterministic_algorithms": False,
                     "cudnn_deterministic": False, "env": {}},
     "seeds": {"hash_randomization": True},

@@ -291,7 +291,7 @@ def test_crafted_env_is_refused(restore_lock: Any, env: dict[str, str]) -> None:
 def test_crafted_digest_is_refused(restore_lock: Any, image: dict[str, str]) -> None:
     from envlock.model import Image
 
-    lock = restore_lock().model_copy(update={"image": Image.model_construct(**image)})
+    lock = restore_lock().model_copy(update={"image": Image.model_construct(None, **image)})
     with pytest.raises(UnsafeValue, match="digest"):
         render(lock)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -150,23 +151,24 @@ def test_crafted_os_pin_is_refused(restore_lock: Any) -> None:
         ctx.plan(lock.model_copy(update={"os_packages": bad}), Options())
 
 
-@pytest.mark.skipif(shutil.which("apt-cache") is None or not shutil.os.path.exists("/var/lib/dpkg/status"),
+@pytest.mark.skipif(shutil.which("apt-cache") is None or not os.path.exists("/var/lib/dpkg/status"),
                     reason="needs a Debian-like host with apt-cache")
 def test_check_script_names_every_unavailable_version(tmp_path: Any) -> None:
     from envlock import ospkgs
+    from envlock.capturing import OSPKGS_PATH
 
     db = ospkgs.load("/")
     assert db is not None
     installed = db.specs()[0]
     spec = tmp_path / "os.txt"
     spec.write_text(f"# header\n{installed}\nlibc6:amd64=0.0-envlock-missing\nnosuchpkg-envlock:amd64=1.0\n")
-    res = subprocess.run([sys.executable, str(ctx.ospackages.OSPKGS_PATH), "--check", str(spec)],
+    res = subprocess.run([sys.executable, str(OSPKGS_PATH), "--check", str(spec)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 100
     assert res.stdout.strip() == ("envlock: OS package versions no longer available: "
                                   "libc6:amd64=0.0-envlock-missing, nosuchpkg-envlock:amd64=1.0")
     spec.write_text(installed + "\n")
-    ok = subprocess.run([sys.executable, str(ctx.ospackages.OSPKGS_PATH), "--check", str(spec)],
+    ok = subprocess.run([sys.executable, str(OSPKGS_PATH), "--check", str(spec)],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0 and ok.stdout == ""
 

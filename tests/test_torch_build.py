@@ -82,9 +82,10 @@ def test_real_torch_build_is_read() -> None:
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert "cpu_capability" not in build
     assert build["compiler"].split()[0] in ("GCC", "clang", "MSVC", "Apple")
-    assert ("openmp_version" in build) == bool(torch.backends.openmp.is_available())
+    # torch leaves these two is_available() unannotated.
+    assert ("openmp_version" in build) == bool(torch.backends.openmp.is_available())  # type: ignore[no-untyped-call]
     assert ("cuda_runtime" in build) == (torch.version.cuda is not None)
-    assert build["options"]["USE_MKLDNN"] in ("ON", "1") if torch.backends.mkldnn.is_available() else True
+    assert build["options"]["USE_MKLDNN"] in ("ON", "1") if torch.backends.mkldnn.is_available() else True  # type: ignore[no-untyped-call]
     lock = build_lock(probe.collect(torch="auto"))
     assert lock.torch is not None and lock.torch.build is not None
     assert lock.torch.build.blas == build.get("blas")
@@ -116,7 +117,7 @@ def test_same_torch_on_another_cpu_isa_has_the_same_fingerprint() -> None:
     assert [(d.path, d.severity) for d in compare(a, b).differences] == [("torch.cpu_capability", "info")]
 
 
-TORCH = {"version": "2.4.1", "git_version": "a" * 40, "config_sha256": "1" * 64,
+TORCH: dict[str, Any] = {"version": "2.4.1", "git_version": "a" * 40, "config_sha256": "1" * 64,
          "build": {"blas": "mkl", "onednn_version": "3.4.2", "options": {"USE_CUDA": "OFF"}}}
 
 
