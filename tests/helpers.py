@@ -6,9 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from envlock.model import Lock
@@ -72,14 +73,41 @@ def probe_doc(**sections: Any) -> dict[str, Any]:
     return doc
 
 
-def make_lock(**sections: Any) -> Lock:
-    """A sealed Lock built from ``probe_doc(**sections)`` with a fixed timestamp."""
+PackageSpec = tuple[str, str] | dict[str, Any]
+
+
+def make_lock(*, packages: Sequence[PackageSpec] | None = None, envlock: dict[str, Any] | None = None,
+              construct: bool = False, **sections: Any) -> Lock:
+    """A sealed Lock as capture builds it (``build_lock``) from ``probe_doc(**sections)``.
+
+    The one lock factory of the tests. Keyword arguments replace whole sections. ``packages``:
+    rows as dicts or ``(name, version)`` pairs. ``envlock``: fields of ``[envlock]`` to set
+    (``tool_version``, ``note``, ``created_at``; the time is fixed otherwise, so two calls give
+    the same lock). ``construct=True`` skips model validation of the package rows
+    (``model_construct``), to hand restore values the model itself would have refused.
+    """
     from envlock.capturing import build_lock
     from envlock.lockfile import seal
+    from envlock.model import Meta, Package
 
+    if packages is not None:
+        rows = [{"name": p[0], "version": p[1]} if isinstance(p, tuple) else dict(p) for p in packages]
+        sections["packages"] = [] if construct else rows
     lock = build_lock(probe_doc(**sections))
-    meta = lock.envlock.model_copy(update={"created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)})
-    return seal(lock.model_copy(update={"envlock": meta}))
+    meta = Meta.model_validate({**lock.envlock.model_dump(),
+                                "created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+                                **(envlock or {})})
+    lock = lock.model_copy(update={"envlock": meta})
+    if construct and packages is not None:
+        lock = lock.model_copy(update={"packages": [Package.model_construct(**row) for row in rows]})
+    return seal(lock)
+
+
+class LockFactory(Protocol):
+    """``make_lock`` with some defaults bound (the ``restore_lock`` fixture)."""
+
+    def __call__(self, *, packages: Sequence[PackageSpec] | None = ..., envlock: dict[str, Any] | None = ...,
+                 construct: bool = ..., **sections: Any) -> Lock: ...
 
 
 def full_lock() -> Lock:

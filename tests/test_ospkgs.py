@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_lock
+from helpers import LockFactory, make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -329,7 +329,7 @@ def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
     assert all("base image" in (d.message or "") for d in relaxed.differences if d.category == "os_packages")
 
 
-def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: Any) -> None:
+def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: LockFactory) -> None:
     from envlock.restore.context import Options, plan
 
     venv_lock = restore_lock()
