@@ -15,6 +15,7 @@ from helpers import LockFactory
 
 from envlock.drift import compare
 from envlock.errors import UnsafeValue, UsageError
+from envlock.model import Lock
 from envlock.probe import record_sha256, strip_url
 from envlock.restore import context as ctx
 from envlock.restore.restore import prepare
@@ -58,7 +59,7 @@ def house(tmp_path: Path) -> Path:
     return d
 
 
-def _lock(restore_lock: LockFactory, house: Path, **overrides: Any) -> Any:
+def _lock(restore_lock: LockFactory, house: Path, **overrides: Any) -> Lock:
     pkgs = []
     for name, version in (("alpha", "1.0"), ("beta", "2.0")):
         row = {"name": name, "version": version,

@@ -102,6 +102,6 @@ def test_push_refuses_a_tagged_target(restore_lock: LockFactory, tmp_path: Path)
     from envlock.export.push import push
 
     with pytest.raises(UsageError, match="without a tag"):
-        push(None, "sha256:" + "0" * 64, "registry.example/lab/env:v1", restore_lock())  # type: ignore[arg-type]
+        push(None, "sha256:" + "0" * 64, "registry.example/lab/env:v1", restore_lock())  # type: ignore[arg-type]  # refused before any engine is used
     with pytest.raises(UsageError, match="REGISTRY/REPO"):
-        push(None, "sha256:" + "0" * 64, "env", restore_lock())  # type: ignore[arg-type]
+        push(None, "sha256:" + "0" * 64, "env", restore_lock())  # type: ignore[arg-type]  # refused before any engine is used

@@ -12,6 +12,7 @@ import re
 import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ hostile = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def lock_file() -> Any:
+def lock_file() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         yield Path(tmp) / "env.lock"
 

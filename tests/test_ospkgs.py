@@ -203,7 +203,9 @@ def test_model_sorts_and_refuses_duplicates_and_bad_pins() -> None:
 def test_lock_with_os_packages_round_trips_one_pin_per_line() -> None:
     from envlock import lockfile
 
-    specs = ospkgs.load(str(DPKG_ROOT)).document()  # type: ignore[union-attr]
+    db = ospkgs.load(str(DPKG_ROOT))
+    assert db is not None
+    specs = db.document()
     lock = make_lock(os_packages=specs)
     text = lockfile.dumps(lock)
     assert "[os_packages]\nmanager = \"dpkg\"\npackages = [\n    \"adduser:all=3.134\",\n" in text

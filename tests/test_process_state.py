@@ -19,6 +19,7 @@ from helpers import REPO, LockFactory, make_lock
 
 from envlock import probe
 from envlock.drift import compare
+from envlock.model import Lock
 from envlock.render import verify_text
 
 TRAINED: dict[str, Any] = {
@@ -134,7 +135,7 @@ def test_readme_training_workflow_then_shell_verify_exits_0(tmp_path: Path) -> N
 # -- restore and run: the image carries the environment, `envlock run` adds the process state --
 
 
-def _trained_restore_lock(restore_lock: LockFactory) -> Any:
+def _trained_restore_lock(restore_lock: LockFactory) -> Lock:
     return restore_lock(determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "ENVLOCK_SEED": "1234",
                                              "OMP_NUM_THREADS": "4"},
                                      "process_env": ["CUBLAS_WORKSPACE_CONFIG", "ENVLOCK_SEED"]})

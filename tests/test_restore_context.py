@@ -80,12 +80,12 @@ def test_resolve_base_pins_a_tag_through_the_engine(restore_lock: LockFactory) -
 
     lock = restore_lock()
     remote = ImageInfo(id=IMAGE_ID, repo_digests=(f"python@{DIGEST}",))
-    base = resolve_base(Fake(remote), lock, Options(base="python:3.11-slim"))  # type: ignore[arg-type]
+    base = resolve_base(Fake(remote), lock, Options(base="python:3.11-slim"))  # type: ignore[arg-type]  # Fake has only image()
     assert (base.ref, base.pinned, base.display) == (f"python@{DIGEST}", True, "python:3.11-slim")
     local = ImageInfo(id=IMAGE_ID)
-    assert resolve_base(Fake(local), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]
+    assert resolve_base(Fake(local), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]  # Fake has only image()
     podman = ImageInfo(id=IMAGE_ID, repo_digests=(f"localhost/my/img@{DIGEST}",))
-    assert resolve_base(Fake(podman), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]
+    assert resolve_base(Fake(podman), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]  # Fake has only image()
 
 
 # -- layers ------------------------------------------------------------------------------------

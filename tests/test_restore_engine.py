@@ -222,7 +222,8 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
             return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
 
     eng = engine(Images())
-    assert eng.find_image({ctx.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
+    stage = eng.find_image({ctx.LABEL_CONTEXT: "k"})
+    assert stage is not None and stage.id == build_stage
     found = eng.find_image(cache_labels(plan, "k"))
     assert found is not None and found.id == final
 

@@ -106,7 +106,7 @@ def test_jupyter_needs_jupyterlab_in_the_lock(restore_lock: LockFactory) -> None
     from envlock.restore.run import RunOptions, run_in_image
 
     with pytest.raises(UsageError, match="jupyterlab"):
-        run_in_image(None, restore_lock(), "sha256:" + "a" * 64, "t:1",  # type: ignore[arg-type]
+        run_in_image(None, restore_lock(), "sha256:" + "a" * 64, "t:1",  # type: ignore[arg-type]  # refused before any engine is used
                      RunOptions(command=[], jupyter=True), python="python3")
 
 

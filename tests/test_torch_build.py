@@ -82,10 +82,9 @@ def test_real_torch_build_is_read() -> None:
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert "cpu_capability" not in build
     assert build["compiler"].split()[0] in ("GCC", "clang", "MSVC", "Apple")
-    # torch leaves these two is_available() unannotated.
-    assert ("openmp_version" in build) == bool(torch.backends.openmp.is_available())  # type: ignore[no-untyped-call]
+    assert ("openmp_version" in build) == bool(torch.backends.openmp.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
     assert ("cuda_runtime" in build) == (torch.version.cuda is not None)
-    assert build["options"]["USE_MKLDNN"] in ("ON", "1") if torch.backends.mkldnn.is_available() else True  # type: ignore[no-untyped-call]
+    assert build["options"]["USE_MKLDNN"] in ("ON", "1") if torch.backends.mkldnn.is_available() else True  # type: ignore[no-untyped-call]  # unannotated in torch
     lock = build_lock(probe.collect(torch="auto"))
     assert lock.torch is not None and lock.torch.build is not None
     assert lock.torch.build.blas == build.get("blas")
