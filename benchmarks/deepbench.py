@@ -139,4 +139,5 @@ def as_json(deep: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {k: v for k, v in deep.items() if k != "commands"}
     out["commands"] = {k: c.summary() for k, c in deep["commands"].items()}
-    return json.loads(json.dumps(out))
+    plain: dict[str, Any] = json.loads(json.dumps(out))
+    return plain

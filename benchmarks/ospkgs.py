@@ -17,6 +17,7 @@ Prints a markdown table with the ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envlock import ospkgs
 
 
-def _median(fn: object, repeat: int) -> float:
+def _median(fn: Callable[[], object], repeat: int) -> float:
     """Median CPU seconds of ``fn()``, this process plus the children it waited for.
 
     CPU time, not wall time: on a shared machine the wall clock measures the neighbours' load
@@ -43,7 +45,7 @@ def _median(fn: object, repeat: int) -> float:
         start = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime \
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
         wall = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         WALL.append(time.perf_counter() - wall)
         end = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime \
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
@@ -117,7 +119,7 @@ def main() -> int:
                         "-f", "${Package}:${Architecture}=${Version} ${db:Status-Abbrev}\n"]
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 theirs = sorted(line.split()[0] for line in out.splitlines() if line.endswith("ii "))
-                t_ref = _median(lambda argv=argv: subprocess.run(argv, capture_output=True, check=True),
+                t_ref = _median(functools.partial(subprocess.run, argv, capture_output=True, check=True),
                                 args.repeat)
                 same = "yes" if theirs == ours else f"NO ({len(theirs)} vs {len(ours)})"
                 row += f"| {t_ref * 1000:.1f} ms ({_wall() * 1000:.1f} ms) | {t_ours / t_ref:.2f}x | {same} "

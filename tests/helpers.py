@@ -6,9 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from envlock.model import Lock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,14 +73,66 @@ def probe_doc(**sections: Any) -> dict[str, Any]:
     return doc
 
 
-def make_lock(**sections: Any) -> Any:
-    """A sealed Lock built from ``probe_doc(**sections)`` with a fixed timestamp."""
+PackageSpec = tuple[str, str] | dict[str, Any]
+
+
+def make_lock(*, packages: Sequence[PackageSpec] | None = None, envlock: dict[str, Any] | None = None,
+              construct: bool = False, **sections: Any) -> Lock:
+    """A sealed Lock as capture builds it (``build_lock``) from ``probe_doc(**sections)``.
+
+    The one lock factory of the tests. Keyword arguments replace whole sections. ``packages``:
+    rows as dicts or ``(name, version)`` pairs. ``envlock``: fields of ``[envlock]`` to set
+    (``tool_version``, ``note``, ``created_at``; the time is fixed otherwise, so two calls give
+    the same lock). ``construct=True`` skips model validation of the package rows
+    (``model_construct``), to hand restore values the model itself would have refused.
+    """
     from envlock.capturing import build_lock
     from envlock.lockfile import seal
+    from envlock.model import Meta, Package
 
+    if packages is not None:
+        rows = [{"name": p[0], "version": p[1]} if isinstance(p, tuple) else dict(p) for p in packages]
+        sections["packages"] = [] if construct else rows
     lock = build_lock(probe_doc(**sections))
-    meta = lock.envlock.model_copy(update={"created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)})
-    return seal(lock.model_copy(update={"envlock": meta}))
+    meta = Meta.model_validate({**lock.envlock.model_dump(),
+                                "created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+                                **(envlock or {})})
+    lock = lock.model_copy(update={"envlock": meta})
+    if construct and packages is not None:
+        lock = lock.model_copy(update={"packages": [Package.model_construct(**row) for row in rows]})
+    return seal(lock)
+
+
+class LockFactory(Protocol):
+    """``make_lock`` with some defaults bound (the ``restore_lock`` fixture)."""
+
+    def __call__(self, *, packages: Sequence[PackageSpec] | None = ..., envlock: dict[str, Any] | None = ...,
+                 construct: bool = ..., **sections: Any) -> Lock: ...
+
+
+def full_lock() -> Lock:
+    """A sealed Lock with every section filled: loaders and writers see most of the schema."""
+    return make_lock(
+        git={"commit": "a" * 40, "branch": "main", "remote": "https://example.org/r.git"},
+        env={"NCCL_DEBUG": "INFO"},
+        torch={"version": "2.13.0", "git_version": "g", "arch_list": ["sm_90"], "cpu_capability": "AVX2",
+               "build": {"compiler": "GCC 11.2", "blas": "MKL", "cuda_arch_flags": ["sm_90"],
+                         "options": {"USE_CUDA": "ON"}}},
+        os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]},
+        gpu={"source": "nvml", "driver": "550", "devices": [{"index": 0, "name": "H100"}]},
+        determinism={"torch_loaded": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                     "float32_matmul_precision": "highest"},
+        canary={"settings": {"k": "v"}, "errors": {"a": "b"},
+                "results": [{"name": "mm", "device": "cpu", "dtype": "float32", "sha256": "0" * 64}]},
+        conda={"packages": [{"name": "x", "version": "1", "build": "b", "channel": "c"}]},
+        probe={"version": 1, "errors": {"gpu": "none"}},
+        packages=[{"name": "numpy", "version": "2.1.0", "installer": "pip", "requested_revision": "r",
+                   "source": "vcs", "vcs": "git", "commit": "c" * 40, "url": "https://h/x.git",
+                   "archive_hash": "sha256=ab", "record_sha256": "0" * 64},
+                  {"name": "six", "version": "1.16.0", "source": "system", "os_package": "python3-six",
+                   "os_package_version": "1.16.0-4"}],
+        duplicates=[{"name": "numpy", "version": "1.0", "active_version": "2.1.0", "path_index": 1}],
+    )
 
 
 def run_cli(

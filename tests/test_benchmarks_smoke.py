@@ -14,11 +14,15 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
 from envlock import probe
 from envlock.model import Package
+
+if TYPE_CHECKING:
+    from synth import SynthDist  # benchmarks/synth.py, loaded by path below
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -43,18 +47,18 @@ N = 251
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[object]]:
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[SynthDist]]:
     site = tmp_path_factory.mktemp("synth") / "site-packages"
     return site, synth.generate(site, N)
 
 
-def test_generator_writes_what_it_reports(generated: tuple[Path, list[object]]) -> None:
+def test_generator_writes_what_it_reports(generated: tuple[Path, list[SynthDist]]) -> None:
     site, dists = generated
     assert len(dists) == N
     assert len(list(site.glob("*.dist-info"))) == N
-    kinds = {d.direct_url for d in dists}  # type: ignore[attr-defined]
+    kinds = {d.direct_url for d in dists}
     assert kinds == {None, "archive", "vcs", "local", "editable"}
-    spellings = {d.name.split("0")[0] for d in dists}  # type: ignore[attr-defined]
+    spellings = {d.name.split("0")[0] for d in dists}
     assert spellings == {"synth-pkg-", "Synth_Pkg_", "synth.pkg."}
     sizes = [(p / "METADATA").stat().st_size for p in site.glob("*.dist-info")]
     assert min(sizes) > 2048, "descriptions are meant to be multi-KB, like real METADATA"
@@ -63,14 +67,14 @@ def test_generator_writes_what_it_reports(generated: tuple[Path, list[object]]) 
 
 
 def test_probe_and_importlib_metadata_see_the_same_distributions(
-    generated: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch
+    generated: tuple[Path, list[SynthDist]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     site, dists = generated
     monkeypatch.setattr(sys, "path", [str(site)])
     packages, duplicates = probe.collect_packages()
     found = list(importlib.metadata.distributions(path=[str(site)]))
 
-    expected = {d.canonical: d for d in dists}  # type: ignore[attr-defined]
+    expected = {d.canonical: d for d in dists}
     assert duplicates == []
     assert len(packages) == len(found) == N
     assert {p["name"] for p in packages} == set(expected)
@@ -79,9 +83,9 @@ def test_probe_and_importlib_metadata_see_the_same_distributions(
               "editable": "editable"}
     for pkg in packages:
         want = expected[pkg["name"]]
-        assert pkg["version"] == want.version  # type: ignore[attr-defined]
-        assert pkg["requested"] is want.requested  # type: ignore[attr-defined]
-        assert pkg["source"] == source[want.direct_url]  # type: ignore[attr-defined]
+        assert pkg["version"] == want.version
+        assert pkg["requested"] is want.requested
+        assert pkg["source"] == source[want.direct_url]
         assert len(pkg["record_sha256"]) == 64
         Package.model_validate(pkg)  # every synthetic distribution is lockable
 

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.drift import compare
 from envlock.errors import UnsafeValue, UsageError
+from envlock.model import Lock
 from envlock.probe import record_sha256, strip_url
 from envlock.restore import context as ctx
 from envlock.restore.restore import prepare
@@ -57,7 +59,7 @@ def house(tmp_path: Path) -> Path:
     return d
 
 
-def _lock(restore_lock: Any, house: Path, **overrides: Any) -> Any:
+def _lock(restore_lock: LockFactory, house: Path, **overrides: Any) -> Lock:
     pkgs = []
     for name, version in (("alpha", "1.0"), ("beta", "2.0")):
         row = {"name": name, "version": version,
@@ -79,7 +81,7 @@ def test_a_wheels_record_gives_the_installed_record_sha256(tmp_path: Path, house
     assert record_sha256(str(dist / "RECORD")) == wheel_record_sha256(house / "alpha-1.0-py3-none-any.whl")
 
 
-def test_bundle_refuses_another_build_naming_the_package(restore_lock: Any, house: Path,
+def test_bundle_refuses_another_build_naming_the_package(restore_lock: LockFactory, house: Path,
                                                          tmp_path: Path) -> None:
     lock = _lock(restore_lock, house)
     other = tmp_path / "other"
@@ -92,14 +94,14 @@ def test_bundle_refuses_another_build_naming_the_package(restore_lock: Any, hous
     assert len(bundle(lock, tmp_path / "out", source=house).files) == 2
 
 
-def test_a_non_zip_wheel_is_refused(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_a_non_zip_wheel_is_refused(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("alpha", "1.0")])
     (house / "alpha-1.0-py3-none-any.whl").write_text("#!/bin/sh\necho owned\n")
     with pytest.raises(BadWheel, match="not a zip"):
         bundle(lock, tmp_path / "out", source=house)
 
 
-def test_offline_restore_checks_every_wheel_before_the_build(restore_lock: Any, house: Path,
+def test_offline_restore_checks_every_wheel_before_the_build(restore_lock: LockFactory, house: Path,
                                                             tmp_path: Path) -> None:
     lock = _lock(restore_lock, house)
     prepare(lock, ctx.Options(wheelhouse=house))  # the right builds pass
@@ -108,7 +110,7 @@ def test_offline_restore_checks_every_wheel_before_the_build(restore_lock: Any, 
         prepare(lock, ctx.Options(wheelhouse=house))
 
 
-def test_an_md5_archive_hash_is_kept_checked_and_said(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_an_md5_archive_hash_is_kept_checked_and_said(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     wheel = house / "alpha-1.0-py3-none-any.whl"
     md5 = hashlib.md5(wheel.read_bytes()).hexdigest()
     lock = _lock(restore_lock, house, alpha={"source": "url", "url": "https://files.example/alpha.whl",
@@ -122,7 +124,7 @@ def test_an_md5_archive_hash_is_kept_checked_and_said(restore_lock: Any, house: 
         bundle(bad, tmp_path / "out2", source=house)
 
 
-def test_plain_http_needs_an_explicit_opt_in(restore_lock: Any) -> None:
+def test_plain_http_needs_an_explicit_opt_in(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "alpha", "version": "1.0", "source": "url",
                                    "url": "http://files.example/alpha-1.0-py3-none-any.whl"}])
@@ -136,7 +138,7 @@ def test_plain_http_needs_an_explicit_opt_in(restore_lock: Any) -> None:
         ctx.plan(plain, ctx.Options(index_url="http://mirror.example/simple"))
 
 
-def test_cli_refuses_http_with_exit_2(restore_lock: Any, tmp_path: Path) -> None:
+def test_cli_refuses_http_with_exit_2(restore_lock: LockFactory, tmp_path: Path) -> None:
     from envlock.cli import main
     from envlock.lockfile import save
 
@@ -149,14 +151,14 @@ def test_cli_refuses_http_with_exit_2(restore_lock: Any, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("venv", ["/usr", "/usr/local", "/root", "/usr/local/"])
-def test_a_system_directory_is_not_a_venv(restore_lock: Any, venv: str) -> None:
+def test_a_system_directory_is_not_a_venv(restore_lock: LockFactory, venv: str) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     with pytest.raises(UnsafeValue, match="system or shared directory"):
         ctx.plan(lock, ctx.Options(venv=venv))
     ctx.plan(lock, ctx.Options(venv="/usr/local/venv"))  # below them is fine
 
 
-def test_an_ssh_url_keeps_its_user(restore_lock: Any) -> None:
+def test_an_ssh_url_keeps_its_user(restore_lock: LockFactory) -> None:
     url = "ssh://git@github.com/lab/tool.git"
     assert strip_url(url) == url
     assert strip_url("ssh://git:hunter2@github.com/lab/tool.git") == "ssh://github.com/lab/tool.git"
@@ -167,7 +169,7 @@ def test_an_ssh_url_keeps_its_user(restore_lock: Any) -> None:
     assert f"tool @ git+{url}@{'c' * 40}" in req
 
 
-def test_wheelhouse_links_never_leave_the_wheelhouse(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_wheelhouse_links_never_leave_the_wheelhouse(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     secret = tmp_path / "id_ed25519"
     secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
     (house / "alpha-1.0-py3-none-any.whl").unlink()
@@ -187,7 +189,7 @@ def test_wheelhouse_links_never_leave_the_wheelhouse(restore_lock: Any, house: P
     assert len(bundle(lock, tmp_path / "out3", source=house).files) == 1
 
 
-def test_a_different_build_fails_a_restore_but_only_warns_in_verify(restore_lock: Any, house: Path) -> None:
+def test_a_different_build_fails_a_restore_but_only_warns_in_verify(restore_lock: LockFactory, house: Path) -> None:
     lock = _lock(restore_lock, house, alpha={}, beta={})
     rebuilt = lock.model_copy(update={"packages": [
         p.model_copy(update={"record_sha256": "f" * 64}) for p in lock.packages]})
@@ -198,7 +200,7 @@ def test_a_different_build_fails_a_restore_but_only_warns_in_verify(restore_lock
     assert any("alpha" in d.describe() and "another build" in d.describe() for d in inside)
 
 
-def test_another_build_of_pip_only_warns_in_a_restore(restore_lock: Any) -> None:
+def test_another_build_of_pip_only_warns_in_a_restore(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "pip", "version": "24.0", "record_sha256": "0" * 64}])
     rebuilt = lock.model_copy(update={"packages": [lock.packages[0].model_copy(update={"record_sha256": "1" * 64})]})
@@ -214,7 +216,7 @@ def test_a_deeply_nested_manifest_is_a_usage_error(tmp_path: Path) -> None:
         read_manifest(tmp_path)
 
 
-def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock: Any, house: Path) -> None:
+def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock: LockFactory, house: Path) -> None:
     from envlock.errors import NotRestorable
 
     lock = _lock(restore_lock, house)
@@ -226,7 +228,7 @@ def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock
     assert exc.value.exit_code == 3 and "envlock bundle" in (exc.value.hint or "")
 
 
-def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_lock: Any, house: Path) -> None:
+def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_lock: LockFactory, house: Path) -> None:
     from envlock.restore.verify import base_tooling_info
 
     build_wheel(house, "setuptools", "65.5.0")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import run_cli
 
 from envlock import lockfile, probe, runtime
@@ -22,8 +23,6 @@ from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
 from envlock.runtime import knobs
-
-torch = pytest.importorskip("torch")
 
 CANARY_PATH = Path(probe.__file__).with_name("kernels.py")  # shipped beside the probe
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
@@ -98,7 +97,8 @@ def test_canary_file_is_stdlib_and_torch_only_and_python38_syntax() -> None:
 
 
 def _flip_mkldnn() -> None:
-    torch.backends.mkldnn.enabled = False
+    mkldnn: Any = torch.backends.mkldnn  # torch types `enabled` as its descriptor, not as a bool
+    mkldnn.enabled = False
 
 
 def _threads_3() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,8 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work / "env.lock"
 
 
-def _one_line_error(res: object) -> str:
-    stderr: str = res.stderr  # type: ignore[attr-defined]
+def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    stderr = res.stderr
     assert "Traceback" not in stderr
     first = stderr.strip().splitlines()[0]
     assert first.startswith("envlock: error:")
@@ -32,7 +33,8 @@ def _one_line_error(res: object) -> str:
 
 
 def test_capture_records_torch_and_defaults(captured: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     lock = lockfile.load(captured)
     assert lock.torch is not None and lock.torch.version == torch.__version__
     assert lock.determinism.torch_loaded and lock.determinism.deterministic_algorithms is False

@@ -8,12 +8,12 @@ from helpers import make_lock, probe_doc
 
 from envlock.drift import compare
 
-TORCH = {"version": "2.4.1+cu121", "cuda": "12.1", "cudnn": "9.1.0", "nccl": "2.20.5",
+TORCH: dict[str, Any] = {"version": "2.4.1+cu121", "cuda": "12.1", "cudnn": "9.1.0", "nccl": "2.20.5",
          "git_version": "a" * 40, "cxx11_abi": False}
-GPU = {"source": "nvml", "driver": "550.54.15", "cuda_driver": "12.4",
+GPU: dict[str, Any] = {"source": "nvml", "driver": "550.54.15", "cuda_driver": "12.4",
        "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
                     "memory_total_mib": 81559, "uuid_sha256": "1" * 64}]}
-DET = {"torch_loaded": True, "deterministic_algorithms": False, "cudnn_benchmark": False,
+DET: dict[str, Any] = {"torch_loaded": True, "deterministic_algorithms": False, "cudnn_benchmark": False,
        "cuda_matmul_allow_tf32": False, "num_threads": 8, "env": {}}
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import make_lock, probe_doc, run_cli
 
 from envlock import lockfile
 from envlock.drift import compare
+from envlock.model import Lock
 from envlock.render import verify_text
 
 TORCH = {"version": "2.4.1", "git_version": "a" * 40}
@@ -115,7 +115,7 @@ def test_a_variable_is_reported_once() -> None:
 
 
 def test_seed_variables_are_reported_once_as_seeds() -> None:
-    def lock(seed: int, hash_seed: str) -> Any:
+    def lock(seed: int, hash_seed: str) -> Lock:
         env = {"PYTHONHASHSEED": hash_seed, "ENVLOCK_SEED": str(seed)}
         return make_lock(env={**env, "ENVLOCK_SEED_SOURCE": "envlock"},
                          determinism={"torch_loaded": False, "env": env},

@@ -100,7 +100,7 @@ def _capture(venv: Path, out: Path, *extra: str) -> dict[str, Any]:
     return tomllib.loads(out.read_text())
 
 
-def _verify(venv: Path, lock: Path, *extra: str) -> Any:
+def _verify(venv: Path, lock: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return run_cli("verify", str(lock), "--python", str(venv), *extra, cwd=lock.parent)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import LockFactory, run_cli
 
 from envlock.lockfile import save
 
@@ -133,7 +133,7 @@ def test_action_verify_reports_to_summary_and_outputs(tmp_path: Path, wheelhouse
     assert rc == 0 and out["drift"] == "breaking"
 
 
-def test_action_diff(tmp_path: Path, restore_lock: Any) -> None:
+def test_action_diff(tmp_path: Path, restore_lock: LockFactory) -> None:
     base = save(restore_lock(packages=[("six", "1.16.0")]), tmp_path / "base.lock")
     new = save(restore_lock(packages=[("six", "1.17.0")]), tmp_path / "env.lock")
     rc, summary, out = _run_action(tmp_path, {"command": "diff", "lock": str(new), "base-lock": str(base),
@@ -149,7 +149,7 @@ def _git(repo: Path, *args: str) -> None:
                     *args], check=True, capture_output=True)
 
 
-def test_pre_commit_hooks_with_try_repo(tmp_path: Path, restore_lock: Any) -> None:
+def test_pre_commit_hooks_with_try_repo(tmp_path: Path, restore_lock: LockFactory) -> None:
     """The real pre-commit runs the hooks of this checkout against a fresh repository."""
     repo = tmp_path / "project"
     repo.mkdir()

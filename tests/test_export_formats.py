@@ -13,10 +13,9 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import run_cli
+from helpers import LockFactory, run_cli
 
 from envlock.lockfile import save
 
@@ -26,7 +25,7 @@ K8S_VERSION = "1.34.0"
 
 
 @pytest.fixture
-def gpu_lock(restore_lock: Any, tmp_path: Path) -> Path:
+def gpu_lock(restore_lock: LockFactory, tmp_path: Path) -> Path:
     """A CUDA torch lock from a container with a known digest, two GPUs, numerics pinned."""
     lock = restore_lock(
         image={"in_container": True, "source": "env", "reference": "registry.example:5000/lab/train:v1",
@@ -59,7 +58,7 @@ def test_cyclonedx_is_valid_1_6_with_purls_and_stack(gpu_lock: Path) -> None:
 
     text = export(gpu_lock, "cyclonedx")
     errors = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text, all_errors=True)
-    assert errors is None, [str(e) for e in errors]  # type: ignore[union-attr]
+    assert errors is None, [str(e) for e in errors]
     bom = json.loads(text)
     assert bom["specVersion"] == "1.6"
     by_ref = {c["bom-ref"]: c for c in bom["components"]}
@@ -133,7 +132,7 @@ def test_k8s_validator_rejects_a_broken_job(gpu_lock: Path, tmp_path: Path) -> N
     assert _kubernetes_validate(out).returncode != 0
 
 
-def test_values_cannot_break_out_of_yaml_or_shell(restore_lock: Any, tmp_path: Path) -> None:
+def test_values_cannot_break_out_of_yaml_or_shell(restore_lock: LockFactory, tmp_path: Path) -> None:
     import yaml
 
     lock = save(restore_lock(image={"in_container": True, "source": "env", "reference": "r.example/x",
@@ -189,7 +188,7 @@ def test_apptainer_definition(gpu_lock: Path) -> None:
     assert subprocess.run(["bash", "-n"], input=env, text=True, check=False).returncode == 0
 
 
-def test_cluster_exports_need_a_pinned_image(restore_lock: Any, tmp_path: Path) -> None:
+def test_cluster_exports_need_a_pinned_image(restore_lock: LockFactory, tmp_path: Path) -> None:
     lock = save(restore_lock(), tmp_path / "env.lock")  # captured outside any container
     for fmt in ("apptainer", "k8s", "slurm"):
         r = run_cli("export", str(lock), "--to", fmt, "--command", "true")
@@ -229,7 +228,7 @@ def test_an_existing_file_of_the_user_is_never_replaced(gpu_lock: Path, tmp_path
     assert r.returncode == 0 and 'kind: "Job"' in notes.read_text(), r.stderr
 
 
-def test_pylock_needs_no_toml_library(restore_lock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pylock_needs_no_toml_library(restore_lock: LockFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """envlock dropped tomlkit; the pylock writer must not reach for it (or any TOML library)."""
     import tomllib
     from packaging.pylock import Pylock

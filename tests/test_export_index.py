@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from export_index import layout, serve
+from helpers import LockFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
@@ -118,8 +119,8 @@ def test_redact_drops_credentials_only() -> None:
     assert redact("https://h.example/simple") == "https://h.example/simple"
 
 
-def test_files_fit_the_locks_platform(restore_lock: object) -> None:
-    lock = restore_lock()  # type: ignore[operator]  # cpython 3.11, Linux x86_64, glibc 2.36
+def test_files_fit_the_locks_platform(restore_lock: LockFactory) -> None:
+    lock = restore_lock()  # cpython 3.11, Linux x86_64, glibc 2.36
     tags = lock_tags(lock)
     names = [
         "n-1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
@@ -133,7 +134,7 @@ def test_files_fit_the_locks_platform(restore_lock: object) -> None:
     files = [IndexFile(n, "u", "0" * 64) for n in names]
     assert pick(files, tags) == [names[0], names[5]]
     assert pick([files[-1]], tags) == ["n-1.tar.gz"]  # no wheel: the sdist
-    mac = restore_lock(platform={"os": "Darwin", "machine": "arm64"})  # type: ignore[operator]
+    mac = restore_lock(platform={"os": "Darwin", "machine": "arm64"})
     assert lock_tags(mac) is None and pick(files, None) == names[:-1]
 
 

@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_cli
+from helpers import LockFactory, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envlock.export.latex import escape, show_latex
 from envlock.lockfile import save
+from envlock.model import Lock
 from envlock.render import show_markdown
 
 NASTY_NOTE = r"50% of runs & $x_1$ {#2} ~ ^ \textbf{no} <b>|</b> `tick`"
 
 
 @pytest.fixture
-def paper_lock(restore_lock: Any) -> Any:
+def paper_lock(restore_lock: LockFactory) -> Lock:
     return restore_lock(
         envlock={"tool_version": "0.1.0", "created_at": "2026-01-01T00:00:00Z", "note": NASTY_NOTE},
         image={"in_container": True, "source": "env", "reference": "ghcr.io/lab/train_x:v1",

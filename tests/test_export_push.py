@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 from test_restore_integration import cache_home, capture, small_source  # noqa: F401 (fixtures)
 
 from envlock.cli import main
@@ -96,11 +97,11 @@ def test_push_then_run_the_pulled_image_by_digest(
     assert json.dumps(ref) in job.read_text()
 
 
-def test_push_refuses_a_tagged_target(restore_lock: Any, tmp_path: Path) -> None:
+def test_push_refuses_a_tagged_target(restore_lock: LockFactory, tmp_path: Path) -> None:
     from envlock.errors import UsageError
     from envlock.export.push import push
 
     with pytest.raises(UsageError, match="without a tag"):
-        push(None, "sha256:" + "0" * 64, "registry.example/lab/env:v1", restore_lock())  # type: ignore[arg-type]
+        push(None, "sha256:" + "0" * 64, "registry.example/lab/env:v1", restore_lock())  # type: ignore[arg-type]  # refused before any engine is used
     with pytest.raises(UsageError, match="REGISTRY/REPO"):
-        push(None, "sha256:" + "0" * 64, "env", restore_lock())  # type: ignore[arg-type]
+        push(None, "sha256:" + "0" * 64, "env", restore_lock())  # type: ignore[arg-type]  # refused before any engine is used

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from export_index import layout, serve
-from helpers import run_cli
+from helpers import LockFactory, run_cli
 from packaging.pylock import Pylock
 
 SMALL = ("six==1.17.0", "idna==3.10", "attrs==24.2.0", "tomli==2.0.1")
@@ -129,10 +129,10 @@ def test_requirements_install_with_require_hashes(isolated: Path, index: str) ->
     assert package_drift(lock, target) == []
 
 
-def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_lock: object) -> None:
+def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_lock: LockFactory) -> None:
     from envlock.lockfile import save
 
-    lock = restore_lock(packages=[("six", "1.17.0"), ("no-such-dist", "1.0"), ("idna", "9.9")])  # type: ignore[operator]
+    lock = restore_lock(packages=[("six", "1.17.0"), ("no-such-dist", "1.0"), ("idna", "9.9")])
     path = save(lock, isolated / "env.lock")
     r = run_cli("export", str(path), "--to", "pylock", "--index-url", f"{index}/simple")
     assert r.returncode == 3
@@ -141,10 +141,10 @@ def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_
     assert "Traceback" not in r.stderr
 
 
-def test_unreachable_index_exit_3_and_bad_url_exit_2(isolated: Path, restore_lock: object) -> None:
+def test_unreachable_index_exit_3_and_bad_url_exit_2(isolated: Path, restore_lock: LockFactory) -> None:
     from envlock.lockfile import save
 
-    path = save(restore_lock(), isolated / "env.lock")  # type: ignore[operator]
+    path = save(restore_lock(), isolated / "env.lock")
     r = run_cli("export", str(path), "--to", "pylock", "--no-cache",
                 "--index-url", "http://user:s3cret@127.0.0.1:9/simple")
     assert r.returncode == 3 and "cannot reach http://127.0.0.1:9/simple" in r.stderr
@@ -191,10 +191,10 @@ def test_offline_from_a_bundle(isolated: Path, index: str) -> None:
     assert f"--no-index\n--find-links {bundle.resolve()}\n" in req.stdout
 
 
-def test_torch_build_points_at_its_own_index(isolated: Path, index: str, restore_lock: object) -> None:
+def test_torch_build_points_at_its_own_index(isolated: Path, index: str, restore_lock: LockFactory) -> None:
     from envlock.lockfile import save
 
-    lock = restore_lock(packages=[("torch", "2.13.0+cpu"), ("six", "1.17.0")])  # type: ignore[operator]
+    lock = restore_lock(packages=[("torch", "2.13.0+cpu"), ("six", "1.17.0")])
     path = save(lock, isolated / "env.lock")
     args = ["export", str(path), "--index-url", f"{index}/simple",
             "--torch-index-url", f"{index}/whl/{{label}}"]
@@ -225,13 +225,13 @@ def test_torch_lock_installs_with_uv(isolated: Path, index: str) -> None:
     assert package_drift(lock, target) == []
 
 
-def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restore_lock: object) -> None:
+def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restore_lock: LockFactory) -> None:
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
     from envlock.lockfile import save
 
-    path = save(restore_lock(packages=[("six", "1.17.0")]), isolated / "env.lock")  # type: ignore[operator]
+    path = save(restore_lock(packages=[("six", "1.17.0")]), isolated / "env.lock")
     r = run_cli("export", str(path), "--to", "cyclonedx", "--hashes", "--index-url", f"{index}/simple")
     assert r.returncode == 0, r.stderr
     assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(r.stdout) is None
@@ -240,11 +240,11 @@ def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restor
     assert six["purl"] == f"pkg:pypi/six@1.17.0?repository_url={index}/simple"
 
 
-def test_index_credentials_never_reach_the_export(isolated: Path, index: str, restore_lock: object) -> None:
+def test_index_credentials_never_reach_the_export(isolated: Path, index: str, restore_lock: LockFactory) -> None:
     """Leak test: a token in --index-url is used to read the index, never written out."""
     from envlock.lockfile import save
 
-    path = save(restore_lock(packages=[("six", "1.17.0"), ("idna", "3.10")]), isolated / "env.lock")  # type: ignore[operator]
+    path = save(restore_lock(packages=[("six", "1.17.0"), ("idna", "3.10")]), isolated / "env.lock")
     with_token = index.replace("http://", "http://alice:s3cret-token@")
     for fmt in ("pylock", "requirements", "cyclonedx"):
         r = run_cli("export", str(path), "--to", fmt, "--hashes" if fmt == "cyclonedx" else "--refresh",

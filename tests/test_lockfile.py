@@ -58,9 +58,10 @@ def test_hand_edit_is_detected_and_fmt_reseals(tmp_path: Path) -> None:
     with pytest.raises(LockTampered, match="edited after capture"):
         lockfile.load(path)
     lock = lockfile.load(path, verify_seal=False)
-    assert lock.package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+    numpy = lock.package("numpy")
+    assert numpy is not None and numpy.version == "2.1.1"
     lockfile.save(lock, path)
-    assert lockfile.load(path).package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+    assert lockfile.load(path).package("numpy") == numpy
 
 
 def test_edit_outside_fingerprint_is_still_detected(tmp_path: Path) -> None:

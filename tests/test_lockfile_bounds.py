@@ -12,12 +12,13 @@ import re
 import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomllib
-from helpers import make_lock
+from helpers import full_lock, make_lock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
@@ -26,27 +27,7 @@ from envlock import lockfile, tomlwriter
 from envlock.errors import LockInvalid
 from envlock.model import Lock
 
-FULL = make_lock(
-    git={"commit": "a" * 40, "branch": "main", "remote": "https://example.org/r.git"},
-    env={"NCCL_DEBUG": "INFO"},
-    torch={"version": "2.13.0", "git_version": "g", "arch_list": ["sm_90"], "cpu_capability": "AVX2",
-           "build": {"compiler": "GCC 11.2", "blas": "MKL", "cuda_arch_flags": ["sm_90"],
-                     "options": {"USE_CUDA": "ON"}}},
-    os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]},
-    gpu={"source": "nvml", "driver": "550", "devices": [{"index": 0, "name": "H100"}]},
-    determinism={"torch_loaded": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
-                 "float32_matmul_precision": "highest"},
-    canary={"settings": {"k": "v"}, "errors": {"a": "b"},
-            "results": [{"name": "mm", "device": "cpu", "dtype": "float32", "sha256": "0" * 64}]},
-    conda={"packages": [{"name": "x", "version": "1", "build": "b", "channel": "c"}]},
-    probe={"version": 1, "errors": {"gpu": "none"}},
-    packages=[{"name": "numpy", "version": "2.1.0", "installer": "pip", "requested_revision": "r",
-               "source": "vcs", "vcs": "git", "commit": "c" * 40, "url": "https://h/x.git",
-               "archive_hash": "sha256=ab", "record_sha256": "0" * 64},
-              {"name": "six", "version": "1.16.0", "source": "system", "os_package": "python3-six",
-               "os_package_version": "1.16.0-4"}],
-    duplicates=[{"name": "numpy", "version": "1.0", "active_version": "2.1.0", "path_index": 1}],
-)
+FULL = full_lock()
 BASE = FULL.model_dump(mode="json", exclude_none=True)
 BASE["envlock"]["created_at"] = FULL.envlock.created_at
 
@@ -181,7 +162,7 @@ hostile = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def lock_file() -> Any:
+def lock_file() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         yield Path(tmp) / "env.lock"
 

@@ -68,7 +68,8 @@ def test_the_cli_says_it_updated_a_links_target(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "symbolic link" in res.stderr and str(target) in res.stderr
     assert (tmp_path / "env.lock").is_symlink()
-    assert lockfile.load(target).package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+    numpy = lockfile.load(target).package("numpy")
+    assert numpy is not None and numpy.version == "2.1.1"
 
 
 def test_temp_files_of_an_interrupted_write_are_removed_on_the_next(tmp_path: Path) -> None:

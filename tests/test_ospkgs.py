@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory, make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -19,7 +20,6 @@ from pydantic import ValidationError
 from envlock import ospkgs, probe
 from envlock.drift import compare, os_package_severity
 from envlock.model import OsPackages
-from tests.helpers import make_lock
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
 DPKG_ROOT = FIXTURES / "dpkg"
@@ -203,7 +203,9 @@ def test_model_sorts_and_refuses_duplicates_and_bad_pins() -> None:
 def test_lock_with_os_packages_round_trips_one_pin_per_line() -> None:
     from envlock import lockfile
 
-    specs = ospkgs.load(str(DPKG_ROOT)).document()  # type: ignore[union-attr]
+    db = ospkgs.load(str(DPKG_ROOT))
+    assert db is not None
+    specs = db.document()
     lock = make_lock(os_packages=specs)
     text = lockfile.dumps(lock)
     assert "[os_packages]\nmanager = \"dpkg\"\npackages = [\n    \"adduser:all=3.134\",\n" in text
@@ -329,7 +331,7 @@ def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
     assert all("base image" in (d.message or "") for d in relaxed.differences if d.category == "os_packages")
 
 
-def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: Any) -> None:
+def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: LockFactory) -> None:
     from envlock.restore.context import Options, plan
 
     venv_lock = restore_lock()

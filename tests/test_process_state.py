@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, make_lock
+from helpers import REPO, LockFactory, make_lock
 
 from envlock import probe
 from envlock.drift import compare
+from envlock.model import Lock
 from envlock.render import verify_text
 
-TRAINED = {
+TRAINED: dict[str, Any] = {
     "determinism": {"torch_loaded": True, "deterministic_algorithms": True,
                     "cudnn_deterministic": True, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8",
                                                          "ENVLOCK_SEED": "1234"},
@@ -30,7 +31,7 @@ TRAINED = {
               "hash_randomization": True},
     "env": {"ENVLOCK_SEED": "1234"},
 }
-FRESH = {
+FRESH: dict[str, Any] = {
     "determinism": {"torch_loaded": True, "deterministic_algorithms": False,
                     "cudnn_deterministic": False, "env": {}},
     "seeds": {"hash_randomization": True},
@@ -111,7 +112,8 @@ def _readme_training_code() -> str:
 
 @pytest.mark.slow
 def test_readme_training_workflow_then_shell_verify_exits_0(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    import torch  # noqa: F401 - a pinned dev dependency: without it this test would check nothing, so fail
+
     code = _readme_training_code()
     assert "envlock.seed_everything(1234)" in code and 'envlock.capture().save("env.lock")' in code
     env = {k: v for k, v in os.environ.items()
@@ -133,13 +135,13 @@ def test_readme_training_workflow_then_shell_verify_exits_0(tmp_path: Path) -> N
 # -- restore and run: the image carries the environment, `envlock run` adds the process state --
 
 
-def _trained_restore_lock(restore_lock: Any) -> Any:
+def _trained_restore_lock(restore_lock: LockFactory) -> Lock:
     return restore_lock(determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "ENVLOCK_SEED": "1234",
                                              "OMP_NUM_THREADS": "4"},
                                      "process_env": ["CUBLAS_WORKSPACE_CONFIG", "ENVLOCK_SEED"]})
 
 
-def test_image_env_holds_what_was_set_before_start_only(restore_lock: Any) -> None:
+def test_image_env_holds_what_was_set_before_start_only(restore_lock: LockFactory) -> None:
     from envlock.restore.context import Options, dockerfile, numerics_env, plan
 
     lock = _trained_restore_lock(restore_lock)
@@ -150,7 +152,7 @@ def test_image_env_holds_what_was_set_before_start_only(restore_lock: Any) -> No
 
 
 @pytest.mark.integration
-def test_run_passes_the_recorded_process_variables(restore_lock: Any, docker_client: Any,
+def test_run_passes_the_recorded_process_variables(restore_lock: LockFactory, docker_client: Any,
                                                    base_image: str, tmp_path: Path,
                                                    capfd: pytest.CaptureFixture[str]) -> None:
     from envlock.restore.engine import connect

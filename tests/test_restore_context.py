@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.restore import context as ctx
@@ -30,23 +31,23 @@ def from_line(dockerfile: str) -> str:
 # -- base pinning ------------------------------------------------------------------------------
 
 
-def test_lock_image_digest_is_pinned_and_tag_dropped(restore_lock: Any) -> None:
+def test_lock_image_digest_is_pinned_and_tag_dropped(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "ghcr.io/lab/train:2024", "digest": DIGEST})
     assert from_line(render(lock)) == f"FROM ghcr.io/lab/train@{DIGEST}"
 
 
-def test_lock_image_with_only_an_id_builds_from_the_id(restore_lock: Any) -> None:
+def test_lock_image_with_only_an_id_builds_from_the_id(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "local/built:1", "id": IMAGE_ID})
     assert from_line(render(lock)) == f"FROM {IMAGE_ID}"
 
 
-def test_base_option_overrides_the_lock_image(restore_lock: Any) -> None:
+def test_base_option_overrides_the_lock_image(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b:1", "digest": DIGEST})
     other = "sha256:" + "ef" * 32
     assert from_line(render(lock, base=f"python@{other}")) == f"FROM python@{other}"
 
 
-def test_unpinned_base_is_refused(restore_lock: Any) -> None:
+def test_unpinned_base_is_refused(restore_lock: LockFactory) -> None:
     lock = restore_lock()
     with pytest.raises(UsageError, match="not pinned"):
         render(lock, base="python:3.11-slim")
@@ -55,18 +56,18 @@ def test_unpinned_base_is_refused(restore_lock: Any) -> None:
     assert from_line(render(lock, base="python:3.11-slim", allow_unpinned_base=True)) == "FROM python:3.11-slim"
 
 
-def test_table_base_follows_the_python_minor(restore_lock: Any) -> None:
+def test_table_base_follows_the_python_minor(restore_lock: LockFactory) -> None:
     lock = restore_lock(python={"version": "3.12.4", "implementation": "cpython"})
     assert from_line(render(lock, allow_unpinned_base=True)) == "FROM python:3.12-slim-bookworm"
 
 
-def test_digest_without_repository_is_not_restorable(restore_lock: Any) -> None:
+def test_digest_without_repository_is_not_restorable(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"digest": DIGEST})
     with pytest.raises(NotRestorable, match="no repository"):
         render(lock)
 
 
-def test_resolve_base_pins_a_tag_through_the_engine(restore_lock: Any) -> None:
+def test_resolve_base_pins_a_tag_through_the_engine(restore_lock: LockFactory) -> None:
     from envlock.restore.engine import ImageInfo
     from envlock.restore.restore import resolve_base
 
@@ -79,12 +80,12 @@ def test_resolve_base_pins_a_tag_through_the_engine(restore_lock: Any) -> None:
 
     lock = restore_lock()
     remote = ImageInfo(id=IMAGE_ID, repo_digests=(f"python@{DIGEST}",))
-    base = resolve_base(Fake(remote), lock, Options(base="python:3.11-slim"))  # type: ignore[arg-type]
+    base = resolve_base(Fake(remote), lock, Options(base="python:3.11-slim"))  # type: ignore[arg-type]  # Fake has only image()
     assert (base.ref, base.pinned, base.display) == (f"python@{DIGEST}", True, "python:3.11-slim")
     local = ImageInfo(id=IMAGE_ID)
-    assert resolve_base(Fake(local), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]
+    assert resolve_base(Fake(local), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]  # Fake has only image()
     podman = ImageInfo(id=IMAGE_ID, repo_digests=(f"localhost/my/img@{DIGEST}",))
-    assert resolve_base(Fake(podman), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]
+    assert resolve_base(Fake(podman), lock, Options(base="my/img:1")).ref == IMAGE_ID  # type: ignore[arg-type]  # Fake has only image()
 
 
 # -- layers ------------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ TORCH_PKGS = [("nvidia-cublas-cu12", "12.1.3.1"), ("pip", "24.0"), ("six", "1.16
               ("torch", "2.4.1+cu121"), ("triton", "3.0.0"), ("zipp", "3.20.0")]
 
 
-def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: Any) -> None:
+def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
     plan = ctx.plan(lock, Options())
@@ -117,7 +118,7 @@ def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: Any) 
     assert df.index('ENV NVIDIA_VISIBLE_DEVICES') > last_pip
 
 
-def test_every_run_with_lock_values_is_exec_form(restore_lock: Any) -> None:
+def test_every_run_with_lock_values_is_exec_form(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
     for line in render(lock).splitlines():
@@ -125,7 +126,7 @@ def test_every_run_with_lock_values_is_exec_form(restore_lock: Any) -> None:
             assert isinstance(json.loads(line[4:]), list), line
 
 
-def test_determinism_env_user_workdir_and_labels(restore_lock: Any) -> None:
+def test_determinism_env_user_workdir_and_labels(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}})
     df = render(lock)
@@ -138,7 +139,7 @@ def test_determinism_env_user_workdir_and_labels(restore_lock: Any) -> None:
                                     and "install" in line and "envlock-restore" not in line)
 
 
-def test_venv_is_recreated_at_the_lock_path_and_extras_removed(restore_lock: Any) -> None:
+def test_venv_is_recreated_at_the_lock_path_and_extras_removed(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[("pip", "23.0.1"), ("six", "1.16.0")])
     plan = ctx.plan(lock, Options())
@@ -153,12 +154,12 @@ def test_venv_is_recreated_at_the_lock_path_and_extras_removed(restore_lock: Any
     assert df.index("uninstall") > df.index("tooling.txt")
 
 
-def test_lock_without_pip_removes_pip_last(restore_lock: Any) -> None:
+def test_lock_without_pip_removes_pip_last(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("six", "1.16.0")])
     assert ctx.plan(lock, Options()).remove == ("wheel", "setuptools", "pip")
 
 
-def test_system_interpreter_breaks_system_packages_and_removes_nothing(restore_lock: Any) -> None:
+def test_system_interpreter_breaks_system_packages_and_removes_nothing(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system"})
     plan = ctx.plan(lock, Options())
@@ -168,13 +169,13 @@ def test_system_interpreter_breaks_system_packages_and_removes_nothing(restore_l
     assert '"python3", "-m", "pip"' in df
 
 
-def test_python_version_is_checked_in_the_first_step(restore_lock: Any) -> None:
+def test_python_version_is_checked_in_the_first_step(restore_lock: LockFactory) -> None:
     df = render(restore_lock(image={"reference": "a/b", "digest": DIGEST}))
     first_run = next(line for line in df.splitlines() if line.startswith("RUN"))
     assert "(3, 11)" in first_run and "the lock needs 3.11" in first_run
 
 
-def test_venv_under_the_workspace_is_refused(restore_lock: Any) -> None:
+def test_venv_under_the_workspace_is_refused(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "venv",
                                 "prefix": "/workspace/.venv"})
@@ -187,7 +188,7 @@ def test_venv_under_the_workspace_is_refused(restore_lock: Any) -> None:
 # -- hashes and sources ------------------------------------------------------------------------
 
 
-def test_all_hashed_uses_require_hashes(restore_lock: Any) -> None:
+def test_all_hashed_uses_require_hashes(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "six", "version": "1.16.0", "hashes": [HASH]},
                                   {"name": "idna", "version": "3.10", "hashes": [HASH, "sha256:" + "34" * 32]}])
@@ -199,7 +200,7 @@ def test_all_hashed_uses_require_hashes(restore_lock: Any) -> None:
     assert '"--require-hashes"' in files["Dockerfile"]
 
 
-def test_mixed_hashes_split_into_two_invocations(restore_lock: Any) -> None:
+def test_mixed_hashes_split_into_two_invocations(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "six", "version": "1.16.0", "hashes": [HASH]}, ("idna", "3.10")])
     files = ctx.render(ctx.plan(lock, Options()))
@@ -209,7 +210,7 @@ def test_mixed_hashes_split_into_two_invocations(restore_lock: Any) -> None:
     assert len(runs) == 2 and sum('"--require-hashes"' in r for r in runs) == 1
 
 
-def test_url_and_vcs_sources_are_pinned(restore_lock: Any) -> None:
+def test_url_and_vcs_sources_are_pinned(restore_lock: LockFactory) -> None:
     commit = "a" * 40
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
         {"name": "lib", "version": "1.0", "source": "url", "url": "https://example.org/lib-1.0.tar.gz",
@@ -222,7 +223,7 @@ def test_url_and_vcs_sources_are_pinned(restore_lock: Any) -> None:
     assert f"tool @ git+https://github.com/org/tool.git@{commit}" in files["requirements/packages.txt"]
 
 
-def test_vcs_branch_name_is_not_a_pin(restore_lock: Any) -> None:
+def test_vcs_branch_name_is_not_a_pin(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
         {"name": "tool", "version": "0.3", "source": "vcs", "vcs": "git",
          "url": "https://github.com/org/tool.git", "commit": "main"}])
@@ -230,7 +231,7 @@ def test_vcs_branch_name_is_not_a_pin(restore_lock: Any) -> None:
         render(lock)
 
 
-def test_editable_and_local_are_not_restorable_unless_skipped(restore_lock: Any) -> None:
+def test_editable_and_local_are_not_restorable_unless_skipped(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
         ("six", "1.16.0"),
         {"name": "myproj", "version": "0.1", "source": "editable", "url": "file:///home/me/myproj"},
@@ -244,7 +245,7 @@ def test_editable_and_local_are_not_restorable_unless_skipped(restore_lock: Any)
     assert "myproj" not in "".join(ctx.render(plan).values())
 
 
-def test_index_url_option(restore_lock: Any) -> None:
+def test_index_url_option(restore_lock: LockFactory) -> None:
     df = render(restore_lock(image={"reference": "a/b", "digest": DIGEST}), index_url="https://pypi.lab.example/simple")
     assert '"--index-url", "https://pypi.lab.example/simple"' in df
 
@@ -265,7 +266,7 @@ def test_index_url_option(restore_lock: Any) -> None:
      "commit": "a" * 40},
     {"name": "six", "version": "1.0", "hashes": ["md5:abc"]},
 ])
-def test_crafted_package_values_are_refused(restore_lock: Any, pkg: dict[str, Any]) -> None:
+def test_crafted_package_values_are_refused(restore_lock: LockFactory, pkg: dict[str, Any]) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[pkg], construct=True)
     with pytest.raises(UnsafeValue):
         render(lock)
@@ -278,7 +279,7 @@ def test_crafted_package_values_are_refused(restore_lock: Any, pkg: dict[str, An
     {"LD_PRELOAD": "/tmp/evil.so"},
     {"bad name": "1"},
 ])
-def test_crafted_env_is_refused(restore_lock: Any, env: dict[str, str]) -> None:
+def test_crafted_env_is_refused(restore_lock: LockFactory, env: dict[str, str]) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, determinism={"env": env})
     with pytest.raises(UnsafeValue):
         render(lock)
@@ -288,17 +289,17 @@ def test_crafted_env_is_refused(restore_lock: Any, env: dict[str, str]) -> None:
     {"reference": "a/b", "digest": "md5:" + "ab" * 16},
     {"reference": "a/b", "digest": "sha256:" + "AB" * 32},
 ])
-def test_crafted_digest_is_refused(restore_lock: Any, image: dict[str, str]) -> None:
+def test_crafted_digest_is_refused(restore_lock: LockFactory, image: dict[str, str]) -> None:
     from envlock.model import Image
 
-    lock = restore_lock().model_copy(update={"image": Image.model_construct(**image)})
+    lock = restore_lock().model_copy(update={"image": Image.model_construct(None, **image)})
     with pytest.raises(UnsafeValue, match="digest"):
         render(lock)
 
 
 @pytest.mark.parametrize("base", ["python:3.11\nRUN evil", "python:3.11 AS x", "py thon", "a/b@sha1:abc",
                                   "$(id)/x:1"])
-def test_crafted_base_is_refused(restore_lock: Any, base: str) -> None:
+def test_crafted_base_is_refused(restore_lock: LockFactory, base: str) -> None:
     # --base is the user's own input: a usage error about the option (exit 2, like a crafted
     # lock value), which never says the lock was edited or crafted.
     with pytest.raises(UsageError, match=r"^--base ") as err:
@@ -308,7 +309,7 @@ def test_crafted_base_is_refused(restore_lock: Any, base: str) -> None:
 
 @pytest.mark.parametrize("prefix", ["/opt/venv; rm -rf /", "relative/venv", "/opt/../etc", "/usr/bin",
                                     "/opt/v$(id)"])
-def test_crafted_venv_path_is_refused(restore_lock: Any, prefix: str) -> None:
+def test_crafted_venv_path_is_refused(restore_lock: LockFactory, prefix: str) -> None:
     from envlock.model import PythonInfo
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
@@ -317,7 +318,7 @@ def test_crafted_venv_path_is_refused(restore_lock: Any, prefix: str) -> None:
         render(lock.model_copy(update={"python": py}))
 
 
-def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: Any, tmp_path: Path,
+def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: LockFactory, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from envlock.cli import main
     from envlock.lockfile import atomic_write, dumps
@@ -332,7 +333,7 @@ def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: Any, tmp_path: Pat
     assert not (out / "Dockerfile").exists()
 
 
-def test_dockerfile_only_writes_a_complete_context(restore_lock: Any, tmp_path: Path) -> None:
+def test_dockerfile_only_writes_a_complete_context(restore_lock: LockFactory, tmp_path: Path) -> None:
     from envlock.cli import main
     from envlock.lockfile import save
 
@@ -345,7 +346,7 @@ def test_dockerfile_only_writes_a_complete_context(restore_lock: Any, tmp_path: 
                                       "requirements/tooling.txt"]
 
 
-def test_context_key_is_stable_and_content_sensitive(restore_lock: Any) -> None:
+def test_context_key_is_stable_and_content_sensitive(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     a = ctx.context_key(ctx.plan(lock, Options()))
     assert a == ctx.context_key(ctx.plan(lock, Options()))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
 from envlock.restore.engine import DockerEngine, RunSpec, connect, tar_files
@@ -197,7 +198,7 @@ def test_bad_engine_name_is_a_usage_error() -> None:
         connect("kubernetes")
 
 
-def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: Any) -> None:
+def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: LockFactory) -> None:
     from envlock.restore import context as ctx
     from envlock.restore.restore import cache_labels, prepare
 
@@ -221,7 +222,8 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
             return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
 
     eng = engine(Images())
-    assert eng.find_image({ctx.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
+    stage = eng.find_image({ctx.LABEL_CONTEXT: "k"})
+    assert stage is not None and stage.id == build_stage
     found = eng.find_image(cache_labels(plan, "k"))
     assert found is not None and found.id == final
 

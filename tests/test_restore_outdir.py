@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.cli import main
 from envlock.lockfile import save
@@ -15,7 +15,7 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 @pytest.fixture
-def lock_path(restore_lock: Any, tmp_path: Path) -> Path:
+def lock_path(restore_lock: LockFactory, tmp_path: Path) -> Path:
     return save(restore_lock(image={"reference": "a/b", "digest": DIGEST}), tmp_path / "env.lock")
 
 
@@ -110,7 +110,7 @@ def test_a_file_is_not_a_directory(lock_path: Path, tmp_path: Path) -> None:
 
 
 
-def test_the_printed_build_command_works_as_pasted(restore_lock: Any, tmp_path: Path,
+def test_the_printed_build_command_works_as_pasted(restore_lock: LockFactory, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import shlex
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.errors import NotRestorable, UsageError
 from envlock.restore.run import HostIncompatible, parse_env, parse_ports, resolve_gpus
@@ -36,11 +37,11 @@ def test_torch_index_follows_the_local_label() -> None:
     assert t.in_layer("nvidia-cudnn-cu12") and t.in_layer("torch") and not t.in_layer("numpy")
 
 
-def cuda_lock(restore_lock: Any, cuda: str = "12.1") -> Any:
+def cuda_lock(restore_lock: LockFactory, cuda: str = "12.1") -> Any:
     return restore_lock(torch={"version": f"2.4.1+cu{cuda.replace('.', '')}", "cuda": cuda})
 
 
-def test_old_driver_is_refused_with_a_clear_message(restore_lock: Any) -> None:
+def test_old_driver_is_refused_with_a_clear_message(restore_lock: LockFactory) -> None:
     with pytest.raises(HostIncompatible) as exc:
         resolve_gpus(cuda_lock(restore_lock), "all", "470.82.01")
     assert exc.value.exit_code == 3
@@ -48,7 +49,7 @@ def test_old_driver_is_refused_with_a_clear_message(restore_lock: Any) -> None:
     assert "--gpus none" in (exc.value.hint or "")
 
 
-def test_gpu_requests(restore_lock: Any) -> None:
+def test_gpu_requests(restore_lock: LockFactory) -> None:
     lock = cuda_lock(restore_lock)
     assert resolve_gpus(lock, "all", "550.54.14") == ("all", [])
     assert resolve_gpus(lock, "0,1", "550.54.14")[0] == "0,1"
@@ -101,11 +102,11 @@ def test_run_options_without_a_command_or_double_dash_are_options() -> None:
     assert args.gpus == "none"
 
 
-def test_jupyter_needs_jupyterlab_in_the_lock(restore_lock: Any) -> None:
+def test_jupyter_needs_jupyterlab_in_the_lock(restore_lock: LockFactory) -> None:
     from envlock.restore.run import RunOptions, run_in_image
 
     with pytest.raises(UsageError, match="jupyterlab"):
-        run_in_image(None, restore_lock(), "sha256:" + "a" * 64, "t:1",  # type: ignore[arg-type]
+        run_in_image(None, restore_lock(), "sha256:" + "a" * 64, "t:1",  # type: ignore[arg-type]  # refused before any engine is used
                      RunOptions(command=[], jupyter=True), python="python3")
 
 
@@ -137,14 +138,14 @@ def house(tmp_path: Path) -> Path:
     return d
 
 
-def test_select_matches_exact_versions(restore_lock: Any, house: Path) -> None:
+def test_select_matches_exact_versions(restore_lock: LockFactory, house: Path) -> None:
     lock = restore_lock(packages=[("six", "1.16.0"), ("idna", "3.10"), ("attrs", "24.2.0")])
     found = select(house, lock.packages)
     assert {k: [p.name for p in v] for k, v in found.items()} == {
         "six": ["six-1.16.0-py3-none-any.whl"], "idna": ["idna-3.10-py3-none-any.whl"]}
 
 
-def test_bundle_copies_checks_and_writes_a_manifest(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_bundle_copies_checks_and_writes_a_manifest(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     good = sha(house / "six-1.16.0-py3-none-any.whl")
     lock = restore_lock(packages=[{"name": "six", "version": "1.16.0", "hashes": [good]},
                                   ("idna", "3.10"), ("setuptools", "66.1.1")])
@@ -156,20 +157,20 @@ def test_bundle_copies_checks_and_writes_a_manifest(restore_lock: Any, house: Pa
     assert (tmp_path / "out" / MANIFEST).is_file()
 
 
-def test_bundle_refuses_a_wheel_with_the_wrong_hash(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_bundle_refuses_a_wheel_with_the_wrong_hash(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     lock = restore_lock(packages=[{"name": "six", "version": "1.16.0", "hashes": ["sha256:" + "0" * 64]}])
     with pytest.raises(HashMismatch):
         bundle(lock, tmp_path / "out", source=house)
     assert not list((tmp_path / "out").glob("*.whl"))
 
 
-def test_bundle_reports_every_missing_wheel(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_bundle_reports_every_missing_wheel(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     lock = restore_lock(packages=[("six", "1.15.0"), ("attrs", "24.2.0"), ("idna", "3.10")])
     with pytest.raises(NotRestorable, match=r"six==1.15.0, attrs==24.2.0|attrs==24.2.0, six==1.15.0"):
         bundle(lock, tmp_path / "out", source=house)
 
 
-def test_bundle_refuses_local_sources_unless_skipped(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_bundle_refuses_local_sources_unless_skipped(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     lock = restore_lock(packages=[("six", "1.16.0"),
                                   {"name": "mine", "version": "0.1", "source": "editable", "url": "file:///x"}])
     with pytest.raises(NotRestorable, match="mine"):
@@ -177,14 +178,14 @@ def test_bundle_refuses_local_sources_unless_skipped(restore_lock: Any, house: P
     assert bundle(lock, tmp_path / "out", source=house, skip_local=True).skipped == ("mine",)
 
 
-def test_bundle_downloads_with_pip_for_the_locks_platform(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_bundle_downloads_with_pip_for_the_locks_platform(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     # pip download with the lock's python/abi/platform, here from a directory instead of an index.
     lock = restore_lock(packages=[("six", "1.16.0"), ("idna", "3.10")])
     result = bundle(lock, tmp_path / "out", pip_find_links=house)
     assert sorted(f[0] for f in result.files) == ["idna", "six"]
 
 
-def test_restore_with_a_bundle_uses_its_hashes(restore_lock: Any, house: Path, tmp_path: Path) -> None:
+def test_restore_with_a_bundle_uses_its_hashes(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
     from envlock.restore.context import Options
     from envlock.restore.restore import prepare
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from helpers import LockFactory
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
+from envlock.model import Lock
 from envlock.restore import context as ctx
 from envlock.restore import values
 from envlock.restore.context import Options
@@ -51,14 +54,14 @@ def test_interpreter_refusals_are_usage_errors_about_the_option(python: str, why
     assert not isinstance(err.value, UnsafeValue)
 
 
-def test_restore_python_accepts_a_system_interpreter(restore_lock: Any) -> None:
+def test_restore_python_accepts_a_system_interpreter(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, python=SYSTEM)
     plan = ctx.plan(lock, Options(python="/usr/bin/python3"))
     assert plan.python == "/usr/bin/python3"
     assert '"/usr/bin/python3", "-m", "pip"' in ctx.render(plan)["Dockerfile"]
 
 
-def test_user_options_never_blame_the_lock(restore_lock: Any) -> None:
+def test_user_options_never_blame_the_lock(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     for opts in (Options(base="Not An Image"), Options(venv="/etc"), Options(index_url="ftp://x/y")):
         with pytest.raises(UsageError) as err:
@@ -78,14 +81,14 @@ def test_capture_in_image_validates_python_as_an_interpreter() -> None:
 # -- OS packages ----------------------------------------------------------------------------
 
 
-def _system_lock(restore_lock: Any, **kw: Any) -> Any:
-    data = {"image": {"reference": "a/b", "digest": DIGEST}, "python": SYSTEM, "os_packages": OS,
+def _system_lock(restore_lock: LockFactory, **kw: Any) -> Lock:
+    data: dict[str, Any] = {"image": {"reference": "a/b", "digest": DIGEST}, "python": SYSTEM, "os_packages": OS,
             "packages": PACKAGES}
     data.update(kw)
     return restore_lock(**data)
 
 
-def test_system_lock_installs_os_packages_with_apt_pins_then_pip(restore_lock: Any) -> None:
+def test_system_lock_installs_os_packages_with_apt_pins_then_pip(restore_lock: LockFactory) -> None:
     plan = ctx.plan(_system_lock(restore_lock), Options())
     files = ctx.render(plan)
     df = files["Dockerfile"]
@@ -107,41 +110,41 @@ def test_system_lock_installs_os_packages_with_apt_pins_then_pip(restore_lock: A
     assert "PIP_BREAK_SYSTEM_PACKAGES=1" in df and plan.skipped == ()
 
 
-def test_every_lock_value_in_the_os_lines_is_exec_form(restore_lock: Any) -> None:
+def test_every_lock_value_in_the_os_lines_is_exec_form(restore_lock: LockFactory) -> None:
     df = ctx.render(ctx.plan(_system_lock(restore_lock), Options()))["Dockerfile"]
     for line in df.splitlines():
         if "=1.16.0-4" in line or "os-packages" in line:
             assert line.startswith(("RUN [", "COPY [")), line
 
 
-def test_venv_lock_leaves_os_packages_to_the_base(restore_lock: Any) -> None:
+def test_venv_lock_leaves_os_packages_to_the_base(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, os_packages=OS,
                         packages=[("six", "1.16.0")])
     plan = ctx.plan(lock, Options())
     assert plan.os_install is None and "apt-get" not in ctx.render(plan)["Dockerfile"]
 
 
-def test_system_dist_without_os_table_is_left_to_the_base(restore_lock: Any) -> None:
+def test_system_dist_without_os_table_is_left_to_the_base(restore_lock: LockFactory) -> None:
     lock = _system_lock(restore_lock, os_packages=None)
     plan = ctx.plan(lock, Options())
     assert set(plan.skipped) == {"six", "torch"}
     assert any("python3-torch" in n for n in plan.notes)
 
 
-def test_system_dist_owned_by_an_unlisted_package_is_not_restorable(restore_lock: Any) -> None:
+def test_system_dist_owned_by_an_unlisted_package_is_not_restorable(restore_lock: LockFactory) -> None:
     lock = _system_lock(restore_lock, os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]})
     with pytest.raises(NotRestorable, match="six, torch"):
         ctx.plan(lock, Options())
 
 
-def test_apk_images_use_apk_add(restore_lock: Any) -> None:
+def test_apk_images_use_apk_add(restore_lock: LockFactory) -> None:
     lock = _system_lock(restore_lock, packages=[PACKAGES[2]],
                         os_packages={"manager": "apk", "packages": ["musl:x86_64=1.2.5-r0"]})
     df = ctx.render(ctx.plan(lock, Options()))["Dockerfile"]
     assert 'RUN ["apk", "add", "--no-cache", "musl=1.2.5-r0"]' in df
 
 
-def test_crafted_os_pin_is_refused(restore_lock: Any) -> None:
+def test_crafted_os_pin_is_refused(restore_lock: LockFactory) -> None:
     from envlock.model import OsPackages
 
     lock = _system_lock(restore_lock, packages=[PACKAGES[2]], os_packages=None)
@@ -150,28 +153,29 @@ def test_crafted_os_pin_is_refused(restore_lock: Any) -> None:
         ctx.plan(lock.model_copy(update={"os_packages": bad}), Options())
 
 
-@pytest.mark.skipif(shutil.which("apt-cache") is None or not shutil.os.path.exists("/var/lib/dpkg/status"),
+@pytest.mark.skipif(shutil.which("apt-cache") is None or not os.path.exists("/var/lib/dpkg/status"),
                     reason="needs a Debian-like host with apt-cache")
 def test_check_script_names_every_unavailable_version(tmp_path: Any) -> None:
     from envlock import ospkgs
+    from envlock.capturing import OSPKGS_PATH
 
     db = ospkgs.load("/")
     assert db is not None
     installed = db.specs()[0]
     spec = tmp_path / "os.txt"
     spec.write_text(f"# header\n{installed}\nlibc6:amd64=0.0-envlock-missing\nnosuchpkg-envlock:amd64=1.0\n")
-    res = subprocess.run([sys.executable, str(ctx.ospackages.OSPKGS_PATH), "--check", str(spec)],
+    res = subprocess.run([sys.executable, str(OSPKGS_PATH), "--check", str(spec)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 100
     assert res.stdout.strip() == ("envlock: OS package versions no longer available: "
                                   "libc6:amd64=0.0-envlock-missing, nosuchpkg-envlock:amd64=1.0")
     spec.write_text(installed + "\n")
-    ok = subprocess.run([sys.executable, str(ctx.ospackages.OSPKGS_PATH), "--check", str(spec)],
+    ok = subprocess.run([sys.executable, str(OSPKGS_PATH), "--check", str(spec)],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0 and ok.stdout == ""
 
 
-def test_bundle_leaves_os_owned_dists_to_their_packages(restore_lock: Any) -> None:
+def test_bundle_leaves_os_owned_dists_to_their_packages(restore_lock: LockFactory) -> None:
     from envlock.restore.wheelhouse import _wanted
 
     wanted, skipped = _wanted(_system_lock(restore_lock), skip_local=False)

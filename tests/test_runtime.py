@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import envlock
 from envlock import probe, runtime
@@ -24,10 +27,6 @@ from envlock.errors import UsageError
 from envlock.lockfile import seal
 from envlock.model import Lock
 from envlock.runtime import ReproducibilityWarning, knobs, seeds
-
-torch = pytest.importorskip("torch")
-np = pytest.importorskip("numpy")
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402 - after the skip
 
 
 def _restore_process(env: dict[str, str], flags: dict[str, Any], rng: Any, py_rng: Any,
@@ -218,7 +217,7 @@ def test_deterministic_keeps_a_deterministic_cublas_setting(isolated: Path) -> N
 
 def test_deterministic_rejects_unknown_modes(isolated: Path) -> None:
     with pytest.raises(UsageError, match="strict"):
-        envlock.deterministic("loose")
+        envlock.deterministic("loose")  # type: ignore[arg-type]  # the refusal of an undeclared mode is the test
 
 
 _LEGACY_TF32 = {"cuda_matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision"}
@@ -236,19 +235,21 @@ _PUBLIC_SETTERS: dict[str, Any] = {
                    lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
 }
 if hasattr(torch.backends, "fp32_precision"):
+    # torch adds cudnn.conv and mkldnn.matmul at run time; its annotations do not declare them.
+    _backends: Any = torch.backends
     _PUBLIC_SETTERS.update({
         "generic": (st.sampled_from(["none", "ieee", "tf32"]),
                     lambda v: setattr(torch.backends, "fp32_precision", v)),
         "cuda_matmul": (st.sampled_from(["none", "ieee", "tf32"]),
                         lambda v: setattr(torch.backends.cuda.matmul, "fp32_precision", v)),
         "cudnn_conv": (st.sampled_from(["none", "ieee", "tf32"]),
-                       lambda v: setattr(torch.backends.cudnn.conv, "fp32_precision", v)),
+                       lambda v: setattr(_backends.cudnn.conv, "fp32_precision", v)),
         "cudnn_rnn": (st.sampled_from(["none", "ieee", "tf32"]),
                       lambda v: setattr(torch.backends.cudnn.rnn, "fp32_precision", v)),
         "mkldnn": (st.sampled_from(["none", "ieee", "bf16"]),
                    lambda v: setattr(torch.backends.mkldnn, "fp32_precision", v)),
         "mkldnn_matmul": (st.sampled_from(["none", "ieee", "bf16", "tf32"]),
-                          lambda v: setattr(torch.backends.mkldnn.matmul, "fp32_precision", v)),
+                          lambda v: setattr(_backends.mkldnn.matmul, "fp32_precision", v)),
     })
 
 

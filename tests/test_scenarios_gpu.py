@@ -59,7 +59,7 @@ def test_g_simulated_gpu_host(tmp_path: Path, standin: Path, base_image: str, wh
         uv_install(venv, wheelhouse, "six==1.16.0")
         # The ctypes path is the one under test: nvidia-ml-py must not be importable there.
         res = subprocess.run([str(venv / "bin" / "python"), "-c", "import pynvml"], capture_output=True,
-                             check=False, timeout=60)
+                             text=True, check=False, timeout=60)
         assert res.returncode != 0
     lock = tmp_path / "env.lock"
     gpu = _gpu_env(standin)
@@ -174,11 +174,11 @@ def test_g_gpu_requests_per_engine(docker_client: object) -> None:
     """What `--gpus` becomes for each engine: a DeviceRequest for Docker, CDI names for Podman."""
     from docker.types import DeviceRequest
 
-    from envlock.restore.engine import connect
+    from envlock.restore.engine import DockerEngine, connect
 
     engine = connect("docker")
     try:
-        assert engine.name == "docker"
+        assert engine.name == "docker" and isinstance(engine, DockerEngine)
         assert engine._gpu_kwargs("all") == {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
         assert engine._gpu_kwargs("0,1") == {
             "device_requests": [DeviceRequest(device_ids=["0", "1"], capabilities=[["gpu"]])]}
@@ -189,7 +189,7 @@ def test_g_gpu_requests_per_engine(docker_client: object) -> None:
         return  # the Podman half needs Podman; the suite runs it wherever test.sh set Podman up
     podman = connect(url)
     try:
-        assert podman.name == "podman"
+        assert podman.name == "podman" and isinstance(podman, DockerEngine)
         assert podman._gpu_kwargs("all") == {"devices": ["nvidia.com/gpu=all:nvidia.com/gpu=all:rwm"]}
     finally:
         podman.close()

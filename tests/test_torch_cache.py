@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO, run_cli
 
 from envlock import probe
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # each live run imports torch in a fresh interpreter
 PROBE = str(REPO / "envlock" / "probe.py")
 
