@@ -7,6 +7,8 @@ environment around envlock (no engine, interpreter missing, build failed).
 
 from __future__ import annotations
 
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
 
 class EnvlockError(Exception):
     """Base class: a failure with a one-line, user-facing message."""
@@ -49,7 +51,8 @@ class ProbeFailed(EnvlockError):
 
 
 class InterpreterNotFound(ProbeFailed):
-    """``--python`` names something that is not a runnable interpreter."""
+    """The interpreter asked for (``--python``, or one tried inside an image) is not there or
+    does not run."""
 
 
 class TorchMissing(EnvlockError):
@@ -59,9 +62,21 @@ class TorchMissing(EnvlockError):
 
 
 class EngineUnavailable(EnvlockError):
-    """No container engine is reachable."""
+    """No container engine is reachable, or it cannot do what was asked (pull, push, run)."""
 
     exit_code = 3
+
+
+class ImageNotFound(EngineUnavailable):
+    """The engine has no such image and cannot pull it."""
+
+
+class ContainerFailed(EngineUnavailable):
+    """The engine could not create or start a container (the command never ran)."""
+
+
+class CommandNotFound(ContainerFailed):
+    """The container's command is not in the image (no such executable on its PATH)."""
 
 
 class BuildFailed(EnvlockError):
@@ -88,3 +103,23 @@ class NotRestorable(EnvlockError):
     """The lock names something that cannot be rebuilt (editable or local sources)."""
 
     exit_code = 3
+
+
+class HostIncompatible(EnvlockError):
+    """The host cannot run the lock's stack (driver too old, no GPU driver)."""
+
+    exit_code = 3
+
+
+class HashMismatch(EnvlockError):
+    """A wheel's hash (or build) is not one the lock (or the bundle's manifest) allows."""
+
+    exit_code = 3
+
+
+class BadWheel(HashMismatch):
+    """A file named like a wheel that is not one (not a zip, no RECORD)."""
+
+
+class PlainHttp(UnsafeValue):
+    """An ``http://`` URL without ``--allow-http``: anyone on the path can swap what it serves."""

@@ -140,7 +140,8 @@ def _trained_restore_lock(restore_lock: Any) -> Any:
 
 
 def test_image_env_holds_what_was_set_before_start_only(restore_lock: Any) -> None:
-    from envlock.restore.context import Options, dockerfile, numerics_env, plan
+    from envlock.restore.context import Options, numerics_env, plan
+    from envlock.restore.dockerfile import dockerfile
 
     lock = _trained_restore_lock(restore_lock)
     df = dockerfile(plan(lock, Options(base="python@sha256:" + "a" * 64)))
@@ -153,7 +154,7 @@ def test_image_env_holds_what_was_set_before_start_only(restore_lock: Any) -> No
 def test_run_passes_the_recorded_process_variables(restore_lock: Any, docker_client: Any,
                                                    base_image: str, tmp_path: Path,
                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    from envlock.restore.engine import connect
+    from envlock.restore.endpoint import connect
     from envlock.restore.run import RunOptions, run_in_image
 
     lock = _trained_restore_lock(restore_lock)

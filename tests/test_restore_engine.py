@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.engine import DockerEngine, RunSpec, connect, tar_files
+from envlock.restore.dockerengine import DockerEngine, tar_files
+from envlock.restore.endpoint import connect
+from envlock.restore.engine import RunSpec
 from envlock.restore.progress import PlainProgress
 
 IMAGE_ID = "sha256:" + "cd" * 32
@@ -179,7 +181,7 @@ def test_unreachable_engine_is_exit_3_with_a_hint(tmp_path: Path) -> None:
 
 
 def test_podman_without_a_socket_says_how_to_start_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from envlock.restore import engine as eng
+    from envlock.restore import endpoint as eng
 
     monkeypatch.delenv("CONTAINER_HOST", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
@@ -198,16 +200,17 @@ def test_bad_engine_name_is_a_usage_error() -> None:
 
 
 def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: Any) -> None:
-    from envlock.restore import context as ctx
+    from envlock.restore import dockerfile
+    from envlock.restore.context import Options
     from envlock.restore.restore import cache_labels, prepare
 
     lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
                         packages=[("six", "1.17.0")])
-    plan, _ = prepare(lock, ctx.Options())
+    plan, _ = prepare(lock, Options())
     build_stage, final = "sha256:" + "b1" * 32, "sha256:" + "f1" * 32
     images = {  # what Podman leaves after a multi-stage build with --label: both carry it
-        build_stage: {ctx.LABEL_CONTEXT: "k"},
-        final: {ctx.LABEL_CONTEXT: "k", ctx.LABEL_SHORT_ID: plan.short_id, ctx.LABEL_SCHEMA: "1"},
+        build_stage: {dockerfile.LABEL_CONTEXT: "k"},
+        final: {dockerfile.LABEL_CONTEXT: "k", dockerfile.LABEL_SHORT_ID: plan.short_id, dockerfile.LABEL_SCHEMA: "1"},
     }
 
     class Images(FakeAPI):
@@ -221,14 +224,13 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
             return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
 
     eng = engine(Images())
-    assert eng.find_image({ctx.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
+    assert eng.find_image({dockerfile.LABEL_CONTEXT: "k"}).id == build_stage  # type: ignore[union-attr]
     found = eng.find_image(cache_labels(plan, "k"))
     assert found is not None and found.id == final
 
 
 def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     from envlock.errors import UsageError
-    from envlock.restore.engine import connect
 
     monkeypatch.setenv("ENVLOCK_ENGINE", "bogus")
     with pytest.raises(UsageError, match=r"^ENVLOCK_ENGINE must be docker, podman or an API URL, not 'bogus'$"):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from envlock.errors import NotRestorable
 from envlock.model import Lock
 from envlock.restore import context as ctx
-from envlock.restore import values
+from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -70,9 +70,8 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
         return base
     repo, _, _ = values.split_ref(base.ref)
     info = engine.image(base.ref) or engine.pull(base.ref)
-    pinned = info.pinned_ref(repo)
-    if "@" in pinned and pinned.split("@", 1)[0].startswith("localhost/"):
-        pinned = info.id  # Podman's local digest: the id says the same and is unambiguous
+    # No registry digest (a local build, or Podman's localhost/ one): the id says the same.
+    pinned = info.repo_digest(repo, pullable=True) or info.id
     return ctx.BaseChoice(pinned, base.origin, True, base.ref)
 
 
@@ -91,13 +90,13 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
         if manifest and not options.extra_hashes:
             options = dataclasses.replace(options, extra_hashes=manifest)
     plan = ctx.plan(lock, options, base, wheels_for)
-    return plan, ctx.render(plan)
+    return plan, dockerfile.render(plan)
 
 
 def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
                           force: bool = False) -> ctx.Plan:
     plan, rendered = prepare(lock, options, None)
-    ctx.write_context(plan, directory, rendered, force=force)
+    dockerfile.write_context(plan, directory, rendered, force=force)
     return plan
 
 
@@ -108,7 +107,7 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
     never verified) carries the context label too; only the final stage has the Dockerfile's
     own ``LABEL``s, the short id among them.
     """
-    return {ctx.LABEL_CONTEXT: key, ctx.LABEL_SHORT_ID: plan.short_id}
+    return {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_SHORT_ID: plan.short_id}
 
 
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
@@ -123,11 +122,11 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
-    key = ctx.context_key(plan, rendered)
+    key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
     workdir = Path(workdir) if workdir else cache_dir() / f"{name}-{lock.short_id}"
     context_dir = workdir / "context"
-    labels = {ctx.LABEL_CONTEXT: key}
+    labels = {dockerfile.LABEL_CONTEXT: key}
     t0 = time.monotonic()
     found = engine.find_image(cache_labels(plan, key)) if use_cache else None
     log_path: Path | None = None
@@ -139,7 +138,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     else:
         # envlock's own context of an earlier build of this lock is replaced; anything else
         # at that place (a user's --context-dir) is refused.
-        ctx.write_context(plan, context_dir, rendered, force=True)
+        dockerfile.write_context(plan, context_dir, rendered, force=True)
         log_path = workdir / "build.log"
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envlock.drift import OS_FROM_BASE_ENV
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import HostIncompatible, UsageError
 from envlock.model import Lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
@@ -28,12 +28,6 @@ from envlock.restore.tables import driver_older, driver_requirement
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
 _GPUS_RE = re.compile(r"^(all|none|auto|\d+(,\d+)*)$")
-
-
-class HostIncompatible(EnvlockError):
-    """The host cannot run the lock's stack (driver too old, no GPU driver)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

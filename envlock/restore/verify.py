@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
 from envlock.drift import Comparison, as_info
-from envlock.errors import ProbeFailed
+from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
@@ -34,26 +34,19 @@ def probe_files() -> dict[str, bytes]:
     return files
 
 
-class InterpreterMissing(ProbeFailed):
-    """The interpreter asked for does not exist in the image."""
-
-
 def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: bool = True,
                    canary: bool = False, env: Mapping[str, str] | None = None,
                    extra_args: Sequence[str] = ()) -> dict[str, Any]:
     """The probe's JSON document from a throwaway container of ``image``."""
-    from envlock.errors import EngineUnavailable
-
     argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary), *extra_args]
     spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
     try:
         result = engine.run(spec)
-    except EngineUnavailable as exc:
-        if "not found" in exc.message or "no such file" in exc.message.lower():
-            raise InterpreterMissing(f"{python} not found in {image}") from None
-        raise
+    except CommandNotFound:
+        raise InterpreterNotFound(f"{python} not found in {image}") from None
+    # A shell's (or crun's) "cannot execute" and "not found".
     if result.exit_code in (126, 127):
-        raise InterpreterMissing(f"{python} not found in {image}")
+        raise InterpreterNotFound(f"{python} not found in {image}")
     if result.exit_code != 0:
         tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise ProbeFailed(f"the probe failed inside {image} with exit {result.exit_code}: "
