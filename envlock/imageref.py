@@ -120,3 +120,10 @@ def normal_repo(repo: str) -> str:
 def same_repo(a: str, b: str) -> bool:
     """True when two repository names (no tag, no digest) name the same repository."""
     return normal_repo(a) == normal_repo(b)
+
+
+def same_ref(a: str, b: str) -> bool:
+    """True when two references name the same repository, tag and digest (``localhost/x:1`` as
+    Podman lists it is ``x:1``)."""
+    ra, rb = split(a), split(b)
+    return same_repo(ra.repo, rb.repo) and (ra.tag, ra.digest) == (rb.tag, rb.digest)

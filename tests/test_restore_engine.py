@@ -30,9 +30,10 @@ def fake_attach_socket(frames: list[tuple[int, bytes]]) -> socket.socket:
 
 class FakeAPI:
     def __init__(self, chunks: list[dict[str, Any]] | None = None,
-                 frames: list[Any] | None = None) -> None:
+                 frames: list[Any] | None = None, exit_code: int = 7) -> None:
         self.chunks = chunks or []
         self.frames = frames or []
+        self.exit_code = exit_code
         self.removed: list[str] = []
         self.archives: list[tuple[str, str, bytes]] = []
         self.host_config: dict[str, Any] = {}
@@ -64,7 +65,7 @@ class FakeAPI:
         pass
 
     def wait(self, cid: str) -> dict[str, int]:
-        return {"StatusCode": 7}
+        return {"StatusCode": self.exit_code}
 
     def remove_container(self, cid: str, force: bool = False) -> None:
         self.removed.append(cid)
@@ -260,3 +261,89 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
     usage = UsageError("bad option")
     _hint_earlier_image(usage, engine(FakeAPI()), "envlock/proj:0123456789ab")
     assert usage.hint is None
+
+
+# What Docker (runc) answers, recorded from a real engine, for the typed failures below.
+NO_EXECUTABLE = ('failed to create shim task: OCI runtime create failed: runc create failed: unable to '
+                 'start container process: exec: "python9": executable file not found in $PATH: unknown')
+NO_FILE = ('failed to create shim task: OCI runtime create failed: runc create failed: unable to start '
+           'container process: exec: "/usr/bin/nope": stat /usr/bin/nope: no such file or directory: unknown')
+
+
+def test_engine_failures_are_typed_and_the_container_still_goes() -> None:
+    from docker.errors import APIError
+    from docker.errors import ImageNotFound as NoSuchImage
+
+    from envlock.errors import CommandNotFound, ContainerFailed, ImageNotFound
+
+    class Start(FakeAPI):
+        def __init__(self, explanation: str) -> None:
+            super().__init__()
+            self.explanation = explanation
+
+        def start(self, cid: str) -> None:
+            raise APIError("400 Client Error", explanation=self.explanation)
+
+    for answer in (NO_EXECUTABLE, NO_FILE):
+        api = Start(answer)
+        with pytest.raises(CommandNotFound, match="cannot start python9 in "):
+            engine(api).run(RunSpec(image=IMAGE_ID, command=["python9"]))
+        assert api.removed == ["c" * 64]
+    api = Start("driver failed programming external connectivity: port is already allocated")
+    with pytest.raises(ContainerFailed) as exc:
+        engine(api).run(RunSpec(image=IMAGE_ID, command=["python3"]))
+    assert not isinstance(exc.value, CommandNotFound) and exc.value.exit_code == 3
+
+    class NoImage(FakeAPI):
+        def create_container(self, image: str, command: list[str], **kw: Any) -> dict[str, str]:
+            raise NoSuchImage(f"No such image: {image}")
+
+    with pytest.raises(ImageNotFound) as missing:
+        engine(NoImage()).run(RunSpec(image=IMAGE_ID, command=["python3"]))
+    assert isinstance(missing.value, EngineUnavailable) and missing.value.exit_code == 3
+
+
+def test_a_missing_interpreter_is_interpreter_not_found_by_type_not_wording() -> None:
+    from docker.errors import APIError
+
+    from envlock.errors import InterpreterNotFound
+    from envlock.restore.verify import probe_in_image
+
+    class NoPython(FakeAPI):
+        def start(self, cid: str) -> None:
+            raise APIError("400 Client Error", explanation=NO_EXECUTABLE)
+
+    with pytest.raises(InterpreterNotFound, match=r"^python9 not found in "):
+        probe_in_image(engine(NoPython()), IMAGE_ID, python="python9")
+    # The command ran: a shell's "not found" exit status says the same.
+    with pytest.raises(InterpreterNotFound):
+        probe_in_image(engine(FakeAPI(exit_code=127)), IMAGE_ID, python="/opt/py/bin/python")
+
+
+def test_an_engine_is_closed_when_its_with_block_ends() -> None:
+    closed: list[bool] = []
+
+    class Client(FakeClient):
+        def close(self) -> None:
+            closed.append(True)
+
+    with pytest.raises(KeyboardInterrupt), DockerEngine(lambda timeout: Client(FakeAPI()), "fake://") as eng:
+        assert eng.name == "docker" and closed == [True]  # the ping client, closed at once
+        raise KeyboardInterrupt
+    assert closed == [True, True]
+
+
+def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> None:
+    import json
+
+    stream = Path(__file__).parent / "fixtures" / "buildlogs" / "pip-fails.jsonl"
+    chunks = [json.loads(line) for line in stream.read_text(encoding="utf-8").splitlines()]
+    progress = io.StringIO()
+    log = tmp_path / "build.log"
+    with pytest.raises(BuildFailed) as exc:
+        engine(FakeAPI(chunks)).build(tmp_path, tag="t:1", labels={}, log_path=log,
+                                      progress=PlainProgress(progress))
+    assert exc.value.message.endswith(": ERROR: No matching distribution found for six==9.9.9")
+    assert exc.value.step is not None and exc.value.step.startswith("4/6: RUN")
+    assert "[4/6] RUN" in progress.getvalue() and "    before the install" in progress.getvalue()
+    assert log.read_text().endswith("returned a non-zero code: 1\n")

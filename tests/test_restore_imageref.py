@@ -68,6 +68,10 @@ def test_repositories_compare_as_engines_spell_them() -> None:
     assert not imageref.same_repo("other/python", "python")  # a suffix is not the same repository
     assert not imageref.same_repo("ghcr.io/a/python", "python")
     assert ImageRef("localhost/x").local and not ImageRef("localhost:5000/x").local
+    assert imageref.same_ref("localhost/envlock/proj:0123", "envlock/proj:0123")
+    assert imageref.same_ref("docker.io/library/python:3.11", "python:3.11")
+    assert not imageref.same_ref("myenvlock/proj:0123", "envlock/proj:0123")
+    assert not imageref.same_ref("envlock/proj:0123", "envlock/proj:01234")
 
 
 def test_module_is_python38_stdlib_only_and_imports_nothing_of_envlock() -> None:

@@ -160,7 +160,6 @@ class DockerEngine(ContainerEngine):
     """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
 
     def __init__(self, make_client: Callable[[float | None], Any], endpoint: str) -> None:
-        self.endpoint = endpoint
         _check_unix_socket(endpoint)
         pinger = None
         try:
@@ -177,7 +176,6 @@ class DockerEngine(ContainerEngine):
                     pinger.close()
         components = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
         self.name = "podman" if "podman" in components.lower() else "docker"
-        self.version = str(version.get("Version", ""))
         # No read timeout: pip installing torch prints nothing for minutes, and so may a job.
         self.client = make_client(None)
         self.api = self.client.api

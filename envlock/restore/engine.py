@@ -80,7 +80,6 @@ class ContainerEngine(ABC):
     """
 
     name: str  # "docker" or "podman"
-    endpoint: str
 
     def __enter__(self: _Engine) -> _Engine:
         return self

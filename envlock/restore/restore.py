@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock import imageref
 from envlock.errors import NotRestorable
 from envlock.model import Lock
 from envlock.restore import context as ctx
@@ -34,8 +35,6 @@ class RestoreResult:
     tag: str
     cached: bool
     seconds: float  # build (or cache lookup) time
-    context_dir: Path
-    log_path: Path | None
     comparison: Comparison | None
     size: int | None
 
@@ -129,10 +128,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     labels = {dockerfile.LABEL_CONTEXT: key}
     t0 = time.monotonic()
     found = engine.find_image(cache_labels(plan, key)) if use_cache else None
-    log_path: Path | None = None
     if found is not None:
         image_id, cached = found.id, True
-        if not any(t.endswith(tag) for t in found.tags):
+        if not any(imageref.same_ref(t, tag) for t in found.tags):
             engine.tag(image_id, tag)
         say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
     else:
@@ -151,8 +149,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say("verifying: running the probe inside a fresh container")
         _, comparison = verify_image_for(engine, plan, image_id, tag)
     return RestoreResult(plan=plan, image_id=image_id, tag=tag, cached=cached, seconds=seconds,
-                         context_dir=context_dir, log_path=log_path, comparison=comparison,
-                         size=info.size if info else None)
+                         comparison=comparison, size=info.size if info else None)
 
 
 def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str

@@ -35,10 +35,9 @@ def probe_files() -> dict[str, bytes]:
 
 
 def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: bool = True,
-                   canary: bool = False, env: Mapping[str, str] | None = None,
-                   extra_args: Sequence[str] = ()) -> dict[str, Any]:
+                   canary: bool = False, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The probe's JSON document from a throwaway container of ``image``."""
-    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary), *extra_args]
+    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary)]
     spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
     try:
         result = engine.run(spec)
@@ -61,7 +60,7 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
-                 reference: str | None = None, digest: str | None = None,
+                 reference: str | None = None,
                  skipped: Sequence[str] = (), from_wheel: Sequence[str] = (),
                  os_packages_restored: bool = True, base_tooling: Sequence[str] = ()
                  ) -> tuple[Lock, Comparison]:
@@ -78,8 +77,6 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
         env["ENVLOCK_IMAGE"] = reference
-    if digest:
-        env["ENVLOCK_IMAGE_DIGEST"] = digest
     want_torch = lock.torch is not None
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
                          canary=lock.canary is not None and want_torch, env=env)
