@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
-from envlock.model import Lock
+from envlock.model import Lock, Package
 from envlock.probe import NUMERICS_ENV
 from envlock.restore import ospackages, values
 from envlock.restore.requirements import Requirement, requirement
@@ -258,6 +258,17 @@ def _layer_of(name: str) -> LayerName:
     return "torch" if bases().torch.in_layer(name) else "packages"
 
 
+def _skipped_by_pip(pkg: Package, owned_by_os: bool, os_install: ospackages.OsInstall | None,
+                    base: BaseChoice) -> bool:
+    """For a package pip does not install (an OS package's, conda's): True when the restore
+    does not bring it back either, so verification leaves it out; conda needs the lock's image."""
+    if owned_by_os:
+        return os_install is None
+    if base.origin != "lock":
+        raise NotRestorable(f"{pkg.name} {pkg.version} was installed by conda")
+    return True
+
+
 def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool,
                    os_install: ospackages.OsInstall | None, notes: list[str]) -> _Sorted:
     """Each package into its layer, or out (OS-owned, conda, local); local ones refuse the
@@ -266,14 +277,9 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
     out = _Sorted()
     local: list[str] = []
     for pkg in lock.packages:
-        if pkg.name in from_os:
-            if os_install is None:
+        if pkg.name in from_os or pkg.installer == "conda":
+            if _skipped_by_pip(pkg, pkg.name in from_os, os_install, base):
                 out.skipped.append(pkg.name)
-            continue
-        if pkg.installer == "conda":
-            if base.origin != "lock":
-                raise NotRestorable(f"{pkg.name} {pkg.version} was installed by conda")
-            out.skipped.append(pkg.name)
             continue
         req, note = requirement(pkg, offline=offline, allow_http=options.allow_http,
                                 extra_hashes=options.extra_hashes.get(pkg.name, ()))
