@@ -1,8 +1,9 @@
 """The build-log parser on streams recorded from real builds (``tests/fixtures/buildlogs/``).
 
-The streams were recorded with envlock's own engine (``fixtures/buildlogs/record.py``): one build
-that succeeds, one where pip fails and says why, one where a command fails silently. The parser
-reads them exactly as ``DockerEngine.build`` does, with nothing faked.
+The streams were recorded with envlock's own engine (``fixtures/buildlogs/record.py``), on Docker
+and on Podman (``podman-*``): one build that succeeds, one where pip fails and says why, one where
+a command fails silently. The parser reads them exactly as ``DockerEngine.build`` does, with
+nothing faked.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,8 +55,9 @@ def test_the_log_file_gets_every_line_without_colour() -> None:
     assert text.count("Removing intermediate container") == 7  # noise stays in the file
 
 
-def test_a_failing_pip_is_reported_with_its_own_error_line_and_step() -> None:
-    chunks = recorded("pip-fails")
+@pytest.mark.parametrize("engine", ["", "podman-"])
+def test_a_failing_pip_is_reported_with_its_own_error_line_and_step(engine: str) -> None:
+    chunks = recorded(f"{engine}pip-fails")
     log, events = parse(chunks)
     assert log.step is not None and (log.step.number, log.step.total) == (4, 6)
     assert str(log.step).startswith('4/6: RUN ["env", "PIP_BREAK_SYSTEM_PACKAGES=1"')
@@ -64,7 +67,7 @@ def test_a_failing_pip_is_reported_with_its_own_error_line_and_step() -> None:
     assert summary is not None
     assert summary.startswith('image build failed at step 4/6: RUN ["env", "PIP_BREAK_SYSTEM_PACKAGES=1", ')
     assert summary.endswith("...: ERROR: No matching distribution found for six==9.9.9")
-    assert log.error == chunks[-1]["error"] and list(log.tail)[-1] == log.error
+    assert log.error == chunks[-1]["error"].rstrip() and list(log.tail)[-1] == log.error
     assert "before the install" in log.tail
 
 
@@ -74,6 +77,19 @@ def test_a_silent_failure_is_reported_with_the_engines_message() -> None:
     assert log.error == engine_says
     assert log.summary() == f'image build failed at step 2/3: RUN ["sh", "-c", "echo working; exit 3"]: {engine_says}'
     assert list(log.tail) == ["working", engine_says]
+
+
+def test_podman_numbers_the_steps_of_each_stage_and_ends_its_messages_with_a_newline() -> None:
+    log, events = parse(recorded("podman-ok"))
+    steps = [(s.number, s.total) for s in events if isinstance(s, Step)]
+    assert steps == [(n, 4) for n in range(1, 5)] + [(n, 7) for n in range(1, 8)]
+    assert log.image_id is not None and log.image_id.startswith("sha256:4ac98032648")
+    assert log.error is None and "coloured line" in log.tail
+    assert not any(line.startswith(("-->", "[1/2] STEP", "[2/2] STEP")) for line in log.tail)
+    failed, _ = parse(recorded("podman-command-fails"))
+    engine_says = 'building at STEP "RUN sh -c echo working; exit 3": while running runtime: exit status 3'
+    assert failed.summary() == f'image build failed at step 2/3: RUN ["sh", "-c", "echo working; exit 3"]: {engine_says}'
+    assert list(failed.tail) == ["working", engine_says]
 
 
 def test_reading_stops_at_the_first_error_as_the_engine_does() -> None:

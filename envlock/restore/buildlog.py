@@ -1,7 +1,7 @@
 """Reading an image build's output: the engine's stream of chunks -> steps, lines, image, error.
 
 The docker SDK's ``api.build(decode=True)`` yields dicts: ``{"stream": text}`` with the builder's
-output (``Step 3/9 : RUN ...`` on Docker, ``STEP 3/9: RUN ...`` on Podman, tools' output with
+output (``Step 3/9 : RUN ...`` on Docker, ``[1/2] STEP 3/9: RUN ...`` on Podman, tools' output with
 ANSI colours), ``{"aux": {"ID": ...}}`` with the image, ``{"error": ..., "errorDetail": ...}`` when
 a step fails. This module only reads them: no engine, no files, no terminal; so it is tested on
 streams recorded from real builds (``tests/fixtures/buildlogs/``), and the engine writes the log
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOG_TAIL_LINES = 15
-_STEP_RE = re.compile(r"^(?:Step|STEP) (\d+)/(\d+) ?: ?(.*)$")
+# Podman numbers the steps of each stage of a multi-stage build apart: "[2/2] STEP 3/7: ...".
+_STEP_RE = re.compile(r"^(?:\[\d+/\d+\] )?(?:Step|STEP) (\d+)/(\d+) ?: ?(.*)$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Engine chatter between steps: nothing a user needs to see in a failure report.
 _NOISE_RE = re.compile(r"^\s*(--->|-->|Removing intermediate container|Running in|Using cache)")
@@ -70,7 +71,8 @@ class BuildLog:
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail")
             message = detail.get("message") if isinstance(detail, Mapping) else None
-            return Fed(self.fail(str(chunk.get("error") or message or "build failed")), ())
+            # Podman ends its message with a newline; the summary is one line.
+            return Fed(self.fail(str(chunk.get("error") or message or "build failed").rstrip()), ())
         aux = chunk.get("aux")
         if isinstance(aux, Mapping) and aux.get("ID"):
             self.image_id = str(aux["ID"])
