@@ -223,6 +223,25 @@ def test_url_and_vcs_sources_are_pinned(restore_lock: Any) -> None:
     assert f"tool @ git+https://github.com/org/tool.git@{commit}" in files["requirements/packages.txt"]
 
 
+@pytest.mark.parametrize(("algo", "hexlen", "pip_checks"),
+                         [("sha256", 64, True), ("sha384", 96, True), ("sha512", 128, True), ("md5", 32, False),
+                          ("sha1", 40, False)])
+def test_one_hash_rule_for_the_requirement_file_and_the_wheelhouse(
+        restore_lock: Any, algo: str, hexlen: int, pip_checks: bool) -> None:
+    from envlock.restore.wheelhouse import allowed_hashes
+
+    archive = f"{algo}={'5' * hexlen}"
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
+        {"name": "lib", "version": "1.0", "source": "url", "url": "https://example.org/lib-1.0.tar.gz",
+         "archive_hash": archive}])
+    plan = ctx.plan(lock, Options())
+    files = dockerfile.render(plan)
+    # What pip's --hash takes goes to pip; any other algorithm is said and checked by envlock.
+    assert (f"--hash={algo}:" in "".join(files.values())) is pip_checks
+    assert any(f"archive hash is {algo}, which pip cannot check" in n for n in plan.notes) is not pip_checks
+    assert allowed_hashes(lock.packages[0]) == (f"{algo}:{'5' * hexlen}",)
+
+
 def test_vcs_branch_name_is_not_a_pin(restore_lock: Any) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
         {"name": "tool", "version": "0.3", "source": "vcs", "vcs": "git",

@@ -33,7 +33,8 @@ from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
 from envlock.model import Lock, Package
 from envlock.probe import record_digest
 from envlock.restore import values
-from envlock.restore.context import TOOLING
+from envlock.restore.context import TOOLING, torch_label
+from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"
 PIP_TIMEOUT = 3600.0
@@ -319,9 +320,6 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     pins for the lock's platform from ``index_url`` (PyPI by default, plus the PyPI-compatible
     PyTorch index for local labels such as +cu121), or from ``pip_find_links`` with no index.
     """
-    from envlock.restore.context import torch_label
-    from envlock.restore.tables import bases
-
     wanted, skipped = _wanted(lock, skip_local)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
