@@ -326,7 +326,7 @@ def _ensurepip_leftovers(venv: str | None, sorted_: _Sorted) -> tuple[str, ...]:
     if not venv:
         return ()
     have = {r.name for r in sorted_.layers["tooling"]}
-    return tuple(t for t in ("wheel", "setuptools", "pip") if t not in have)
+    return tuple(t for t in reversed(TOOLING) if t not in have)
 
 
 def _tooling_from_base(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
 from envlock.drift import Comparison, as_info
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
+from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
@@ -101,14 +102,12 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
 # installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
-# rebuilds of them, so another build of them is reported but does not fail the restore.
-_TOOLING = frozenset({"pip", "setuptools", "wheel"})
-
-
+# rebuilds of them, so another build of them is reported but does not fail the restore
+# (``context.TOOLING``).
 def base_tooling_info(cmp: Comparison, base_tooling: Sequence[str]) -> Comparison:
     """Offline without their wheel, the base's ensurepip copy was kept on purpose (restore said
     so, as ``bundle`` announces): the installer's tools, not the experiment's code, so info."""
-    kept = {f"packages.{name}" for name in base_tooling if name in _TOOLING}
+    kept = {f"packages.{name}" for name in base_tooling if name in TOOLING}
     if not kept:
         return cmp
     return as_info(cmp, lambda d: ".".join(d.path.split(".")[:2]) in kept,
@@ -124,7 +123,7 @@ def _restore_severity(d: Difference) -> Difference:
     """
     parts = d.path.split(".")
     if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
-            and parts[1] not in _TOOLING and d.severity != "breaking":
+            and parts[1] not in TOOLING and d.severity != "breaking":
         message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
         return replace(d, severity="breaking", message=message)
     return d
