@@ -99,7 +99,7 @@ def _valid(draw: st.DrawFn) -> tuple[str, str | None, str | None]:
     return repo, draw(st.one_of(st.none(), _tag)), draw(st.one_of(st.none(), _digest))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_valid())
 def test_every_reference_of_the_grammar_parses_into_its_parts(parts: tuple[str, str | None, str | None]) -> None:
     repo, tag, digest = parts
