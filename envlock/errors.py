@@ -73,8 +73,8 @@ class ProbeFailed(EnvlockError):
 
 
 class InterpreterNotFound(ProbeFailed):
-    """``--python`` names something that is not a runnable interpreter (3, like the probe
-    failing: the path may well be right on another machine)."""
+    """The interpreter asked for (``--python``, or one tried inside an image) is not there or
+    does not run (3, like the probe failing: the path may well be right on another machine)."""
 
 
 class TorchMissing(EnvlockError):
@@ -104,9 +104,21 @@ class ArtifactsMissing(EnvlockError):
 
 
 class EngineUnavailable(EnvlockError):
-    """No container engine is reachable (3)."""
+    """No container engine is reachable, or it cannot do what was asked (pull, push, run): 3."""
 
     exit_code = EXIT_ENV
+
+
+class ImageNotFound(EngineUnavailable):
+    """The engine has no such image and cannot pull it."""
+
+
+class ContainerFailed(EngineUnavailable):
+    """The engine could not create or start a container (the command never ran)."""
+
+
+class CommandNotFound(ContainerFailed):
+    """The container's command is not in the image (no such executable on its PATH)."""
 
 
 class BuildFailed(EnvlockError):
@@ -145,3 +157,23 @@ class RankMismatch(EnvlockError):
     def __init__(self, result: CheckResult) -> None:
         super().__init__(result.describe())
         self.result = result
+
+
+class HostIncompatible(EnvlockError):
+    """The host cannot run the lock's stack (driver too old, no GPU driver)."""
+
+    exit_code = EXIT_ENV
+
+
+class HashMismatch(EnvlockError):
+    """A wheel's hash (or build) is not one the lock (or the bundle's manifest) allows."""
+
+    exit_code = EXIT_ENV
+
+
+class BadWheel(HashMismatch):
+    """A file named like a wheel that is not one (not a zip, no RECORD)."""
+
+
+class PlainHttp(UnsafeValue):
+    """An ``http://`` URL without ``--allow-http``: anyone on the path can swap what it serves."""

@@ -14,14 +14,14 @@ import pytest
 from helpers import LockFactory
 
 from envlock.drift import compare
-from envlock.errors import UnsafeValue, UsageError
+from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
 from envlock.model import Lock
 from envlock.probe import record_sha256, strip_url
 from envlock.restore import context as ctx
+from envlock.restore import dockerfile
 from envlock.restore.restore import prepare
-from envlock.restore.values import PlainHttp
 from envlock.restore.verify import _restore_severity
-from envlock.restore.wheelhouse import BadWheel, HashMismatch, bundle, wheel_record_sha256
+from envlock.restore.wheelhouse import bundle, wheel_record_sha256
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -131,7 +131,7 @@ def test_plain_http_needs_an_explicit_opt_in(restore_lock: LockFactory) -> None:
     with pytest.raises(PlainHttp, match="plain http") as exc:
         ctx.plan(lock, ctx.Options())
     assert "--allow-http" in (exc.value.hint or "")
-    assert "alpha @ http://" in ctx.render(ctx.plan(lock, ctx.Options(allow_http=True)))[
+    assert "alpha @ http://" in dockerfile.render(ctx.plan(lock, ctx.Options(allow_http=True)))[
         "requirements/packages.txt"]
     plain = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("alpha", "1.0")])
     with pytest.raises(PlainHttp):
@@ -165,7 +165,7 @@ def test_an_ssh_url_keeps_its_user(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "tool", "version": "1.0", "source": "vcs", "vcs": "git",
                                    "url": url, "commit": "c" * 40}])
-    req = ctx.render(ctx.plan(lock, ctx.Options()))["requirements/packages.txt"]
+    req = dockerfile.render(ctx.plan(lock, ctx.Options()))["requirements/packages.txt"]
     assert f"tool @ git+{url}@{'c' * 40}" in req
 
 

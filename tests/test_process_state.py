@@ -142,7 +142,8 @@ def _trained_restore_lock(restore_lock: LockFactory) -> Lock:
 
 
 def test_image_env_holds_what_was_set_before_start_only(restore_lock: LockFactory) -> None:
-    from envlock.restore.context import Options, dockerfile, numerics_env, plan
+    from envlock.restore.context import Options, numerics_env, plan
+    from envlock.restore.dockerfile import dockerfile
 
     lock = _trained_restore_lock(restore_lock)
     df = dockerfile(plan(lock, Options(base="python@sha256:" + "a" * 64)))
@@ -155,7 +156,7 @@ def test_image_env_holds_what_was_set_before_start_only(restore_lock: LockFactor
 def test_run_passes_the_recorded_process_variables(restore_lock: LockFactory, docker_client: Any,
                                                    base_image: str, tmp_path: Path,
                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    from envlock.restore.engine import connect
+    from envlock.restore.endpoint import connect
     from envlock.restore.run import RunOptions, run_in_image
 
     lock = _trained_restore_lock(restore_lock)

@@ -12,6 +12,7 @@ from helpers import LockFactory
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.restore import context as ctx
+from envlock.restore import dockerfile
 from envlock.restore.context import Options
 
 DIGEST = "sha256:" + "ab" * 32
@@ -21,7 +22,7 @@ HASH = "sha256:" + "12" * 32
 
 def render(lock: Any, **opts: Any) -> str:
     plan = ctx.plan(lock, Options(**opts))
-    return ctx.render(plan)["Dockerfile"]
+    return dockerfile.render(plan)["Dockerfile"]
 
 
 def from_line(dockerfile: str) -> str:
@@ -98,7 +99,7 @@ def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockF
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
     plan = ctx.plan(lock, Options())
-    files = ctx.render(plan)
+    files = dockerfile.render(plan)
     assert files["requirements/torch.txt"].splitlines()[1:] == [
         "nvidia-cublas-cu12==12.1.3.1", "torch==2.4.1+cu121", "triton==3.0.0"]
     assert files["requirements/packages.txt"].splitlines()[1:] == ["six==1.16.0", "zipp==3.20.0"]
@@ -143,7 +144,7 @@ def test_venv_is_recreated_at_the_lock_path_and_extras_removed(restore_lock: Loc
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[("pip", "23.0.1"), ("six", "1.16.0")])
     plan = ctx.plan(lock, Options())
-    df = ctx.render(plan)["Dockerfile"]
+    df = dockerfile.render(plan)["Dockerfile"]
     assert 'RUN ["python3", "-m", "venv", "/opt/venv"]' in df
     assert "ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH" in df
     assert plan.python == "/opt/venv/bin/python"
@@ -163,7 +164,7 @@ def test_system_interpreter_breaks_system_packages_and_removes_nothing(restore_l
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system"})
     plan = ctx.plan(lock, Options())
-    df = ctx.render(plan)["Dockerfile"]
+    df = dockerfile.render(plan)["Dockerfile"]
     assert plan.venv is None and plan.remove == ()
     assert "PIP_BREAK_SYSTEM_PACKAGES=1" in df and "venv" not in df
     assert '"python3", "-m", "pip"' in df
@@ -192,7 +193,7 @@ def test_all_hashed_uses_require_hashes(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "six", "version": "1.16.0", "hashes": [HASH]},
                                   {"name": "idna", "version": "3.10", "hashes": [HASH, "sha256:" + "34" * 32]}])
-    files = ctx.render(ctx.plan(lock, Options()))
+    files = dockerfile.render(ctx.plan(lock, Options()))
     assert set(files) == {"Dockerfile", ".dockerignore", "requirements/packages-hashed.txt"}
     text = files["requirements/packages-hashed.txt"]
     assert f"six==1.16.0 \\\n    --hash={HASH}" in text
@@ -203,7 +204,7 @@ def test_all_hashed_uses_require_hashes(restore_lock: LockFactory) -> None:
 def test_mixed_hashes_split_into_two_invocations(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "six", "version": "1.16.0", "hashes": [HASH]}, ("idna", "3.10")])
-    files = ctx.render(ctx.plan(lock, Options()))
+    files = dockerfile.render(ctx.plan(lock, Options()))
     assert "idna==3.10" in files["requirements/packages.txt"]
     assert "six==1.16.0" in files["requirements/packages-hashed.txt"]
     runs = [line for line in files["Dockerfile"].splitlines() if "packages" in line and line.startswith("RUN")]
@@ -217,10 +218,29 @@ def test_url_and_vcs_sources_are_pinned(restore_lock: LockFactory) -> None:
          "archive_hash": "sha256=" + "56" * 32},
         {"name": "tool", "version": "0.3", "source": "vcs", "vcs": "git",
          "url": "https://github.com/org/tool.git", "commit": commit}])
-    files = ctx.render(ctx.plan(lock, Options()))
+    files = dockerfile.render(ctx.plan(lock, Options()))
     assert ("lib @ https://example.org/lib-1.0.tar.gz \\\n    --hash=sha256:" + "56" * 32
             in files["requirements/packages-hashed.txt"])
     assert f"tool @ git+https://github.com/org/tool.git@{commit}" in files["requirements/packages.txt"]
+
+
+@pytest.mark.parametrize(("algo", "hexlen", "pip_checks"),
+                         [("sha256", 64, True), ("sha384", 96, True), ("sha512", 128, True), ("md5", 32, False),
+                          ("sha1", 40, False)])
+def test_one_hash_rule_for_the_requirement_file_and_the_wheelhouse(
+        restore_lock: LockFactory, algo: str, hexlen: int, pip_checks: bool) -> None:
+    from envlock.restore.wheelhouse import allowed_hashes
+
+    archive = f"{algo}={'5' * hexlen}"
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[
+        {"name": "lib", "version": "1.0", "source": "url", "url": "https://example.org/lib-1.0.tar.gz",
+         "archive_hash": archive}])
+    plan = ctx.plan(lock, Options())
+    files = dockerfile.render(plan)
+    # What pip's --hash takes goes to pip; any other algorithm is said and checked by envlock.
+    assert (f"--hash={algo}:" in "".join(files.values())) is pip_checks
+    assert any(f"archive hash is {algo}, which pip cannot check" in n for n in plan.notes) is not pip_checks
+    assert allowed_hashes(lock.packages[0]) == (f"{algo}:{'5' * hexlen}",)
 
 
 def test_vcs_branch_name_is_not_a_pin(restore_lock: LockFactory) -> None:
@@ -242,7 +262,7 @@ def test_editable_and_local_are_not_restorable_unless_skipped(restore_lock: Lock
     assert "--skip-local" in (exc.value.hint or "")
     plan = ctx.plan(lock, Options(skip_local=True))
     assert plan.skipped == ("myproj", "wheelie")
-    assert "myproj" not in "".join(ctx.render(plan).values())
+    assert "myproj" not in "".join(dockerfile.render(plan).values())
 
 
 def test_index_url_option(restore_lock: LockFactory) -> None:
@@ -348,6 +368,6 @@ def test_dockerfile_only_writes_a_complete_context(restore_lock: LockFactory, tm
 
 def test_context_key_is_stable_and_content_sensitive(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
-    a = ctx.context_key(ctx.plan(lock, Options()))
-    assert a == ctx.context_key(ctx.plan(lock, Options()))
-    assert a != ctx.context_key(ctx.plan(lock, Options(index_url="https://pypi.lab.example/simple")))
+    a = dockerfile.context_key(ctx.plan(lock, Options()))
+    assert a == dockerfile.context_key(ctx.plan(lock, Options()))
+    assert a != dockerfile.context_key(ctx.plan(lock, Options(index_url="https://pypi.lab.example/simple")))

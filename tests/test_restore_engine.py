@@ -13,7 +13,9 @@ import pytest
 from helpers import LockFactory
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.engine import DockerEngine, RunSpec, connect, tar_files
+from envlock.restore.dockerengine import DockerEngine, tar_files
+from envlock.restore.endpoint import connect
+from envlock.restore.engine import RunSpec
 from envlock.restore.progress import PlainProgress
 
 IMAGE_ID = "sha256:" + "cd" * 32
@@ -29,9 +31,10 @@ def fake_attach_socket(frames: list[tuple[int, bytes]]) -> socket.socket:
 
 class FakeAPI:
     def __init__(self, chunks: list[dict[str, Any]] | None = None,
-                 frames: list[Any] | None = None) -> None:
+                 frames: list[Any] | None = None, exit_code: int = 7) -> None:
         self.chunks = chunks or []
         self.frames = frames or []
+        self.exit_code = exit_code
         self.removed: list[str] = []
         self.archives: list[tuple[str, str, bytes]] = []
         self.host_config: dict[str, Any] = {}
@@ -63,7 +66,7 @@ class FakeAPI:
         pass
 
     def wait(self, cid: str) -> dict[str, int]:
-        return {"StatusCode": 7}
+        return {"StatusCode": self.exit_code}
 
     def remove_container(self, cid: str, force: bool = False) -> None:
         self.removed.append(cid)
@@ -180,7 +183,7 @@ def test_unreachable_engine_is_exit_3_with_a_hint(tmp_path: Path) -> None:
 
 
 def test_podman_without_a_socket_says_how_to_start_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from envlock.restore import engine as eng
+    from envlock.restore import endpoint as eng
 
     monkeypatch.delenv("CONTAINER_HOST", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
@@ -199,16 +202,17 @@ def test_bad_engine_name_is_a_usage_error() -> None:
 
 
 def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: LockFactory) -> None:
-    from envlock.restore import context as ctx
+    from envlock.restore import dockerfile
+    from envlock.restore.context import Options
     from envlock.restore.restore import cache_labels, prepare
 
     lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
                         packages=[("six", "1.17.0")])
-    plan, _ = prepare(lock, ctx.Options())
+    plan, _ = prepare(lock, Options())
     build_stage, final = "sha256:" + "b1" * 32, "sha256:" + "f1" * 32
     images = {  # what Podman leaves after a multi-stage build with --label: both carry it
-        build_stage: {ctx.LABEL_CONTEXT: "k"},
-        final: {ctx.LABEL_CONTEXT: "k", ctx.LABEL_SHORT_ID: plan.short_id, ctx.LABEL_SCHEMA: "1"},
+        build_stage: {dockerfile.LABEL_CONTEXT: "k"},
+        final: {dockerfile.LABEL_CONTEXT: "k", dockerfile.LABEL_SHORT_ID: plan.short_id, dockerfile.LABEL_SCHEMA: "1"},
     }
 
     class Images(FakeAPI):
@@ -222,7 +226,7 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
             return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
 
     eng = engine(Images())
-    stage = eng.find_image({ctx.LABEL_CONTEXT: "k"})
+    stage = eng.find_image({dockerfile.LABEL_CONTEXT: "k"})
     assert stage is not None and stage.id == build_stage
     found = eng.find_image(cache_labels(plan, "k"))
     assert found is not None and found.id == final
@@ -230,7 +234,6 @@ def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(rest
 
 def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     from envlock.errors import UsageError
-    from envlock.restore.engine import connect
 
     monkeypatch.setenv("ENVLOCK_ENGINE", "bogus")
     with pytest.raises(UsageError, match=r"^ENVLOCK_ENGINE must be docker, podman or an API URL, not 'bogus'$"):
@@ -260,3 +263,89 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
     usage = UsageError("bad option")
     _hint_earlier_image(usage, engine(FakeAPI()), "envlock/proj:0123456789ab")
     assert usage.hint is None
+
+
+# What Docker (runc) answers, recorded from a real engine, for the typed failures below.
+NO_EXECUTABLE = ('failed to create shim task: OCI runtime create failed: runc create failed: unable to '
+                 'start container process: exec: "python9": executable file not found in $PATH: unknown')
+NO_FILE = ('failed to create shim task: OCI runtime create failed: runc create failed: unable to start '
+           'container process: exec: "/usr/bin/nope": stat /usr/bin/nope: no such file or directory: unknown')
+
+
+def test_engine_failures_are_typed_and_the_container_still_goes() -> None:
+    from docker.errors import APIError
+    from docker.errors import ImageNotFound as NoSuchImage
+
+    from envlock.errors import CommandNotFound, ContainerFailed, ImageNotFound
+
+    class Start(FakeAPI):
+        def __init__(self, explanation: str) -> None:
+            super().__init__()
+            self.explanation = explanation
+
+        def start(self, cid: str) -> None:
+            raise APIError("400 Client Error", explanation=self.explanation)
+
+    for answer in (NO_EXECUTABLE, NO_FILE):
+        api = Start(answer)
+        with pytest.raises(CommandNotFound, match="cannot start python9 in "):
+            engine(api).run(RunSpec(image=IMAGE_ID, command=["python9"]))
+        assert api.removed == ["c" * 64]
+    api = Start("driver failed programming external connectivity: port is already allocated")
+    with pytest.raises(ContainerFailed) as exc:
+        engine(api).run(RunSpec(image=IMAGE_ID, command=["python3"]))
+    assert not isinstance(exc.value, CommandNotFound) and exc.value.exit_code == 3
+
+    class NoImage(FakeAPI):
+        def create_container(self, image: str, command: list[str], **kw: Any) -> dict[str, str]:
+            raise NoSuchImage(f"No such image: {image}")
+
+    with pytest.raises(ImageNotFound) as missing:
+        engine(NoImage()).run(RunSpec(image=IMAGE_ID, command=["python3"]))
+    assert isinstance(missing.value, EngineUnavailable) and missing.value.exit_code == 3
+
+
+def test_a_missing_interpreter_is_interpreter_not_found_by_type_not_wording() -> None:
+    from docker.errors import APIError
+
+    from envlock.errors import InterpreterNotFound
+    from envlock.restore.verify import probe_in_image
+
+    class NoPython(FakeAPI):
+        def start(self, cid: str) -> None:
+            raise APIError("400 Client Error", explanation=NO_EXECUTABLE)
+
+    with pytest.raises(InterpreterNotFound, match=r"^python9 not found in "):
+        probe_in_image(engine(NoPython()), IMAGE_ID, python="python9")
+    # The command ran: a shell's "not found" exit status says the same.
+    with pytest.raises(InterpreterNotFound):
+        probe_in_image(engine(FakeAPI(exit_code=127)), IMAGE_ID, python="/opt/py/bin/python")
+
+
+def test_an_engine_is_closed_when_its_with_block_ends() -> None:
+    closed: list[bool] = []
+
+    class Client(FakeClient):
+        def close(self) -> None:
+            closed.append(True)
+
+    with pytest.raises(KeyboardInterrupt), DockerEngine(lambda timeout: Client(FakeAPI()), "fake://") as eng:
+        assert eng.name == "docker" and closed == [True]  # the ping client, closed at once
+        raise KeyboardInterrupt
+    assert closed == [True, True]
+
+
+def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> None:
+    import json
+
+    stream = Path(__file__).parent / "fixtures" / "buildlogs" / "pip-fails.jsonl"
+    chunks = [json.loads(line) for line in stream.read_text(encoding="utf-8").splitlines()]
+    progress = io.StringIO()
+    log = tmp_path / "build.log"
+    with pytest.raises(BuildFailed) as exc:
+        engine(FakeAPI(chunks)).build(tmp_path, tag="t:1", labels={}, log_path=log,
+                                      progress=PlainProgress(progress))
+    assert exc.value.message.endswith(": ERROR: No matching distribution found for six==9.9.9")
+    assert exc.value.step is not None and exc.value.step.startswith("4/6: RUN")
+    assert "[4/6] RUN" in progress.getvalue() and "    before the install" in progress.getvalue()
+    assert log.read_text().endswith("returned a non-zero code: 1\n")

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.errors import NotRestorable, UsageError
-from envlock.restore.run import HostIncompatible, parse_env, parse_ports, resolve_gpus
+from envlock.errors import HashMismatch, HostIncompatible, NotRestorable, UsageError
+from envlock.restore.run import parse_env, parse_ports, resolve_gpus
 from envlock.restore.tables import bases, driver_older, driver_requirement
-from envlock.restore.wheelhouse import MANIFEST, HashMismatch, bundle, read_manifest, select
+from envlock.restore.wheelhouse import MANIFEST, bundle, read_manifest, select
 
 # -- driver table and GPU requests -------------------------------------------------------------
 
@@ -206,7 +206,7 @@ def test_restore_with_a_bundle_uses_its_hashes(restore_lock: LockFactory, house:
 
 
 def test_published_ports_are_exposed_as_docker_py_wants_them() -> None:
-    from envlock.restore.engine import _exposed
+    from envlock.restore.dockerengine import _exposed
 
     # "8888/tcp" handed to docker-py as a string became "8888/tcp/tcp": nothing was published.
     assert _exposed(parse_ports(["127.0.0.1:9000:8888", "53:53/udp"])) == [(8888, "tcp"), (53, "udp")]

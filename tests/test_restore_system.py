@@ -15,7 +15,7 @@ from helpers import LockFactory
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.model import Lock
 from envlock.restore import context as ctx
-from envlock.restore import values
+from envlock.restore import dockerfile, values
 from envlock.restore.context import Options
 
 DIGEST = "sha256:" + "ab" * 32
@@ -58,7 +58,7 @@ def test_restore_python_accepts_a_system_interpreter(restore_lock: LockFactory) 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, python=SYSTEM)
     plan = ctx.plan(lock, Options(python="/usr/bin/python3"))
     assert plan.python == "/usr/bin/python3"
-    assert '"/usr/bin/python3", "-m", "pip"' in ctx.render(plan)["Dockerfile"]
+    assert '"/usr/bin/python3", "-m", "pip"' in dockerfile.render(plan)["Dockerfile"]
 
 
 def test_user_options_never_blame_the_lock(restore_lock: LockFactory) -> None:
@@ -90,7 +90,7 @@ def _system_lock(restore_lock: LockFactory, **kw: Any) -> Lock:
 
 def test_system_lock_installs_os_packages_with_apt_pins_then_pip(restore_lock: LockFactory) -> None:
     plan = ctx.plan(_system_lock(restore_lock), Options())
-    files = ctx.render(plan)
+    files = dockerfile.render(plan)
     df = files["Dockerfile"]
     assert plan.os_install is not None and plan.venv is None
     install = next(line for line in df.splitlines() if '"apt-get", "install"' in line)
@@ -111,7 +111,7 @@ def test_system_lock_installs_os_packages_with_apt_pins_then_pip(restore_lock: L
 
 
 def test_every_lock_value_in_the_os_lines_is_exec_form(restore_lock: LockFactory) -> None:
-    df = ctx.render(ctx.plan(_system_lock(restore_lock), Options()))["Dockerfile"]
+    df = dockerfile.render(ctx.plan(_system_lock(restore_lock), Options()))["Dockerfile"]
     for line in df.splitlines():
         if "=1.16.0-4" in line or "os-packages" in line:
             assert line.startswith(("RUN [", "COPY [")), line
@@ -121,7 +121,7 @@ def test_venv_lock_leaves_os_packages_to_the_base(restore_lock: LockFactory) -> 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, os_packages=OS,
                         packages=[("six", "1.16.0")])
     plan = ctx.plan(lock, Options())
-    assert plan.os_install is None and "apt-get" not in ctx.render(plan)["Dockerfile"]
+    assert plan.os_install is None and "apt-get" not in dockerfile.render(plan)["Dockerfile"]
 
 
 def test_system_dist_without_os_table_is_left_to_the_base(restore_lock: LockFactory) -> None:
@@ -140,7 +140,7 @@ def test_system_dist_owned_by_an_unlisted_package_is_not_restorable(restore_lock
 def test_apk_images_use_apk_add(restore_lock: LockFactory) -> None:
     lock = _system_lock(restore_lock, packages=[PACKAGES[2]],
                         os_packages={"manager": "apk", "packages": ["musl:x86_64=1.2.5-r0"]})
-    df = ctx.render(ctx.plan(lock, Options()))["Dockerfile"]
+    df = dockerfile.render(ctx.plan(lock, Options()))["Dockerfile"]
     assert 'RUN ["apk", "add", "--no-cache", "musl=1.2.5-r0"]' in df
 
 

@@ -142,7 +142,8 @@ DRIVER_CHECK = """
 import sys
 from envlock.lockfile import load
 from envlock.model import TorchInfo
-from envlock.restore.run import HostIncompatible, host_driver, resolve_gpus
+from envlock.errors import HostIncompatible
+from envlock.restore.run import host_driver, resolve_gpus
 
 # The captured lock, as if its venv held torch built for CUDA 13.0.
 lock = load(sys.argv[1]).model_copy(update={"torch": TorchInfo(version="2.13.0+cu130", cuda="13.0")})
@@ -174,7 +175,8 @@ def test_g_gpu_requests_per_engine(docker_client: object) -> None:
     """What `--gpus` becomes for each engine: a DeviceRequest for Docker, CDI names for Podman."""
     from docker.types import DeviceRequest
 
-    from envlock.restore.engine import DockerEngine, connect
+    from envlock.restore.dockerengine import DockerEngine
+    from envlock.restore.endpoint import connect
 
     engine = connect("docker")
     try:

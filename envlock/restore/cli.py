@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, UsageError
 
 if TYPE_CHECKING:
+    from envlock.model import Lock
     from envlock.restore.context import Options
-
-EXIT_OK, EXIT_DRIFT = 0, 1
+    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.restore import RestoreResult
 
 
 def _say(text: str) -> None:
@@ -46,34 +47,22 @@ def _report_build_failure(exc: Any) -> None:
     sys.stderr.flush()
 
 
-def _restore(args: argparse.Namespace, *, verify: bool) -> Any:
+def _restore(args: argparse.Namespace, lock: Lock, options: Options, engine: ContainerEngine, *,
+             verify: bool) -> RestoreResult:
     from envlock.errors import BuildFailed
-    from envlock.lockfile import load
-    from envlock.restore.engine import connect
     from envlock.restore.restore import image_name, restore
 
-    lock = load(args.lock)
-    options = _options(args)
-    engine = connect(args.engine)
     name = image_name(Path(args.lock), args.name)
     tag = f"envlock/{name}:{lock.short_id}"
     try:
-        result = restore(lock, options, engine=engine, name=name,
-                         workdir=Path(args.context_dir) if args.context_dir else None,
-                         verify=verify, use_cache=not args.no_cache, say=_say)
-    except BuildFailed as exc:
-        _hint_earlier_image(exc, engine, tag)
-        engine.close()
-        _report_build_failure(exc)
-        raise
+        return restore(lock, options, engine=engine, name=name,
+                       workdir=Path(args.context_dir) if args.context_dir else None,
+                       verify=verify, use_cache=not args.no_cache, say=_say)
     except EnvlockError as exc:
         _hint_earlier_image(exc, engine, tag)
-        engine.close()
+        if isinstance(exc, BuildFailed):
+            _report_build_failure(exc)
         raise
-    except BaseException:
-        engine.close()
-        raise
-    return lock, engine, result
 
 
 def _hint_earlier_image(exc: EnvlockError, engine: Any, tag: str) -> None:
@@ -103,10 +92,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
                          f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")
         return EXIT_OK
+    from envlock.lockfile import load
     from envlock.render import verify_text
+    from envlock.restore.endpoint import connect
 
-    lock, engine, result = _restore(args, verify=not args.no_verify)
-    try:
+    lock, options = load(args.lock), _options(args)
+    with connect(args.engine) as engine:
+        result = _restore(args, lock, options, engine, verify=not args.no_verify)
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")
@@ -123,13 +115,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
             ref = push(engine, result.image_id, args.push, lock)
             sys.stdout.write(f"pushed {ref}\n  replay on a cluster: envlock export {args.lock} "
                              f"--to k8s|slurm|apptainer --image {ref}\n")
-    finally:
-        engine.close()
     return EXIT_OK if ok else EXIT_DRIFT
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from envlock.errors import UsageError
+    from envlock.lockfile import load
+    from envlock.restore.endpoint import connect
     from envlock.restore.run import RunOptions, parse_env, parse_ports, run_in_image
 
     command = _split_run_args(args)
@@ -139,23 +131,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     parse_ports(args.publish or [])
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter)
-    # Verify only what was just built: a cache hit was verified when it was built, and a
-    # replay should start fast.
-    lock, engine, result = _restore(args, verify=False)
-    try:
+    lock, options = load(args.lock), _options(args)
+    with connect(args.engine) as engine:
+        # Verify only what was just built: a cache hit was verified when it was built, and a
+        # replay should start fast.
+        result = _restore(args, lock, options, engine, verify=False)
         if not result.cached and not args.no_verify:
-            from envlock.render import verify_text
             from envlock.restore.restore import verify_image_for
 
             _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
             if not cmp.ok:
+                from envlock.render import verify_text
+
                 sys.stderr.write(verify_text(cmp, lock, f"{args.lock} inside {result.tag}"))
                 _say("refusing to run in an image that does not match the lock (--no-verify overrides)")
                 return EXIT_DRIFT
         return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
                             os_packages_restored=result.plan.os_packages_restored)
-    finally:
-        engine.close()
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:

@@ -1,48 +1,33 @@
-"""Render a build context (Dockerfile + requirement files + wheels) from a lock.
+"""Plan a restore: from a lock and the user's options to a validated ``Plan``.
 
 ``plan()`` decides (base image, interpreter, which package goes to which layer, what cannot be
-restored) and validates every value on the way in; ``render()`` turns a plan into file texts and
-``write_context()`` writes them. Nothing here talks to an engine: ``envlock restore
+restored) and validates every value on the way in, one named step each; ``dockerfile.render()``
+turns a plan into the build context's text. Nothing here talks to an engine: ``envlock restore
 --dockerfile-only`` works without one, and the engine-backed restore resolves unpinned bases
 before calling ``plan()``.
-
-The Dockerfile is written for the classic builder that docker SDK builds use (no ``RUN
---mount``, no heredocs), so the same text builds on Docker with or without BuildKit and on
-Podman. Every ``RUN`` that carries a value from the lock is in exec (JSON) form: no shell ever
-parses a lock value.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from envlock import __version__
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
-from envlock.model import SCHEMA_VERSION, Lock, Package
+from envlock.model import Lock, Package
 from envlock.probe import NUMERICS_ENV
 from envlock.restore import ospackages, values
+from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
 
 LayerName = Literal["torch", "packages", "tooling"]
 BaseOrigin = Literal["lock", "--base", "table"]
 
 TOOLING = ("pip", "setuptools", "wheel")
-REQ_DIR_IN_IMAGE = "/usr/local/share/envlock-restore"
+LAYERS: tuple[LayerName, ...] = ("torch", "packages", "tooling")  # in install order
 WHEELS_IN_IMAGE = "/tmp/envlock-wheels"
-BUILD_STAGE = "envlock-build"
-DEFAULT_UID = 1000
-IMAGE_USER = "user"
 WORKDIR = "/workspace"
-LABEL_FINGERPRINT = "org.envlock.fingerprint"
-LABEL_SCHEMA = "org.envlock.schema-version"
-LABEL_SHORT_ID = "org.envlock.short-id"
-LABEL_CONTEXT = "org.envlock.context"
 # Set in CUDA images so the NVIDIA container runtime mounts the driver's compute libraries, as
 # the nvidia/cuda images do.
 CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
@@ -73,19 +58,6 @@ class Options:
     extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
     allow_http: bool = False
-
-
-@dataclass(frozen=True)
-class Requirement:
-    name: str
-    version: str
-    line: str  # the requirement-file line, without hashes
-    hashes: tuple[str, ...] = ()
-
-    def text(self) -> str:
-        if not self.hashes:
-            return self.line
-        return " \\\n    ".join([self.line, *(f"--hash={h}" for h in self.hashes)])
 
 
 @dataclass(frozen=True)
@@ -133,12 +105,6 @@ class Plan:
     # pip/setuptools/wheel with no wheel offline: the base's ensurepip copy stays, as `bundle`
     # announces, and verification reports its version as info.
     base_tooling: tuple[str, ...] = ()
-
-    @property
-    def expected_image_change(self) -> bool:
-        # The restored image is always a new image (FROM the lock's, plus layers); its identity
-        # differs from the lock's by construction.
-        return True
 
     @property
     def os_packages_restored(self) -> bool:
@@ -198,58 +164,6 @@ def require_pinned(base: BaseChoice, options: Options) -> None:
 # -- packages ----------------------------------------------------------------------------------
 
 
-def _hashes(pkg: Package, options: Options) -> tuple[str, ...]:
-    found = [values.package_hash(h, name=pkg.name) for h in pkg.hashes]
-    if pkg.source == "url" and pkg.archive_hash and pkg.archive_hash.startswith(("sha256", "sha384", "sha512")):
-        found.append(values.package_hash(pkg.archive_hash, name=pkg.name))
-    if not found:
-        found = [values.package_hash(h, name=pkg.name) for h in options.extra_hashes.get(pkg.name, ())]
-    return tuple(dict.fromkeys(found))
-
-
-def _weak_hash_note(pkg: Package, offline: bool) -> str | None:
-    """Say what happens to an archive hash pip cannot check (md5 from old indexes)."""
-    if not pkg.archive_hash or pkg.archive_hash.startswith(("sha256", "sha384", "sha512")):
-        return None
-    algo = re.split(r"[=:]", pkg.archive_hash, maxsplit=1)[0]
-    checked = ("checked by envlock against the wheelhouse file" if offline
-               else "not checked at install; the build is checked inside the image (record_sha256)")
-    return f"{pkg.name}: the lock's archive hash is {algo}, which pip cannot check: {checked}"
-
-
-def _requirement(pkg: Package, options: Options, offline: bool) -> tuple[Requirement | None, str | None]:
-    """(requirement, note) for one package; raises when it cannot be expressed safely."""
-    name = values.dist_name(pkg.name)
-    ver = values.version(pkg.version, name=name)
-    pin = f"{name}=={ver}"
-    if pkg.source in ("index", "unknown"):
-        return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
-    if pkg.source == "url":
-        if offline:
-            return Requirement(name, ver, pin, _hashes(pkg, options)), _weak_hash_note(pkg, offline)
-        if not pkg.url:
-            raise NotRestorable(f"{name} {ver} was installed from a URL the lock does not record")
-        link = values.url(pkg.url, what=f"URL of {name}", allow_http=options.allow_http)
-        return (Requirement(name, ver, f"{name} @ {link}", _hashes(pkg, options)),
-                _weak_hash_note(pkg, offline))
-    if pkg.source == "vcs":
-        vcs = pkg.vcs or ""
-        if vcs not in values.VCS_SCHEMES:
-            raise NotRestorable(f"{name} {ver} comes from {vcs or 'an unknown VCS'}; only git and hg "
-                                "sources can be restored")
-        if not pkg.url or not pkg.commit:
-            raise NotRestorable(f"{name} {ver} comes from {vcs} without a recorded URL and commit")
-        commit = values.vcs_commit(pkg.commit, vcs=vcs)
-        if offline:
-            return (Requirement(name, ver, pin, ()),
-                    f"{name}: vcs source replaced by a wheel of {ver} from the wheelhouse")
-        link = values.url(pkg.url, schemes=values.VCS_SCHEMES[vcs], what=f"{vcs} URL of {name}",
-                          allow_http=options.allow_http)
-        # pip cannot hash a checkout; the full commit id is the pin.
-        return Requirement(name, ver, f"{name} @ {vcs}+{link}@{commit}", ()), None
-    return None, None  # editable / local: the caller decides
-
-
 def torch_label(lock: Lock) -> str | None:
     torch = lock.package("torch")
     if torch is None:
@@ -299,6 +213,159 @@ def _venv_path(raw: str, *, what: str) -> str:
     return venv
 
 
+# -- plan, step by step --------------------------------------------------------------------------
+
+
+def _check_options(base: BaseChoice, options: Options) -> None:
+    values.image_ref(base.ref)
+    require_pinned(base, options)
+    if options.index_url:
+        values.url(options.index_url, what="--index-url", allow_http=options.allow_http)
+
+
+def _venv(lock: Lock, options: Options, base: BaseChoice) -> str | None:
+    """Where the packages go: the lock's venv path (or --venv), or None for the image's python."""
+    prefix_kind = lock.python.prefix_kind
+    if prefix_kind == "conda" and base.origin != "lock":
+        raise NotRestorable("the lock was captured in a conda environment; conda packages can only "
+                            "be restored from the lock's own image", hint="restore without --base")
+    if prefix_kind != "venv":
+        return _venv_path(options.venv, what="--venv") if options.venv else None
+    raw = options.venv or lock.python.prefix
+    if not raw:
+        raise NotRestorable("the lock was captured in a virtual environment but does not record "
+                            "its path", hint="pass --venv /opt/venv")
+    venv = _venv_path(raw, what="--venv" if options.venv else "virtual environment path")
+    if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
+        raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
+                            "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
+    return venv
+
+
+@dataclass
+class _Sorted:
+    """The lock's packages, sorted: requirements per layer, and what is left out and why."""
+
+    layers: dict[LayerName, list[Requirement]] = field(
+        default_factory=lambda: {name: [] for name in LAYERS})
+    skipped: list[str] = field(default_factory=list)
+    from_wheel: list[str] = field(default_factory=list)
+
+
+def _layer_of(name: str) -> LayerName:
+    if name in TOOLING:
+        return "tooling"
+    return "torch" if bases().torch.in_layer(name) else "packages"
+
+
+def _skipped_by_pip(pkg: Package, owned_by_os: bool, os_install: ospackages.OsInstall | None,
+                    base: BaseChoice) -> bool:
+    """For a package pip does not install (an OS package's, conda's): True when the restore
+    does not bring it back either, so verification leaves it out; conda needs the lock's image."""
+    if owned_by_os:
+        return os_install is None
+    if base.origin != "lock":
+        raise NotRestorable(f"{pkg.name} {pkg.version} was installed by conda")
+    return True
+
+
+def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool,
+                   os_install: ospackages.OsInstall | None, notes: list[str]) -> _Sorted:
+    """Each package into its layer, or out (OS-owned, conda, local); local ones refuse the
+    restore, all named at once, unless --skip-local."""
+    from_os = set(ospackages.system_dists(lock, os_install, notes))
+    out = _Sorted()
+    local: list[str] = []
+    for pkg in lock.packages:
+        if pkg.name in from_os or pkg.installer == "conda":
+            if _skipped_by_pip(pkg, pkg.name in from_os, os_install, base):
+                out.skipped.append(pkg.name)
+            continue
+        req, note = requirement(pkg, offline=offline, allow_http=options.allow_http,
+                                extra_hashes=options.extra_hashes.get(pkg.name, ()))
+        if note:
+            notes.append(note)
+        if req is None:
+            if not options.skip_local:
+                where = f" ({pkg.url})" if pkg.url else ""
+                local.append(f"{pkg.name} {pkg.version} [{pkg.source}{where}]")
+            out.skipped.append(pkg.name)
+            continue
+        if pkg.source == "vcs" and offline:
+            out.from_wheel.append(pkg.name)
+        out.layers[_layer_of(pkg.name)].append(req)
+    if local:
+        raise NotRestorable(
+            "not restorable: installed from a local directory or file that is not in the lock: "
+            + "; ".join(local),
+            hint="publish them (index, URL or git commit) and capture again, or pass --skip-local "
+                 "to restore without them (verification then ignores them)")
+    return out
+
+
+def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: str | None
+                ) -> tuple[str, ...]:
+    if offline:
+        return ("--no-index", "--find-links", f"{WHEELS_IN_IMAGE}/{layer}")
+    if layer == "torch" and torch_index:
+        return ("--index-url", torch_index, "--extra-index-url", options.index_url or bases().pypi)
+    if options.index_url:
+        return ("--index-url", options.index_url)
+    return ()
+
+
+def _layers(sorted_: _Sorted, options: Options, offline: bool, lock: Lock) -> list[Layer]:
+    torch_index = bases().torch.index_for(torch_label(lock))
+    return [Layer(name, tuple(sorted_.layers[name]), _index_args(name, options, offline, torch_index))
+            for name in LAYERS if sorted_.layers[name]]
+
+
+def _ensurepip_leftovers(venv: str | None, sorted_: _Sorted) -> tuple[str, ...]:
+    """ensurepip seeds every venv with pip (and setuptools before Python 3.12); whatever of that
+    the lock does not list must go, or verification sees extra packages."""
+    if not venv:
+        return ()
+    have = {r.name for r in sorted_.layers["tooling"]}
+    return tuple(t for t in reversed(TOOLING) if t not in have)
+
+
+def _tooling_from_base(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],
+                       notes: list[str]) -> tuple[list[Layer], tuple[str, ...]]:
+    """Offline, pip/setuptools/wheel without a wheel stay the base's ensurepip copies (as
+    ``bundle`` announces): (the layers without them, their names)."""
+    kept: list[Layer] = []
+    from_base: list[str] = []
+    for layer in layers:
+        if layer.name == "tooling":
+            for r in layer.requirements:
+                if not wheels_for.get(r.name):
+                    from_base.append(r.name)
+                    notes.append(f"{r.name}=={r.version}: no wheel in the wheelhouse; the base "
+                                 f"image's ensurepip {r.name} stays (its version is reported as info)")
+            layer = replace(layer, requirements=tuple(r for r in layer.requirements
+                                                      if wheels_for.get(r.name)))
+            if not layer.requirements:
+                continue
+        kept.append(layer)
+    return kept, tuple(from_base)
+
+
+def _wheels(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],
+            wheelhouse: Path | None) -> dict[str, tuple[Path, ...]]:
+    """Layer -> the wheel files to copy into the context; every missing wheel named at once."""
+    # pip would stop at the first missing wheel, after minutes of earlier layers (torch);
+    # naming every missing one now costs nothing and saves a build per missing wheel.
+    missing = [f"{r.name}=={r.version}" for layer in layers for r in layer.requirements
+               if not wheels_for.get(r.name)]
+    if missing:
+        raise NotRestorable(
+            f"no wheel in the wheelhouse {wheelhouse} for: " + ", ".join(missing),
+            hint="add them (pip download --no-deps --only-binary=:all: NAME==VERSION -d DIR), "
+                 "or collect every wheel with `envlock bundle env.lock -o DIR`")
+    return {layer.name: tuple(f for r in layer.requirements for f in wheels_for.get(r.name, ()))
+            for layer in layers}
+
+
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
          wheels_for: Mapping[str, tuple[Path, ...]] | None = None) -> Plan:
     """Decide and validate everything the build needs. ``base`` overrides ``choose_base``.
@@ -307,281 +374,21 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     required with ``options.wheelhouse``.
     """
     base = base or choose_base(lock, options)
-    values.image_ref(base.ref)
-    require_pinned(base, options)
+    _check_options(base, options)
     notes: list[str] = []
     offline = options.wheelhouse is not None
-    if options.index_url:
-        values.url(options.index_url, what="--index-url", allow_http=options.allow_http)
-
-    prefix_kind = lock.python.prefix_kind
-    if prefix_kind == "conda" and base.origin != "lock":
-        raise NotRestorable("the lock was captured in a conda environment; conda packages can only "
-                            "be restored from the lock's own image", hint="restore without --base")
-    venv: str | None = None
-    if prefix_kind == "venv":
-        raw = options.venv or lock.python.prefix
-        if not raw:
-            raise NotRestorable("the lock was captured in a virtual environment but does not record "
-                                "its path", hint="pass --venv /opt/venv")
-        venv = _venv_path(raw, what="--venv" if options.venv else "virtual environment path")
-        if venv == WORKDIR or venv.startswith(WORKDIR + "/"):
-            raise NotRestorable(f"the lock's virtual environment {venv} lies under {WORKDIR}, where "
-                                "`envlock run` mounts the workspace", hint="pass --venv /opt/venv")
-    elif options.venv:
-        venv = _venv_path(options.venv, what="--venv")
+    venv = _venv(lock, options, base)
     base_python = values.interpreter(options.python) if options.python else "python3"
-    python = f"{venv}/bin/python" if venv else base_python
     os_install = ospackages.plan_os(lock, venv, notes)
-    from_os = set(ospackages.system_dists(lock, os_install, notes))
-
-    table = bases().torch
-    label = torch_label(lock)
-    torch_index = table.index_for(label)
-    by_layer: dict[LayerName, list[Requirement]] = {"torch": [], "packages": [], "tooling": []}
-    skipped: list[str] = []
-    local: list[str] = []
-    from_wheel: list[str] = []
-    for pkg in lock.packages:
-        if pkg.name in from_os:
-            if os_install is None:
-                skipped.append(pkg.name)
-            continue
-        if pkg.installer == "conda":
-            if base.origin == "lock":
-                skipped.append(pkg.name)
-                continue
-            raise NotRestorable(f"{pkg.name} {pkg.version} was installed by conda")
-        req, note = _requirement(pkg, options, offline)
-        if note:
-            notes.append(note)
-        if req is not None and pkg.source == "vcs" and offline:
-            from_wheel.append(pkg.name)
-        if req is None:
-            where = f" ({pkg.url})" if pkg.url else ""
-            if not options.skip_local:
-                local.append(f"{pkg.name} {pkg.version} [{pkg.source}{where}]")
-            skipped.append(pkg.name)
-            continue
-        if pkg.name in TOOLING:
-            by_layer["tooling"].append(req)
-        elif table.in_layer(pkg.name):
-            by_layer["torch"].append(req)
-        else:
-            by_layer["packages"].append(req)
-    if local:
-        raise NotRestorable(
-            "not restorable: installed from a local directory or file that is not in the lock: "
-            + "; ".join(local),
-            hint="publish them (index, URL or git commit) and capture again, or pass --skip-local "
-                 "to restore without them (verification then ignores them)")
-
-    pypi = options.index_url or bases().pypi
-    layers: list[Layer] = []
-    for name in ("torch", "packages", "tooling"):
-        reqs = tuple(by_layer[name])
-        if not reqs:
-            continue
-        if offline:
-            args: tuple[str, ...] = ("--no-index", "--find-links", f"{WHEELS_IN_IMAGE}/{name}")
-        elif name == "torch" and torch_index:
-            args = ("--index-url", torch_index, "--extra-index-url", pypi)
-        elif options.index_url:
-            args = ("--index-url", options.index_url)
-        else:
-            args = ()
-        layers.append(Layer(name, reqs, args))
-    remove: tuple[str, ...] = ()
-    if venv:
-        have = {r.name for r in by_layer["tooling"]}
-        # ensurepip seeds every venv with pip (and setuptools before Python 3.12); whatever of
-        # that the lock does not list must go, or verification sees extra packages.
-        remove = tuple(t for t in ("wheel", "setuptools", "pip") if t not in have)
+    sorted_ = _sort_packages(lock, options, base, offline, os_install, notes)
+    layers = _layers(sorted_, options, offline, lock)
     wheels: dict[str, tuple[Path, ...]] = {}
-    base_tooling: list[str] = []
+    base_tooling: tuple[str, ...] = ()
     if offline:
-        wheels_for = wheels_for or {}
-        kept: list[Layer] = []
-        for layer in layers:
-            if layer.name == "tooling":
-                reqs = tuple(r for r in layer.requirements if wheels_for.get(r.name))
-                for r in layer.requirements:
-                    if not wheels_for.get(r.name):
-                        base_tooling.append(r.name)
-                        notes.append(f"{r.name}=={r.version}: no wheel in the wheelhouse; the base "
-                                     f"image's ensurepip {r.name} stays (its version is reported as info)")
-                layer = replace(layer, requirements=reqs)
-                if not reqs:
-                    continue
-            kept.append(layer)
-        layers = kept
-        for layer in layers:
-            files: list[Path] = []
-            for req in layer.requirements:
-                files.extend(wheels_for.get(req.name, ()))
-            wheels[layer.name] = tuple(files)
-        # pip would stop at the first missing wheel, after minutes of earlier layers (torch);
-        # naming every missing one now costs nothing and saves a build per missing wheel.
-        missing = [f"{r.name}=={r.version}" for layer in layers for r in layer.requirements
-                   if not wheels_for.get(r.name)]
-        if missing:
-            raise NotRestorable(
-                f"no wheel in the wheelhouse {options.wheelhouse} for: " + ", ".join(missing),
-                hint="add them (pip download --no-deps --only-binary=:all: NAME==VERSION -d DIR), "
-                     "or collect every wheel with `envlock bundle env.lock -o DIR`")
-    return Plan(lock=lock, base=base, python=python, base_python=base_python, venv=venv,
-                layers=tuple(layers), remove=remove, env=_env(lock), skipped=tuple(skipped),
-                from_wheel=tuple(from_wheel), wheels=wheels, notes=tuple(notes), offline=offline,
-                base_tooling=tuple(base_tooling),
-                os_install=os_install)
-
-
-# -- rendering ---------------------------------------------------------------------------------
-
-
-def _exec(argv: Iterable[str]) -> str:
-    return json.dumps(list(argv))
-
-
-def _pip(plan: Plan, *args: str) -> str:
-    env = ["env", "PIP_ROOT_USER_ACTION=ignore", "PIP_NO_WARN_SCRIPT_LOCATION=1"]
-    if not plan.venv:
-        # Debian/Ubuntu mark their python externally managed (PEP 668); older pips ignore the
-        # variable, where a command-line flag would be an error.
-        env.append("PIP_BREAK_SYSTEM_PACKAGES=1")
-    return "RUN " + _exec([*env, plan.python, "-m", "pip", *args])
-
-
-_PIP_INSTALL = ("install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--no-input")
-
-
-def _version_check(plan: Plan) -> str:
-    major, minor = (int(x) for x in plan.lock.python.version.split(".")[:2])
-    code = (f"import sys; v = sys.version_info[:2]; sys.exit(0 if v == ({major}, {minor}) else "
-            f"'envlock: the base image python is %d.%d, the lock needs {major}.{minor}; "
-            f"pass --base with a python {major}.{minor} image' % v)")
-    return "RUN " + _exec([plan.base_python, "-c", code])
-
-
-def _label(key: str, value: str) -> str:
-    return f"{json.dumps(key)}={json.dumps(value)}"
-
-
-def labels(plan: Plan) -> dict[str, str]:
-    lock = plan.lock
-    fp = lock.envlock.fingerprint
-    out = {LABEL_SCHEMA: str(SCHEMA_VERSION), LABEL_SHORT_ID: plan.short_id,
-           "org.opencontainers.image.base.name": values.image_ref(plan.base.display)}
-    if fp:
-        out[LABEL_FINGERPRINT] = values.digest(fp)
-    _, _, dig = values.split_ref(plan.base.ref)
-    if dig and "@" in plan.base.ref:
-        out["org.opencontainers.image.base.digest"] = dig
-    return out
-
-
-def dockerfile(plan: Plan) -> str:
-    # Offline into a venv: install in a build stage and copy only the venv out, so the wheels
-    # COPY'd in for pip (hundreds of MB for torch, GBs with CUDA) stay out of the final image.
-    # The classic builder has no `RUN --mount`; a stage is the portable way.
-    staged = plan.offline and plan.venv is not None
-    lines = [
-        f"# Generated by envlock {__version__} from a lock with id {plan.short_id}; do not edit.",
-        f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/env:{plan.short_id} .)",
-        f"# Base: {plan.base.display} ({plan.base.origin})",
-        f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
-        # The base may end with a non-root USER (a lock captured in an image that runs as its
-        # researcher, as most workstation images do): installing needs root.
-        "USER root",
-        "",
-        "# Fail early, with a clear message, when the base's python is not the lock's.",
-        _version_check(plan),
-    ]
-    if plan.venv:
-        lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
-                  "RUN " + _exec([plan.base_python, "-m", "venv", plan.venv]),
-                  f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
-    if plan.os_install:
-        lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
-    comments = {
-        "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
-                 "must not rebuild or re-download them.",
-        "packages": "Everything else, exact pins, no dependency resolution (the lock is the closure).",
-        "tooling": "pip/setuptools/wheel last, pinned to the lock's versions (the layers above used "
-                   "the base's pip).",
-    }
-    for layer in plan.layers:
-        lines += ["", f"# {comments[layer.name]}"]
-        files = layer.files()
-        for fname in files:
-            lines.append(f"COPY {_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
-        if plan.offline:
-            lines.append(f"COPY {_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
-        for fname in files:
-            hashed = fname.endswith("-hashed.txt")
-            lines.append(_pip(plan, *_PIP_INSTALL, *(("--require-hashes",) if hashed else ()),
-                              *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}"))
-    if plan.remove:
-        lines += ["", "# ensurepip's tools the lock does not have (uninstalling an absent one is a no-op).",
-                  _pip(plan, "uninstall", "--yes", "--disable-pip-version-check", *plan.remove)]
-    if staged:
-        lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
-                  f"FROM {plan.base.ref}",
-                  "USER root",
-                  f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
-                  f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
-                  f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
-    lines += [
-        "",
-        "# A non-root user; `envlock run` runs as the caller's uid:gid instead.",
-        "RUN (command -v useradd >/dev/null && useradd --uid 1000 --user-group --create-home "
-        f"--shell /bin/sh {IMAGE_USER}) || (command -v adduser >/dev/null && adduser -D -u 1000 "
-        f"{IMAGE_USER}) || true; mkdir -p {WORKDIR} && chown {DEFAULT_UID}:{DEFAULT_UID} {WORKDIR}",
-    ]
-    if plan.env:
-        lines += ["", "# Variables that change numerics, as captured."]
-        lines.append("ENV " + " ".join(f'{k}="{v}"' for k, v in plan.env))
-    lines += ["", "LABEL " + " \\\n      ".join(_label(k, v) for k, v in sorted(labels(plan).items())),
-              f"USER {DEFAULT_UID}:{DEFAULT_UID}", f"WORKDIR {WORKDIR}", ""]
-    return "\n".join(lines)
-
-
-def render(plan: Plan) -> dict[str, str]:
-    """Relative path -> text of every generated file of the build context."""
-    out = {"Dockerfile": dockerfile(plan)}
-    for layer in plan.layers:
-        for fname, reqs in layer.files().items():
-            head = (f"# {layer.name} layer of envlock lock {plan.short_id}: exact pins, installed "
-                    "with --no-deps\n")
-            out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
-    if plan.os_install:
-        out.update(ospackages.files(plan.os_install))
-    out[".dockerignore"] = "build.log\n"
-    return out
-
-
-def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
-    """sha256 over everything that goes into the build: the image cache key."""
-    from envlock.restore.wheelhouse import sha256_file  # wheelhouse imports this module
-
-    rendered = rendered if rendered is not None else render(plan)
-    h = hashlib.sha256()
-    for rel in sorted(rendered):
-        h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
-    for layer in sorted(plan.wheels):
-        for wheel in sorted(plan.wheels[layer]):
-            h.update(f"wheels/{layer}/{wheel.name}".encode() + b"\0" + sha256_file(wheel).encode())
-    return "sha256:" + h.hexdigest()
-
-
-def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None,
-                  *, force: bool = False) -> Path:
-    """Write the build context to ``directory``: new, empty, or (with ``force``) one envlock made.
-
-    See ``envlock.restore.outdir``: nothing is written through a link, nothing of the user's is
-    removed.
-    """
-    from envlock.restore import outdir
-
-    rendered = rendered if rendered is not None else render(plan)
-    return outdir.write(Path(directory), rendered, plan.wheels, force=force)
+        layers, base_tooling = _tooling_from_base(layers, wheels_for or {}, notes)
+        wheels = _wheels(layers, wheels_for or {}, options.wheelhouse)
+    return Plan(lock=lock, base=base, python=f"{venv}/bin/python" if venv else base_python,
+                base_python=base_python, venv=venv, layers=tuple(layers),
+                remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
+                skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
+                notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install)

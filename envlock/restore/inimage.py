@@ -8,7 +8,8 @@ comes from the engine, not from inside: a container cannot learn its own image r
 
 from __future__ import annotations
 
-from envlock.errors import EngineUnavailable
+from envlock import imageref
+from envlock.errors import CommandNotFound, InterpreterNotFound
 from envlock.model import Lock
 from envlock.restore import values
 
@@ -19,24 +20,18 @@ def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
                      canary: bool = False, note: str | None = None,
                      engine: str | None = None) -> Lock:
     from envlock.capturing import build_lock
-    from envlock.restore.engine import connect
-    from envlock.restore.verify import InterpreterMissing, probe_in_image
+    from envlock.restore.endpoint import connect
+    from envlock.restore.verify import probe_in_image
 
     values.image_ref(ref, what="--in-image")
     if python is not None:
         values.interpreter(python)
-    eng = connect(engine)
-    try:
+    with connect(engine) as eng:
         eng.remove_stale()
         info = eng.image(ref) or eng.pull(ref)
-        repo, _, _ = values.split_ref(ref) if not ref.startswith("sha256:") else ("", None, None)
-        digest = None
-        for rd in info.repo_digests:
-            r, _, d = rd.partition("@")
-            # Podman lists a local digest under localhost/: not something anyone can pull.
-            if not r.startswith("localhost/") and (not repo or r.endswith(repo.split("/")[-1])):
-                digest = d
-                break
+        repo = values.split_ref(ref)[0] or None
+        pinned = info.repo_digest(repo, pullable=True)
+        digest = imageref.split(pinned).digest if pinned else None
         env = {"ENVLOCK_IMAGE": ref, "ENVLOCK_IMAGE_ID": info.id}
         if digest:
             env["ENVLOCK_IMAGE_DIGEST"] = digest
@@ -45,13 +40,11 @@ def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
             try:
                 doc = probe_in_image(eng, info.id, python=cand, torch=torch, canary=canary, env=env)
                 break
-            except InterpreterMissing:
+            except InterpreterNotFound:
                 continue
         if doc is None:
-            raise EngineUnavailable(f"no python found in {ref} (tried {', '.join(CANDIDATES)})",
-                                    hint="pass --python /path/to/python inside the image")
-    finally:
-        eng.close()
+            raise CommandNotFound(f"no python found in {ref} (tried {', '.join(CANDIDATES)})",
+                                  hint="pass --python /path/to/python inside the image")
     image = {"in_container": True, "source": "engine", "reference": ref, "id": info.id,
              "engine": eng.name}
     if digest:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock import imageref
 from envlock.errors import NotRestorable
 from envlock.model import Lock
 from envlock.restore import context as ctx
-from envlock.restore import values
+from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
     from envlock.drift import Comparison
@@ -34,8 +35,6 @@ class RestoreResult:
     tag: str
     cached: bool
     seconds: float  # build (or cache lookup) time
-    context_dir: Path
-    log_path: Path | None
     comparison: Comparison | None
     size: int | None
 
@@ -70,9 +69,8 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
         return base
     repo, _, _ = values.split_ref(base.ref)
     info = engine.image(base.ref) or engine.pull(base.ref)
-    pinned = info.pinned_ref(repo)
-    if "@" in pinned and pinned.split("@", 1)[0].startswith("localhost/"):
-        pinned = info.id  # Podman's local digest: the id says the same and is unambiguous
+    # No registry digest (a local build, or Podman's localhost/ one): the id says the same.
+    pinned = info.repo_digest(repo, pullable=True) or info.id
     return ctx.BaseChoice(pinned, base.origin, True, base.ref)
 
 
@@ -91,13 +89,13 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
         if manifest and not options.extra_hashes:
             options = dataclasses.replace(options, extra_hashes=manifest)
     plan = ctx.plan(lock, options, base, wheels_for)
-    return plan, ctx.render(plan)
+    return plan, dockerfile.render(plan)
 
 
 def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
                           force: bool = False) -> ctx.Plan:
     plan, rendered = prepare(lock, options, None)
-    ctx.write_context(plan, directory, rendered, force=force)
+    dockerfile.write_context(plan, directory, rendered, force=force)
     return plan
 
 
@@ -108,7 +106,7 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
     never verified) carries the context label too; only the final stage has the Dockerfile's
     own ``LABEL``s, the short id among them.
     """
-    return {ctx.LABEL_CONTEXT: key, ctx.LABEL_SHORT_ID: plan.short_id}
+    return {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_SHORT_ID: plan.short_id}
 
 
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
@@ -123,23 +121,22 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
-    key = ctx.context_key(plan, rendered)
+    key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
     workdir = Path(workdir) if workdir else cache_dir() / f"{name}-{lock.short_id}"
     context_dir = workdir / "context"
-    labels = {ctx.LABEL_CONTEXT: key}
+    labels = {dockerfile.LABEL_CONTEXT: key}
     t0 = time.monotonic()
     found = engine.find_image(cache_labels(plan, key)) if use_cache else None
-    log_path: Path | None = None
     if found is not None:
         image_id, cached = found.id, True
-        if not any(t.endswith(tag) for t in found.tags):
+        if not any(imageref.same_ref(t, tag) for t in found.tags):
             engine.tag(image_id, tag)
         say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
     else:
         # envlock's own context of an earlier build of this lock is replaced; anything else
         # at that place (a user's --context-dir) is refused.
-        ctx.write_context(plan, context_dir, rendered, force=True)
+        dockerfile.write_context(plan, context_dir, rendered, force=True)
         log_path = workdir / "build.log"
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
@@ -152,8 +149,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say("verifying: running the probe inside a fresh container")
         _, comparison = verify_image_for(engine, plan, image_id, tag)
     return RestoreResult(plan=plan, image_id=image_id, tag=tag, cached=cached, seconds=seconds,
-                         context_dir=context_dir, log_path=log_path, comparison=comparison,
-                         size=info.size if info else None)
+                         comparison=comparison, size=info.size if info else None)
 
 
 def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str

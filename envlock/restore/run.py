@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envlock.drift import OS_FROM_BASE_ENV
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import HostIncompatible, UsageError
 from envlock.model import Lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
@@ -28,12 +28,6 @@ from envlock.restore.tables import driver_older, driver_requirement
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
 _GPUS_RE = re.compile(r"^(all|none|auto|\d+(,\d+)*)$")
-
-
-class HostIncompatible(EnvlockError):
-    """The host cannot run the lock's stack (driver too old, no GPU driver)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -125,6 +119,30 @@ def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None,
     return ("all" if gpus in ("all", "auto") else gpus), warnings
 
 
+def _jupyter(lock: Lock, python: str, ports: dict[str, tuple[str, int]], env: dict[str, str]
+             ) -> tuple[list[str], dict[str, tuple[str, int]]]:
+    """JupyterLab's command line and ports (127.0.0.1:8888 unless given); its token goes into
+    ``env`` and its URL to stderr."""
+    if lock.package("jupyterlab") is None:
+        raise UsageError("--jupyter: the lock has no jupyterlab", hint="add jupyterlab to the "
+                         "environment and capture again")
+    token = secrets.token_hex(24)
+    env["JUPYTER_TOKEN"] = token  # an env var, not an argument: it does not show in `ps`
+    if not ports:
+        ports = {f"{JUPYTER_PORT}/tcp": ("127.0.0.1", JUPYTER_PORT)}
+    inner = int(next(iter(ports)).split("/")[0])
+    command = [python, "-m", "jupyterlab", "--ip=0.0.0.0", f"--port={inner}", "--no-browser",
+               f"--ServerApp.root_dir={WORKDIR}"]
+    if os.getuid() == 0:
+        # The lab runs as the caller; as root (CI, many cluster containers) Jupyter refuses
+        # to start without this.
+        command.append("--ServerApp.allow_root=True")
+    host_ip, host_port = next(iter(ports.values()))
+    shown = "127.0.0.1" if host_ip == "0.0.0.0" else host_ip
+    sys.stderr.write(f"JupyterLab: http://{shown}:{host_port}/lab?token={token}\n")
+    return command, ports
+
+
 def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
                  *, python: str, os_packages_restored: bool = True) -> int:
     """Run the command (or JupyterLab) and return its exit code.
@@ -143,23 +161,7 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
     if opts.jupyter:
-        if lock.package("jupyterlab") is None:
-            raise UsageError("--jupyter: the lock has no jupyterlab", hint="add jupyterlab to the "
-                             "environment and capture again")
-        token = secrets.token_hex(24)
-        env["JUPYTER_TOKEN"] = token  # an env var, not an argument: it does not show in `ps`
-        if not ports:
-            ports = {f"{JUPYTER_PORT}/tcp": ("127.0.0.1", JUPYTER_PORT)}
-        inner = int(next(iter(ports)).split("/")[0])
-        command = [python, "-m", "jupyterlab", "--ip=0.0.0.0", f"--port={inner}", "--no-browser",
-                   f"--ServerApp.root_dir={WORKDIR}"]
-        if os.getuid() == 0:
-            # The lab runs as the caller; as root (CI, many cluster containers) Jupyter refuses
-            # to start without this.
-            command.append("--ServerApp.allow_root=True")
-        host_ip, host_port = next(iter(ports.values()))
-        shown = "127.0.0.1" if host_ip == "0.0.0.0" else host_ip
-        sys.stderr.write(f"JupyterLab: http://{shown}:{host_port}/lab?token={token}\n")
+        command, ports = _jupyter(lock, python, ports, env)
     if not command:
         raise UsageError("nothing to run: give a command after --, e.g. envlock run env.lock -- python train.py")
     workspace = (opts.workspace or Path.cwd()).resolve()

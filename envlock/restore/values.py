@@ -18,14 +18,16 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envlock.errors import EnvlockError, UnsafeValue, UsageError
+from envlock import imageref
+from envlock.errors import EnvlockError, PlainHttp, UnsafeValue, UsageError
 from envlock.probe import strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
-_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_HASH_RE = re.compile(r"^(sha256|sha384|sha512)[:=]([0-9a-f]+)$")
-_HASH_LEN = {"sha256": 64, "sha384": 96, "sha512": 128}
+# The algorithms pip's ``--hash`` takes (pip's STRONG_HASHES), with their hex lengths: the one
+# rule for what goes into a requirement file; envlock checks any other (md5) itself.
+PIP_HASH_ALGORITHMS = {"sha256": 64, "sha384": 96, "sha512": 128}
+_HASH_RE = re.compile(r"^([a-z0-9]+)[:=]([0-9a-f]+)$")
 _ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 # Printable ASCII without quotes, backslash, dollar and backtick: inert inside a double-quoted
 # Dockerfile ENV value (no escapes, no variable expansion) and inside any shell quoting.
@@ -35,12 +37,6 @@ _PATH_RE = re.compile(r"^(/[A-Za-z0-9._+-]+)+/?$")
 # options after whitespace) or a Dockerfile would interpret.
 _URL_CHARS_RE = re.compile(r"^[A-Za-z0-9._~:/?#@!&+,=%-]{1,2048}$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
-
-# Docker's reference grammar (distribution/reference), without the parts nobody writes by hand.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?)"
-_REPO_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 ARCHIVE_SCHEMES = frozenset({"https", "http"})
 VCS_SCHEMES = {"git": frozenset({"https", "http", "ssh"}), "hg": frozenset({"https", "http", "ssh"})}
@@ -105,56 +101,49 @@ def local_label(value: str) -> str | None:
 
 
 def digest(value: str) -> str:
-    if not isinstance(value, str) or not _DIGEST_RE.fullmatch(value):
+    if not isinstance(value, str) or not imageref.is_image_id(value):
         raise _refuse("image digest", value, "not sha256:<64 hex digits>")
     return value
+
+
+def hash_algorithm(value: str) -> str:
+    """The algorithm of an ``algo:hex`` or ``algo=hex`` hash (``md5`` of ``md5=...``)."""
+    return re.split(r"[=:]", value, maxsplit=1)[0]
+
+
+def pip_checks(value: str) -> bool:
+    """True when pip's ``--hash`` can check this hash; others are envlock's to check."""
+    return hash_algorithm(value) in PIP_HASH_ALGORITHMS
 
 
 def package_hash(value: str, *, name: str = "package") -> str:
     """A hash in pip's ``--hash`` spelling (``sha256:<hex>``); ``sha256=<hex>`` is accepted."""
     m = _HASH_RE.fullmatch(value) if isinstance(value, str) else None
-    if not m or len(m.group(2)) != _HASH_LEN[m.group(1)]:
+    if not m or len(m.group(2)) != PIP_HASH_ALGORITHMS.get(m.group(1)):
         raise _refuse(f"hash of {name}", value, "not sha256/sha384/sha512 with the right length")
     return f"{m.group(1)}:{m.group(2)}"
 
 
 def image_ref(value: str, *, what: str = "image reference") -> str:
     """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
-    if not isinstance(value, str) or len(value) > 512:
-        raise _refuse(what, value, "not an image reference")
-    if _DIGEST_RE.fullmatch(value):
-        return value  # an image id (sha256:...), as used for images that exist only locally
-    name, at, dig = value.partition("@")
-    if at and not _DIGEST_RE.fullmatch(dig):
-        raise _refuse(what, value, "the digest is not sha256:<64 hex digits>")
-    repo, tag = name, ""
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    if colon > slash:
-        repo, tag = name[:colon], name[colon + 1:]
-        if not _TAG_RE.fullmatch(tag):
-            raise _refuse(what, value, "bad tag")
-    if not _REPO_RE.fullmatch(repo):
-        raise _refuse(what, value, "not an image reference")
+    try:
+        imageref.parse(value)
+    except imageref.InvalidReference as exc:
+        raise _refuse(what, value, exc.reason) from None
     return value
 
 
 def split_ref(value: str) -> tuple[str, str | None, str | None]:
     """(repository, tag, digest) of a validated reference; an image id gives ("", None, id)."""
     image_ref(value)
-    if _DIGEST_RE.fullmatch(value):
-        return "", None, value
-    name, _, dig = value.partition("@")
-    slash, colon = name.rfind("/"), name.rfind(":")
-    if colon > slash:
-        return name[:colon], name[colon + 1:], dig or None
-    return name, None, dig or None
+    ref = imageref.split(value)
+    return ref.repo, ref.tag, ref.digest
 
 
 def is_pinned(ref: str) -> bool:
     """True when ``ref`` names immutable content: ``repo@sha256:...`` or an image id."""
-    _, _, dig = split_ref(ref)
-    return dig is not None
+    image_ref(ref)
+    return imageref.split(ref).pinned
 
 
 def env_name(name: str) -> str:
@@ -181,10 +170,6 @@ def abs_path(value: str, *, what: str = "path") -> str:
     if clean == "/" or any(clean == p or clean.startswith(p + "/") for p in FORBIDDEN_PATH_PREFIXES):
         raise _refuse(what, value, "is a system directory")
     return clean
-
-
-class PlainHttp(UnsafeValue):
-    """An ``http://`` URL without ``--allow-http``: anyone on the path can swap what it serves."""
 
 
 def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL",

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
 from envlock.drift import Comparison, as_info
-from envlock.errors import ProbeFailed
+from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
+from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
@@ -34,26 +35,18 @@ def probe_files() -> dict[str, bytes]:
     return files
 
 
-class InterpreterMissing(ProbeFailed):
-    """The interpreter asked for does not exist in the image."""
-
-
 def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: bool = True,
-                   canary: bool = False, env: Mapping[str, str] | None = None,
-                   extra_args: Sequence[str] = ()) -> dict[str, Any]:
+                   canary: bool = False, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The probe's JSON document from a throwaway container of ``image``."""
-    from envlock.errors import EngineUnavailable
-
-    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary), *extra_args]
+    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary)]
     spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
     try:
         result = engine.run(spec)
-    except EngineUnavailable as exc:
-        if "not found" in exc.message or "no such file" in exc.message.lower():
-            raise InterpreterMissing(f"{python} not found in {image}") from None
-        raise
+    except CommandNotFound:
+        raise InterpreterNotFound(f"{python} not found in {image}") from None
+    # A shell's (or crun's) "cannot execute" and "not found".
     if result.exit_code in (126, 127):
-        raise InterpreterMissing(f"{python} not found in {image}")
+        raise InterpreterNotFound(f"{python} not found in {image}")
     if result.exit_code != 0:
         tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise ProbeFailed(f"the probe failed inside {image} with exit {result.exit_code}: "
@@ -68,7 +61,7 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
 
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
-                 reference: str | None = None, digest: str | None = None,
+                 reference: str | None = None,
                  skipped: Sequence[str] = (), from_wheel: Sequence[str] = (),
                  os_packages_restored: bool = True, base_tooling: Sequence[str] = ()
                  ) -> tuple[Lock, Comparison]:
@@ -85,8 +78,6 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
         env["ENVLOCK_IMAGE"] = reference
-    if digest:
-        env["ENVLOCK_IMAGE_DIGEST"] = digest
     want_torch = lock.torch is not None
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
                          canary=lock.canary is not None and want_torch, env=env)
@@ -111,14 +102,12 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
 # installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
-# rebuilds of them, so another build of them is reported but does not fail the restore.
-_TOOLING = frozenset({"pip", "setuptools", "wheel"})
-
-
+# rebuilds of them, so another build of them is reported but does not fail the restore
+# (``context.TOOLING``).
 def base_tooling_info(cmp: Comparison, base_tooling: Sequence[str]) -> Comparison:
     """Offline without their wheel, the base's ensurepip copy was kept on purpose (restore said
     so, as ``bundle`` announces): the installer's tools, not the experiment's code, so info."""
-    kept = {f"packages.{name}" for name in base_tooling if name in _TOOLING}
+    kept = {f"packages.{name}" for name in base_tooling if name in TOOLING}
     if not kept:
         return cmp
     return as_info(cmp, lambda d: ".".join(d.path.split(".")[:2]) in kept,
@@ -134,7 +123,7 @@ def _restore_severity(d: Difference) -> Difference:
     """
     parts = d.path.split(".")
     if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
-            and parts[1] not in _TOOLING and d.severity != "breaking":
+            and parts[1] not in TOOLING and d.severity != "breaking":
         message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
         return replace(d, severity="breaking", message=message)
     return d

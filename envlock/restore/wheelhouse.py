@@ -29,24 +29,15 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from envlock.errors import EnvlockError, NotRestorable, UsageError
+from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
 from envlock.model import Lock, Package
 from envlock.probe import record_digest
 from envlock.restore import values
-from envlock.restore.context import TOOLING
+from envlock.restore.context import TOOLING, torch_label
+from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"
 PIP_TIMEOUT = 3600.0
-
-
-class HashMismatch(EnvlockError):
-    """A wheel's sha256 (or build) is not one the lock (or the bundle's manifest) allows."""
-
-    exit_code = 3
-
-
-class BadWheel(HashMismatch):
-    """A file named like a wheel that is not one (not a zip, no RECORD)."""
 
 
 _HEX_RE = re.compile(r"[0-9a-fA-F]+")
@@ -144,7 +135,7 @@ def allowed_hashes(pkg: Package) -> tuple[str, ...]:
     found = [values.package_hash(h, name=pkg.name) for h in pkg.hashes]
     if pkg.archive_hash:
         algo, _, hexdigest = pkg.archive_hash.replace("=", ":", 1).partition(":")
-        if algo in ("sha256", "sha384", "sha512"):
+        if values.pip_checks(pkg.archive_hash):
             found.append(values.package_hash(pkg.archive_hash, name=pkg.name))
         elif algo in hashlib.algorithms_guaranteed and _HEX_RE.fullmatch(hexdigest):
             found.append(f"{algo}:{hexdigest.lower()}")
@@ -329,9 +320,6 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     pins for the lock's platform from ``index_url`` (PyPI by default, plus the PyPI-compatible
     PyTorch index for local labels such as +cu121), or from ``pip_find_links`` with no index.
     """
-    from envlock.restore.context import torch_label
-    from envlock.restore.tables import bases
-
     wanted, skipped = _wanted(lock, skip_local)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,402 @@
+"""Docker and Podman through the docker SDK: the one ``ContainerEngine`` implementation.
+
+Podman serves the Docker API on its socket, so one implementation covers Docker and Podman
+(``envlock.restore.endpoint`` finds the socket and connects); the few places where Podman differs (GPU devices, ``localhost/`` tag prefixes, build output) are handled
+here and nowhere else. The engine's answers come back as text and HTTP errors; this module turns
+them into ``envlock.errors`` types, so no caller reads an engine's wording.
+
+Containers are removed in a ``finally`` with Ctrl-C held off, so an interrupt never leaves one
+behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import socket
+import tarfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from envlock import imageref
+from envlock.errors import (
+    BuildFailed,
+    CommandNotFound,
+    ContainerFailed,
+    EngineUnavailable,
+    ImageNotFound,
+)
+from envlock.restore.buildlog import BuildLog, Step, shorten
+from envlock.restore.engine import LABEL_OWNER, ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.progress import Progress
+
+DOCKER_HINT = ("start Docker (e.g. `sudo systemctl start docker`) or point DOCKER_HOST at a running "
+               "engine; for Podman: `systemctl --user start podman.socket` and --engine podman")
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _no_interrupt() -> Iterator[None]:
+    """Hold SIGINT off while cleaning up, so a second Ctrl-C cannot orphan a container."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt
+
+
+def tar_files(files: Mapping[str, bytes], root: str) -> bytes:
+    """A tar of ``files`` (absolute paths under ``root``) for ``put_archive(root)``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs: set[str] = set()
+        for path, data in sorted(files.items()):
+            rel = os.path.relpath(path, root)
+            if rel.startswith(".."):
+                raise ValueError(f"{path} is not under {root}")
+            parts = rel.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _no_timeout(sock: Any) -> None:
+    """A silent command (pip, a training epoch) must not hit the client's read timeout."""
+    for candidate in (sock, getattr(sock, "_sock", None)):
+        if candidate is not None and hasattr(candidate, "settimeout"):
+            with contextlib.suppress(Exception):
+                candidate.settimeout(None)
+
+
+def _close_socket(sock: Any) -> None:
+    """Close a hijacked attach socket for real (the SocketIO wrapper and the socket under it)."""
+    real = getattr(sock, "_sock", None)
+    for obj in (getattr(sock, "_response", None), sock, real):
+        if obj is not None:
+            with contextlib.suppress(Exception):
+                obj.close()
+
+
+def _check_unix_socket(endpoint: str) -> None:
+    """Fail fast on a dead unix socket, before the docker SDK (which leaks the socket then)."""
+    if not endpoint.startswith("unix://"):
+        return
+    path = endpoint[len("unix://"):]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)
+        sock.connect(path)
+    except OSError as exc:
+        raise EngineUnavailable(f"no container engine reachable at {endpoint} ({exc.strerror or exc})",
+                                hint=DOCKER_HINT) from None
+    finally:
+        sock.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_label() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _exposed(ports: Mapping[str, tuple[str, int]]) -> list[tuple[int, str]] | None:
+    """``"8888/tcp"`` keys as docker-py wants them: (port, proto). Given the string, docker-py
+    appends its own ``/tcp`` and exposes ``8888/tcp/tcp``, and the binding publishes nothing."""
+    out = []
+    for key in ports:
+        port, _, proto = key.partition("/")
+        out.append((int(port), proto or "tcp"))
+    return out or None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "explanation", None) or exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _command_missing(exc: BaseException) -> bool:
+    """Whether a failed start means that the command is not in the image.
+
+    The engines say so only in words, and differently: runc's "executable file not found in
+    $PATH" or "no such file or directory" (an absolute path), crun's "executable file `x` not
+    found"; this is the one place that reads them.
+    """
+    text = _short(exc).lower()
+    return "not found" in text or "no such file" in text
+
+
+# -- docker SDK --------------------------------------------------------------------------------
+
+
+class DockerEngine(ContainerEngine):
+    """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
+
+    def __init__(self, make_client: Callable[[float | None], Any], endpoint: str) -> None:
+        _check_unix_socket(endpoint)
+        pinger = None
+        try:
+            pinger = make_client(15.0)
+            pinger.ping()
+            version = pinger.version()
+        except Exception as exc:
+            raise EngineUnavailable(
+                f"no container engine reachable at {endpoint} ({_short(exc)})", hint=DOCKER_HINT
+            ) from None
+        finally:
+            if pinger is not None:
+                with contextlib.suppress(Exception):
+                    pinger.close()
+        components = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
+        self.name = "podman" if "podman" in components.lower() else "docker"
+        # No read timeout: pip installing torch prints nothing for minutes, and so may a job.
+        self.client = make_client(None)
+        self.api = self.client.api
+
+    # images
+
+    def _info(self, raw: Mapping[str, Any]) -> ImageInfo:
+        labels = (raw.get("Config") or {}).get("Labels") or raw.get("Labels") or {}
+        return ImageInfo(id=str(raw["Id"]) if str(raw["Id"]).startswith("sha256:") else "sha256:" + str(raw["Id"]),
+                         repo_digests=tuple(raw.get("RepoDigests") or ()),
+                         tags=tuple(raw.get("RepoTags") or ()), labels=dict(labels),
+                         size=raw.get("Size"))
+
+    def image(self, ref: str) -> ImageInfo | None:
+        from docker.errors import NotFound
+
+        candidates = [ref]
+        parsed = imageref.split(ref)
+        first, slash, _ = parsed.repo.partition("/")
+        # Podman lists what it built or tagged locally as localhost/<name> (a name whose first
+        # part has a port names a registry, not a local image).
+        if self.name == "podman" and slash and ":" not in first and not parsed.local:
+            candidates.append(imageref.LOCAL_PREFIX + ref)
+        for cand in candidates:
+            try:
+                return self._info(self.api.inspect_image(cand))
+            except NotFound:  # docker.errors.ImageNotFound is one
+                continue
+        return None
+
+    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
+        # One label in the engine's filter, the rest checked here: Podman 4's Docker API
+        # answers nothing at all when given two label filters.
+        first = next(iter(labels.items()), None)
+        filters = {"label": [f"{first[0]}={first[1]}"]} if first else {}
+        for raw in self.api.images(filters=filters):
+            info = self.image(str(raw["Id"]))
+            if info and all(info.labels.get(k) == v for k, v in labels.items()):
+                return info
+        return None
+
+    def pull(self, ref: str) -> ImageInfo:
+        from docker.errors import APIError, NotFound
+
+        hint = "check the name and the network, or pass --base with a local image"
+        try:
+            self.client.images.pull(ref)
+        except NotFound as exc:
+            raise ImageNotFound(f"cannot pull {ref}: {_short(exc)}", hint=hint) from None
+        except APIError as exc:
+            raise EngineUnavailable(f"cannot pull {ref}: {_short(exc)}", hint=hint) from None
+        info = self.image(ref)
+        if info is None:
+            raise ImageNotFound(f"pulled {ref}, but the engine does not list it")
+        return info
+
+    def tag(self, image_id: str, ref: str) -> None:
+        parsed = imageref.split(ref)
+        self.api.tag(image_id, parsed.repo, parsed.tag)
+
+    def push(self, image_id: str, repo: str, tag: str) -> str:
+        from docker.errors import APIError
+
+        self.api.tag(image_id, repo, tag)
+        digest = None
+        try:
+            for chunk in self.api.push(repo, tag=tag, stream=True, decode=True):
+                if chunk.get("error"):
+                    raise EngineUnavailable(f"cannot push {repo}:{tag}: {shorten(str(chunk['error']))}",
+                                            hint="is the registry reachable, and are you logged in?")
+                aux = chunk.get("aux") or {}
+                if isinstance(aux, dict) and isinstance(aux.get("Digest"), str):
+                    digest = aux["Digest"]
+        except APIError as exc:
+            raise EngineUnavailable(f"cannot push {repo}:{tag}: {_short(exc)}") from None
+        if digest is None:  # engines that do not report it (Podman) still list it afterwards
+            info = self.image(image_id)
+            pinned = info.repo_digest(repo) if info else None
+            digest = imageref.split(pinned).digest if pinned else None
+        if digest is None:
+            raise EngineUnavailable(f"pushed {repo}:{tag}, but the engine did not report its digest")
+        return str(digest)
+
+    def build_stream(self, context: Path, *, tag: str, labels: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+        """The engine's build output as the SDK decodes it: what ``buildlog`` reads."""
+        chunks: Iterator[dict[str, Any]] = self.api.build(
+            path=str(context), tag=tag, rm=True, forcerm=True, decode=True, labels=dict(labels),
+            pull=False)
+        return chunks
+
+    def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
+              progress: Progress) -> str:
+        from docker.errors import APIError, BuildError
+
+        parsed = BuildLog()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w", encoding="utf-8") as log:
+            try:
+                for chunk in self.build_stream(context, tag=tag, labels=labels):
+                    fed = parsed.feed(chunk)
+                    log.write(fed.log)
+                    for event in fed.events:
+                        if isinstance(event, Step):
+                            progress.step(event.number, event.total, event.text)
+                        else:
+                            progress.line(event)
+                    if parsed.error is not None:
+                        break
+            except KeyboardInterrupt:
+                # Closing the connection makes the daemon cancel the build; forcerm removes
+                # its intermediate containers.
+                with contextlib.suppress(Exception):
+                    self.client.close()
+                raise
+            except (APIError, BuildError) as exc:
+                log.write(parsed.fail(_short(exc)))
+            finally:
+                progress.close()
+        failure = parsed.summary()
+        if failure is not None:
+            raise BuildFailed(failure, step=str(parsed.step) if parsed.step else None,
+                              log_tail=list(parsed.tail), log_path=str(log_path),
+                              hint=f"full build log: {log_path}")
+        info = self.image(parsed.image_id) if parsed.image_id else None
+        info = info or self.image(tag)
+        if info is None:
+            raise BuildFailed("the build finished but the engine does not know the image",
+                              log_tail=list(parsed.tail), log_path=str(log_path))
+        return info.id
+
+    # containers
+
+    def _create(self, spec: RunSpec) -> str:
+        from docker.errors import APIError
+        from docker.errors import ImageNotFound as NoSuchImage
+
+        host_kwargs: dict[str, Any] = {}
+        if spec.mounts:
+            host_kwargs["binds"] = {h: {"bind": c, "mode": "ro" if ro else "rw"} for h, c, ro in spec.mounts}
+        if spec.ports:
+            host_kwargs["port_bindings"] = dict(spec.ports.items())
+        if not spec.network:
+            host_kwargs["network_mode"] = "none"
+        if spec.gpus:
+            host_kwargs.update(self._gpu_kwargs(spec.gpus))
+        host_config = self.api.create_host_config(**host_kwargs)
+        try:
+            created = self.api.create_container(
+                spec.image, list(spec.command), environment=dict(spec.env), user=spec.user or "",
+                working_dir=spec.workdir, labels={LABEL_OWNER: owner_label()},
+                host_config=host_config, ports=_exposed(spec.ports), detach=True, tty=False,
+                stdin_open=False)
+        except NoSuchImage as exc:
+            raise ImageNotFound(f"cannot create a container from {spec.image}: {_short(exc)}") from None
+        except APIError as exc:
+            raise ContainerFailed(f"cannot create a container from {spec.image}: {_short(exc)}") from None
+        return str(created["Id"])
+
+    def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
+            on_stderr: Callable[[bytes], None] | None = None) -> RunResult:
+        from docker.errors import APIError
+        from docker.utils.socket import STDERR, frames_iter
+
+        api = self.api
+        cid = self._create(spec)
+        out, err = bytearray(), bytearray()
+        try:
+            if spec.files:
+                api.put_archive(cid, "/tmp", tar_files(spec.files, "/tmp"))
+            # Attach before start (as `docker run` does), so no early output is lost.
+            sock = api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
+            try:
+                _no_timeout(sock)
+                try:
+                    api.start(cid)
+                except APIError as exc:
+                    why = CommandNotFound if _command_missing(exc) else ContainerFailed
+                    raise why(f"cannot start {spec.command[0]} in {spec.image}: {_short(exc)}") from None
+                for stream_id, data in frames_iter(sock, False):
+                    if stream_id == STDERR:
+                        err += data
+                        if on_stderr:
+                            on_stderr(data)
+                    else:
+                        out += data
+                        if on_stdout:
+                            on_stdout(data)
+            finally:
+                _close_socket(sock)
+            code = int(api.wait(cid).get("StatusCode", 1))
+        finally:
+            with _no_interrupt(), contextlib.suppress(Exception):
+                api.remove_container(cid, force=True)
+        return RunResult(code, bytes(out), bytes(err))
+
+    def _gpu_kwargs(self, gpus: str) -> dict[str, Any]:
+        ids = [] if gpus == "all" else [g.strip() for g in gpus.split(",") if g.strip()]
+        if self.name == "podman":
+            # Podman's Docker API ignores DeviceRequests; it takes CDI device names.
+            names = ["nvidia.com/gpu=all"] if not ids else [f"nvidia.com/gpu={i}" for i in ids]
+            return {"devices": [f"{n}:{n}:rwm" for n in names]}
+        from docker.types import DeviceRequest
+
+        if ids:
+            return {"device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]}
+        return {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+
+    def remove_stale(self) -> int:
+        """Remove containers of envlock processes on this host that died without cleaning up."""
+        host = socket.gethostname()
+        removed = 0
+        with contextlib.suppress(Exception):
+            for c in self.api.containers(all=True, filters={"label": LABEL_OWNER}):
+                owner = str((c.get("Labels") or {}).get(LABEL_OWNER, ""))
+                h, _, pid = owner.rpartition("/")
+                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                    with contextlib.suppress(Exception):
+                        self.api.remove_container(c["Id"], force=True)
+                        removed += 1
+        return removed
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
