@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envlock import ospkgs
+from envlock.probe import ospkgs
 
 
 def _median(fn: object, repeat: int) -> float:

@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from envlock.errors import TorchMissing, UsageError
-from envlock.probe import quiet as _quiet
+from envlock.probe.rules import quiet as _quiet
 
 if TYPE_CHECKING:
     from envlock.model import Canary, Lock
@@ -607,7 +607,7 @@ def _apply_seeds(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
 
 
 def _apply_env(lock: Lock, changed: list[Change], late: set[str]) -> None:
-    from envlock.probe import NUMERICS_ENV
+    from envlock.probe.rules import NUMERICS_ENV
 
     wanted = lock.determinism.env
     for name in sorted(set(wanted) | {n for n in NUMERICS_ENV if n in os.environ}):
@@ -691,7 +691,7 @@ def apply(lock: Lock | str | os.PathLike[str]) -> ApplyResult:
 
 def canary_module() -> Any:
     """kernels.py, loaded by path exactly as the probe loads it."""
-    from envlock.probe import load_kernels
+    from envlock.probe.collect import load_kernels
 
     try:
         return load_kernels()
@@ -702,7 +702,7 @@ def canary_module() -> Any:
 def canary(devices: list[str] | None = None) -> Canary:
     """Run the numeric canary in this process, under its current flags; a ``[canary]`` table."""
     from envlock.model import Canary
-    from envlock.probe import scrub_document, secret_values
+    from envlock.probe.scrub import scrub_document, secret_values
 
     torch = _torch(required=True)
     # The settings carry numerics variables verbatim (any may hold a URL): the same

@@ -17,8 +17,9 @@ from types import ModuleType
 
 import pytest
 
-from envlock import probe
 from envlock.model import Package
+from envlock.probe import rules
+from envlock.probe.packages import collect_packages
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -67,14 +68,14 @@ def test_probe_and_importlib_metadata_see_the_same_distributions(
 ) -> None:
     site, dists = generated
     monkeypatch.setattr(sys, "path", [str(site)])
-    packages, duplicates = probe.collect_packages()
+    packages, duplicates = collect_packages()
     found = list(importlib.metadata.distributions(path=[str(site)]))
 
     expected = {d.canonical: d for d in dists}  # type: ignore[attr-defined]
     assert duplicates == []
     assert len(packages) == len(found) == N
     assert {p["name"] for p in packages} == set(expected)
-    assert {probe.canonicalize_name(d.metadata["Name"]) for d in found} == set(expected)
+    assert {rules.canonicalize_name(d.metadata["Name"]) for d in found} == set(expected)
     source = {None: "index", "archive": "url", "vcs": "vcs", "local": "local",
               "editable": "editable"}
     for pkg in packages:

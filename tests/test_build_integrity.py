@@ -14,7 +14,8 @@ import pytest
 
 from envlock.drift import compare
 from envlock.errors import UnsafeValue, UsageError
-from envlock.probe import record_sha256, strip_url
+from envlock.probe.packages import record_sha256
+from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
 from envlock.restore.restore import prepare
 from envlock.restore.values import PlainHttp

@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 from helpers import run_cli
 
-from envlock import lockfile, probe, runtime
+from envlock import lockfile, runtime
 from envlock.capturing import capture, verify
 from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
+from envlock.probe.collect import run_canary
 
 torch = pytest.importorskip("torch")
 
-CANARY_PATH = Path(runtime.__file__).with_name("kernels.py")
+CANARY_PATH = Path(__file__).resolve().parent.parent / "envlock" / "probe" / "kernels.py"
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
            ("matmul_large", "bfloat16"), ("conv2d", "float32"), ("conv2d", "bfloat16"),
            ("softmax", "float32"), ("layer_norm", "float32"), ("sum", "float32"),
@@ -66,7 +67,7 @@ def test_canary_covers_every_kernel_on_cpu_and_is_bit_identical_across_runs() ->
     for _ in range(2):
         assert _hashes(runtime.canary(["cpu"])) == _hashes(first)
     # The probe's own entry point (what capture --canary runs) gives the same bytes.
-    doc = probe._run_canary(torch)
+    doc = run_canary(torch)
     assert doc is not None
     assert {k: v for k, v in _hashes(Canary.model_validate(doc)).items() if k[1] == "cpu"} == _hashes(first)
 

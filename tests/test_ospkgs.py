@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from envlock import ospkgs, probe
 from envlock.drift import compare, os_package_severity
 from envlock.model import OsPackages
+from envlock.probe import ospkgs
+from envlock.probe.collect import collect_os_packages
 from tests.helpers import make_lock
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
@@ -106,7 +107,7 @@ def test_a_venv_capture_reads_no_file_list(tmp_path: Path) -> None:
 def test_probe_block_returns_the_table_and_marks_dists(tmp_path: Path) -> None:
     root, locations = _system_root(tmp_path)
     packages: list[dict[str, Any]] = [{"name": "six", "version": "1.16.0", "source": "unknown"}]
-    doc = probe.collect_os_packages(packages, locations, root=str(root))
+    doc = collect_os_packages(packages, locations, root=str(root))
     assert doc is not None and doc["manager"] == "dpkg" and len(doc["packages"]) == 18
     assert packages[0]["source"] == "system"
 

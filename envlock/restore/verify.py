@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
+from envlock.capturing import PROBE_PATH, probe_args
 from envlock.drift import Comparison, as_info
 from envlock.errors import ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
@@ -26,12 +26,10 @@ PROBE_DIR = "/tmp/envlock-probe"
 
 
 def probe_files() -> dict[str, bytes]:
-    files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
-    # The probe loads its OS-package parsers from beside itself.
-    files[f"{PROBE_DIR}/ospkgs.py"] = OSPKGS_PATH.read_bytes()
-    if CANARY_PATH.exists():
-        files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
-    return files
+    """The probe package, file by file, for ``put_archive``; run as ``python PROBE_DIR``."""
+    from envlock.probe.source import file_names
+
+    return {f"{PROBE_DIR}/{name}": (PROBE_PATH / name).read_bytes() for name in file_names()}
 
 
 class InterpreterMissing(ProbeFailed):
@@ -44,7 +42,7 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
     """The probe's JSON document from a throwaway container of ``image``."""
     from envlock.errors import EngineUnavailable
 
-    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary), *extra_args]
+    argv = [python, PROBE_DIR, *probe_args(torch=torch, canary=canary), *extra_args]
     spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
     try:
         result = engine.run(spec)
