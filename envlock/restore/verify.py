@@ -1,6 +1,6 @@
 """Run the stdlib probe inside an image and compare what it sees with the lock.
 
-The probe (and the canary beside it) is copied into a fresh container with ``put_archive`` and
+The probe package (its canary included) is copied into a fresh container with ``put_archive`` and
 run with the image's own python; nothing of envlock is installed into the image, because an
 image holding extra packages would not be the environment in the lock. All validation, TOML and
 comparison happen here, on the JSON the probe prints.
