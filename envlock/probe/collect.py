@@ -46,7 +46,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     ``git_exclude``: files left out of the git state (the lock about to be written).
 
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
-    (see the torch facts cache above); only for a fresh interpreter, never a training process.
+    (see the ``cache`` module); only for a fresh interpreter, never a training process.
     """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
