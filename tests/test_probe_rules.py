@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typing
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
@@ -57,7 +58,7 @@ def _write(target: dict[str, Any]) -> None:
         for _ in range(3):
             wrote = False
             for knob in knobs_in(torch):
-                if knob.name in target and quiet(lambda k=knob: k.read(torch)) != target[knob.name]:
+                if knob.name in target and quiet(partial(knob.read, torch)) != target[knob.name]:
                     knob.write(torch, target[knob.name])
                     wrote = True
             if not wrote:

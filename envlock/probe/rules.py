@@ -10,6 +10,7 @@ import: the model and the runtime import it on their hot paths, so it imports no
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 # What a redacted value reads as, in the probe's document and in a lock.
@@ -269,7 +270,7 @@ def read_knobs(torch: Any, names: Optional[List[str]] = None) -> Dict[str, Any]:
     for knob in KNOBS:
         if names is not None and knob.name not in names:
             continue
-        value = quiet(lambda k=knob: k.read(torch))  # type: ignore[misc]
+        value = quiet(partial(knob.read, torch))
         if isinstance(value, (bool, int, str)):
             out[knob.name] = value
     return out
