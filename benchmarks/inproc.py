@@ -69,7 +69,7 @@ def cmd_scan(dirs: list[Path], repeats: int) -> dict[str, Any]:
     """
     import importlib.metadata as md
 
-    from envlock import probe
+    from envlock.probe import packages as probe
 
     results: dict[str, Any] = {}
     saved = list(sys.path)

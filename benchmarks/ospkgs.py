@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envlock import ospkgs
+from envlock.probe import ospkgs
 
 
 def _median(fn: Callable[[], object], repeat: int) -> float:

@@ -135,16 +135,18 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
 def child_probe_sections(no_torch: bool, out_path: str) -> None:
     """The real ``probe.collect()`` with every collector timed."""
     t_start = time.perf_counter()
-    from envlock import probe
+    from envlock.probe import collect as probe
+    from envlock.probe import scrub
 
     t_import = time.perf_counter()
     events: list[tuple[str, float, float]] = []
     names = ("collect_image", "collect_platform", "collect_python", "collect_packages",
-             "collect_conda", "_want_torch", "collect_torch", "collect_gpu",
+             "collect_conda", "want_torch", "collect_torch", "collect_gpu",
              "collect_determinism", "collect_seeds", "collect_env", "secret_values",
              "scrub_document")
-    missing = [n for n in names if not _wrap(probe, n, n, events)]
-    job = probe._GitJob
+    # Each name is wrapped where collect() looks it up; scrub_document is called from scrub.
+    missing = [n for n in names if not _wrap(scrub if n == "scrub_document" else probe, n, n, events)]
+    from envlock.probe.git import GitJob as job
     orig_init, orig_collect = job.__init__, job.collect
 
     def init(self: Any, *a: Any, **k: Any) -> None:
@@ -167,7 +169,7 @@ def child_probe_sections(no_torch: bool, out_path: str) -> None:
     t1 = time.perf_counter()
     json.dumps(doc, sort_keys=True)
     t2 = time.perf_counter()
-    renamed = {"_want_torch": "import torch (_want_torch)"}
+    renamed = {"want_torch": "import torch (want_torch)"}
     sections: dict[str, float] = {}
     for label, a, b in events:
         key = renamed.get(label, label)
@@ -183,7 +185,7 @@ def child_cprofile(out_path: str) -> None:
     import cProfile
     import pstats
 
-    from envlock import probe
+    from envlock.probe import collect as probe
 
     probe.collect()  # imports torch; the profile below is of the probe's own work
     prof = cProfile.Profile()

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from envlock.drift import Comparison
     from envlock.model import Lock
 
-PROBE_PATH = Path(__file__).with_name("probe.py")
-CANARY_PATH = Path(__file__).with_name("kernels.py")
-OSPKGS_PATH = Path(__file__).with_name("ospkgs.py")
+# The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
+# another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
+PROBE_PATH = Path(__file__).with_name("probe")
+OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
 # The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
 # --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
 # have their own deadlines. Two minutes is several times the slowest cold start measured, and
@@ -226,9 +227,9 @@ class ProbeProcess:
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
                          cwd: str | None = None, deep: bool = False,
                          git_exclude: Sequence[str] = ()) -> dict[str, Any]:
-    from envlock import probe
+    from envlock.probe.collect import collect
 
-    return probe.collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
+    return collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
                          deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude])
 
 
@@ -238,7 +239,7 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
     from envlock.lockfile import seal
     from envlock.model import Lock, Meta
-    from envlock.probe import scrub_string, secret_values
+    from envlock.probe.scrub import scrub_string, secret_values
 
     if note:
         # The note comes from the user, not the probe: the same scrub, with this process's

@@ -1,6 +1,6 @@
 """``verify --deep`` and the torch-facts cache, on envlock's side of the probe.
 
-The hashing itself is ``envlock/deep.py`` (stdlib, run by the probe in the checked
+The hashing itself is ``envlock/probe/deep.py`` (stdlib, run by the probe in the checked
 interpreter); this module turns its report into differences, lines up a ``--deep`` lock with a
 plain capture, and draws progress on a terminal.
 """

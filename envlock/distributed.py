@@ -112,9 +112,9 @@ def check(
     import torch
     import torch.distributed as dist
 
-    from envlock import probe
     from envlock.capturing import build_lock
     from envlock.drift import Difference, compare
+    from envlock.probe.collect import collect
 
     if not (dist.is_available() and dist.is_initialized()):
         raise UsageError("envlock.distributed.check() needs an initialised torch.distributed process group")
@@ -128,7 +128,7 @@ def check(
             reference = load(lock)
         else:
             reference = lock
-    doc = probe.collect(torch="auto")
+    doc = collect(torch="auto")
     if canary:
         doc["canary"] = _canary(torch, label_cuda=reference is None)
     mine = build_lock(doc)

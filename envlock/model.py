@@ -24,7 +24,8 @@ from pydantic import (
 )
 
 # The probe decides what is a secret and how names normalise; the model enforces the same rules.
-from envlock.probe import REDACTED, canonicalize_name, looks_secret, scrub_text, strip_url
+from envlock.probe.rules import REDACTED, canonicalize_name, looks_secret
+from envlock.probe.scrub import scrub_text, strip_url
 
 SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from envlock import probe
 from envlock.model import Package
+from envlock.probe import rules
+from envlock.probe.packages import collect_packages
 
 if TYPE_CHECKING:
     from synth import SynthDist  # benchmarks/synth.py, loaded by path below
@@ -71,14 +72,14 @@ def test_probe_and_importlib_metadata_see_the_same_distributions(
 ) -> None:
     site, dists = generated
     monkeypatch.setattr(sys, "path", [str(site)])
-    packages, duplicates = probe.collect_packages()
+    packages, duplicates = collect_packages()
     found = list(importlib.metadata.distributions(path=[str(site)]))
 
     expected = {d.canonical: d for d in dists}
     assert duplicates == []
     assert len(packages) == len(found) == N
     assert {p["name"] for p in packages} == set(expected)
-    assert {probe.canonicalize_name(d.metadata["Name"]) for d in found} == set(expected)
+    assert {rules.canonicalize_name(d.metadata["Name"]) for d in found} == set(expected)
     source = {None: "index", "archive": "url", "vcs": "vcs", "local": "local",
               "editable": "editable"}
     for pkg in packages:

@@ -16,7 +16,8 @@ from helpers import LockFactory
 from envlock.drift import compare
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
 from envlock.model import Lock
-from envlock.probe import record_sha256, strip_url
+from envlock.probe.packages import record_sha256
+from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
 from envlock.restore.restore import prepare

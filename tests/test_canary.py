@@ -17,14 +17,15 @@ import pytest
 import torch
 from helpers import run_cli
 
-from envlock import lockfile, probe, runtime
+from envlock import lockfile, runtime
 from envlock.capturing import capture, verify
 from envlock.drift import compare
 from envlock.lockfile import seal
 from envlock.model import Canary, Lock
+from envlock.probe.collect import run_canary
 from envlock.runtime import knobs
 
-CANARY_PATH = Path(probe.__file__).with_name("kernels.py")  # shipped beside the probe
+CANARY_PATH = Path(__file__).resolve().parent.parent / "envlock" / "probe" / "kernels.py"
 KERNELS = {("matmul", "float32"), ("matmul_large", "float32"), ("matmul", "bfloat16"),
            ("matmul_large", "bfloat16"), ("conv2d", "float32"), ("conv2d", "bfloat16"),
            ("softmax", "float32"), ("layer_norm", "float32"), ("sum", "float32"),
@@ -66,7 +67,7 @@ def test_canary_covers_every_kernel_on_cpu_and_is_bit_identical_across_runs() ->
     for _ in range(2):
         assert _hashes(runtime.canary(["cpu"])) == _hashes(first)
     # The probe's own entry point (what capture --canary runs) gives the same bytes.
-    doc = probe._run_canary(torch)
+    doc = run_canary(torch)
     assert doc is not None
     assert {k: v for k, v in _hashes(Canary.model_validate(doc)).items() if k[1] == "cpu"} == _hashes(first)
 
@@ -92,7 +93,8 @@ def test_canary_file_is_stdlib_and_torch_only_and_python38_syntax() -> None:
     source = CANARY_PATH.read_text()
     tree = ast.parse(source, feature_version=(3, 8))
     imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
-    imports |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imports |= {n.module.split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}  # not the probe's own
     assert imports - set(sys.stdlib_module_names) == {"torch"}
 
 

@@ -33,7 +33,7 @@ def _probe_in(client: Any, image: str, env: dict[str, str] | None = None) -> dic
     try:
         container.start()
         assert container.put_archive("/tmp", _probe_tar())
-        code, out = container.exec_run(["python3", f"{PROBE_DIR}/probe.py"], workdir="/tmp", demux=True)
+        code, out = container.exec_run(["python3", PROBE_DIR], workdir="/tmp", demux=True)
         stdout, stderr = out
         assert code == 0, stderr
         doc: dict[str, Any] = json.loads(stdout)

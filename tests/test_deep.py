@@ -22,7 +22,7 @@ from helpers import REPO, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock import deep
+from envlock.probe import deep
 
 NAME = "demo_pkg"
 
@@ -289,7 +289,7 @@ def test_fuzz_record_parsing_never_raises(tmp_path: Path, lines: list[tuple[str,
 def test_deep_module_is_stdlib_only_and_py38_syntax() -> None:
     import ast
 
-    source = (REPO / "envlock" / "deep.py").read_text()
+    source = (REPO / "envlock" / "probe" / "deep.py").read_text()
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)

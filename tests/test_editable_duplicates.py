@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import make_dist
 
-from envlock import probe
 from envlock.capturing import PROBE_PATH
+from envlock.probe import packages
 
 
 def _project(tmp_path: Path) -> Path:
@@ -41,7 +41,7 @@ def test_src_layout_editable_is_not_a_duplicate(tmp_path: Path, monkeypatch: pyt
     # it first. Either way the editable install is the entry.
     path = [str(proj / "src"), str(site)] if src_first else [str(site), str(proj / "src")]
     monkeypatch.setattr(sys, "path", path)
-    pkgs, dups = probe.collect_packages()
+    pkgs, dups = packages.collect_packages()
     assert dups == []
     (pkg,) = [p for p in pkgs if p["name"] == "mypkg"]
     assert pkg["source"] == "editable" and pkg["version"] == "0.1"
@@ -55,7 +55,7 @@ def test_a_real_second_copy_is_still_a_duplicate(tmp_path: Path, monkeypatch: py
     other.mkdir()
     (other / "mypkg-0.0.9.egg-info").write_text("Metadata-Version: 2.1\nName: mypkg\nVersion: 0.0.9\n\n")
     monkeypatch.setattr(sys, "path", [str(site), str(proj / "src"), str(other)])
-    _, dups = probe.collect_packages()
+    _, dups = packages.collect_packages()
     assert dups == [{"name": "mypkg", "version": "0.0.9", "active_version": "0.1", "path_index": 2}]
 
 

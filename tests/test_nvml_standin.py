@@ -19,7 +19,7 @@ from scenario_steps import build_nvml_standin
 
 QUERY = """
 import json, sys, time
-from envlock.probe import collect_gpu
+from envlock.probe.gpu import collect_gpu
 from envlock.restore.run import host_driver
 t0 = time.monotonic()
 info, error = collect_gpu(None, float(sys.argv[1]))

@@ -41,10 +41,10 @@ def ship_probe(dest: Path) -> list[str]:
     from envlock.restore.verify import PROBE_DIR, probe_files
 
     for name, data in probe_files().items():
-        target = dest / Path(name).relative_to(PROBE_DIR)
+        target = dest / Path(name).relative_to(Path(PROBE_DIR).parent)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    return ["probe.py"]
+    return [Path(PROBE_DIR).name]  # run as ``python DIR``
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from envlock import ospkgs, probe
 from envlock.drift import compare, os_package_severity
 from envlock.model import OsPackages
+from envlock.probe import ospkgs
+from envlock.probe.collect import collect_os_packages
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
 DPKG_ROOT = FIXTURES / "dpkg"
@@ -106,7 +107,7 @@ def test_a_venv_capture_reads_no_file_list(tmp_path: Path) -> None:
 def test_probe_block_returns_the_table_and_marks_dists(tmp_path: Path) -> None:
     root, locations = _system_root(tmp_path)
     packages: list[dict[str, Any]] = [{"name": "six", "version": "1.16.0", "source": "unknown"}]
-    doc = probe.collect_os_packages(packages, locations, root=str(root))
+    doc = collect_os_packages(packages, locations, root=str(root))
     assert doc is not None and doc["manager"] == "dpkg" and len(doc["packages"]) == 18
     assert packages[0]["source"] == "system"
 
@@ -276,6 +277,21 @@ def test_ospkgs_file_is_python38_syntax_and_stdlib_only() -> None:
     imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
     imports |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imports <= set(sys.stdlib_module_names) | {"__future__"}
+    # Restore runs it alone in a build (``ospkgs.py --check``): nothing of the package beside it.
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+
+
+def test_ospkgs_check_runs_as_a_lone_file(tmp_path: Path) -> None:
+    """As restore copies it into a build context: the one file, no package around it."""
+    import subprocess
+    import sys
+
+    from envlock.capturing import OSPKGS_PATH
+
+    alone = tmp_path / "ospkgs.py"
+    alone.write_bytes(OSPKGS_PATH.read_bytes())
+    out = subprocess.run([sys.executable, str(alone)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr == "usage: ospkgs.py --check SPEC_FILE\n"
 
 
 @pytest.mark.skipif(not Path("/var/lib/dpkg/status").exists(), reason="needs a dpkg-based host")

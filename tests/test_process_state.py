@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from helpers import REPO, LockFactory, make_lock
 
-from envlock import probe
 from envlock.drift import compare
 from envlock.model import Lock
+from envlock.probe import env
 from envlock.render import verify_text
 
 TRAINED: dict[str, Any] = {
@@ -92,11 +92,11 @@ def test_probe_tells_a_variable_set_at_run_time_from_an_inherited_one(
     if not os.path.exists("/proc/self/environ"):
         pytest.skip("the start-up environment is only known on Linux")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # set now, in this process
-    names = probe.process_set_env()
+    names = env.process_set_env()
     assert "OMP_NUM_THREADS" in names
     # Inherited and untouched: environment. PATH is not a recorded variable at all.
     child = subprocess.run(
-        [sys.executable, "-c", "from envlock import probe; print(probe.process_set_env())"],
+        [sys.executable, "-c", "from envlock.probe import env; print(env.process_set_env())"],
         env={**os.environ, "PYTHONPATH": str(REPO), "NVIDIA_TF32_OVERRIDE": "0"},
         capture_output=True, text=True, check=True)
     assert child.stdout.strip() == "[]"

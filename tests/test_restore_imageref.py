@@ -1,4 +1,4 @@
-"""``envlock.imageref``: the one image-reference parser (probe, restore, engine)."""
+"""``envlock.probe.imageref``: the one image-reference parser (probe, restore, engine)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock import imageref
-from envlock.imageref import ImageRef, InvalidReference
+from envlock.probe import imageref
+from envlock.probe.imageref import ImageRef, InvalidReference
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE_ID = "sha256:" + "cd" * 32

@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import envlock
-from envlock import probe, runtime
+from envlock import runtime
 from envlock.capturing import capture, verify
 from envlock.errors import UsageError
 from envlock.lockfile import seal
 from envlock.model import Lock
+from envlock.probe import torchstack
 from envlock.runtime import ReproducibilityWarning, knobs, seeds
 
 
@@ -170,7 +171,7 @@ def test_worker_seeds_are_reproducible_and_differ_between_ranks(isolated: Path) 
 
 
 def _live() -> dict[str, Any]:
-    return probe.collect_determinism(torch)
+    return torchstack.collect_determinism(torch)
 
 
 def test_deterministic_sets_strict_flags_through_both_tf32_apis(isolated: Path) -> None:
@@ -344,8 +345,8 @@ def test_env_set_too_late_is_recorded_in_the_lock_but_not_inherited(isolated: Pa
     assert capture().determinism.late == ["OMP_NUM_THREADS"]
     # A child starts with the variable in effect: the pid-tagged marker does not apply to it.
     out = subprocess.run(
-        [sys.executable, "-c", "import json; from envlock import probe; "
-                               "print(json.dumps(probe.collect_determinism(None)))"],
+        [sys.executable, "-c", "import json; from envlock.probe import torchstack; "
+                               "print(json.dumps(torchstack.collect_determinism(None)))"],
         capture_output=True, text=True, check=True, timeout=60)
     child = json.loads(out.stdout)
     assert child["env"]["OMP_NUM_THREADS"] == "1" and "late" not in child

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 import envlock
-from envlock import probe, runtime
+from envlock import runtime
 from envlock.model import Determinism
+from envlock.probe import torchstack
 from envlock.runtime import determinism, knobs
 
 # [determinism] fields that are not torch knobs: whether torch was loaded, variables, markers.
@@ -23,7 +24,7 @@ _NOT_KNOBS = {"torch_loaded", "env", "late", "process_env"}
 
 
 def _recorded() -> dict[str, object]:
-    return {k: v for k, v in probe.collect_determinism(torch).items() if k not in _NOT_KNOBS}
+    return {k: v for k, v in torchstack.collect_determinism(torch).items() if k not in _NOT_KNOBS}
 
 
 def test_the_knob_table_is_exactly_the_models_determinism_fields() -> None:

@@ -15,7 +15,7 @@ from helpers import make_dist, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock import probe
+from envlock.probe import rules, scrub
 
 SECRET_NAMES = [
     "HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
@@ -37,12 +37,12 @@ SETTING_NAMES = [
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
 def test_names_that_hold_a_secret(name: str) -> None:
-    assert probe.looks_secret(name)
+    assert rules.looks_secret(name)
 
 
 @pytest.mark.parametrize("name", SETTING_NAMES)
 def test_names_that_hold_a_setting_or_a_path(name: str) -> None:
-    assert not probe.looks_secret(name)
+    assert not rules.looks_secret(name)
 
 
 def test_secret_values_only_credentials(tmp_path: Path) -> None:
@@ -55,36 +55,36 @@ def test_secret_values_only_credentials(tmp_path: Path) -> None:
         "DESKTOP_SESSION": "gnome-classic",
         "TOKENIZERS_PARALLELISM": "false-ish-long",
     }
-    assert probe.secret_values(environ) == ["hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
+    assert scrub.secret_values(environ) == ["hf_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
 
 
 def test_secret_values_include_a_url_password_in_any_variable() -> None:
     # The URL is stripped wherever it goes; its password pasted into --note was kept verbatim.
     environ = {"PIP_INDEX_URL": "https://alice:s3cr3t%2Fpassw0rd@pypi.example.org/simple",
                "PIP_EXTRA_INDEX_URL": "https://bob:short@h/x https://deploybot@h/y"}
-    assert probe.secret_values(environ) == ["s3cr3t%2Fpassw0rd", "s3cr3t/passw0rd"]
-    note = probe.scrub_string("pw s3cr3t/passw0rd for alice", probe.secret_values(environ))
-    assert note == f"pw {probe.REDACTED} for alice"
+    assert scrub.secret_values(environ) == ["s3cr3t%2Fpassw0rd", "s3cr3t/passw0rd"]
+    note = scrub.scrub_string("pw s3cr3t/passw0rd for alice", scrub.secret_values(environ))
+    assert note == f"pw {rules.REDACTED} for alice"
 
 
 def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
     # Over-redaction twin: user names and short passwords are not scrubbed from other text.
     environ = {"PIP_INDEX_URL": f"https://{tmp_path.name}:pw@h/simple", "HTTP_PROXY": "http://proxy:3128",
                "DATABASE_URL": "postgresql://postgres:postgres@localhost:5432/postgres"}
-    assert probe.secret_values(environ) == []
+    assert scrub.secret_values(environ) == []
     doc = {"python": {"prefix": f"{tmp_path}/.venv"}, "note": "/srv/postgres-tools"}
-    assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
+    assert scrub.scrub_document(doc, scrub.secret_values(environ)) == doc
 
 
 def test_a_secret_that_is_a_word_does_not_rename_installed_packages() -> None:
     # POSTGRES_PASSWORD=requests made the capture fail: packages.13.name was '<redacted>'.
-    secrets = probe.secret_values({"POSTGRES_PASSWORD": "requests"})
+    secrets = scrub.secret_values({"POSTGRES_PASSWORD": "requests"})
     doc = {"packages": [{"name": "requests", "version": "2.34.2", "source": "url",
                          "url": "https://files.example.org/requests/requests-2.34.2.whl"}],
            "duplicates": [{"name": "requests", "version": "2.0", "active_version": "2.34.2", "path_index": 1}],
            "os_packages": {"manager": "dpkg", "packages": ["python3-requests:all=2.28.1"]},
            "envlock": {"note": "db password requests"}}
-    out = probe.scrub_lock_document(doc, secrets)
+    out = scrub.scrub_lock_document(doc, secrets)
     assert out["packages"][0]["name"] == "requests" and out["duplicates"][0]["name"] == "requests"
     assert out["os_packages"]["packages"] == ["python3-requests:all=2.28.1"]
     # Everywhere else the value is still a secret (leak twin): the URL and the note lose it.
@@ -93,13 +93,13 @@ def test_a_secret_that_is_a_word_does_not_rename_installed_packages() -> None:
 
 def test_package_rows_still_lose_url_credentials() -> None:
     doc = {"packages": [{"name": "x", "version": "1.0", "url": "https://u:pw123456789@h/x.whl"}]}
-    assert probe.scrub_lock_document(doc, [])["packages"][0]["url"] == "https://h/x.whl"
+    assert scrub.scrub_lock_document(doc, [])["packages"][0]["url"] == "https://h/x.whl"
 
 
 def test_scrub_document_keeps_the_working_directory(tmp_path: Path) -> None:
     doc = {"python": {"executable": f"{tmp_path}/.venv/bin/python"}, "url": f"file://{tmp_path}/x"}
     environ = {"PWD": str(tmp_path), "OLDPWD": str(tmp_path), "HOME": str(tmp_path), "HF_TOKEN": "1"}
-    assert probe.scrub_document(doc, probe.secret_values(environ)) == doc
+    assert scrub.scrub_document(doc, scrub.secret_values(environ)) == doc
 
 
 # -- URL hygiene: a secret put in any position of any URL never survives ------------------------
@@ -161,13 +161,13 @@ def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
 def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], context: str) -> None:
     url, mark = case
     text = context.format(u=url)
-    cleaned = probe.scrub_text(text)
+    cleaned = scrub.scrub_text(text)
     assert mark not in cleaned
-    assert probe.scrub_text(cleaned) == cleaned  # what capture keeps, the model accepts
+    assert scrub.scrub_text(cleaned) == cleaned  # what capture keeps, the model accepts
     if context == "{u}":
-        stripped = probe.strip_url(url)
+        stripped = scrub.strip_url(url)
         assert mark not in stripped
-        assert probe.strip_url(stripped) == stripped
+        assert scrub.strip_url(stripped) == stripped
 
 
 @settings(max_examples=300, deadline=None)
@@ -175,10 +175,10 @@ def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], cont
 def test_a_url_without_credentials_is_kept_verbatim(scheme: str, host: str, port: str, path: str,
                                                     query: str, frag: str) -> None:
     url = f"{scheme}://{host}{port}{path}{query}{frag}"
-    assert probe.strip_url(url) == url
-    assert probe.scrub_text(f"see {url} now") == f"see {url} now"
-    assert probe.strip_url(f"ssh://git@{host}{path}") == f"ssh://git@{host}{path}"
-    assert probe.strip_url(f"git@{host}:org{path}.git") == f"git@{host}:org{path}.git"
+    assert scrub.strip_url(url) == url
+    assert scrub.scrub_text(f"see {url} now") == f"see {url} now"
+    assert scrub.strip_url(f"ssh://git@{host}{path}") == f"ssh://git@{host}{path}"
+    assert scrub.strip_url(f"git@{host}:org{path}.git") == f"git@{host}:org{path}.git"
 
 
 def test_url_examples_from_the_issues() -> None:
@@ -197,7 +197,7 @@ def test_url_examples_from_the_issues() -> None:
         "file:///home/u/t/proj/x.whl": "file:///home/u/t/proj/x.whl",
     }
     for url, expected in cases.items():
-        assert probe.strip_url(url) == expected, url
+        assert scrub.strip_url(url) == expected, url
     texts = {
         "--xla_dump_to=https://u:SECRET@h/x": "--xla_dump_to=https://h/x",
         "--remote=deploy:SE;CRET@h:p.git": "--remote=h:p.git",
@@ -206,7 +206,7 @@ def test_url_examples_from_the_issues() -> None:
         "u:SECRET@proxy.example:3128": "proxy.example:3128",
     }
     for text, expected in texts.items():
-        assert probe.scrub_text(text) == expected, text
+        assert scrub.scrub_text(text) == expected, text
 
 
 # -- issue: the working directory was treated as a secret ------------------------------------

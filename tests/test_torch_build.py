@@ -13,11 +13,12 @@ from helpers import make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock import probe
 from envlock.capturing import PROBE_PATH, build_lock
 from envlock.drift import compare
 from envlock.lockfile import fingerprint
 from envlock.model import TorchBuild
+from envlock.probe import torchstack
+from envlock.probe.collect import collect
 
 # The shape of a CUDA wheel's torch.__config__.show() (torch 2.x on Linux).
 CUDA_SHOW = """PyTorch built with:
@@ -46,7 +47,7 @@ PARALLEL = "ATen/Parallel:\n\tat::get_num_threads() : 8\nATen parallel backend: 
 
 
 def test_cuda_build_fields() -> None:
-    build = probe.parse_torch_config(CUDA_SHOW, PARALLEL)
+    build = torchstack.parse_torch_config(CUDA_SHOW, PARALLEL)
     assert build["compiler"] == "GCC 9.3" and build["cxx_standard"] == "201703"
     assert build["mkl_version"] == "2022.2" and build["onednn_version"] == "3.1.1"
     assert build["openmp_version"] == "201511" and build["parallel_backend"] == "OpenMP"
@@ -62,7 +63,7 @@ def test_cuda_build_fields() -> None:
 
 
 def test_rocm_build_fields() -> None:
-    build = probe.parse_torch_config(ROCM_SHOW)
+    build = torchstack.parse_torch_config(ROCM_SHOW)
     assert build["compiler"] == "clang 17.0.0"
     assert (build["hip_runtime"], build["miopen_version"], build["blas"]) == ("6.0.32830", "3.0.0", "open")
     assert build["options"] == {"USE_ROCM": "ON"}
@@ -70,14 +71,14 @@ def test_rocm_build_fields() -> None:
 
 def test_config_hash_ignores_the_host_cpu_line() -> None:
     avx512 = CUDA_SHOW.replace("CPU capability usage: AVX2", "CPU capability usage: AVX512")
-    assert probe.config_identity(avx512) == probe.config_identity(CUDA_SHOW)
-    assert probe.config_identity(CUDA_SHOW.replace("GCC 9.3", "GCC 11.2")) != probe.config_identity(CUDA_SHOW)
+    assert torchstack.config_identity(avx512) == torchstack.config_identity(CUDA_SHOW)
+    assert torchstack.config_identity(CUDA_SHOW.replace("GCC 9.3", "GCC 11.2")) != torchstack.config_identity(CUDA_SHOW)
 
 
 def test_real_torch_build_is_read() -> None:
     import torch
 
-    info = probe.collect_torch(torch)
+    info = torchstack.collect_torch(torch)
     build = info["build"]
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert "cpu_capability" not in build
@@ -85,7 +86,7 @@ def test_real_torch_build_is_read() -> None:
     assert ("openmp_version" in build) == bool(torch.backends.openmp.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
     assert ("cuda_runtime" in build) == (torch.version.cuda is not None)
     assert build["options"]["USE_MKLDNN"] in ("ON", "1") if torch.backends.mkldnn.is_available() else True  # type: ignore[no-untyped-call]  # unannotated in torch
-    lock = build_lock(probe.collect(torch="auto"))
+    lock = build_lock(collect(torch="auto"))
     assert lock.torch is not None and lock.torch.build is not None
     assert lock.torch.build.blas == build.get("blas")
 
@@ -149,7 +150,7 @@ lines = st.one_of(st.sampled_from(KNOWN_LINES), st.text(max_size=80),
 @given(st.lists(lines, max_size=25), st.text(max_size=200))
 def test_fuzz_parser_never_raises_and_output_validates(show_lines: list[str], parallel: str) -> None:
     text = "PyTorch built with:\n" + "\n".join(show_lines)
-    build = probe.parse_torch_config(text, parallel)
+    build = torchstack.parse_torch_config(text, parallel)
     capability = build.pop("cpu_capability", None)
     assert capability is None or isinstance(capability, str)
     TorchBuild.model_validate(build)
@@ -157,12 +158,12 @@ def test_fuzz_parser_never_raises_and_output_validates(show_lines: list[str], pa
         assert "USE_CUDA" in build["options"] and "blas" in build
     if "  - CuDNN 9.7" in show_lines:
         assert "cudnn_version" in build
-    probe.config_identity(text)
+    torchstack.config_identity(text)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=400), st.text(max_size=400))
 def test_fuzz_parser_on_arbitrary_text(show: str, parallel: str) -> None:
-    build = probe.parse_torch_config(show, parallel)
+    build = torchstack.parse_torch_config(show, parallel)
     build.pop("cpu_capability", None)
     TorchBuild.model_validate(build)

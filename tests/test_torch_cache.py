@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,10 +19,12 @@ import pytest
 import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO, run_cli
 
-from envlock import probe
+from envlock.probe import source
+from envlock.probe.cache import cache_dir, torch_cache_key
+from envlock.probe.collect import collect
 
 pytestmark = pytest.mark.slow  # each live run imports torch in a fresh interpreter
-PROBE = str(REPO / "envlock" / "probe.py")
+PROBE = str(REPO / "envlock" / "probe")
 
 
 def _env(cache: Path, **extra: str) -> dict[str, str]:
@@ -142,21 +145,21 @@ def test_torch_library_file_touched_changes_the_key(tmp_path: Path, monkeypatch:
         info.mkdir()
         (info / "RECORD").write_text(f"{lib},sha256=x,32\n{info.name}/RECORD,,\n")
     monkeypatch.syspath_prepend(str(site_dir))
-    before = probe.torch_cache_key()
+    before = torch_cache_key()
     assert before is not None
     for lib in ("torch/lib/libtorch_cpu.so", "nvidia/cudnn/lib/libcudnn.so.9"):
         path = site_dir / lib
         st = path.stat()
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        after = probe.torch_cache_key()
+        after = torch_cache_key()
         assert after != before
         before = after
     (site_dir / "torch-9.9.9.dist-info" / "RECORD").write_text("other,sha256=y,1\n")
-    assert probe.torch_cache_key() != before
+    assert torch_cache_key() != before
 
 
 def _key() -> str:
-    key = probe.torch_cache_key()
+    key = torch_cache_key()
     assert key is not None
     return key
 
@@ -187,7 +190,7 @@ def test_seed_and_canary_are_always_live(warm: Path) -> None:
 
 def test_in_process_capture_never_uses_the_cache(warm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(warm))
-    doc = probe.collect(torch="auto", cwd=str(warm))
+    doc = collect(torch="auto", cwd=str(warm))
     assert doc["probe"]["torch_facts"] == "live"
 
 
@@ -213,18 +216,22 @@ def test_concurrent_verifies_share_one_cache(tmp_path: Path) -> None:
 def test_cache_dir_follows_xdg_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ENVLOCK_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert probe.cache_dir() == str(tmp_path / "xdg" / "envlock")
+    assert cache_dir() == str(tmp_path / "xdg" / "envlock")
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert probe.cache_dir() == str(tmp_path / "home" / ".cache" / "envlock")
+    assert cache_dir() == str(tmp_path / "home" / ".cache" / "envlock")
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "mine"))
-    assert probe.cache_dir() == str(tmp_path / "mine")
+    assert cache_dir() == str(tmp_path / "mine")
 
 
 def test_another_probe_version_is_another_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Facts cached by an older probe (which read fewer torch fields) are never served."""
     before = _key()
-    edited = tmp_path / "probe.py"
-    edited.write_bytes(Path(probe.__file__).read_bytes() + b"\n# a newer probe\n")
-    monkeypatch.setattr(probe, "__file__", str(edited))
+    edited = tmp_path / "probe"
+    shutil.copytree(source.PACKAGE_DIR, edited, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(source, "PACKAGE_DIR", str(edited))
+    assert _key() == before  # the same files elsewhere: the same probe
+    # Any module of the package counts, not only the entry point.
+    torchstack = edited / "torchstack.py"
+    torchstack.write_bytes(torchstack.read_bytes() + b"\n# a newer probe\n")
     assert _key() != before

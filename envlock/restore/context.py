@@ -16,7 +16,7 @@ from typing import Literal
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.model import Lock, Package
-from envlock.probe import NUMERICS_ENV
+from envlock.probe.rules import NUMERICS_ENV
 from envlock.restore import ospackages, values
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
@@ -193,7 +193,7 @@ def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
         if key not in allowed:
             raise UnsafeValue(
                 f"refusing determinism variable {key!r}: not one of the variables that change "
-                "numerics (envlock.probe.NUMERICS_ENV)",
+                "numerics (envlock.probe.rules.NUMERICS_ENV)",
                 hint="the lock was edited or crafted; restore only sets known numerics variables")
         out[key] = values.env_value(value, name=key)
     return out

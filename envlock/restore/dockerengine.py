@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from envlock import imageref
 from envlock.errors import (
     BuildFailed,
     CommandNotFound,
@@ -30,6 +29,7 @@ from envlock.errors import (
     EngineUnavailable,
     ImageNotFound,
 )
+from envlock.probe import imageref
 from envlock.restore.buildlog import BuildLog, Step, shorten
 from envlock.restore.engine import LABEL_OWNER, ContainerEngine, ImageInfo, RunResult, RunSpec
 from envlock.restore.progress import Progress

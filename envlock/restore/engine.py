@@ -18,8 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from envlock import imageref
 from envlock.errors import EngineUnavailable
+from envlock.probe import imageref
 from envlock.restore.progress import Progress
 
 LABEL_OWNER = "org.envlock.owner"

@@ -8,9 +8,9 @@ comes from the engine, not from inside: a container cannot learn its own image r
 
 from __future__ import annotations
 
-from envlock import imageref
 from envlock.errors import CommandNotFound, InterpreterNotFound
 from envlock.model import Lock
+from envlock.probe import imageref
 from envlock.restore import values
 
 CANDIDATES = ("python3", "python")

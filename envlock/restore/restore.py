@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock import imageref
 from envlock.errors import NotRestorable
 from envlock.model import Lock
+from envlock.probe import imageref
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile, values
 
@@ -48,7 +48,7 @@ def image_name(lock_path: Path | None, name: str | None = None) -> str:
 
 def cache_dir() -> Path:
     """Restore's part of envlock's one cache directory (``probe.cache_dir``)."""
-    from envlock.probe import cache_dir as envlock_cache
+    from envlock.probe.cache import cache_dir as envlock_cache
 
     return Path(envlock_cache()) / "restore"
 

@@ -79,7 +79,7 @@ def host_driver() -> str | None:
             return m.group(1)
     except OSError:
         pass
-    from envlock.probe import collect_gpu, nvml_timeout_from_env
+    from envlock.probe.gpu import collect_gpu, nvml_timeout_from_env
 
     info, _ = collect_gpu(None, nvml_timeout_from_env())
     if info and info.get("driver"):

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envlock import imageref
 from envlock.errors import EnvlockError, PlainHttp, UnsafeValue, UsageError
-from envlock.probe import strip_url
+from envlock.probe import imageref
+from envlock.probe.scrub import strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")

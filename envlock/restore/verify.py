@@ -1,6 +1,6 @@
 """Run the stdlib probe inside an image and compare what it sees with the lock.
 
-The probe (and the canary beside it) is copied into a fresh container with ``put_archive`` and
+The probe package (its canary included) is copied into a fresh container with ``put_archive`` and
 run with the image's own python; nothing of envlock is installed into the image, because an
 image holding extra packages would not be the environment in the lock. All validation, TOML and
 comparison happen here, on the JSON the probe prints.
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import CANARY_PATH, OSPKGS_PATH, PROBE_PATH, probe_args
+from envlock.capturing import PROBE_PATH, probe_args
 from envlock.drift import Comparison, as_info
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
 from envlock.restore.context import TOOLING
@@ -27,18 +27,16 @@ PROBE_DIR = "/tmp/envlock-probe"
 
 
 def probe_files() -> dict[str, bytes]:
-    files = {f"{PROBE_DIR}/probe.py": PROBE_PATH.read_bytes()}
-    # The probe loads its OS-package parsers from beside itself.
-    files[f"{PROBE_DIR}/ospkgs.py"] = OSPKGS_PATH.read_bytes()
-    if CANARY_PATH.exists():
-        files[f"{PROBE_DIR}/kernels.py"] = CANARY_PATH.read_bytes()
-    return files
+    """The probe package, file by file, for ``put_archive``; run as ``python PROBE_DIR``."""
+    from envlock.probe.source import file_names
+
+    return {f"{PROBE_DIR}/{name}": (PROBE_PATH / name).read_bytes() for name in file_names()}
 
 
 def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: bool = True,
                    canary: bool = False, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The probe's JSON document from a throwaway container of ``image``."""
-    argv = [python, f"{PROBE_DIR}/probe.py", *probe_args(torch=torch, canary=canary)]
+    argv = [python, PROBE_DIR, *probe_args(torch=torch, canary=canary)]
     spec = RunSpec(image=image, command=argv, env=dict(env or {}), files=probe_files(), network=False)
     try:
         result = engine.run(spec)

@@ -31,7 +31,7 @@ from packaging.version import Version
 
 from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
 from envlock.model import Lock, Package
-from envlock.probe import record_digest
+from envlock.probe.packages import record_digest
 from envlock.restore import values
 from envlock.restore.context import TOOLING, torch_label
 from envlock.restore.tables import bases

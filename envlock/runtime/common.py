@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from envlock.errors import TorchMissing
-from envlock.probe import quiet
+from envlock.probe.rules import quiet
 
 SEED_ENV = "ENVLOCK_SEED"
 WORKERS_ENV = "ENVLOCK_SEED_WORKERS"
-LATE_ENV = "_ENVLOCK_LATE"  # read by probe.collect_determinism; see there for the format
+LATE_ENV = "_ENVLOCK_LATE"  # read by probe.torchstack.collect_determinism; see there for the format
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC = ":4096:8"
 CUBLAS_OK = (":4096:8", ":16:8")  # the two settings cuBLAS documents as deterministic

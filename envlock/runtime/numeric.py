@@ -1,14 +1,14 @@
 """The numeric canary run in this process, under its current flags.
 
-The kernels are loaded from the same file, by path, that the probe copies into containers, so
-a canary computed here and one computed in a restored image are the same code.
+The kernels are the probe package's own ``kernels`` module, the file restore copies into
+containers with the rest of the probe, so a canary computed here and one computed in a
+restored image are the same code.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import UsageError
 from envlock.runtime.common import torch_module
 
 if TYPE_CHECKING:
@@ -16,19 +16,16 @@ if TYPE_CHECKING:
 
 
 def canary_module() -> Any:
-    """kernels.py, loaded by path exactly as the probe loads it."""
-    from envlock.probe import load_kernels
+    """The canary's kernels: ``envlock/probe/kernels.py``, as the probe imports it."""
+    from envlock.probe import kernels
 
-    try:
-        return load_kernels()
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
+    return kernels
 
 
 def canary(devices: list[str] | None = None) -> Canary:
     """Run the numeric canary in this process, under its current flags; a ``[canary]`` table."""
     from envlock.model import Canary
-    from envlock.probe import scrub_document, secret_values
+    from envlock.probe.scrub import scrub_document, secret_values
 
     torch = torch_module(required=True)
     # The settings carry numerics variables verbatim (any may hold a URL): the same

@@ -131,7 +131,7 @@ def _apply_seeds(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
 
 
 def _apply_env(lock: Lock, changed: list[Change], late: set[str]) -> None:
-    from envlock.probe import NUMERICS_ENV
+    from envlock.probe.rules import NUMERICS_ENV
 
     wanted = lock.determinism.env
     for name in sorted(set(wanted) | {n for n in NUMERICS_ENV if n in os.environ}):

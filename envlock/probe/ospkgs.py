@@ -1,11 +1,12 @@
 """Installed OS packages (dpkg, apk, rpm) and the Python distributions they own.
 
-Stdlib only, Python >= 3.8, loaded by path beside ``probe.py`` (it travels into containers with
-it). The databases are read as files, not through ``dpkg-query``/``apk``: a capture runs at the
-start of every training job, and parsing ``/var/lib/dpkg/status`` in-process costs a few
-milliseconds where starting dpkg-query costs tens (see ``benchmarks/ospkgs.py``). Only rpm has
-no stable on-disk format (a BerkeleyDB or SQLite file), so rpm is asked through ``run``, the
-probe's subprocess runner (argv, timeout, own process group).
+Stdlib only, Python >= 3.8, part of the probe package but importing none of it: restore also
+runs this file alone (``ospkgs.py --check``) inside system-Python builds. The databases are
+read as files, not through ``dpkg-query``/``apk``: a capture runs at the start of every training
+job, and parsing ``/var/lib/dpkg/status`` in-process costs a few milliseconds where starting
+dpkg-query costs tens (see ``benchmarks/ospkgs.py``). Only rpm has no stable on-disk format (a
+BerkeleyDB or SQLite file), so rpm is asked through ``run``, the probe's subprocess runner
+(argv, timeout, own process group).
 
 Each package is one string ``name:arch=version``: apt's own spelling of an exact pin, and short
 enough that a lock with 800 OS packages stays readable.

@@ -5,10 +5,11 @@ kernel by CPU ISA, oneDNN by its own dispatcher, cuBLAS by GPU and workspace, an
 ``float32_matmul_precision("medium")`` quietly routes fp32 matmuls through bf16 on CPUs that
 have AMX. Hashing the bytes of a few representative outputs catches all of those at once.
 
-This file travels with the probe into containers that have nothing of envlock installed, so it
-is stdlib + torch only and keeps Python 3.8 syntax. It must not disturb the caller: inputs come
-from a private generator (the global RNG is untouched) and no flag is changed, because the
-whole point is to measure the numerics under the settings the process is actually using.
+This module travels with the probe into containers that have nothing of envlock installed, so
+it is stdlib + torch only (and the probe's own rules) and keeps Python 3.8 syntax. It must not
+disturb the caller: inputs come from a private generator (the global RNG is untouched) and no
+flag is changed, because the whole point is to measure the numerics under the settings the
+process is actually using.
 """
 
 import ctypes
@@ -16,6 +17,9 @@ import hashlib
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# One setting; a knob missing in this torch (or raising on a mixed TF32 state) is None.
+from .rules import quiet as _read
 
 # Bump when a kernel, a shape or the input recipe changes: hashes of different versions are
 # not comparable, and compare reports that instead of a false numeric drift.
@@ -85,18 +89,6 @@ def _kernels(torch: Any) -> List[Tuple[str, str, Callable[[Dict[str, Any]], Any]
         ("sum", "float32", lambda i: i["r"].sum()),
         ("sum_dim", "float32", lambda i: i["r"].view(1024, 1024).sum(dim=0)),
     ]
-
-
-def _read(fn: Callable[[], Any]) -> Any:
-    """One setting; a knob missing in this torch (or raising on a mixed TF32 state) is None."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return fn()
-        except Exception:
-            return None
 
 
 def _settings(torch: Any, devices: List[str]) -> Dict[str, Any]:

@@ -1,0 +1,43 @@
+"""``python path/to/probe [args]``: run the probe as a program, in any Python >= 3.8.
+
+Run as a directory, this file is the top-level script and the package is not imported yet, so
+it is loaded here from this directory under a private name: its modules import each other
+relatively and need no envlock installed. The directory itself leaves sys.path first, so no
+module of the probe can shadow what the probed environment imports (``import platform``).
+"""
+
+import os
+import sys
+
+
+def _main() -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]
+    if __package__:  # python -m envlock.probe
+        import importlib
+
+        collect = importlib.import_module(__package__ + ".collect")
+    else:
+        import importlib
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_envlock_probe", os.path.join(here, "__init__.py"), submodule_search_locations=[here])
+        if spec is None or spec.loader is None:
+            raise SystemExit("envlock probe: cannot load the package from %s" % here)
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = package
+        spec.loader.exec_module(package)
+        collect = importlib.import_module(spec.name + ".collect")
+    code: int = collect.main()
+    return code
+
+
+if __name__ == "__main__":
+    _code = _main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The document is out; skip the interpreter's teardown, which takes ~0.4 s once torch is
+    # loaded and sits on the critical path of every capture. Only when run as a program.
+    os._exit(_code)

@@ -1,0 +1,218 @@
+"""The probe's orchestration: run every collector, guarded, and print one JSON document.
+
+Rules every collector follows: a subprocess is an argv list with no shell and a timeout; a
+missing tool or library leaves the field out and records the reason in ``probe.errors``; a
+collector that raises never takes the whole probe down. Torch is imported only when it is
+installed and asked for; if the calling process already imported it, its *live* flags are read.
+Stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .cache import RecordDigests, cache_read, cache_write, torch_cache_key
+from .env import collect_env
+from .git import GitJob
+from .gpu import collect_gpu, nvml_timeout_from_env
+from .image import collect_image
+from .packages import collect_conda, collect_packages, record_sha256
+from .procs import run_tool
+from .scrub import scrub_lock_document, secret_values
+from .source import PROBE_VERSION
+from .system import collect_platform, collect_python
+from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
+
+DEFAULT_GIT_TIMEOUT = 5.0
+
+
+def _cacheable(torch: str, canary: bool) -> bool:
+    # Seeds are process state, and the canary runs kernels: both need the real torch.
+    return torch == "auto" and not canary and "torch" not in sys.modules \
+        and "ENVLOCK_SEED" not in os.environ
+
+
+def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = None,
+            cwd: Optional[str] = None, git_timeout: Optional[float] = None,
+            nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
+            deep: bool = False, cache: bool = False, progress: bool = False,
+            processes: bool = False, git_exclude: Sequence[str] = ()) -> Dict[str, Any]:
+    """Probe this interpreter and process; return a JSON-ready document (never raises).
+
+    ``git_exclude``: files left out of the git state (the lock about to be written).
+
+    ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
+    (see the ``cache`` module); only for a fresh interpreter, never a training process.
+    """
+    start = time.perf_counter()
+    errors: Dict[str, str] = {}
+    doc: Dict[str, Any] = {}
+    git_timeout = git_timeout if git_timeout is not None else float(
+        os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
+    nvml_timeout = nvml_timeout if nvml_timeout is not None else nvml_timeout_from_env()
+    git_job = GitJob(cwd or os.getcwd(), git_timeout, git_exclude)
+
+    def guard(section: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # one broken collector must not lose the others
+            errors[section] = "%s: %s" % (type(exc).__name__, exc)
+            return None
+
+    doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
+    doc["platform"] = guard("platform", collect_platform)
+    doc["python"] = guard("python", collect_python)
+    locations: Dict[str, str] = {}
+    deep_locations: List[Tuple[str, str, str]] = []
+    records = guard("cache", RecordDigests) if cache else None
+    pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
+                                                      records or record_sha256))
+    if records is not None:
+        records.save()
+    doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
+    if os_packages:
+        doc["os_packages"] = os_packages
+    if deep:
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes))
+    conda = guard("conda", collect_conda)
+    if conda is not None:
+        doc["conda"] = conda
+    key = guard("cache", torch_cache_key) if cache and _cacheable(torch, canary) else None
+    facts = cache_read(key) if key else None
+    gpu = None
+    if facts is not None:
+        gpu = guard("gpu", lambda: collect_gpu(None, nvml_timeout))
+        if (gpu is None or gpu[0] is None) and facts["torch"].get("cuda_available"):
+            facts = None  # NVML failed: only a live torch.cuda can describe the GPUs
+    if facts is not None:
+        torch_mod = None
+        doc["torch"] = facts["torch"]
+        det = dict(facts["determinism"])
+        det.update(guard("determinism", lambda: collect_determinism(None)) or {})
+        det["torch_loaded"] = True
+        doc["determinism"] = det
+    else:
+        torch_mod, why = want_torch(torch)
+        if torch_mod is not None:
+            info = guard("torch", lambda: collect_torch(torch_mod))
+            if info:
+                doc["torch"] = info
+        elif why:
+            errors["torch"] = why
+        gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
+        doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
+        if key and "torch" in doc and "torch" not in errors and "determinism" not in errors:
+            # The flags of this fresh interpreter, minus what is read live on every run.
+            flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
+            cache_write(key, {"torch": doc["torch"], "determinism": flags})
+    if gpu:
+        if gpu[0] is not None:
+            doc["gpu"] = gpu[0]
+        else:
+            errors["gpu"] = gpu[1]
+    doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
+    doc["env"] = guard("env", collect_env) or {}
+    if canary:
+        result = guard("canary", lambda: run_canary(torch_mod))
+        if result:
+            doc["canary"] = result
+    git, git_error = git_job.collect()
+    if git is not None:
+        doc["git"] = {k: v for k, v in git.items() if v is not None}
+    elif git_error:
+        errors["git"] = git_error
+    doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
+                    "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
+    if "torch" in doc:
+        doc["probe"]["torch_facts"] = "cached" if facts is not None else "live"
+    return scrub_lock_document(doc, secret_values())
+
+
+def load_kernels() -> Any:
+    """The canary's kernels (``kernels.py``), imported only when a canary runs."""
+    from . import kernels
+
+    return kernels
+
+
+def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
+                        root: str = "/") -> Optional[Dict[str, Any]]:
+    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
+    from . import ospkgs
+
+    db = ospkgs.load(root, run_tool)
+    if db is None:
+        return None
+    ospkgs.mark_system(packages, locations, db)
+    doc: Dict[str, Any] = db.document()
+    return doc
+
+
+def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
+                processes: bool) -> None:
+    """``--deep``: every file of every active distribution against its RECORD (deep.py).
+
+    Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
+    ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
+    """
+    from . import deep
+
+    cb = None
+    if progress:
+        def cb(files: int, total_files: int, nbytes: int, total_bytes: int) -> None:
+            # One line per tick on stderr, which the CLI reads and draws; never on stdout.
+            sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
+                             % (files, total_files, nbytes, total_bytes))
+            sys.stderr.flush()
+    report = deep.check(locations, progress=cb, processes=processes)
+    by_name = {p["name"]: p for p in doc.get("packages", [])}
+    for name, digest in report.pop("digests").items():
+        pkg = by_name.get(name)
+        if pkg is None:
+            continue
+        pkg["files_sha256"] = digest
+        found = report["dists"].get(name)
+        if found:
+            pkg["files_changed"] = deep.changes(found)
+    doc["deep"] = report
+
+
+def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
+    if torch_mod is None:
+        raise RuntimeError("the canary needs torch")
+    result: Optional[Dict[str, Any]] = load_kernels().run(torch_mod)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="probe", description="The envlock probe: prints what it knows about this environment as JSON.")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--canary", action="store_true")
+    parser.add_argument("--image")
+    parser.add_argument("--cwd")
+    parser.add_argument("--indent", type=int)
+    parser.add_argument("--deep", action="store_true", help="hash every installed file")
+    parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
+    parser.add_argument("--no-cache", action="store_true", help="always import torch")
+    parser.add_argument("--git-exclude", action="append", default=[],
+                        help="a file to leave out of the git state (the lock being written)")
+    args = parser.parse_args(argv)
+    here = os.path.dirname(os.path.abspath(__file__))  # never a distribution of its own
+    # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
+    # import's (cacheable) and it may fork hashing workers.
+    doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
+                  image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
+                  cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  progress=args.progress, processes=True, git_exclude=args.git_exclude)
+    sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return 0

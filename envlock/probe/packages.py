@@ -1,0 +1,259 @@
+"""Installed distributions: every ``*.dist-info``/``*.egg-info`` on sys.path, and conda's own.
+
+Stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .files import read_text
+from .rules import canonicalize_name
+from .scrub import strip_url
+
+
+def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:
+    name = version = None
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if name is None and line[:5].lower() == "name:":
+            name = line[5:].strip()
+        elif version is None and line[:8].lower() == "version:":
+            version = line[8:].strip()
+        if name is not None and version is not None:
+            break
+    return name, version
+
+
+def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """Name and Version from a METADATA/PKG-INFO file, reading only the header block."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+            name, version = _metadata_fields(head.decode("utf-8", "replace"))
+            if (name is None or version is None) and b"\n\n" not in head:
+                head += fh.read()
+                name, version = _metadata_fields(head.decode("utf-8", "replace"))
+    except OSError:
+        return None, None
+    return name, version
+
+
+# Files an installer writes into the dist-info, not the wheel's: uv adds uv_cache.json (with a
+# hash) when it installs from a local file, so a uv-made venv and its pip-restored image would
+# otherwise name two builds of one wheel.
+_NO_HASH_IN_RECORD = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD", "uv_cache.json")
+
+
+def record_sha256(path: str) -> Optional[str]:
+    """sha256 over the hashed, in-site-packages lines of RECORD, sorted.
+
+    The raw RECORD differs between two venvs installing the same wheel: console scripts land
+    in ``../../../bin`` with the venv's own interpreter in their shebang, and the installer adds
+    INSTALLER/REQUESTED/direct_url.json (uv also uv_cache.json). Dropping those lines keeps a hash that names the exact
+    build (every shipped file's hash) and is the same wherever that build is installed.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return record_digest(data)
+
+
+def record_digest(data: bytes) -> str:
+    """``record_sha256`` of a RECORD's bytes (also used on a wheel's own RECORD, unpacked)."""
+    keep = []
+    for raw in data.splitlines():
+        if not raw or raw.startswith(b"../") or raw.startswith(b'"../'):
+            continue
+        head, sep, _size = raw.rpartition(b",")
+        path_part, sep2, digest = head.rpartition(b",")
+        if not sep or not sep2 or not digest:
+            continue
+        leaf = path_part.rstrip(b'"').rsplit(b"/", 1)[-1].decode("utf-8", "replace")
+        if leaf in _NO_HASH_IN_RECORD:
+            continue
+        keep.append(raw)
+    keep.sort()
+    return hashlib.sha256(b"\n".join(keep)).hexdigest()
+
+
+def _direct_url(path: str) -> Dict[str, Any]:
+    """Source of a distribution from PEP 610 ``direct_url.json``."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {"source": "unknown"}
+    url = strip_url(str(data.get("url", "")))
+    out: Dict[str, Any] = {"url": url or None}
+    if "vcs_info" in data:
+        vcs = data["vcs_info"] or {}
+        out.update({"source": "vcs", "vcs": vcs.get("vcs"), "commit": vcs.get("commit_id"),
+                    "requested_revision": vcs.get("requested_revision")})
+    elif "dir_info" in data:
+        out["source"] = "editable" if (data["dir_info"] or {}).get("editable") else "local"
+    elif "archive_info" in data:
+        archive = data["archive_info"] or {}
+        hashes = archive.get("hashes") or {}
+        if "sha256" in hashes:
+            out["archive_hash"] = "sha256=%s" % hashes["sha256"]
+        elif archive.get("hash"):
+            out["archive_hash"] = str(archive["hash"])
+        out["source"] = "local" if url.startswith("file:") else "url"
+    else:
+        out["source"] = "unknown"
+    return out
+
+
+def path_entries(skip: Optional[str]) -> List[str]:
+    seen = set()
+    entries = []
+    for entry in sys.path:
+        entry = os.path.abspath(entry or os.getcwd())
+        if entry in seen or (skip and entry == skip):
+            continue
+        seen.add(entry)
+        entries.append(entry)
+    return entries
+
+
+def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[str, str]] = None,
+                     deep_locations: Optional[List[Tuple[str, str, str]]] = None,
+                     record_digest: Callable[[str], Optional[str]] = record_sha256,
+                     ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
+
+    Scanning ``*.dist-info`` directories ourselves is what importlib.metadata does, minus the
+    full parse of METADATA (often megabytes of README) that dominates ``pip freeze``.
+    ``locations``, when given, receives name -> metadata path of each active distribution (the
+    OS packages block uses it to find the distributions an OS package owns).
+    ``deep_locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
+    RECORD, for the deep check.
+    """
+    packages: List[Dict[str, Any]] = []
+    duplicates: List[Dict[str, Any]] = []
+    active: Dict[str, str] = {}
+    # name -> (position in packages, metadata path), to recognise an editable project's own
+    # build metadata when it shows up a second time on the path.
+    seen: Dict[str, Tuple[int, str]] = {}
+    for index, entry in enumerate(path_entries(skip_dir)):
+        try:
+            names = sorted(os.listdir(entry))
+        except OSError:
+            continue
+        for fname in names:
+            if fname.endswith(".dist-info"):
+                kind = "dist-info"
+            elif fname.endswith(".egg-info"):
+                kind = "egg-info"
+            else:
+                continue
+            full = os.path.join(entry, fname)
+            files: Tuple[str, ...] = ()
+            if os.path.isdir(full):
+                try:
+                    files = tuple(os.listdir(full))
+                except OSError:
+                    continue
+                meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
+                name, version = _read_headers(os.path.join(full, meta))
+            else:
+                name, version = _read_headers(full)
+            if not name or not version:
+                continue
+            cname = canonicalize_name(name)
+            if cname in active and kind == "egg-info":
+                pos, _ = seen[cname]
+                if _inside_editable(packages[pos], full):
+                    continue  # the editable project's own src/NAME.egg-info, not a second copy
+            pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
+            if "INSTALLER" in files:
+                installer = (read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
+                if installer:
+                    pkg["installer"] = installer
+            if kind == "dist-info":
+                pkg["requested"] = "REQUESTED" in files
+            if "direct_url.json" in files:
+                pkg.update(_direct_url(os.path.join(full, "direct_url.json")))
+            if pkg.get("installer") == "conda" and pkg["source"] in ("local", "unknown", "index"):
+                # conda-built wheels point at the build machine's file:// path; the package
+                # really came from a conda channel (see [conda]).
+                pkg["source"] = "conda"
+                pkg.pop("url", None)
+            if "RECORD" in files:
+                pkg["record_sha256"] = record_digest(os.path.join(full, "RECORD"))
+            if kind == "egg-info" and pkg["source"] == "index":
+                pkg["source"] = "unknown"
+            pkg = {k: v for k, v in pkg.items() if v is not None}
+            if cname in active:
+                pos, first = seen[cname]
+                if first.endswith(".egg-info") and _inside_editable(pkg, first):
+                    # The project's egg-info came first (src/ on PYTHONPATH): the editable
+                    # install is the real entry, the egg-info its build metadata.
+                    packages[pos], seen[cname], active[cname] = pkg, (pos, full), version
+                    if locations is not None:
+                        locations[cname] = full
+                    _note_deep(deep_locations, cname, entry, fname, kind, files)
+                else:
+                    duplicates.append({"name": cname, "version": version,
+                                       "active_version": active[cname], "path_index": index})
+                continue
+            active[cname] = version
+            if locations is not None:
+                locations[cname] = full
+            _note_deep(deep_locations, cname, entry, fname, kind, files)
+            seen[cname] = (len(packages), full)
+            packages.append(pkg)
+    packages.sort(key=lambda p: p["name"])
+    return packages, duplicates
+
+
+def _note_deep(deep_locations: Optional[List[Tuple[str, str, str]]], name: str, entry: str,
+               fname: str, kind: str, files: Tuple[str, ...]) -> None:
+    """An active distribution with a RECORD is one the deep check re-hashes."""
+    if deep_locations is not None and kind == "dist-info" and "RECORD" in files:
+        deep_locations.append((name, entry, fname))
+
+
+def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
+    """True when ``metadata_path`` lies in the project directory of editable ``pkg``.
+
+    setuptools leaves ``src/NAME.egg-info`` in a project whenever it builds it (a wheel, an
+    sdist, an older editable install); with the project's src/ on sys.path that directory looks
+    like a second, shadowed installation of the same distribution.
+    """
+    url = pkg.get("url") or ""
+    if pkg.get("source") != "editable" or not url.startswith("file:"):
+        return False
+    from urllib.parse import unquote, urlsplit
+
+    project = os.path.realpath(unquote(urlsplit(url).path))
+    where = os.path.realpath(metadata_path)
+    return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
+
+
+def collect_conda() -> Optional[Dict[str, Any]]:
+    meta = os.path.join(sys.prefix, "conda-meta")
+    if not os.path.isdir(meta):
+        return None
+    pkgs = []
+    for fname in sorted(os.listdir(meta)):
+        if not fname.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(meta, fname), "rb") as fh:
+                data = json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue
+        channel = data.get("channel") or data.get("schannel")
+        pkgs.append({k: v for k, v in {
+            "name": data.get("name"), "version": data.get("version"), "build": data.get("build"),
+            "channel": strip_url(str(channel)) if channel else None}.items() if v is not None})
+    return {"packages": pkgs}

@@ -1,0 +1,280 @@
+"""The rules envlock applies everywhere, in one place: which variables are recorded, which
+hold a secret, how distribution names normalise, and the determinism knobs.
+
+The probe applies them while collecting, the model enforces them on every value it accepts,
+and the runtime sets the knobs the probe reads; a rule written twice drifts apart, so each
+lives here once. Stdlib only and Python >= 3.8 like the rest of the probe, and cheap to
+import: the model and the runtime import it on their hot paths, so it imports no collector.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+# What a redacted value reads as, in the probe's document and in a lock.
+REDACTED = "<redacted>"
+
+# Environment variables worth recording: they select libraries, devices, threads or indexes.
+ENV_PREFIXES = (
+    "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "OMP_", "MKL_",
+    "KMP_", "OPENBLAS_", "NVIDIA_", "NVTE_", "TRITON_", "XLA_", "JAX_", "HF_", "TRANSFORMERS_",
+    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_", "ATEN_",
+)
+ENV_NAMES = (
+    "PYTHONHASHSEED", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "CONDA_DEFAULT_ENV", "TOKENIZERS_PARALLELISM", "CC", "CXX", "MAX_JOBS",
+)
+# The variables that change numerics on their own; they are sealed in the fingerprint.
+NUMERICS_ENV = (
+    "CUBLAS_WORKSPACE_CONFIG", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE",
+    "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+    "TORCH_CUDNN_V8_API_DISABLED", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
+    "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
+    "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
+)
+# ---------------------------------------------------------------------------------------------
+# Secrets: which variables hold one, and what of a value may be kept.
+# ---------------------------------------------------------------------------------------------
+
+# A name is split into words (on "_", ".", "-" and camelCase), and it is a secret when one of
+# its words says so. Whole words, not substrings: TOKENIZERS_PARALLELISM, DESKTOP_SESSION,
+# KMP_AFFINITY and XAUTHORITY hold settings, not credentials.
+_SECRET_WORDS = frozenset((
+    "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
+    "PASSPHRASE", "PWD", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "APIKEY", "KEY", "KEYS",
+    "PRIVATE", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT", "BEARER", "WEBHOOK", "DSN",
+    "SAS", "OTP", "SIGNATURE", "CONNSTR",
+))
+# Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
+                    "PRIVATEKEY", "ACCESSKEY")
+# A switch about a secret holds a flag, wherever the word stands (HF_HUB_DISABLE_IMPLICIT_TOKEN=1).
+_SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SKIP", "IMPLICIT",
+                           "REQUIRE", "REQUIRED", "PROMPT"))
+# A property of a secret when it comes after the secret's noun (TOKEN_URL, AUTH_TIMEOUT,
+# KEY_TYPE, CREDENTIAL_HELPER); before it, the noun is the secret (DATABASE_URL_PASSWORD).
+_PROPERTY_WORDS = frozenset((
+    "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
+    "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
+))
+# Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
+# Variables that hold a location, never a credential: the shell's and the desktop's own, and
+# any name ending in one of these words (TOKEN_PATH points at a file, SSH_AUTH_SOCK at a socket).
+_PATH_NAMES = frozenset(("PWD", "OLDPWD", "HOME", "XAUTHORITY", "SSH_AUTH_SOCK", "GNUPGHOME",
+                         "KUBECONFIG", "KRB5CCNAME", "PATH"))
+_PATH_WORDS = frozenset(("PATH", "PATHS", "DIR", "DIRS", "FILE", "FILES", "SOCK", "SOCKET",
+                         "HOME", "ROOT", "PREFIX", "CACHE", "LOCATION", "FOLDER"))
+_NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# The shortest value the last-line scrub replaces wherever it appears. Credentials issued by
+# services are far longer (hf_ 37, ghp_ 40, AWS 40, W&B 40 characters) and password policies
+# start at 8 (NIST SP 800-63B); a shorter value ("1", "true", "gpu0", a user name) is far more
+# likely to be part of a version, a path or a flag than a credential, and replacing it there
+# would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
+MIN_SECRET_LEN = 8
+
+
+def _name_words(name: str) -> List[str]:
+    return [w.upper() for w in _NAME_SPLIT_RE.split(name) if w]
+
+
+def is_path_variable(name: str) -> bool:
+    """True for variables that hold a filesystem location (PWD, HOME, *_PATH, *_DIR, ...)."""
+    words = _name_words(name)
+    return name.upper() in _PATH_NAMES or bool(words and words[-1] in _PATH_WORDS)
+
+
+def looks_secret(name: str) -> bool:
+    """True for environment variable names whose values must never reach a lock."""
+    if is_path_variable(name):
+        return False
+    words = _name_words(name)
+    nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
+    if not nouns or any(w in _SWITCH_WORDS for w in words):
+        return False
+    return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503 normalisation, so ``Foo_Bar`` and ``foo-bar`` are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+
+
+def env_allowed(name: str) -> bool:
+    """True for the variables ``[env]`` records (see ENV_PREFIXES and ENV_NAMES)."""
+    return name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+
+
+def recorded_name(name: str) -> bool:
+    """True for every variable a lock records, in ``[env]`` or in ``[determinism].env``."""
+    return name in NUMERICS_ENV or env_allowed(name)
+
+
+def quiet(fn: Callable[[], Any]) -> Any:
+    """Read one torch attribute; deprecation warnings and missing APIs become None.
+
+    A knob this torch lacks, or one that raises on a mixed legacy/new TF32 state (torch >= 2.9),
+    reads as None rather than aborting the capture.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn()
+        except Exception:
+            return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism knobs: every torch setting that changes numerics, by its [determinism] field name.
+# ---------------------------------------------------------------------------------------------
+
+
+class Knob(NamedTuple):
+    """One torch setting that changes numerics.
+
+    ``read(torch)`` and ``write(torch, value)`` may raise (a knob this torch lacks, a legacy
+    TF32 getter while the two TF32 APIs disagree); callers go through ``quiet`` or catch.
+    ``strict`` is what ``deterministic()`` sets it to, None for a knob it leaves alone (only
+    ``apply(lock)`` writes those). ``fp32_api`` marks the knobs of the ``fp32_precision`` tree,
+    which exist only where torch has it (torch >= 2.9).
+    """
+
+    name: str
+    kind: type  # bool, int or str: its value's type in a lock
+    read: Callable[[Any], Any]
+    write: Callable[[Any, Any], None]
+    strict: Any = None
+    fp32_api: bool = False
+
+
+def _set(path: str, attr: str) -> Callable[[Any, Any], None]:
+    """A writer for ``torch.<path>.<attr> = value``."""
+    def write(torch: Any, value: Any) -> None:
+        obj = torch
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        setattr(obj, attr, value)
+    return write
+
+
+def _fp32_get(backend: str, op: str) -> Callable[[Any], Any]:
+    return lambda t: t._C._get_fp32_precision_getter(backend, op)
+
+
+def _fp32_set(backend: str, op: str) -> Callable[[Any, Any], None]:
+    return lambda t, v: t._C._set_fp32_precision_setter(backend, op, v)
+
+
+def _deterministic_utils(torch: Any) -> Any:
+    import torch.utils.deterministic  # a lazily loaded submodule in some versions
+
+    return torch.utils.deterministic
+
+
+def _set_fill_uninitialized(torch: Any, value: Any) -> None:
+    _deterministic_utils(torch).fill_uninitialized_memory = value
+
+
+# In the order writes must happen. The algorithms switch first (one torch call sets both of
+# its halves; each writer keeps the other half as it is). Then the legacy TF32 flags, because
+# each legacy setter also rewrites new-API leaves (``set_float32_matmul_precision`` sets
+# cuda.matmul *and* mkldnn.matmul); then the fp32_precision tree from the root down, because a
+# node that reads "none" resolves to its parent. ``torch.backends.mkldnn.fp32_precision``'s
+# setter writes the *generic* root in torch 2.9-2.13, so that node is written through the C
+# setter; the readers are the attributes the probe has always read (the same values as the C
+# getters where both exist). "ieee" rather than "none" in strict mode, because "none" defers to
+# the parent node, which a library may have set to tf32 or bf16 (oneDNN uses bf16 for fp32
+# matmuls on AMX CPUs when allowed).
+KNOBS: Tuple[Knob, ...] = (
+    Knob("deterministic_algorithms", bool, lambda t: t.are_deterministic_algorithms_enabled(),
+         lambda t, v: t.use_deterministic_algorithms(
+             v, warn_only=t.is_deterministic_algorithms_warn_only_enabled()), strict=True),
+    Knob("deterministic_warn_only", bool, lambda t: t.is_deterministic_algorithms_warn_only_enabled(),
+         lambda t, v: t.use_deterministic_algorithms(t.are_deterministic_algorithms_enabled(),
+                                                     warn_only=v),
+         strict=False),  # deterministic(mode="warn") sets it True
+    Knob("fill_uninitialized_memory", bool,
+         lambda t: _deterministic_utils(t).fill_uninitialized_memory, _set_fill_uninitialized,
+         strict=True),
+    Knob("cudnn_enabled", bool, lambda t: t.backends.cudnn.enabled, _set("backends.cudnn", "enabled")),
+    Knob("mkldnn_enabled", bool, lambda t: t.backends.mkldnn.enabled, _set("backends.mkldnn", "enabled")),
+    Knob("cudnn_deterministic", bool, lambda t: t.backends.cudnn.deterministic,
+         _set("backends.cudnn", "deterministic"), strict=True),
+    Knob("cudnn_benchmark", bool, lambda t: t.backends.cudnn.benchmark,
+         _set("backends.cudnn", "benchmark"), strict=False),
+    Knob("cuda_matmul_allow_tf32", bool, lambda t: t.backends.cuda.matmul.allow_tf32,
+         _set("backends.cuda.matmul", "allow_tf32"), strict=False),
+    Knob("float32_matmul_precision", str, lambda t: t.get_float32_matmul_precision(),
+         lambda t, v: t.set_float32_matmul_precision(v), strict="highest"),
+    Knob("cudnn_allow_tf32", bool, lambda t: t.backends.cudnn.allow_tf32,
+         _set("backends.cudnn", "allow_tf32"), strict=False),
+    Knob("fp32_precision", str, lambda t: t.backends.fp32_precision, _fp32_set("generic", "all"),
+         strict="ieee", fp32_api=True),
+    Knob("cuda_fp32_precision", str, _fp32_get("cuda", "all"), _fp32_set("cuda", "all"),
+         strict="ieee", fp32_api=True),
+    Knob("mkldnn_fp32_precision", str, lambda t: t.backends.mkldnn.fp32_precision,
+         _fp32_set("mkldnn", "all"), strict="ieee", fp32_api=True),
+    Knob("cuda_matmul_fp32_precision", str, lambda t: t.backends.cuda.matmul.fp32_precision,
+         _fp32_set("cuda", "matmul"), strict="ieee", fp32_api=True),
+    Knob("cudnn_conv_fp32_precision", str, lambda t: t.backends.cudnn.conv.fp32_precision,
+         _fp32_set("cuda", "conv"), strict="ieee", fp32_api=True),
+    Knob("cudnn_rnn_fp32_precision", str, lambda t: t.backends.cudnn.rnn.fp32_precision,
+         _fp32_set("cuda", "rnn"), strict="ieee", fp32_api=True),
+    # The per-backend nodes; oneDNN's matmul/conv nodes change CPU bytes (bf16 on AMX).
+    Knob("mkldnn_matmul_fp32_precision", str, _fp32_get("mkldnn", "matmul"),
+         _fp32_set("mkldnn", "matmul"), strict="ieee", fp32_api=True),
+    Knob("mkldnn_conv_fp32_precision", str, _fp32_get("mkldnn", "conv"),
+         _fp32_set("mkldnn", "conv"), strict="ieee", fp32_api=True),
+    Knob("mkldnn_rnn_fp32_precision", str, _fp32_get("mkldnn", "rnn"),
+         _fp32_set("mkldnn", "rnn"), strict="ieee", fp32_api=True),
+    Knob("cuda_matmul_allow_fp16_reduced_precision_reduction", bool,
+         lambda t: t.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+         _set("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction")),
+    Knob("cuda_matmul_allow_bf16_reduced_precision_reduction", bool,
+         lambda t: t.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+         _set("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction")),
+    Knob("sdpa_flash", bool, lambda t: t.backends.cuda.flash_sdp_enabled(),
+         lambda t, v: t.backends.cuda.enable_flash_sdp(v)),
+    Knob("sdpa_mem_efficient", bool, lambda t: t.backends.cuda.mem_efficient_sdp_enabled(),
+         lambda t, v: t.backends.cuda.enable_mem_efficient_sdp(v)),
+    Knob("sdpa_math", bool, lambda t: t.backends.cuda.math_sdp_enabled(),
+         lambda t, v: t.backends.cuda.enable_math_sdp(v)),
+    Knob("sdpa_cudnn", bool, lambda t: t.backends.cuda.cudnn_sdp_enabled(),
+         lambda t, v: t.backends.cuda.enable_cudnn_sdp(v)),
+    Knob("num_threads", int, lambda t: t.get_num_threads(), lambda t, v: t.set_num_threads(v)),
+    Knob("num_interop_threads", int, lambda t: t.get_num_interop_threads(),
+         lambda t, v: t.set_num_interop_threads(v)),
+)
+KNOB_NAMES: Tuple[str, ...] = tuple(k.name for k in KNOBS)
+# The two halves of torch.use_deterministic_algorithms(mode, warn_only=...).
+ALGORITHMS = ("deterministic_algorithms", "deterministic_warn_only")
+
+
+def knobs_in(torch: Any) -> List[Knob]:
+    """The knobs this torch has, in write order: the fp32_precision tree only from torch 2.9.
+
+    Keyed on which knobs *exist*, not which read back: a legacy TF32 getter raises while the
+    two TF32 APIs disagree, and that is exactly the state whose legacy flag must be written.
+    """
+    tree = hasattr(getattr(torch, "_C", None), "_get_fp32_precision_getter")
+    return [k for k in KNOBS if tree or not k.fp32_api]
+
+
+def read_knobs(torch: Any, names: Optional[List[str]] = None) -> Dict[str, Any]:
+    """The live value of every knob (or of ``names``) that reads back as a plain value."""
+    out: Dict[str, Any] = {}
+    for knob in KNOBS:
+        if names is not None and knob.name not in names:
+            continue
+        value = quiet(partial(knob.read, torch))
+        if isinstance(value, (bool, int, str)):
+            out[knob.name] = value
+    return out

@@ -1,0 +1,80 @@
+"""The machine and the interpreter: OS, kernel, libc, CPU; Python version, ABI, prefix kind.
+
+Stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict
+
+from .files import read_text
+
+
+def collect_platform() -> Dict[str, Any]:
+    import platform
+
+    info: Dict[str, Any] = {"os": platform.system() or sys.platform, "machine": platform.machine()}
+    text = read_text("/etc/os-release") or read_text("/usr/lib/os-release")
+    if text:
+        fields = {}
+        for line in text.splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                fields[key.strip()] = value.strip().strip('"').strip("'")
+        info["os_id"] = fields.get("ID")
+        info["os_version_id"] = fields.get("VERSION_ID")
+        info["os_pretty_name"] = fields.get("PRETTY_NAME")
+    info["kernel"] = platform.release()
+    libc = None
+    try:
+        # confstr is a syscall-free lookup; platform.libc_ver() scans the interpreter binary.
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):
+        pass
+    if libc:
+        name, _, version = libc.partition(" ")
+        info["libc"], info["libc_version"] = name, version
+    elif sys.platform.startswith("linux"):
+        import glob
+
+        musl = glob.glob("/lib/ld-musl-*.so.1")
+        if musl:
+            info["libc"] = "musl"
+    cpuinfo = read_text("/proc/cpuinfo", 1 << 16)
+    if cpuinfo:
+        for line in cpuinfo.splitlines():
+            if line.startswith(("model name", "Model", "cpu model", "Processor")):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    elif sys.platform == "darwin":
+        info["cpu_model"] = platform.processor() or None
+    try:
+        info["cpu_count"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        info["cpu_count"] = os.cpu_count()
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def prefix_kind() -> str:
+    if os.path.isdir(os.path.join(sys.prefix, "conda-meta")):
+        return "conda"
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return "venv"
+    return "system"
+
+
+def collect_python() -> Dict[str, Any]:
+    import platform
+    import sysconfig
+
+    return {
+        "version": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "soabi": sysconfig.get_config_var("SOABI"),
+        "platform_tag": sysconfig.get_platform(),
+        "prefix_kind": prefix_kind(),
+        "executable": sys.executable or None,
+        "prefix": sys.prefix,
+    }

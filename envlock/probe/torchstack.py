@@ -1,0 +1,193 @@
+"""The torch stack as loaded: versions, build, determinism flags and seeds of this process.
+
+Torch is passed in, never imported here (``want_torch`` decides whether to import it), so the
+flags read are the live ones of whichever process runs the probe. Stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from typing import Any, Dict, Optional, Tuple
+
+from .env import process_set_env
+from .rules import NUMERICS_ENV, quiet, read_knobs
+from .scrub import env_value
+
+
+def _cudnn_str(v: Optional[int]) -> Optional[str]:
+    if not v:
+        return None
+    if v >= 90000:  # cuDNN 9 encodes major*10000 + minor*100 + patch
+        return "%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100)
+    return "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100)
+
+
+def collect_torch(torch: Any) -> Dict[str, Any]:
+    info: Dict[str, Any] = {
+        "version": str(torch.__version__),
+        "git_version": quiet(lambda: torch.version.git_version),
+        "cuda": quiet(lambda: torch.version.cuda),
+        "hip": quiet(lambda: torch.version.hip),
+        "debug": quiet(lambda: bool(torch.version.debug)),
+        "cxx11_abi": quiet(lambda: bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        "mkl": quiet(lambda: bool(torch.backends.mkl.is_available())),
+        "mkldnn": quiet(lambda: bool(torch.backends.mkldnn.is_available())),
+        "openmp": quiet(lambda: bool(torch.backends.openmp.is_available())),
+    }
+    info["cudnn"] = quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))
+    if info["cuda"]:
+        info["nccl"] = quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))
+    info["cuda_available"] = quiet(lambda: bool(torch.cuda.is_available()))
+    info["device_count"] = quiet(lambda: int(torch.cuda.device_count())) if info["cuda_available"] else 0
+    info["arch_list"] = quiet(lambda: list(torch.cuda.get_arch_list())) or []
+    config = quiet(lambda: torch.__config__.show())
+    parallel = quiet(lambda: torch.__config__.parallel_info())
+    build = parse_torch_config(config if isinstance(config, str) else "",
+                               parallel if isinstance(parallel, str) else "")
+    capability = quiet(lambda: str(torch.backends.cpu.get_cpu_capability())) or build.pop("cpu_capability", None)
+    build.pop("cpu_capability", None)
+    info["cpu_capability"] = capability
+    if build:
+        info["build"] = build
+    if isinstance(config, str) and config:
+        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
+    return {k: v for k, v in info.items() if v is not None}
+
+
+# torch.__config__.show() mixes how torch was built with what it found on this host: the "CPU
+# capability usage" line is the ISA the dispatcher picked here (AVX2 on one machine, AVX512 on
+# the next). Host facts stay out of the build's identity, or one stack gets two fingerprints.
+_HOST_LINE_RE = re.compile(r"^\s*-?\s*CPU capability usage\s*:", re.IGNORECASE)
+_CONFIG_LINES = (
+    # (field, pattern on one "  - ..." line); the first group is the value.
+    ("compiler", re.compile(r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$")),
+    ("cxx_standard", re.compile(r"^C\+\+ Version:\s*(\S+)$")),
+    ("mkl_version", re.compile(r"Math Kernel Library Version\s+([0-9][0-9.]*)")),
+    ("onednn_version", re.compile(r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)")),
+    ("openmp_version", re.compile(r"^OpenMP\s+(\d+)")),
+    ("cpu_capability", re.compile(r"^CPU capability usage:\s*(.+)$")),
+    ("cuda_runtime", re.compile(r"^(?:Built with )?CUDA Runtime\s+(\S+)$")),
+    ("cudnn_version", re.compile(r"^CuDNN\s+(\S+)")),
+    ("magma_version", re.compile(r"^Magma\s+(\S+)$")),
+    ("hip_runtime", re.compile(r"^HIP Runtime\s+(\S+)$")),
+    ("miopen_version", re.compile(r"^MIOpen\s+(\S+)$")),
+)
+# "Build settings: K=V, K=V, ..." where a value (CXX_FLAGS) may itself hold commas.
+_SETTING_SPLIT_RE = re.compile(r",\s*(?=[A-Z][A-Z0-9_]*=)")
+_SETTING_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_SETTING_FIELDS = {"BLAS_INFO": "blas", "LAPACK_INFO": "lapack", "BUILD_TYPE": "build_type"}
+# Already recorded as torch.version / torch.git_version.
+_SETTING_SKIP = ("TORCH_VERSION", "COMMIT_SHA")
+_MAX_VALUE = 4096
+
+
+def config_identity(config: str) -> str:
+    """torch.__config__.show() without the lines that describe the host rather than the build."""
+    return "".join(line for line in config.splitlines(True) if not _HOST_LINE_RE.match(line))
+
+
+def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
+    """Readable build facts from ``torch.__config__.show()`` and ``.parallel_info()``.
+
+    Both are free text whose wording changes between torch versions, so every line is matched
+    on its own and anything unrecognised is ignored rather than guessed at.
+    """
+    build: Dict[str, Any] = {}
+    options: Dict[str, str] = {}
+    for raw in config.splitlines():
+        line = raw.strip()
+        if line.startswith("- "):
+            line = line[2:].strip()
+        if line.startswith("NVCC architecture flags:"):
+            flags = [f.strip() for f in line.split(":", 1)[1].split(";")]
+            arch = [f for f in flags if f and f != "-gencode" and len(f) <= 128]
+            if arch:
+                build["cuda_arch_flags"] = arch
+            continue
+        if line.startswith("Build settings:"):
+            for item in _SETTING_SPLIT_RE.split(line.split(":", 1)[1].strip().rstrip(",")):
+                key, sep, value = item.partition("=")
+                key, value = key.strip(), value.strip().rstrip(",").strip()
+                if not sep or not _SETTING_KEY_RE.match(key) or key in _SETTING_SKIP:
+                    continue
+                value = value[:_MAX_VALUE]
+                if key in _SETTING_FIELDS:
+                    if value:
+                        build[_SETTING_FIELDS[key]] = value
+                else:
+                    options[key] = value
+            continue
+        for field, pattern in _CONFIG_LINES:
+            match = pattern.search(line)
+            if match and field not in build:
+                value = match.group(1).strip()[:_MAX_VALUE]
+                if value:
+                    build[field] = value
+                break
+    for raw in parallel.splitlines():
+        key, sep, value = raw.strip().partition(":")
+        if sep and key.strip() == "ATen parallel backend" and value.strip():
+            build["parallel_backend"] = value.strip()[:_MAX_VALUE]
+    if options:
+        build["options"] = dict(sorted(options.items()))
+    return build
+
+
+def collect_determinism(torch: Any) -> Dict[str, Any]:
+    det: Dict[str, Any] = {"torch_loaded": torch is not None}
+    if torch is not None:
+        # Every knob of the one table (rules.KNOBS), read live; one this torch lacks is left out.
+        det.update(read_knobs(torch))
+    det["env"] = {k: env_value(k, os.environ[k]) for k in NUMERICS_ENV if k in os.environ}
+    # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
+    # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
+    # envlock to read it, tagged with the pid because children inherit the environment but not
+    # the lateness (a child that starts with CUBLAS_WORKSPACE_CONFIG set has it in effect). The
+    # leading underscore keeps it out of the [env] allow-list.
+    pid, _, names = os.environ.get("_ENVLOCK_LATE", "").partition(":")
+    if pid == str(os.getpid()):
+        late = sorted(set(n for n in names.split(",") if re.fullmatch(r"^[A-Za-z0-9_.]{1,128}$", n)))
+        if late:
+            det["late"] = late
+    changed = process_set_env()
+    if changed:
+        det["process_env"] = changed
+    return det
+
+
+def collect_seeds(torch: Any) -> Dict[str, Any]:
+    seeds: Dict[str, Any] = {"hash_randomization": bool(sys.flags.hash_randomization)}
+    if "PYTHONHASHSEED" in os.environ:
+        seeds["python_hash_seed"] = os.environ["PYTHONHASHSEED"]
+    raw = os.environ.get("ENVLOCK_SEED")
+    if raw is not None:
+        try:
+            seeds["seed"] = int(raw)
+            seeds["seed_source"] = "envlock" if os.environ.get("ENVLOCK_SEED_SOURCE") != "env" else "env"
+        except ValueError:
+            pass
+        if torch is not None and "seed" in seeds:
+            value = quiet(lambda: int(torch.initial_seed()))
+            if value is not None:
+                seeds["torch_initial_seed"] = value
+    return seeds
+
+
+def want_torch(mode: str) -> Tuple[Any, Optional[str]]:
+    if mode == "no":
+        return None, "skipped (--no-torch)"
+    if "torch" in sys.modules:
+        return sys.modules["torch"], None
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed"
+    try:
+        import torch
+
+        return torch, None
+    except Exception as exc:
+        return None, "import torch failed: %s: %s" % (type(exc).__name__, exc)
