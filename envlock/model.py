@@ -24,9 +24,14 @@ from pydantic import (
 )
 
 # The probe decides what is a secret and how names normalise; the model enforces the same rules.
+# The seal's rules and the pin spelling are pydantic-free, so a lock can be read without these
+# models (lockdata); re-exported here where they were always imported from.
+from envlock.lockcore import FINGERPRINT_EXCLUDE as FINGERPRINT_EXCLUDE
+from envlock.lockcore import SCHEMA_VERSION as SCHEMA_VERSION
+from envlock.lockcore import os_versions, short_id
+from envlock.lockcore import split_os_spec as split_os_spec
 from envlock.probe import REDACTED, canonicalize_name, looks_secret, scrub_text, strip_url
 
-SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
@@ -313,13 +318,6 @@ OsPackageSpec = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
 
 
-def split_os_spec(spec: str) -> tuple[str, str, str]:
-    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
-    head, _, version = spec.partition("=")
-    name, _, arch = head.partition(":")
-    return name, arch, version
-
-
 class OsPackages(_Model):
     """``[os_packages]``: what the image's package manager installed, one pin per package."""
 
@@ -340,11 +338,7 @@ class OsPackages(_Model):
 
     def versions(self) -> dict[str, str]:
         """``name:arch`` -> version."""
-        out = {}
-        for spec in self.packages:
-            name, arch, version = split_os_spec(spec)
-            out[f"{name}:{arch}"] = version
-        return out
+        return os_versions(self.packages)
 
 
 class Duplicate(_Model):
@@ -458,33 +452,12 @@ class Lock(_Model):
     @property
     def short_id(self) -> str:
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
-        fp = self.envlock.fingerprint
-        return fp.split(":", 1)[1][:12] if fp else "unsealed"
+        return short_id(self.envlock.fingerprint)
 
     def save(self, path: Any) -> Any:
         """Seal (fingerprint) and write atomically; returns the path written."""
-        from envlock.lockfile import save
+        # lockwrite, not lockfile: lockfile reads through these models, so importing it from
+        # here would make the two modules import each other.
+        from envlock.lockwrite import save
 
         return save(self, path)
-
-
-# Content that identifies the environment. Everything not listed here is still sealed by
-# ``integrity`` (tamper detection), but two captures of the same stack on different hosts must
-# share a fingerprint, so host- and time-specific values stay out of it.
-FINGERPRINT_EXCLUDE: dict[str, Any] = {
-    "envlock": True,
-    "probe": True,
-    "git": True,
-    "env": True,
-    "canary": True,
-    "image": {"source", "reference", "container_id", "in_container", "engine"},
-    "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
-    "python": {"executable", "prefix"},
-    "torch": {"cuda_available", "device_count", "cpu_capability"},
-    "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
-    "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
-    # files_sha256 stays out: the same environment captured with and without --deep must
-    # share its id. An edited file still changes the id through files_changed, which a clean
-    # install never has, and integrity seals the digest against hand edits.
-    "packages": {"__all__": {"installer", "requested", "files_sha256"}},
-}
