@@ -85,7 +85,7 @@ def seal_matches(data: Mapping[str, Any]) -> bool:
     meta = data.get("envlock")
     if not isinstance(meta, dict) or meta.get("fingerprint") is None or meta.get("integrity") is None:
         return False
-    return meta["integrity"] == integrity_of(data) and meta["fingerprint"] == fingerprint_of(data)
+    return bool(meta["integrity"] == integrity_of(data) and meta["fingerprint"] == fingerprint_of(data))
 
 
 def short_id(fingerprint: str | None) -> str:

@@ -225,6 +225,11 @@ def view(model: str, data: dict[str, Any]) -> Any:
     return _VIEWS.get(model, LockView)(model, data)
 
 
+def is_view(lock: object) -> bool:
+    """Whether ``lock`` was read here (a view) rather than validated through the models."""
+    return isinstance(lock, LockView)
+
+
 def light_data(data: dict[str, Any]) -> dict[str, Any] | None:
     """The canonical form of a parsed lock when it is sealed, of this schema, and both hashes
     match; None sends the lock through the models instead."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envlock.drift import Comparison, Difference
-from envlock.model import Lock
+
+if TYPE_CHECKING:
+    from envlock.model import Lock  # also given lockdata's views, which answer the same reads
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
 # What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
