@@ -10,9 +10,8 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock.drift import Comparison, Difference
-
 if TYPE_CHECKING:
+    from envlock.drift import Comparison, Difference
     from envlock.model import Lock  # also given lockdata's views, which answer the same reads
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
