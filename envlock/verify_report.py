@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from envlock.comparison import Comparison, Difference
-from envlock.render import dash, safe
+from envlock.textsafe import dash, safe
 
 if TYPE_CHECKING:
     from envlock.model import Lock
