@@ -290,3 +290,14 @@ def test_canonical_agrees_with_the_models(removed: list[tuple[str | int, ...]], 
     assert got is None or got == sealed
     if not any(p[0] in ("packages", "os_packages") for p in (*removed, replaced)):
         assert got == sealed  # no validator reorders these tables: the light read must take it
+
+
+def test_a_lock_sealed_before_the_hashes_moved_to_lockcore_still_verifies() -> None:
+    """fixtures/sealed/rich.lock was sealed by the pydantic-side hashing (model_dump with
+    exclude=FINGERPRINT_EXCLUDE) that lockcore replaced: both read paths must accept it."""
+    path = REPO / "tests" / "fixtures" / "sealed" / "rich.lock"
+    full = load(path)
+    light = light_load(path)
+    assert light is not None
+    assert light.model_dump(mode="json", exclude_none=True) == _canonical(full)
+    assert full.envlock.fingerprint == seal(full).envlock.fingerprint
