@@ -8,13 +8,13 @@ generated file and the models disagree.
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from envlock.model import Lock
 
@@ -72,13 +72,13 @@ def shapes() -> dict[str, list[tuple[str, str, str | None, Any]]]:
         rows = []
         for name, info in model.model_fields.items():
             kind, ref = _kind(info.annotation)
-            default = info.get_default(call_default_factory=True)
-            if default is PydanticUndefined:
+            if info.is_required():
                 value: Any = "<required>"
-            elif isinstance(default, BaseModel):
-                value = default.model_dump(mode="json", exclude_none=True)
             else:
-                value = to_jsonable_python(default)
+                default = info.get_default(call_default_factory=True)
+                # A default that is not plain JSON fails here, loudly, rather than in the file.
+                value = (default.model_dump(mode="json", exclude_none=True)
+                         if isinstance(default, BaseModel) else json.loads(json.dumps(default)))
             rows.append((name, kind, ref, value))
             if ref is not None:
                 todo.append(next(m for m in _models_in(info.annotation) if m.__name__ == ref))
