@@ -35,8 +35,9 @@ def _time(fn: Callable[[], object], repeats: int) -> dict[str, Any]:
 
 
 def cmd_load(path: Path, repeats: int) -> dict[str, Any]:
-    """``envlock.lockfile.load`` as a whole, then its stages, to show where the time goes."""
-    from envlock import lockfile
+    """``envlock.lockfile.load`` as a whole, then its stages, to show where the time goes; and
+    ``lockdata.light_load``, the read of a sealed lock that ``verify`` and ``show`` take."""
+    from envlock import lockdata, lockfile
     from envlock.model import Lock
 
     if sys.version_info >= (3, 11):
@@ -56,6 +57,8 @@ def cmd_load(path: Path, repeats: int) -> dict[str, Any]:
             "tomllib.loads": _time(lambda: tomllib.loads(text), repeats),
             "Lock.model_validate": _time(lambda: Lock.model_validate(data), repeats),
             "check_seal": _time(lambda: lockfile.check_seal(lock), repeats),
+            "lockdata.light_load (all: no pydantic)": _time(lambda: lockdata.light_load(path), repeats),
+            "lockdata.light_data (defaults + seal)": _time(lambda: lockdata.light_data(data), repeats),
         },
     }
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -17,15 +18,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from envlock import __version__
+from envlock.building import build_lock as build_lock  # where callers always imported it from
+from envlock.building import current_lock, import_heavy_modules
+from envlock.building import import_models as import_models
 from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
+from envlock.lockdata import is_view
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison
+    from envlock.comparison import Comparison
+    from envlock.deepreport import Progress
     from envlock.model import Lock
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
@@ -233,37 +238,6 @@ def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str
                          deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude])
 
 
-def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
-    """Validate a probe document as a lock (sealed, ready to save)."""
-    from pydantic import ValidationError
-
-    from envlock.lockfile import seal
-    from envlock.model import Lock, Meta
-    from envlock.probe.scrub import scrub_string, secret_values
-
-    if note:
-        # The note comes from the user, not the probe: the same scrub, with this process's
-        # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
-        note = scrub_string(note, secret_values())
-    # Timings differ on every run: in a committed lock they would be churn in every diff of
-    # an unchanged environment, so they stay out (the model still reads older locks with them).
-    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
-    if isinstance(doc.get("canary"), dict):
-        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
-    try:
-        meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                    note=note)
-    except ValidationError as exc:
-        raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
-    try:
-        lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ProbeFailed(f"the probe reported a value envlock cannot lock: {where}: {err['msg']}") from None
-    return seal(lock)
-
-
 def capture(
     *,
     python: str | None = None,
@@ -303,17 +277,27 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
     if in_process:
         return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
                                     git_exclude=git_exclude)
+    started = start_probe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                          cache=cache, git_exclude=git_exclude)
+    import_heavy_modules()
+    return finish_probe(*started)
+
+
+def start_probe(python: str | None, *, deep: bool = False, **options: Any) -> tuple[ProbeProcess, Progress | None]:
+    """The probe started in ``python`` (``probe_args`` options), with ``--deep`` progress drawn
+    on a terminal; ``finish_probe`` waits for its document."""
     progress = None
     if deep:
         from envlock.deepreport import Progress
 
         progress = Progress()
     proc = ProbeProcess(python or sys.executable,
-                        probe_args(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
-                                   cache=cache, progress=progress is not None and progress.enabled,
-                                   git_exclude=git_exclude),
+                        probe_args(deep=deep, progress=progress is not None and progress.enabled, **options),
                         on_stderr=progress.feed if progress is not None else None)
-    import_heavy_modules()
+    return proc, progress
+
+
+def finish_probe(proc: ProbeProcess, progress: Progress | None) -> dict[str, Any]:
     try:
         return proc.result()
     finally:
@@ -332,32 +316,6 @@ def check_image_option(image: str) -> None:
         why = exc.message.removeprefix("refusing ")
         raise UsageError(f"--image {image!r} is not an image reference: {why}",
                          hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
-
-
-def import_heavy_modules() -> None:
-    """Import pydantic, the models and the lock writer: called while a probe subprocess runs."""
-    import_models()
-    import envlock.lockfile  # noqa: F401
-
-
-def import_models() -> None:
-    """Import envlock's models without pydantic's plugin scan.
-
-    Pydantic looks for plugins through the entry points of every installed distribution when
-    the first model class is built (~46 us each); envlock's own models need none, so the scan
-    is skipped for them. get_plugins() caches nothing while disabled, so models a training
-    script defines later still get their plugins.
-    """
-    if "envlock.model" not in sys.modules:
-        previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-        try:
-            import envlock.model  # noqa: F401
-        finally:
-            if previous is None:
-                del os.environ["PYDANTIC_DISABLE_PLUGINS"]
-            else:
-                os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
 
 
 def verify(
@@ -379,22 +337,97 @@ def verify(
     included: call it after ``envlock.apply()``. Another interpreter is a fresh process, so the
     recorded process state is reported in ``Comparison.process`` instead.
     """
-    from envlock.lockfile import check_seal, load
+    return check(lock, python=python, torch=torch, in_process=in_process, strict=strict,
+                 deep=deep).comparison
 
-    if isinstance(lock, (str, os.PathLike)):
-        expected = load(lock)
-    else:
-        check_seal(lock)
-        expected = lock
+
+@dataclass(frozen=True)
+class Verification:
+    """A verify's verdict and what it was derived from, for a report to quote."""
+
+    comparison: Comparison
+    expected: Lock
+    current: Lock
+    deep: dict[str, Any] | None  # the --deep findings, as the probe reported them
+    light: bool  # both locks were read without the models (lockdata)
+
+
+def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
+          torch: bool | None = None, in_process: bool | None = None, strict: bool = False,
+          deep: bool = False, cache: bool = False, early: bool = False,
+          limit: int | None = None) -> Verification:
+    """The one verify path (``verify()`` and ``envlock verify``); see ``verify`` for the options.
+
+    ``torch``: None probes torch when the lock has it. ``cache``: reuse cached torch facts in
+    another interpreter. ``limit``: files named per distribution by ``deep`` (None: all).
+    ``early`` starts the probe in another interpreter before the lock is read, deciding from
+    its table names alone whether to import torch: the probe's import then overlaps reading
+    the lock (a full validation when its seal does not hold). A sealed lock is read without
+    pydantic (``lockdata``), and so is what the probe found, to compare with it.
+    """
     if in_process is None:
         in_process = python is None
-    want_torch = expected.torch is not None if torch is None else torch
-    doc = capture_doc(python=python, torch=want_torch,
-                      canary=expected.canary is not None and want_torch, in_process=in_process,
-                      deep=deep)
+    started = None
+    if isinstance(lock, (str, os.PathLike)):
+        tables = lock_tables(lock) if early and not in_process else None
+        if tables is not None:
+            want = "torch" in tables if torch is None else torch
+            started = start_probe(python, torch=want, canary="canary" in tables and want,
+                                  deep=deep, cache=cache)
+        try:
+            expected = _read(lock)
+        except BaseException:
+            if started is not None:
+                started[0].cancel()
+            raise
+    else:
+        from envlock.lockfile import check_seal
+
+        check_seal(lock)
+        expected = lock
+    light = is_view(expected)
+    if started is None:
+        want = expected.torch is not None if torch is None else torch
+        doc = capture_doc(python=python, torch=want, canary=expected.canary is not None and want,
+                          in_process=in_process, deep=deep, cache=cache)
+    else:
+        doc = finish_probe(*started)
     report = doc.pop("deep", None)
-    return judge(expected, build_lock(doc), report, strict=strict,
-                 process_state="compare" if in_process else "report", limit=None)
+    current = current_lock(doc, light=light)
+    cmp = judge(expected, current, report, strict=strict,
+                process_state="compare" if in_process else "report", limit=limit)
+    return Verification(cmp, expected, current, report, light and is_view(current))
+
+
+def _read(path: str | os.PathLike[str]) -> Lock:
+    from envlock.lockdata import light_load
+
+    lock = light_load(path)
+    if lock is None:
+        import_heavy_modules()
+        from envlock.lockfile import load
+
+        lock = load(path)
+    return lock
+
+
+_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
+
+
+def lock_tables(path: str | os.PathLike[str]) -> set[str] | None:
+    """The lock's top-level table names, to decide how to probe before it is read.
+
+    A scan for table headers, not a parse: reading the lock is what the probe overlaps with (a
+    header inside a multi-line string can only make the probe do more than needed, never less
+    than the lock says). None when the file is not there to scan; reading it reports why.
+    """
+    try:
+        if os.path.getsize(path) > (16 << 20):
+            return None
+        with open(path, "rb") as fh:
+            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
+    except OSError:
+        return None
 
 
 def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from envlock import __version__
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvlockError
@@ -104,71 +103,22 @@ def cmd_capture(args: argparse.Namespace) -> int:
 # -- verify ------------------------------------------------------------------------------------
 
 
-_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
-
-
-def _peek(path: str) -> set[str] | None:
-    """The lock's top-level table names, to decide how to probe before the full validation.
-
-    A scan for table headers, not a parse: on the largest accepted lock a full TOML parse costs
-    seconds, and `load()` parses it properly right after (a header inside a multi-line string
-    can only make the probe do more than needed, never less than the lock says).
-    """
-    try:
-        if os.path.getsize(path) > (16 << 20):
-            return None
-        with open(path, "rb") as fh:
-            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
-    except OSError:
-        return None  # load() below reports the problem properly
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
-    from envlock.capturing import ProbeProcess, build_lock, import_heavy_modules, judge, probe_args
-    from envlock.deepreport import Progress, summary, torch_facts_line
+    from envlock.capturing import check
+    from envlock.deepreport import summary, torch_facts_line
     from envlock.target import choose, recorded_prefix_hint
 
     target = choose(args.python)
     if target.warning:
         _err(f"envlock: warning: {target.warning}\n")
-    raw = _peek(args.lock)
-    proc = None
-    progress = Progress() if args.deep else None
-    extra: dict[str, Any] = dict(deep=args.deep, cache=not args.no_cache,
-                                 progress=progress is not None and progress.enabled)
-    on_stderr = progress.feed if progress is not None else None
-    if raw is not None:
-        # Start the probe now, validate the lock while it imports torch.
-        want_torch = "torch" in raw and not args.no_torch
-        proc = ProbeProcess(target.python,
-                            probe_args(torch=want_torch, canary="canary" in raw and want_torch, **extra),
-                            on_stderr=on_stderr)
-    import_heavy_modules()
-    from envlock.lockfile import load
+    # early: the probe starts before the lock is read, and imports torch meanwhile.
+    result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
+                   in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
+                   early=True, limit=None if args.all else 10)
+    cmp, expected, current, report = result.comparison, result.expected, result.current, result.deep
     from envlock.render import comparison_json, verify_text
 
-    try:
-        expected = load(args.lock)
-    except BaseException:
-        if proc is not None:
-            proc.cancel()
-        raise
-    want_torch = expected.torch is not None and not args.no_torch
-    want_canary = expected.canary is not None and want_torch
-    if proc is None:
-        proc = ProbeProcess(target.python,
-                            probe_args(torch=want_torch, canary=want_canary, **extra), on_stderr=on_stderr)
-    try:
-        doc = proc.result()
-    finally:
-        if progress is not None:
-            progress.close()
-    report = doc.pop("deep", None)
-    current = build_lock(doc)
     target = target.probed(current.python.prefix)
-    # This is a fresh process: the seeds and flags the capturing process set are reported.
-    cmp = judge(expected, current, report, strict=args.strict, process_state="report",
-                limit=None if args.all else 10)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
     if args.json:
         _out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
@@ -203,13 +153,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from envlock.capturing import import_models
+    from envlock.lockdata import light_load
 
-    import_models()
-    from envlock.lockfile import load
+    # A sealed lock is shown without the models (lockdata); LaTeX goes through them.
+    lock = light_load(args.lock) if args.format != "latex" else None
+    if lock is None:
+        from envlock.lockfile import load
+
+        lock = load(args.lock)
     from envlock.render import show_json, show_markdown, show_text
 
-    lock = load(args.lock)
     name = Path(args.lock).name
     if args.format == "json":
         _out(show_json(lock))

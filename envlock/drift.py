@@ -8,8 +8,10 @@ Each difference carries a dotted path, the old and new value and a severity:
   same version, the OS release;
 * ``info``     - recorded for the reader: git commit, kernel, CPU model, unrelated env vars.
 
-``verify`` fails (exit 1) on breaking differences only. The table of severities lives here and
-nowhere else, so every command agrees on what counts as drift.
+``verify`` fails (exit 1) on breaking differences only. The tables of severities live here (and
+in ``driftpkgs`` for the package sections) and nowhere else, so every command agrees on what
+counts as drift. Both sides may be models or ``lockdata`` views of sealed locks: only
+attributes and the canonical dump are read.
 
 What the environment *is* (packages, torch build, driver, image, variables set before start)
 is apart from what a process *set* (seeds, torch's determinism flags, variables set by
@@ -23,139 +25,32 @@ second, so ``compare(..., process_state="report")`` moves those differences to
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from envlock.model import Lock
+from envlock import driftpkgs
+from envlock.comparison import (
+    SEVERITY_RANK,
+    Collector,
+    Comparison,
+    Difference,
+    ProcessState,
+    Severity,
+    Words,
+    dump,
+)
+from envlock.driftpkgs import OS_BREAKING_RE, os_package_severity
 
-Severity = Literal["breaking", "warning", "info"]
-ProcessState = Literal["compare", "report"]
-SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
+if TYPE_CHECKING:
+    from envlock.model import Lock
 
-
-@dataclass(frozen=True)
-class Difference:
-    category: str
-    path: str
-    old: Any
-    new: Any
-    severity: Severity
-    message: str = ""
-
-    def describe(self) -> str:
-        if self.message:
-            return self.message
-        if self.old is None:
-            return f"added: {self.new}"
-        if self.new is None:
-            return f"removed (was {self.old})"
-        return f"{self.old} -> {self.new}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "category": self.category,
-            "path": self.path,
-            "old": self.old,
-            "new": self.new,
-            "severity": self.severity,
-            "message": self.describe(),
-        }
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The differences between an expected lock (``old``) and an actual one (``new``).
-
-    ``strict`` makes warnings count as drift too (``verify --strict``); ``ok`` is the one verdict
-    every output (text, JSON, exit code) is derived from, so they cannot disagree.
-    """
-
-    differences: tuple[Difference, ...] = field(default_factory=tuple)
-    # Process state recorded in the lock that this (fresh) process does not have; not drift.
-    process: tuple[Difference, ...] = field(default_factory=tuple)
-    strict: bool = False
-
-    @property
-    def breaking(self) -> tuple[Difference, ...]:
-        return tuple(d for d in self.differences if d.severity == "breaking")
-
-    @property
-    def failing(self) -> tuple[Difference, ...]:
-        """The differences that make ``ok`` false: breaking ones, and warnings when strict."""
-        failing = ("breaking", "warning") if self.strict else ("breaking",)
-        return tuple(d for d in self.differences if d.severity in failing)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failing
-
-    def count(self, severity: Severity) -> int:
-        return sum(1 for d in self.differences if d.severity == severity)
-
-    def by_category(self, category: str) -> tuple[Difference, ...]:
-        return tuple(d for d in self.differences if d.category == category)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "strict": self.strict,
-            "counts": {s: self.count(s) for s in ("breaking", "warning", "info")},
-            "differences": [d.to_dict() for d in self.differences],
-            "process_state": [d.to_dict() for d in self.process],
-        }
-
-
-@dataclass(frozen=True)
-class _Words:
-    """How messages name the two sides: verify speaks of the lock and this environment, a diff
-    of its two files (``diff A B`` must not say "installed" about a file)."""
-
-    old: str = "the lock"
-    new: str = "this environment"
-    is_diff: bool = False
-
-    def only_new(self, what: str) -> str:
-        return f"{what} only in {self.new}" if self.is_diff else f"{what} is installed but not in the lock"
-
-    def only_old(self, what: str) -> str:
-        return f"{what} only in {self.old}" if self.is_diff else f"{what} is in the lock but not installed"
-
-    def where_new(self) -> str:
-        return f"in {self.new}" if self.is_diff else "here"
-
-
-class _Collector:
-    def __init__(self, words: _Words | None = None) -> None:
-        self.items: list[Difference] = []
-        self.words = words or _Words()
-
-    def add(self, category: str, path: str, old: Any, new: Any, severity: Severity, message: str = "") -> None:
-        self.items.append(Difference(category, path, old, new, severity, message))
-
-    def fields(
-        self,
-        category: str,
-        prefix: str,
-        old: Mapping[str, Any],
-        new: Mapping[str, Any],
-        rules: Mapping[str, Severity],
-        default: Severity | None = None,
-    ) -> None:
-        """Compare two flat dicts; keys without a rule use ``default`` (None: ignored)."""
-        for key in sorted(set(old) | set(new)):
-            severity = rules.get(key, default)
-            if severity is None:
-                continue
-            a, b = old.get(key), new.get(key)
-            if a != b:
-                self.add(category, f"{prefix}.{key}", a, b, severity)
-
-
-def _dump(model: Any) -> dict[str, Any]:
-    return {} if model is None else dict(model.model_dump(mode="json", exclude_none=True))
-
+# Where callers have always imported them from.
+__all__ = [
+    "OS_BREAKING_RE", "OS_FROM_BASE_ENV", "SEVERITY_RANK", "Comparison", "Difference", "ProcessState",
+    "Severity", "as_info", "compare", "os_package_severity", "os_packages_come_from_base",
+    "os_packages_from_base",
+]
 
 _PLATFORM: dict[str, Severity] = {
     "machine": "breaking", "os": "breaking", "os_id": "warning", "os_version_id": "warning",
@@ -188,26 +83,18 @@ _SEEDS: dict[str, Severity] = {
     "seed": "breaking", "python_hash_seed": "breaking", "hash_randomization": "breaking",
     "torch_initial_seed": "breaking", "seed_source": "info",
 }
-_PACKAGE: dict[str, Severity] = {
-    "version": "breaking", "source": "warning", "url": "warning", "vcs": "breaking",
-    "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
-    "requested_revision": "info", "installer": "info", "requested": "info",
-    "os_package": "warning", "os_package_version": "warning",
-    # Only compared when both locks were captured with --deep (deepreport.align).
-    "files_sha256": "breaking", "files_changed": "breaking",
-}
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 
 
-def _python(c: _Collector, old: Lock, new: Lock) -> None:
+def _python(c: Collector, old: Lock, new: Lock) -> None:
     a, b = old.python, new.python
     if a.version != b.version:
         same_minor = a.version.split(".")[:2] == b.version.split(".")[:2]
         c.add("python", "python.version", a.version, b.version, "warning" if same_minor else "breaking")
-    c.fields("python", "python", _dump(a), _dump(b), _PYTHON)
+    c.fields("python", "python", dump(a), dump(b), _PYTHON)
 
 
-def _image(c: _Collector, old: Lock, new: Lock, expected_image_change: bool) -> None:
+def _image(c: Collector, old: Lock, new: Lock, expected_image_change: bool) -> None:
     a, b = old.image, new.image
     if expected_image_change:
         if (a.digest, a.id) != (b.digest, b.id):
@@ -229,7 +116,7 @@ def _image(c: _Collector, old: Lock, new: Lock, expected_image_change: bool) -> 
         c.add("image", "image.in_container", a.in_container, b.in_container, "info")
 
 
-def _torch(c: _Collector, old: Lock, new: Lock) -> None:
+def _torch(c: Collector, old: Lock, new: Lock) -> None:
     if old.torch is None and new.torch is None:
         return
     if old.torch is None or new.torch is None:
@@ -239,7 +126,7 @@ def _torch(c: _Collector, old: Lock, new: Lock) -> None:
         c.add("torch", "torch", old.torch and old.torch.version, new.torch and new.torch.version,
               "warning" if skipped else "breaking", not_probed if skipped else "")
         return
-    a, b = _dump(old.torch), _dump(new.torch)
+    a, b = dump(old.torch), dump(new.torch)
     build_a, build_b = a.pop("build", {}), b.pop("build", {})
     opts_a, opts_b = build_a.pop("options", {}), build_b.pop("options", {})
     explained = len(c.items)
@@ -255,7 +142,7 @@ def _torch(c: _Collector, old: Lock, new: Lock) -> None:
     c.fields("torch", "torch", a, b, _TORCH)
 
 
-def _gpu(c: _Collector, old: Lock, new: Lock) -> None:
+def _gpu(c: Collector, old: Lock, new: Lock) -> None:
     a, b = old.gpu, new.gpu
     if a is None and b is None:
         return
@@ -269,17 +156,17 @@ def _gpu(c: _Collector, old: Lock, new: Lock) -> None:
             message = "no GPU visible now" if b is None else "GPUs visible now, none in the lock"
         c.add("gpu", "gpu", names_a, names_b, "warning", message)
         return
-    c.fields("gpu", "gpu", _dump(a), _dump(b), _GPU)
+    c.fields("gpu", "gpu", dump(a), dump(b), _GPU)
     if len(a.devices) != len(b.devices):
         now = f"in {c.words.new}" if c.words.is_diff else "now"
         c.add("gpu", "gpu.devices", len(a.devices), len(b.devices), "warning",
               f"{len(a.devices)} GPU(s) in {c.words.old}, {len(b.devices)} {now}")
     for i, (da, db) in enumerate(zip(a.devices, b.devices, strict=False)):
-        c.fields("gpu", f"gpu.devices[{i}]", _dump(da), _dump(db), _GPU_DEVICE)
+        c.fields("gpu", f"gpu.devices[{i}]", dump(da), dump(db), _GPU_DEVICE)
 
 
-def _determinism(c: _Collector, old: Lock, new: Lock) -> None:
-    a, b = _dump(old.determinism), _dump(new.determinism)
+def _determinism(c: Collector, old: Lock, new: Lock) -> None:
+    a, b = dump(old.determinism), dump(new.determinism)
     env_a, env_b = a.pop("env", {}), b.pop("env", {})
     if old.determinism.torch_loaded and not new.determinism.torch_loaded:
         c.add("determinism", "determinism", None, None, "warning",
@@ -310,131 +197,7 @@ def _reported_by_seeds(old: Lock, new: Lock) -> set[str]:
     return names
 
 
-def _packages(c: _Collector, old: Lock, new: Lock) -> None:
-    a = {p.name: p for p in old.packages}
-    b = {p.name: p for p in new.packages}
-    for name in sorted(set(a) | set(b)):
-        pa, pb = a.get(name), b.get(name)
-        if pa is None and pb is not None:
-            c.add("packages", f"packages.{name}", None, pb.version, "breaking",
-                  c.words.only_new(f"{name} {pb.version}"))
-        elif pb is None and pa is not None:
-            c.add("packages", f"packages.{name}", pa.version, None, "breaking",
-                  c.words.only_old(f"{name} {pa.version}"))
-        elif pa is not None and pb is not None and pa != pb:
-            da, db = _dump(pa), _dump(pb)
-            if da.get("version") != db.get("version"):
-                c.add("packages", f"packages.{name}.version", pa.version, pb.version, "breaking",
-                      f"{name} {pa.version} -> {pb.version}")
-                continue  # a new version explains every other field of the same package
-            for key in sorted(set(da) | set(db)):
-                if key == "name" or da.get(key) == db.get(key):
-                    continue
-                severity = _PACKAGE.get(key, "info")
-                message = ""
-                if key == "record_sha256":
-                    message = f"{name} {pa.version}: same version, different build (RECORD differs)"
-                c.add("packages", f"packages.{name}.{key}", da.get(key), db.get(key), severity, message)
-    dup_a = {(d.name, d.version) for d in old.duplicates}
-    dup_b = {(d.name, d.version) for d in new.duplicates}
-    for name, version in sorted(dup_a ^ dup_b):
-        gone = (name, version) in dup_a
-        c.add("packages", f"duplicates.{name}", version if gone else None, None if gone else version,
-              "warning", f"shadowed copy of {name} {version} " + ("gone" if gone else "appeared"))
-
-
-# OS packages whose change alone can change results or stop the code from running: the C
-# library, the CUDA stack (toolkit, cuDNN, NCCL, cuBLAS, the driver's user-space libraries) and
-# the Python interpreter itself. Every other OS package change is a warning.
-OS_BREAKING_RE = re.compile(
-    r"^(libc6(-.+)?|glibc(-.+)?|musl"
-    r"|cuda-.+|libcuda.*|libcudnn.*|cudnn.*|libnccl.*|libcublas.*|libcusparse.*|libcufft.*"
-    r"|libcurand.*|libcusolver.*|libnvjitlink.*|libnvidia-.+|nvidia-.+"
-    r"|(lib)?python3(\.[0-9]+)?(-minimal|-stdlib|-libs|-dev)?)$")
-OS_NAMES_SHOWN = 8
-
-
-def os_package_severity(name: str) -> Severity:
-    """``breaking`` for libc, CUDA-stack and Python packages, else ``warning``."""
-    return "breaking" if OS_BREAKING_RE.match(name.split(":", 1)[0]) else "warning"
-
-
-def _os_packages(c: _Collector, old: Lock, new: Lock) -> None:
-    """One line per breaking change, and one summary line for all the others.
-
-    An image update easily changes a hundred OS packages; listing each would bury the few that
-    matter, so the rest are counted and named on one line (the full maps stay in --json).
-    """
-    a, b = old.os_packages, new.os_packages
-    if a is None and b is None:
-        return
-    if a is None or b is None:
-        c.add("os_packages", "os_packages", a and len(a.packages), b and len(b.packages), "warning",
-              "OS packages not recorded here" if b is None else "OS packages recorded here, none in the lock")
-        return
-    if a.manager != b.manager:
-        c.add("os_packages", "os_packages.manager", a.manager, b.manager, "breaking",
-              f"OS packages managed by {a.manager} in the lock, by {b.manager} here")
-        return
-    va, vb = a.versions(), b.versions()
-    soft: dict[str, list[str]] = {"changed": [], "added": [], "removed": []}
-    old_soft: dict[str, str] = {}
-    new_soft: dict[str, str] = {}
-    for key in sorted(set(va) | set(vb)):
-        x, y = va.get(key), vb.get(key)
-        if x == y:
-            continue
-        name = key.split(":", 1)[0]
-        kind = "added" if x is None else "removed" if y is None else "changed"
-        if os_package_severity(name) == "breaking":
-            message = {"added": f"OS package {name} {y} is installed but not in the lock",
-                       "removed": f"OS package {name} {x} is in the lock but not installed",
-                       "changed": f"OS package {name} {x} -> {y}"}[kind]
-            c.add("os_packages", f"os_packages.{key}", x, y, "breaking", message)
-            continue
-        soft[kind].append(name)
-        if x is not None:
-            old_soft[key] = x
-        if y is not None:
-            new_soft[key] = y
-    total = sum(len(v) for v in soft.values())
-    if not total:
-        return
-    parts = []
-    for kind in ("changed", "added", "removed"):
-        names = soft[kind]
-        if names:
-            names = sorted(names)
-            shown = ", ".join(names[:OS_NAMES_SHOWN])
-            more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
-            parts.append(f"{len(names)} {kind} ({shown}{more})")
-    c.add("os_packages", "os_packages", _os_side(old_soft), _os_side(new_soft), "warning",
-          f"{total} other OS package(s) differ: " + "; ".join(parts))
-
-
-def _os_side(versions: dict[str, str]) -> str | None:
-    """One side of the summary line, short enough for a table cell: a few ``name version``."""
-    if not versions:
-        return None
-    items = sorted((key.split(":", 1)[0], v) for key, v in versions.items())
-    shown = ", ".join(f"{n} {v}" for n, v in items[:OS_NAMES_SHOWN])
-    return shown + (f" and {len(items) - OS_NAMES_SHOWN} more" if len(items) > OS_NAMES_SHOWN else "")
-
-
-def _conda(c: _Collector, old: Lock, new: Lock) -> None:
-    a = {p.name: p for p in (old.conda.packages if old.conda else [])}
-    b = {p.name: p for p in (new.conda.packages if new.conda else [])}
-    for name in sorted(set(a) | set(b)):
-        pa, pb = a.get(name), b.get(name)
-        if pa is None or pb is None:
-            c.add("conda", f"conda.{name}", pa and pa.version, pb and pb.version, "breaking")
-        elif pa.version != pb.version:
-            c.add("conda", f"conda.{name}.version", pa.version, pb.version, "breaking")
-        elif pa.build != pb.build or pa.channel != pb.channel:
-            c.add("conda", f"conda.{name}.build", f"{pa.channel}/{pa.build}", f"{pb.channel}/{pb.build}", "warning")
-
-
-def _canary(c: _Collector, old: Lock, new: Lock) -> None:
+def _canary(c: Collector, old: Lock, new: Lock) -> None:
     """Numeric drift: the same seeded kernels give other bytes, whatever the versions say.
 
     Each mismatch names the settings that also differ (threads, oneDNN, CPU ISA, TF32), because
@@ -470,14 +233,14 @@ def _canary(c: _Collector, old: Lock, new: Lock) -> None:
     # Settings reported elsewhere (a variable, a determinism flag, the CPU ISA) appear once:
     # in the hint above and under their own path, not again as canary.settings.*.
     seen = set(old.env) | set(new.env) | set(old.determinism.env) | set(new.determinism.env)
-    elsewhere = {f"env.{k}" for k in seen} | set(_dump(old.determinism)) | set(_dump(new.determinism))
+    elsewhere = {f"env.{k}" for k in seen} | set(dump(old.determinism)) | set(dump(new.determinism))
     if old.torch and new.torch and old.torch.cpu_capability and new.torch.cpu_capability:
         elsewhere.add("cpu_capability")
     c.fields("canary", "canary.settings", {k: v for k, v in settings_a.items() if k not in elsewhere},
              {k: v for k, v in settings_b.items() if k not in elsewhere}, {}, default="info")
 
 
-def _hash_seed_hint(c: _Collector) -> None:
+def _hash_seed_hint(c: Collector) -> None:
     """PYTHONHASHSEED is fixed when an interpreter starts, so a shell verify of a training run
     launched with it must be started with it too: say how, instead of "removed (was 1234)"."""
     if c.words.is_diff:
@@ -518,14 +281,14 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     process set is returned in ``Comparison.process`` instead of as drift (see the module
     docstring).
     """
-    c = _Collector(_Words(names[0], names[1], is_diff=True) if names else None)
+    c = Collector(Words(names[0], names[1], is_diff=True) if names else None)
     _image(c, old, new, expected_image_change)
-    c.fields("platform", "platform", _dump(old.platform), _dump(new.platform), _PLATFORM)
+    c.fields("platform", "platform", dump(old.platform), dump(new.platform), _PLATFORM)
     _python(c, old, new)
     _torch(c, old, new)
     _gpu(c, old, new)
     _determinism(c, old, new)
-    seeds_a, seeds_b = _dump(old.seeds), _dump(new.seeds)
+    seeds_a, seeds_b = dump(old.seeds), dump(new.seeds)
     if not new.determinism.torch_loaded:
         # torch.initial_seed() is only known where torch was loaded.
         seeds_a.pop("torch_initial_seed", None)
@@ -537,11 +300,11 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
     c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
              {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
-    _packages(c, old, new)
-    _conda(c, old, new)
-    _os_packages(c, old, new)
+    driftpkgs.packages(c, old, new)
+    driftpkgs.conda(c, old, new)
+    driftpkgs.os_packages(c, old, new)
     _canary(c, old, new)
-    gold, gnew = _dump(old.git), _dump(new.git)
+    gold, gnew = dump(old.git), dump(new.git)
     c.fields("git", "git", gold, gnew, {}, default="info")
     ordered = sorted(c.items, key=lambda d: SEVERITY_RANK[d.severity])
     if process_state == "compare":

@@ -1,99 +1,42 @@
-"""Reading, sealing and writing ``env.lock``.
+"""Reading ``env.lock`` through the models, and the one place callers import the lock file API.
 
-Reading uses ``tomllib`` (fast, strict); writing uses ``envlock.tomlwriter``, linear in the
-size of the lock (tomlkit, used before, is quadratic in a table's size: 20,000 ``[env]`` keys
-took over 100 s). Every write is atomic: a temp file in the same directory, fsync,
-``os.replace``.
-
-Two hashes seal a lock, both over canonical JSON (sorted keys, no whitespace, UTF-8):
-
-* ``fingerprint`` covers what identifies the environment (``model.FINGERPRINT_EXCLUDE`` lists
-  the host- and time-specific values left out), so one stack captured on two hosts shares it,
-  and the short id quoted in papers is derived from it;
-* ``integrity`` covers everything else too, so no hand edit anywhere goes unnoticed.
+Reading uses ``tomllib`` (fast, strict) and validates with the pydantic models; the seal is
+checked on the result (see ``lockwrite`` for what the two hashes cover). Sealing and writing
+live in ``lockwrite`` and are re-exported here; the read path that skips pydantic for a lock
+whose seal holds is ``lockdata``. The models are imported only when a lock is validated, so
+importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
-import sys
-import tempfile
-import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from envlock import __version__
+from envlock.errors import LockInvalid
+from envlock.lockcore import SCHEMA_VERSION
+from envlock.lockdata import MAX_LOCK_BYTES, parse_toml, read_text
+from envlock.lockwrite import (
+    HEADER,
+    STALE_TMP_SECONDS,
+    TMP_SUFFIX,
+    atomic_write,
+    canonical_json,
+    check_seal,
+    dumps,
+    fingerprint,
+    integrity,
+    looks_like_lock,
+    remove_stale_temps,
+    save,
+    seal,
+    write_target,
+)
 
-from envlock import __version__, tomlwriter
-from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
-from envlock.model import FINGERPRINT_EXCLUDE, SCHEMA_VERSION, Lock
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
-MAX_LOCK_BYTES = 16 * 1024 * 1024
-# No file name in here: the same environment written to two names must give the same text.
-HEADER = """\
-env.lock - a replayable environment, written by envlock {version}.
-  envlock verify LOCK     does the environment in front of you match it?
-  envlock show LOCK       summary (--format markdown for a paper or pull request)
-  envlock restore LOCK    rebuild it as a container
-Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
-
-_SECTION_COMMENTS = {
-    "image": "Container the environment ran in; `source` says where each value came from.",
-    "torch": "The torch stack as loaded in the process (cuDNN from the library, not ldconfig).",
-    "gpu": "From NVML (or torch.cuda); device UUIDs are stored only as sha256.",
-    "determinism": "Live flags of the captured process; `env` holds variables that change numerics.",
-    "env": "Allow-listed variables only; secret-looking names are redacted, URLs lose credentials.",
-    "git": "Working tree of the capture (informational, outside the fingerprint).",
-    "canary": "sha256 of fixed, seeded kernels' outputs: numeric drift that versions miss.",
-    "probe": "What the probe could not collect, and why.",
-}
-
-
-def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def fingerprint(lock: Lock) -> str:
-    data = lock.model_dump(mode="json", exclude=FINGERPRINT_EXCLUDE, exclude_none=True)
-    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
-
-
-def integrity(lock: Lock) -> str:
-    data = lock.model_dump(mode="json", exclude_none=True)
-    data["envlock"].pop("fingerprint", None)
-    data["envlock"].pop("integrity", None)
-    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
-
-
-def seal(lock: Lock) -> Lock:
-    """Return ``lock`` with both hashes recomputed for its current content."""
-    meta = lock.envlock.model_copy(update={"fingerprint": None, "integrity": None})
-    bare = lock.model_copy(update={"envlock": meta})
-    meta = meta.model_copy(update={"fingerprint": fingerprint(bare), "integrity": integrity(bare)})
-    return lock.model_copy(update={"envlock": meta})
-
-
-def check_seal(lock: Lock, name: str = "env.lock") -> None:
-    """Raise LockTampered when the content no longer matches the hashes written with it."""
-    meta = lock.envlock
-    if meta.fingerprint is None or meta.integrity is None:
-        raise LockTampered(
-            f"{name} is not sealed (no fingerprint)", hint=f"run `envlock fmt {name}` to seal it"
-        )
-    resealed = seal(lock).envlock
-    if resealed.fingerprint != meta.fingerprint or resealed.integrity != meta.integrity:
-        raise LockTampered(
-            f"{name} was edited after capture: its fingerprint does not match its content",
-            hint=f"if the edit was deliberate, run `envlock fmt {name}` to re-seal it",
-        )
+    from envlock.model import Lock
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -107,16 +50,7 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def parse(text: str, name: str = "env.lock", *, verify_seal: bool = True) -> Lock:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise LockInvalid(f"{name} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise LockInvalid(f"{name} is not a lock: its arrays or tables nest too deeply") from None
-    except ValueError as exc:
-        # int() refuses integers of more than 4,300 digits (CVE-2020-10735 guard).
-        raise LockInvalid(f"{name} is not a lock: {exc}") from None
-    return from_dict(data, name, verify_seal=verify_seal)
+    return from_dict(parse_toml(text, name), name, verify_seal=verify_seal)
 
 
 def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool = True) -> Lock:
@@ -130,6 +64,13 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
             f"{SCHEMA_VERSION}",
             hint="upgrade envlock",
         )
+    from pydantic import ValidationError
+
+    from envlock.building import import_models
+
+    import_models()
+    from envlock.model import Lock
+
     try:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
@@ -141,235 +82,13 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
     return lock
 
 
-def read_text(path: str | os.PathLike[str]) -> str:
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_LOCK_BYTES:
-            raise LockInvalid(
-                f"{p} is {size / 1e6:.1f} MB; a lock is at most {MAX_LOCK_BYTES // (1 << 20)} MiB"
-            )
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise LockInvalid(f"{p} not found", hint="create one with `envlock capture`") from None
-    except IsADirectoryError:
-        raise LockInvalid(f"{p} is a directory, not a lock file") from None
-    except PermissionError:
-        raise LockInvalid(f"{p} cannot be read: permission denied") from None
-    if b"\0" in raw[:8192]:
-        raise LockInvalid(f"{p} is a binary file, not an env.lock")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LockInvalid(f"{p} is not UTF-8 text (byte {exc.start})") from None
-
-
 def load(path: str | os.PathLike[str], *, verify_seal: bool = True) -> Lock:
     """Read, validate and (by default) check the seal of a lock file."""
     return parse(read_text(path), str(path), verify_seal=verify_seal)
 
 
-# -- writing -----------------------------------------------------------------------------------
-
-
-def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
-    # One pin per line: hundreds of them on a single line would make a diff of two locks show
-    # one giant changed line instead of one line per changed OS package.
-    specs = table.get("packages", [])
-    out.append(f"\n# {len(specs)} OS packages installed by {tomlwriter.string(table['manager'])[1:-1]}, "
-               "as name:arch=version.\n")
-    out += ["[os_packages]\n", f"manager = {tomlwriter.string(table['manager'])}\n", "packages = ["]
-    out.extend(f"\n    {tomlwriter.string(s)}," for s in specs)
-    out.append("\n]\n" if specs else "]\n")
-
-
-def dumps(lock: Lock, name: str = "env.lock") -> str:
-    """Render a lock as TOML: stable order (model field order, packages by name), linear time."""
-    data = lock.model_dump(mode="json", exclude_none=True)
-    data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
-    # A comment cannot hold control characters: the version and file name go in escaped.
-    header = HEADER.format(version=tomlwriter.string(lock.envlock.tool_version)[1:-1],
-                           name=tomlwriter.string(name)[1:-1])
-    out = [f"# {line}\n" for line in header.splitlines()]
-    tail = []
-    for key, value in data.items():
-        if key in ("os_packages", "packages", "duplicates"):
-            if value:
-                tail.append((key, value))
-            continue
-        if value in ({}, []) and key not in ("determinism", "seeds"):
-            continue
-        tomlwriter.table(out, key, value, _SECTION_COMMENTS.get(key))
-    for key, rows in tail:
-        if key == "os_packages":
-            _os_packages_table(out, rows)
-            continue
-        if key == "packages":
-            out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
-        else:
-            out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
-        # An empty list is the model's default: `hashes = []` on every row is only noise in a
-        # pull request's diff.
-        tomlwriter.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
-    return "".join(out)
-
-
-def looks_like_lock(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-    except OSError:
-        return False
-    return b"[envlock]" in head
-
-
-def _schema_of(path: Path) -> int | None:
-    """The schema_version an existing lock declares (read cheaply from its head), if any."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-    except OSError:
-        return None
-    m = re.search(rb"^schema_version\s*=\s*([0-9]{1,9})\s*$", head, re.M)
-    return int(m.group(1)) if m else None
-
-
-# Temp files of a write are named ``.<name>.<pid>.<random>.envlock-tmp`` so that the next write
-# can tell an interrupted one (its process is gone) from one in progress, and remove it.
-TMP_SUFFIX = ".envlock-tmp"
-_TMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX))
-STALE_TMP_SECONDS = 600.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, owned by someone else
-    return True
-
-
-def remove_stale_temps(directory: Path, name: str) -> list[Path]:
-    """Remove temp files of interrupted writes of ``name`` in ``directory``; returns them."""
-    removed: list[Path] = []
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return removed
-    now = time.time()
-    for entry in entries:
-        m = _TMP_RE.fullmatch(entry)
-        if not m or m.group("name") != name:
-            continue
-        path = directory / entry
-        try:
-            st = os.lstat(path)
-            if _pid_alive(int(m.group("pid"))) and now - st.st_mtime < STALE_TMP_SECONDS:
-                continue  # a write in progress (or a pid reused: removed once it is old)
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            continue
-    return removed
-
-
-def _umask() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # no /proc: read it the only portable way, and put it back
-    os.umask(mask)
-    return mask
-
-
-def write_target(path: Path) -> Path:
-    """The file a write to ``path`` replaces: the link's final target when ``path`` is a link.
-
-    Replacing a symbolic link by a regular file would silently cut it from where it pointed
-    (a lock kept in a shared directory); the target is updated instead, and callers say so.
-    """
-    path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
-
-
-def atomic_write(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically; returns the file written (a link's target).
-
-    New files get the mode the umask allows (as ``open()`` would); an existing file keeps its
-    mode. Temp files of earlier interrupted writes are removed first.
-    """
-    target = write_target(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    remove_stale_temps(directory, target.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            mode = target.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return target
-
-
-def save(lock: Lock, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
-    """Seal and write ``lock`` atomically.
-
-    An existing file that is not an env.lock is never overwritten without ``force``: one typo
-    in ``-o`` must not cost a researcher their training script. Nor is a lock of a newer
-    schema: this envlock cannot read it, so it cannot know what the overwrite would lose.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{p} is a directory; give a file name such as {p / 'env.lock'}")
-    if p.exists() and not force:
-        if not looks_like_lock(p):
-            raise UsageError(
-                f"refusing to overwrite {p}: it is not an env.lock", hint="pass --force to replace it"
-            )
-        theirs = _schema_of(p)
-        if theirs is not None and theirs > SCHEMA_VERSION:
-            raise UsageError(
-                f"refusing to overwrite {p}: it is a lock of schema {theirs}, written by a newer "
-                f"envlock (this one, {__version__}, writes schema {SCHEMA_VERSION})",
-                hint="upgrade envlock, write elsewhere with -o, or pass --force to replace it")
-    target = write_target(p)
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"cannot write {p}: directory {parent} does not exist")
-    # reseal=False is for a lock that was sealed a moment ago (capture): hashing twice costs
-    # ~25 ms on a 5,000-package environment.
-    sealed = seal(lock) if reseal or lock.envlock.fingerprint is None else lock
-    try:
-        text = dumps(sealed, p.name)
-    except ValueError as exc:
-        raise EnvlockError(f"cannot write {p}: {exc}") from None
-    try:
-        atomic_write(p, text)
-    except OSError as exc:
-        raise EnvlockError(f"cannot write {p}: {exc.strerror or exc}") from None
-    return p
+__all__ = [
+    "HEADER", "MAX_LOCK_BYTES", "STALE_TMP_SECONDS", "TMP_SUFFIX", "atomic_write", "canonical_json",
+    "check_seal", "dumps", "fingerprint", "from_dict", "integrity", "load", "looks_like_lock",
+    "parse", "read_text", "remove_stale_temps", "save", "seal", "write_target",
+]

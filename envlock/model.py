@@ -9,7 +9,6 @@ reader but excluded from the fingerprint (see ``FINGERPRINT_EXCLUDE``).
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from itertools import pairwise
 from typing import Annotated, Any, Literal
@@ -23,61 +22,24 @@ from pydantic import (
     field_validator,
 )
 
-# The probe decides what is a secret and how names normalise; the model enforces the same rules.
-from envlock.probe.rules import REDACTED, canonicalize_name, looks_secret
-from envlock.probe.scrub import scrub_text, strip_url
+# The seal's rules and the pin spelling are pydantic-free, so a lock can be read without these
+# models (lockdata); re-exported here where they were always imported from.
+from envlock.lockcore import FINGERPRINT_EXCLUDE as FINGERPRINT_EXCLUDE
+from envlock.lockcore import SCHEMA_VERSION as SCHEMA_VERSION
+from envlock.lockcore import os_versions, short_id
+from envlock.lockcore import split_os_spec as split_os_spec
+from envlock.probe.rules import canonicalize_name
+from envlock.valuechecks import check_clean, check_env, check_name, check_url
 
-SCHEMA_VERSION = 1
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-
-
-def _check_name(value: str) -> str:
-    if not _NAME_RE.fullmatch(value):
-        raise ValueError(f"not a normalised (PEP 503) distribution name: {value!r}")
-    return value
-
-
-_CREDENTIALS = ("carries credentials (a URL's user:password@, a secret query parameter or fragment, "
-                "an index token in the path, or a token-shaped word); envlock never stores them")
-
-
-def _check_clean(value: str) -> str:
-    """The rule capture applies, enforced on every string a lock may carry from outside:
-    a value is clean when scrubbing would leave it unchanged. So a hand edit that puts a
-    credential back is refused (``fmt`` will not seal it) exactly as capture would strip it."""
-    if scrub_text(value) != value:
-        raise ValueError(_CREDENTIALS)
-    return value
-
-
-def _check_url(value: str) -> str:
-    if strip_url(value) != value or scrub_text(value) != value:
-        raise ValueError(f"URL {_CREDENTIALS}")
-    if any(c in value for c in "\n\r\t \"'`$\\"):
-        raise ValueError(f"URL contains a character that is not allowed: {value!r}")
-    return value
-
-
-def _check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
-    # A validator on a dict cannot point its error at one key, so the message names it.
-    for name, value in env.items():
-        if looks_secret(name):
-            if value != REDACTED:
-                raise ValueError(f"{table}.{name} looks like a secret; a lock only stores it as {REDACTED!r}")
-        elif scrub_text(value) != value:
-            raise ValueError(f"{table}.{name} {_CREDENTIALS}")
-    return dict(sorted(env.items()))
-
-
-DistName = Annotated[str, AfterValidator(_check_name)]
+DistName = Annotated[str, AfterValidator(check_name)]
 # Versions are kept exactly as installed (local labels such as +cu121 included). Legacy,
 # non-PEP 440 versions exist in the wild, so the model only enforces an inert character set;
 # restore applies the strict PEP 440 check before a version reaches a Dockerfile.
 Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$", max_length=128)]
 Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 HexSha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_check_url)]
-CleanStr = Annotated[str, AfterValidator(_check_clean)]
+Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(check_url)]
+CleanStr = Annotated[str, AfterValidator(check_clean)]
 Scalar = str | int | float | bool
 
 
@@ -248,7 +210,7 @@ class Determinism(_Model):
     @field_validator("env")
     @classmethod
     def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        return _check_env(env, "determinism.env")
+        return check_env(env, "determinism.env")
 
     # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
     # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
@@ -314,13 +276,6 @@ OsPackageSpec = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
 
 
-def split_os_spec(spec: str) -> tuple[str, str, str]:
-    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
-    head, _, version = spec.partition("=")
-    name, _, arch = head.partition(":")
-    return name, arch, version
-
-
 class OsPackages(_Model):
     """``[os_packages]``: what the image's package manager installed, one pin per package."""
 
@@ -341,11 +296,7 @@ class OsPackages(_Model):
 
     def versions(self) -> dict[str, str]:
         """``name:arch`` -> version."""
-        out = {}
-        for spec in self.packages:
-            name, arch, version = split_os_spec(spec)
-            out[f"{name}:{arch}"] = version
-        return out
+        return os_versions(self.packages)
 
 
 class Duplicate(_Model):
@@ -395,10 +346,10 @@ class Canary(_Model):
     def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
         # env.NAME entries here are the numerics variables the kernels ran under.
         env = {k[4:]: v for k, v in settings.items() if k.startswith("env.") and isinstance(v, str)}
-        _check_env(env, "canary.settings.env")
+        check_env(env, "canary.settings.env")
         for value in settings.values():
             if isinstance(value, str):
-                _check_clean(value)
+                check_clean(value)
         return settings
 
 
@@ -445,7 +396,7 @@ class Lock(_Model):
     @field_validator("env")
     @classmethod
     def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        return _check_env(env)
+        return check_env(env)
 
     # -- convenience -------------------------------------------------------------------
     def package(self, name: str) -> Package | None:
@@ -459,33 +410,12 @@ class Lock(_Model):
     @property
     def short_id(self) -> str:
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
-        fp = self.envlock.fingerprint
-        return fp.split(":", 1)[1][:12] if fp else "unsealed"
+        return short_id(self.envlock.fingerprint)
 
     def save(self, path: Any) -> Any:
         """Seal (fingerprint) and write atomically; returns the path written."""
-        from envlock.lockfile import save
+        # lockwrite, not lockfile: lockfile reads through these models, so importing it from
+        # here would make the two modules import each other.
+        from envlock.lockwrite import save
 
         return save(self, path)
-
-
-# Content that identifies the environment. Everything not listed here is still sealed by
-# ``integrity`` (tamper detection), but two captures of the same stack on different hosts must
-# share a fingerprint, so host- and time-specific values stay out of it.
-FINGERPRINT_EXCLUDE: dict[str, Any] = {
-    "envlock": True,
-    "probe": True,
-    "git": True,
-    "env": True,
-    "canary": True,
-    "image": {"source", "reference", "container_id", "in_container", "engine"},
-    "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
-    "python": {"executable", "prefix"},
-    "torch": {"cuda_available", "device_count", "cpu_capability"},
-    "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
-    "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
-    # files_sha256 stays out: the same environment captured with and without --deep must
-    # share its id. An edited file still changes the id through files_changed, which a clean
-    # install never has, and integrity seals the digest against hand edits.
-    "packages": {"__all__": {"installer", "requested", "files_sha256"}},
-}

@@ -6,41 +6,17 @@ Rendering only; nothing here decides what counts as drift (that is ``compare``).
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    # Annotations only: capture prints its summary without importing the comparison (~25 ms).
-    from collections.abc import Iterable
+from envlock.textsafe import dash as dash  # where callers always imported them from
+from envlock.textsafe import safe as safe
 
+if TYPE_CHECKING:
     from envlock.drift import Comparison, Difference
-    from envlock.model import Lock
+    from envlock.model import Lock  # also given lockdata's views, which answer the same reads
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
-# What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
-# sequences that retitle windows, rewrite lines or fake hyperlinks), DEL, C1 controls (CSI and
-# OSC have one-byte forms), line and paragraph separators, and the Unicode bidi controls that
-# display text in another order than it is stored. JSON output is escaped by json already.
-_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    c = match.group()
-    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-
-
-def safe(value: Any) -> str:
-    """``value`` as text a terminal shows literally: every control character escaped, a
-    newline in a value included (it would otherwise forge a line of output)."""
-    text = str(value)
-    return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
-
-
-def dash(value: Any) -> str:
-    return "-" if value in (None, "", []) else safe(value)
-
-
 def _flag(value: bool | None) -> str:
     return "-" if value is None else ("on" if value else "off")
 

@@ -9,11 +9,13 @@ them together; nothing here decides what counts as drift.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envlock.drift import Comparison, Difference
-from envlock.model import Lock
-from envlock.render import dash, safe
+from envlock.comparison import Comparison, Difference
+from envlock.textsafe import dash, safe
+
+if TYPE_CHECKING:
+    from envlock.model import Lock
 
 # Beyond this many lines a verify report leads with a summary and lists the first DETAIL_LINES.
 SUMMARY_AFTER = 12

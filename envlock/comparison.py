@@ -1,0 +1,138 @@
+"""The result of comparing two locks: differences, each with a severity, and the verdict.
+
+Kept apart from the rules (``drift``, ``driftpkgs``) so that renderers and the deep report can
+use the data types without the comparator, and the comparator's sections can share the
+collector without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["breaking", "warning", "info"]
+ProcessState = Literal["compare", "report"]
+SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Difference:
+    category: str
+    path: str
+    old: Any
+    new: Any
+    severity: Severity
+    message: str = ""
+
+    def describe(self) -> str:
+        if self.message:
+            return self.message
+        if self.old is None:
+            return f"added: {self.new}"
+        if self.new is None:
+            return f"removed (was {self.old})"
+        return f"{self.old} -> {self.new}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "path": self.path,
+            "old": self.old,
+            "new": self.new,
+            "severity": self.severity,
+            "message": self.describe(),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The differences between an expected lock (``old``) and an actual one (``new``).
+
+    ``strict`` makes warnings count as drift too (``verify --strict``); ``ok`` is the one verdict
+    every output (text, JSON, exit code) is derived from, so they cannot disagree.
+    """
+
+    differences: tuple[Difference, ...] = field(default_factory=tuple)
+    # Process state recorded in the lock that this (fresh) process does not have; not drift.
+    process: tuple[Difference, ...] = field(default_factory=tuple)
+    strict: bool = False
+
+    @property
+    def breaking(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.severity == "breaking")
+
+    @property
+    def failing(self) -> tuple[Difference, ...]:
+        """The differences that make ``ok`` false: breaking ones, and warnings when strict."""
+        failing = ("breaking", "warning") if self.strict else ("breaking",)
+        return tuple(d for d in self.differences if d.severity in failing)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for d in self.differences if d.severity == severity)
+
+    def by_category(self, category: str) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.category == category)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "strict": self.strict,
+            "counts": {s: self.count(s) for s in ("breaking", "warning", "info")},
+            "differences": [d.to_dict() for d in self.differences],
+            "process_state": [d.to_dict() for d in self.process],
+        }
+
+
+@dataclass(frozen=True)
+class Words:
+    """How messages name the two sides: verify speaks of the lock and this environment, a diff
+    of its two files (``diff A B`` must not say "installed" about a file)."""
+
+    old: str = "the lock"
+    new: str = "this environment"
+    is_diff: bool = False
+
+    def only_new(self, what: str) -> str:
+        return f"{what} only in {self.new}" if self.is_diff else f"{what} is installed but not in the lock"
+
+    def only_old(self, what: str) -> str:
+        return f"{what} only in {self.old}" if self.is_diff else f"{what} is in the lock but not installed"
+
+    def where_new(self) -> str:
+        return f"in {self.new}" if self.is_diff else "here"
+
+
+class Collector:
+    def __init__(self, words: Words | None = None) -> None:
+        self.items: list[Difference] = []
+        self.words = words or Words()
+
+    def add(self, category: str, path: str, old: Any, new: Any, severity: Severity, message: str = "") -> None:
+        self.items.append(Difference(category, path, old, new, severity, message))
+
+    def fields(
+        self,
+        category: str,
+        prefix: str,
+        old: Mapping[str, Any],
+        new: Mapping[str, Any],
+        rules: Mapping[str, Severity],
+        default: Severity | None = None,
+    ) -> None:
+        """Compare two flat dicts; keys without a rule use ``default`` (None: ignored)."""
+        for key in sorted(set(old) | set(new)):
+            severity = rules.get(key, default)
+            if severity is None:
+                continue
+            a, b = old.get(key), new.get(key)
+            if a != b:
+                self.add(category, f"{prefix}.{key}", a, b, severity)
+
+
+def dump(model: Any) -> dict[str, Any]:
+    return {} if model is None else dict(model.model_dump(mode="json", exclude_none=True))

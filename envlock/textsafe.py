@@ -1,0 +1,33 @@
+"""Text a terminal shows literally: the one escaping rule for everything envlock prints.
+
+Apart from ``render`` so that the report modules ``render`` puts together can use it without the
+two importing each other.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
+# sequences that retitle windows, rewrite lines or fake hyperlinks), DEL, C1 controls (CSI and
+# OSC have one-byte forms), line and paragraph separators, and the Unicode bidi controls that
+# display text in another order than it is stored. JSON output is escaped by json already.
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe(value: Any) -> str:
+    """``value`` as text a terminal shows literally: every control character escaped, a
+    newline in a value included (it would otherwise forge a line of output)."""
+    text = str(value)
+    return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
+
+
+def dash(value: Any) -> str:
+    return "-" if value in (None, "", []) else safe(value)
