@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from envlock import __version__
 from envlock.errors import LockInvalid
-from envlock.lockcore import SCHEMA_VERSION, os_versions, seal_matches, short_id
-from envlock.lockshape import REQUIRED, ROOT, SHAPES
+from envlock.lockcore import REQUIRED, ROOT, SCHEMA_VERSION, os_versions, seal_matches, short_id
+from envlock.lockshape import SHAPES
 
 if sys.version_info >= (3, 11):
     import tomllib

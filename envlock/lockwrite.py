@@ -28,6 +28,7 @@ from envlock import __version__, tomlwriter
 from envlock.errors import EnvlockError, LockTampered, UsageError
 from envlock.lockcore import SCHEMA_VERSION, fingerprint_of, integrity_of, seal_matches
 from envlock.lockcore import canonical_json as canonical_json
+from envlock.probe.procs import pid_alive
 
 if TYPE_CHECKING:
     from envlock.model import Lock
@@ -159,16 +160,6 @@ _TMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[A-Za-z0-9_]+" + re.esca
 STALE_TMP_SECONDS = 600.0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, owned by someone else
-    return True
-
-
 def remove_stale_temps(directory: Path, name: str) -> list[Path]:
     """Remove temp files of interrupted writes of ``name`` in ``directory``; returns them."""
     removed: list[Path] = []
@@ -184,7 +175,7 @@ def remove_stale_temps(directory: Path, name: str) -> list[Path]:
         path = directory / entry
         try:
             st = os.lstat(path)
-            if _pid_alive(int(m.group("pid"))) and now - st.st_mtime < STALE_TMP_SECONDS:
+            if pid_alive(int(m.group("pid"))) and now - st.st_mtime < STALE_TMP_SECONDS:
                 continue  # a write in progress (or a pid reused: removed once it is old)
             os.unlink(path)
             removed.append(path)

@@ -64,3 +64,14 @@ class Proc:
 def run_tool(argv: List[str], timeout: float) -> Tuple[Optional[int], bytes, str]:
     env = dict(os.environ, LC_ALL="C")
     return Proc(argv, timeout, env=env).result()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True

@@ -30,6 +30,7 @@ from envlock.errors import (
     ImageNotFound,
 )
 from envlock.probe import imageref
+from envlock.probe.procs import pid_alive
 from envlock.restore.buildlog import BuildLog, Step, shorten
 from envlock.restore.engine import LABEL_OWNER, ContainerEngine, ImageInfo, RunResult, RunSpec
 from envlock.restore.progress import Progress
@@ -111,16 +112,6 @@ def _check_unix_socket(endpoint: str) -> None:
                                 hint=DOCKER_HINT) from None
     finally:
         sock.close()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def owner_label() -> str:
@@ -391,7 +382,7 @@ class DockerEngine(ContainerEngine):
             for c in self.api.containers(all=True, filters={"label": LABEL_OWNER}):
                 owner = str((c.get("Labels") or {}).get(LABEL_OWNER, ""))
                 h, _, pid = owner.rpartition("/")
-                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                if h == host and pid.isdigit() and not pid_alive(int(pid)):
                     with contextlib.suppress(Exception):
                         self.api.remove_container(c["Id"], force=True)
                         removed += 1
