@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -26,7 +25,7 @@ from envlock.building import build_lock as build_lock  # where callers always im
 from envlock.building import current_lock, import_heavy_modules
 from envlock.building import import_models as import_models
 from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
-from envlock.lockdata import is_view
+from envlock.lockdata import is_view, lock_tables
 
 if TYPE_CHECKING:
     from envlock.comparison import Comparison
@@ -277,10 +276,18 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
     if in_process:
         return run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
                                     git_exclude=git_exclude)
-    started = start_probe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
-                          cache=cache, git_exclude=git_exclude)
-    import_heavy_modules()
-    return finish_probe(*started)
+    proc, progress = start_probe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                                 cache=cache, git_exclude=git_exclude)
+    try:
+        import_heavy_modules()
+    except BaseException:
+        # Ctrl-C while the models import: the probe runs in its own session, so the terminal's
+        # SIGINT never reaches it; stop it here or it outlives envlock.
+        proc.cancel()
+        if progress is not None:
+            progress.close()
+        raise
+    return finish_probe(proc, progress)
 
 
 def start_probe(python: str | None, *, deep: bool = False, **options: Any) -> tuple[ProbeProcess, Progress | None]:
@@ -409,25 +416,6 @@ def _read(path: str | os.PathLike[str]) -> Lock:
 
         lock = load(path)
     return lock
-
-
-_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
-
-
-def lock_tables(path: str | os.PathLike[str]) -> set[str] | None:
-    """The lock's top-level table names, to decide how to probe before it is read.
-
-    A scan for table headers, not a parse: reading the lock is what the probe overlaps with (a
-    header inside a multi-line string can only make the probe do more than needed, never less
-    than the lock says). None when the file is not there to scan; reading it reports why.
-    """
-    try:
-        if os.path.getsize(path) > (16 << 20):
-            return None
-        with open(path, "rb") as fh:
-            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
-    except OSError:
-        return None
 
 
 def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,

@@ -18,6 +18,7 @@ a form that differs from the model's by one value fails the hash check.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -262,3 +263,22 @@ def light_current(doc: dict[str, Any]) -> Lock | None:
     except (_NotCanonical, RecursionError):
         return None
     return cast("Lock", view(ROOT, form))
+
+
+_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
+
+
+def lock_tables(path: str | os.PathLike[str]) -> set[str] | None:
+    """The lock's top-level table names, to decide how to probe before it is read.
+
+    A scan for table headers, not a parse: reading the lock is what the probe overlaps with (a
+    header inside a multi-line string can only make the probe do more than needed, never less
+    than the lock says). None when the file is not there to scan; reading it reports why.
+    """
+    try:
+        if os.path.getsize(path) > (16 << 20):
+            return None
+        with open(path, "rb") as fh:
+            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
+    except OSError:
+        return None

@@ -18,6 +18,7 @@ from helpers import REPO, make_lock
 from envlock import __version__, lockfile
 from envlock.cli import main
 from envlock.errors import EXIT_DRIFT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from envlock.probe.procs import pid_alive
 
 
 def test_capture_to_a_file_returns_0_and_prints_the_summary(
@@ -140,6 +141,9 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
+        # Whenever the interrupt lands (models still importing, or waiting on the probe),
+        # envlock stops the probe's process group before it exits.
+        left_running = pid_alive(int(started.read_text()))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -152,3 +156,4 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert err == "envlock: interrupted\n" and out == ""
     assert not (tmp_path / "env.lock").exists()
+    assert not left_running
