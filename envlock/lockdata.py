@@ -45,8 +45,11 @@ _FIELDS: dict[str, dict[str, tuple[str, str | None, Any]]] = {
 }
 
 
-class _NotCanonical(Exception):
-    """The data is not what a lock of this schema dumps to; the models will say why."""
+class _NotCanonical(LockInvalid):
+    """The data is not what a lock of this schema dumps to; the models will say why.
+
+    Caught inside this module (the lock then goes through the models, which give the real
+    error): a LockInvalid only so that, if it ever escaped, it would still mean exit 2."""
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
