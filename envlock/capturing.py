@@ -407,14 +407,15 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
 
 
 def _read(path: str | os.PathLike[str]) -> Lock:
-    from envlock.lockdata import light_load
+    from envlock.lockdata import light_view, read_data
 
-    lock = light_load(path)
+    data = read_data(path)
+    lock = light_view(data)
     if lock is None:
         import_heavy_modules()
-        from envlock.lockfile import load
+        from envlock.lockfile import from_dict
 
-        lock = load(path)
+        lock = from_dict(data, str(path))
     return lock
 
 

@@ -153,14 +153,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from envlock.lockdata import light_load
+    from envlock.lockdata import light_view, read_data
 
-    # A sealed lock is shown without the models (lockdata); LaTeX goes through them.
-    lock = light_load(args.lock) if args.format != "latex" else None
+    # A sealed lock is shown without the models (lockdata); LaTeX goes through them. The file
+    # is read and parsed once either way.
+    data = read_data(args.lock)
+    lock = light_view(data) if args.format != "latex" else None
     if lock is None:
-        from envlock.lockfile import load
+        from envlock.lockfile import from_dict
 
-        lock = load(args.lock)
+        lock = from_dict(data, str(args.lock))
     from envlock.render import show_json, show_markdown, show_text
 
     name = Path(args.lock).name

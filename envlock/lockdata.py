@@ -247,11 +247,23 @@ def light_data(data: dict[str, Any]) -> dict[str, Any] | None:
     return form if seal_matches(form) else None
 
 
-def light_load(path: str | os.PathLike[str]) -> Lock | None:
-    """The lock at ``path`` as a view, or None where only the models can read it (see the
-    module docstring). Errors in reading the file itself are raised as ``load`` raises them."""
-    form = light_data(parse_toml(read_text(path), str(path)))
+def read_data(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The lock at ``path`` as parsed TOML, raising what ``load`` raises for a file it cannot
+    read. Read once: ``light_view`` tries it, and ``lockfile.from_dict`` takes it when that
+    answers None."""
+    return parse_toml(read_text(path), str(path))
+
+
+def light_view(data: dict[str, Any]) -> Lock | None:
+    """A parsed lock as a view, or None where only the models can read it (see the module
+    docstring). ``data`` is not modified."""
+    form = light_data(data)
     return None if form is None else cast("Lock", view(ROOT, form))
+
+
+def light_load(path: str | os.PathLike[str]) -> Lock | None:
+    """The lock at ``path`` as a view, or None where only the models can read it."""
+    return light_view(read_data(path))
 
 
 def light_current(doc: dict[str, Any]) -> Lock | None:
