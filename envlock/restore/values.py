@@ -124,26 +124,28 @@ def package_hash(value: str, *, name: str = "package") -> str:
     return f"{m.group(1)}:{m.group(2)}"
 
 
-def image_ref(value: str, *, what: str = "image reference") -> str:
-    """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
+def _parsed_ref(value: str, what: str = "image reference") -> imageref.ImageRef:
     try:
-        imageref.parse(value)
+        return imageref.parse(value)
     except imageref.InvalidReference as exc:
         raise _refuse(what, value, exc.reason) from None
+
+
+def image_ref(value: str, *, what: str = "image reference") -> str:
+    """``[domain/]repo[:tag][@sha256:...]`` per Docker's reference grammar, or a bare image id."""
+    _parsed_ref(value, what)
     return value
 
 
 def split_ref(value: str) -> tuple[str, str | None, str | None]:
     """(repository, tag, digest) of a validated reference; an image id gives ("", None, id)."""
-    image_ref(value)
-    ref = imageref.split(value)
+    ref = _parsed_ref(value)
     return ref.repo, ref.tag, ref.digest
 
 
 def is_pinned(ref: str) -> bool:
     """True when ``ref`` names immutable content: ``repo@sha256:...`` or an image id."""
-    image_ref(ref)
-    return imageref.split(ref).pinned
+    return _parsed_ref(ref).pinned
 
 
 def env_name(name: str) -> str:
