@@ -10,7 +10,6 @@ import re
 from typing import TYPE_CHECKING
 
 from envlock.comparison import Collector, Severity, dump
-from envlock.lockcore import os_versions
 
 if TYPE_CHECKING:
     from envlock.model import Lock
@@ -90,7 +89,7 @@ def os_packages(c: Collector, old: Lock, new: Lock) -> None:
         c.add("os_packages", "os_packages.manager", a.manager, b.manager, "breaking",
               f"OS packages managed by {a.manager} in the lock, by {b.manager} here")
         return
-    va, vb = os_versions(a.packages), os_versions(b.packages)
+    va, vb = a.versions(), b.versions()
     soft: dict[str, list[str]] = {"changed": [], "added": [], "removed": []}
     old_soft: dict[str, str] = {}
     new_soft: dict[str, str] = {}
