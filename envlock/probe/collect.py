@@ -133,13 +133,6 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     return scrub_lock_document(doc, secret_values())
 
 
-def load_kernels() -> Any:
-    """The canary's kernels (``kernels.py``), imported only when a canary runs."""
-    from . import kernels
-
-    return kernels
-
-
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
                         root: str = "/") -> Optional[Dict[str, Any]]:
     """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
@@ -185,7 +178,9 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
 def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
     if torch_mod is None:
         raise RuntimeError("the canary needs torch")
-    result: Optional[Dict[str, Any]] = load_kernels().run(torch_mod)
+    from . import kernels  # imported only when a canary runs
+
+    result: Optional[Dict[str, Any]] = kernels.run(torch_mod)
     return result
 
 
