@@ -281,11 +281,7 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
     try:
         import_heavy_modules()
     except BaseException:
-        # Ctrl-C while the models import: the probe runs in its own session, so the terminal's
-        # SIGINT never reaches it; stop it here or it outlives envlock.
-        proc.cancel()
-        if progress is not None:
-            progress.close()
+        cancel_probe(proc, progress)  # Ctrl-C while the models import
         raise
     return finish_probe(proc, progress)
 
@@ -310,6 +306,14 @@ def finish_probe(proc: ProbeProcess, progress: Progress | None) -> dict[str, Any
     finally:
         if progress is not None:
             progress.close()
+
+
+def cancel_probe(proc: ProbeProcess, progress: Progress | None) -> None:
+    """Stop a started probe whose answer is no longer wanted. It runs in its own session, so
+    the terminal's SIGINT never reaches it: stopped here, or it outlives envlock."""
+    proc.cancel()
+    if progress is not None:
+        progress.close()
 
 
 def check_image_option(image: str) -> None:
@@ -385,7 +389,7 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
             expected = _read(lock)
         except BaseException:
             if started is not None:
-                started[0].cancel()
+                cancel_probe(*started)
             raise
     else:
         from envlock.lockfile import check_seal
