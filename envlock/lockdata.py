@@ -291,7 +291,7 @@ def lock_tables(path: str | os.PathLike[str]) -> set[str] | None:
     than the lock says). None when the file is not there to scan; reading it reports why.
     """
     try:
-        if os.path.getsize(path) > (16 << 20):
+        if os.path.getsize(path) > MAX_LOCK_BYTES:
             return None
         with open(path, "rb") as fh:
             return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
