@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -46,6 +47,24 @@ def _unavailable(reason: str, *, required_env: str = "ENVLOCK_REQUIRE_ENGINE") -
     pytest.skip(reason)
 
 
+def _refuses(url: str) -> str | None:
+    """Why a ``unix://`` endpoint accepts no connection (None when it does, or is not unix).
+
+    Checked with a socket closed here, before docker-py connects: docker-py leaks its socket when
+    the connect fails, and the leak surfaces at exit as an unraisable ResourceWarning that turns
+    an otherwise skipped run into exit 1.
+    """
+    if not url.startswith("unix://"):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(url[len("unix://"):])
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def _close_quietly(client: Any) -> None:
     with contextlib.suppress(Exception):
         client.close()
@@ -62,7 +81,10 @@ def docker_client() -> Iterator[Any]:
     import docker
     from docker.errors import DockerException
 
-    where = os.environ.get("DOCKER_HOST", "the default socket")
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    refused = _refuses(where)
+    if refused:
+        _unavailable(f"Docker not reachable at {where}: {refused}")
     try:
         client = docker.from_env()
     except DockerException as exc:
@@ -88,6 +110,9 @@ def podman_client() -> Iterator[Any]:
             "Podman not available (ENVLOCK_TEST_PODMAN_HOST unset)",
             required_env="ENVLOCK_REQUIRE_PODMAN",
         )
+    refused = _refuses(url)
+    if refused:
+        _unavailable(f"Podman not reachable at {url}: {refused}", required_env="ENVLOCK_REQUIRE_PODMAN")
     try:
         client = docker.DockerClient(base_url=url)
     except DockerException as exc:
