@@ -147,28 +147,35 @@ step_done "docker at $DOCKER_HOST; podman ${ENVLOCK_TEST_PODMAN_HOST:-unavailabl
 
 # --- 3. base image ----------------------------------------------------------
 step "base-image"
-build_tarball() {
+minbase_tarball() {  # minbase_tarball TAR SUITE MIRROR INCLUDE [DEBOOTSTRAP ARGS...]
+    # A debootstrap minbase root with INCLUDE (comma-separated packages), packed into TAR
+    # atomically; the log is $CACHE/debootstrap-SUITE.log.
+    local tar="$1" suite="$2" mirror="$3" include="$4"
+    shift 4
     if ! command -v debootstrap >/dev/null 2>&1; then
         local ta=$SECONDS
         _engine_apt_install debootstrap
         log "apt install debootstrap took $((SECONDS - ta)) s"
     fi
-    local dir="$CACHE/rootfs.tmp"
-    rm -rf "$dir" "$TARBALL.tmp"
-    log "debootstrap bookworm minbase into $dir (mirror $DEBIAN_MIRROR)"
+    local dir="$tar.rootfs.tmp" logfile="$CACHE/debootstrap-$suite.log"
+    rm -rf "$dir" "$tar.tmp"
+    log "debootstrap $suite minbase with $include into $dir (mirror $mirror)"
     local t0=$SECONDS
-    if ! debootstrap --variant=minbase --include=python3,python3-pip,python3-venv \
-            bookworm "$dir" "$DEBIAN_MIRROR" >"$CACHE/debootstrap.log" 2>&1; then
-        log "debootstrap failed; last lines of $CACHE/debootstrap.log:"
-        tail -n 30 "$CACHE/debootstrap.log"
+    if ! debootstrap "$@" --variant=minbase --include="$include" "$suite" "$dir" "$mirror" \
+            >"$logfile" 2>&1; then
+        log "debootstrap failed; last lines of $logfile:"
+        tail -n 30 "$logfile"
         false
     fi
-    log "debootstrap took $((SECONDS - t0)) s"
+    log "debootstrap $suite took $((SECONDS - t0)) s"
     rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* \
         "$dir"/var/log/* "$dir"/tmp/* "$dir"/debootstrap
-    tar --numeric-owner -C "$dir" -cf "$TARBALL.tmp" .
-    mv "$TARBALL.tmp" "$TARBALL"
+    tar --numeric-owner -C "$dir" -cf "$tar.tmp" .
+    mv "$tar.tmp" "$tar"
     rm -rf "$dir"
+}
+build_tarball() {
+    minbase_tarball "$TARBALL" bookworm "$DEBIAN_MIRROR" python3,python3-pip,python3-venv
 }
 IMPORT_CHANGES=(
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
@@ -245,24 +252,10 @@ old_python_root() {  # old_python_root VERSION SUITE MIRROR: unpacks (and first 
     local tar="$CACHE/python$ver-$suite-minbase.tar" dir="$CACHE/python$ver-$suite"
     if [[ "$REBUILD" == "1" ]]; then rm -rf "$tar" "$dir"; fi
     if [[ ! -f "$tar" ]]; then
-        if ! command -v debootstrap >/dev/null 2>&1; then _engine_apt_install debootstrap; fi
         local keyring=()
         if [[ "$mirror" == "$UBUNTU_MIRROR" ]]; then keyring=(--keyring="$(ubuntu_keyring)"); fi
-        rm -rf "$dir.tmp" "$tar.tmp"
-        log "debootstrap $suite minbase with python$ver into $dir.tmp (mirror $mirror)"
-        local t0=$SECONDS
-        if ! debootstrap "${keyring[@]}" --variant=minbase --include="python$ver" "$suite" "$dir.tmp" "$mirror" \
-                >"$CACHE/debootstrap-$suite.log" 2>&1; then
-            log "debootstrap failed; last lines of $CACHE/debootstrap-$suite.log:"
-            tail -n 30 "$CACHE/debootstrap-$suite.log"
-            false
-        fi
-        log "debootstrap $suite took $((SECONDS - t0)) s"
-        rm -rf "$dir.tmp"/var/cache/apt/archives/*.deb "$dir.tmp"/var/lib/apt/lists/* \
-            "$dir.tmp"/var/log/* "$dir.tmp"/tmp/* "$dir.tmp"/debootstrap
-        tar --numeric-owner -C "$dir.tmp" -cf "$tar.tmp" .
-        mv "$tar.tmp" "$tar"
-        rm -rf "$dir.tmp" "$dir"
+        minbase_tarball "$tar" "$suite" "$mirror" "python$ver" "${keyring[@]}"
+        rm -rf "$dir"
     fi
     if [[ ! -x "$dir/usr/bin/python$ver" ]]; then
         rm -rf "$dir"
