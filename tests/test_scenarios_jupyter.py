@@ -92,11 +92,11 @@ def _wait_for_lab(log: Path, proc: subprocess.Popen[bytes], deadline: float) -> 
 def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
     """Open the notebook in headless Chromium, run its cell, return the cell's output text."""
     from selenium import webdriver
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     profile = shot.parent / "chromium-profile"
@@ -110,14 +110,27 @@ def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
     try:
         base, token = url.split("/lab?token=")
         driver.get(f"{base}/lab/tree/{notebook}?token={token}")
-        wait = WebDriverWait(driver, 180)
-        editor = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell .cm-content")))
+        # JupyterLab re-renders the notebook while it loads: an element found a moment ago can be
+        # replaced before it is used, so every step finds, checks and acts in one retried call.
+        wait = WebDriverWait(driver, 180, ignored_exceptions=(NoSuchElementException,
+                                                              StaleElementReferenceException))
+
+        def click_editor(d: Any) -> bool:
+            editor = d.find_element(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell .cm-content")
+            if not (editor.is_displayed() and editor.is_enabled()):
+                return False
+            editor.click()
+            return True
+
+        def output_text(d: Any) -> str | None:
+            text = " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output"))
+            return text if expect in text else None
+
+        wait.until(click_editor)
         # A cell run before the kernel is ready waits for it; no need to watch the kernel.
-        editor.click()
         ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
-        wait.until(lambda d: expect in " ".join(
-            e.text for e in d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")))
-        output = " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output"))
+        output = wait.until(output_text)
+        assert output is not None  # until() returns only a truthy value
         driver.save_screenshot(str(shot))
         return output
     except Exception:
