@@ -92,7 +92,11 @@ def _wait_for_lab(log: Path, proc: subprocess.Popen[bytes], deadline: float) -> 
 def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
     """Open the notebook in headless Chromium, run its cell, return the cell's output text."""
     from selenium import webdriver
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -126,11 +130,21 @@ def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
             text = " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output"))
             return text if expect in text else None
 
-        wait.until(click_editor)
-        # A cell run before the kernel is ready waits for it; no need to watch the kernel.
-        ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
-        output = wait.until(output_text)
-        assert output is not None  # until() returns only a truthy value
+        # A cell run before the kernel is ready waits for it; no need to watch the kernel. But a
+        # re-render right after the click takes the focus with it and the keys go nowhere, so
+        # the run is repeated (the cell is idempotent) until its output shows or time is up.
+        deadline = time.monotonic() + 180
+        output = None
+        while output is None:
+            wait.until(click_editor)
+            ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+            attempt = WebDriverWait(driver, max(1.0, min(30.0, deadline - time.monotonic())),
+                                    ignored_exceptions=(StaleElementReferenceException,))
+            try:
+                output = attempt.until(output_text)
+            except TimeoutException:
+                if time.monotonic() >= deadline:
+                    raise
         driver.save_screenshot(str(shot))
         return output
     except Exception:
