@@ -8,15 +8,9 @@ flags are live state that only that process knows.
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import shutil
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,208 +18,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from envlock.building import build_lock as build_lock  # where callers always imported it from
 from envlock.building import current_lock, import_heavy_modules
 from envlock.building import import_models as import_models
-from envlock.errors import InterpreterNotFound, ProbeFailed, UnsafeValue, UsageError
-from envlock.lockdata import is_view, lock_tables
+from envlock.errors import UnsafeValue, UsageError
+from envlock.lockdata import is_view
+from envlock.lockscan import lock_tables
+from envlock.probeproc import PROBE_DIR, ProbeProcess, probe_args
+
+# The probe package's directory, which runs as a program, and its stdlib-only OS package reader
+# (copied alone into images, restore.ospackages).
+PROBE_PATH = Path(PROBE_DIR)
+OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
 
 if TYPE_CHECKING:
     from envlock.comparison import Comparison
     from envlock.deepreport import Progress
     from envlock.model import Lock
-
-# The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
-# another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
-PROBE_PATH = Path(__file__).with_name("probe")
-OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
-# The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
-# --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
-# have their own deadlines. Two minutes is several times the slowest cold start measured, and
-# short enough that a hung interpreter does not hold a training job's start for ten minutes.
-# ENVLOCK_PROBE_TIMEOUT raises it (first CUDA JIT of a new GPU architecture can take longer).
-DEFAULT_PROBE_TIMEOUT = 120.0
-# The probe's JSON is about the size of the lock, which is at most 16 MiB; 64 MiB leaves room
-# and keeps a runaway interpreter from taking gigabytes of envlock's memory.
-MAX_PROBE_OUTPUT = 64 << 20
-_STDERR_KEEP = 64 << 10
-# After the probe exits, how long its leftover children may keep the pipes open.
-_EXIT_GRACE = 1.0
-# Where an environment directory keeps its interpreter (POSIX venv or conda, then Windows).
-PREFIX_INTERPRETERS = ("bin/python", "bin/python3", "Scripts/python.exe")
-
-
-def resolve_python(python: str) -> str:
-    """An interpreter given as a path or a command name, checked to exist and be runnable.
-
-    A path is a path: ``./python3`` is that file, never ``python3`` looked up on PATH (``Path``
-    drops the ``./``, so the path is made absolute before anything runs it). Only a bare name
-    such as ``python3.11`` is looked up on PATH, as a shell would.
-    """
-    expanded = os.path.expanduser(python)
-    candidate = Path(os.path.abspath(expanded))
-    is_path = os.sep in expanded or (os.altsep is not None and os.altsep in expanded)
-    if candidate.is_dir() and (is_path or not shutil.which(python)):
-        # `--python .venv` is what people type; accept the environment directory.
-        for sub in PREFIX_INTERPRETERS:
-            if (candidate / sub).exists():
-                return str(candidate / sub)
-        raise InterpreterNotFound(f"{python} is a directory without bin/python")
-    if is_path:
-        if not candidate.exists():
-            raise InterpreterNotFound(f"interpreter not found: {python}")
-        if not os.access(candidate, os.X_OK) or candidate.is_dir():
-            raise InterpreterNotFound(f"{python} is not executable")
-        return str(candidate)
-    found = shutil.which(python)
-    if not found:
-        raise InterpreterNotFound(f"interpreter not found on PATH: {python}")
-    return found
-
-
-def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
-               cwd: str | None = None, deep: bool = False, cache: bool = True,
-               progress: bool = False, git_exclude: Sequence[str] = ()) -> list[str]:
-    args = []
-    for path in git_exclude:
-        args += ["--git-exclude", os.path.abspath(path)]
-    if not torch:
-        args.append("--no-torch")
-    if deep:
-        args.append("--deep")
-        if progress:
-            args.append("--progress")
-    if not cache:
-        args.append("--no-cache")
-    if canary:
-        args.append("--canary")
-    if image:
-        args += ["--image", image]
-    if cwd:
-        args += ["--cwd", cwd]
-    return args
-
-
-def probe_timeout() -> float:
-    raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
-    if not raw:
-        return DEFAULT_PROBE_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
-    return value
-
-
-class ProbeProcess:
-    """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
-
-    The interpreter is whatever ``--python`` names (it may be a wrapper script), so it runs in
-    its own process group: on timeout the whole group is killed, children included, and
-    nothing is left holding the pipes. Its output is read as it comes, up to a cap.
-    ``on_stderr`` sees each stderr line as it comes (``--deep`` progress) and returns True for
-    the lines it consumed; the rest are kept for the error message.
-    """
-
-    def __init__(self, python: str, args: list[str], timeout: float | None = None,
-                 max_output: int = MAX_PROBE_OUTPUT,
-                 on_stderr: Callable[[str], bool] | None = None) -> None:
-        self.python = resolve_python(python)
-        self.timeout = timeout or probe_timeout()
-        self.max_output = max_output
-        self.on_stderr = on_stderr
-        self._pending = bytearray()
-        argv = [self.python, str(PROBE_PATH), *args]
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
-        self.deadline = time.monotonic() + self.timeout
-
-    def _kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is gone already
-
-    def _finish(self) -> None:
-        self._kill_group()
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        self.proc.wait()
-
-    def cancel(self) -> None:
-        """Stop a probe whose answer is no longer wanted (the lock turned out invalid)."""
-        self._finish()
-
-    def _collect(self) -> tuple[bytes, bytes]:
-        """stdout and (the tail of) stderr, until both close, the deadline or the cap."""
-        out, err = bytearray(), bytearray()
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ, out)
-        sel.register(self.proc.stderr, selectors.EVENT_READ, err)
-        exited_at: float | None = None
-        try:
-            while sel.get_map():
-                now = time.monotonic()
-                if now >= self.deadline:
-                    raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s",
-                                      hint="raise ENVLOCK_PROBE_TIMEOUT (seconds) if the interpreter "
-                                           "is just slow to start")
-                if exited_at is None and self.proc.poll() is not None:
-                    exited_at = now
-                if exited_at is not None and now - exited_at > _EXIT_GRACE:
-                    break  # the probe is done; a child it left behind holds the pipes
-                for key, _ in sel.select(timeout=min(self.deadline - now, 0.25)):
-                    chunk = os.read(key.fd, 1 << 20)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        continue
-                    buf: bytearray = key.data
-                    if buf is err and self.on_stderr is not None:
-                        chunk = self._feed(chunk)
-                    buf += chunk
-                    if buf is out and len(out) > self.max_output:
-                        raise ProbeFailed(
-                            f"the probe under {self.python} printed more than "
-                            f"{self.max_output >> 20} MiB; a probe document is far smaller, so "
-                            "this interpreter is not running envlock's probe as expected")
-                    if buf is err and len(err) > 2 * _STDERR_KEEP:
-                        del err[:-_STDERR_KEEP]
-        finally:
-            sel.close()
-            self._finish()
-        err += self._pending  # a last line without its newline is still worth showing
-        return bytes(out), bytes(err)
-
-    def _feed(self, chunk: bytes) -> bytes:
-        """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
-        assert self.on_stderr is not None
-        self._pending += chunk
-        *lines, rest = bytes(self._pending).split(b"\n")
-        self._pending = bytearray(rest[-_STDERR_KEEP:])
-        kept = [line for line in lines
-                if not self.on_stderr(line.decode("utf-8", "replace") + "\n")]
-        return b"".join(line + b"\n" for line in kept)
-
-    def result(self) -> dict[str, Any]:
-        out, err = self._collect()
-        if self.proc.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-            if b"SyntaxError" in err:
-                tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
-            raise ProbeFailed(f"the probe failed under {self.python}: {tail[0]}")
-        try:
-            doc = json.loads(out)
-        except ValueError:
-            raise ProbeFailed(f"the probe under {self.python} printed no JSON document") from None
-        if not isinstance(doc, dict):
-            raise ProbeFailed("the probe returned something other than a JSON object")
-        return doc
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
@@ -286,16 +92,25 @@ def capture_doc(*, python: str | None = None, torch: bool = True, canary: bool =
     return finish_probe(proc, progress)
 
 
-def start_probe(python: str | None, *, deep: bool = False, **options: Any) -> tuple[ProbeProcess, Progress | None]:
+def start_probe(python: str | None, *, deep: bool = False, prestarted: ProbeProcess | None = None,
+                **options: Any) -> tuple[ProbeProcess, Progress | None]:
     """The probe started in ``python`` (``probe_args`` options), with ``--deep`` progress drawn
-    on a terminal; ``finish_probe`` waits for its document."""
+    on a terminal; ``finish_probe`` waits for its document.
+
+    ``prestarted``: a probe ``early`` started from the raw arguments, used when its command
+    line is exactly the one wanted here, and stopped otherwise.
+    """
     progress = None
     if deep:
         from envlock.deepreport import Progress
 
         progress = Progress()
-    proc = ProbeProcess(python or sys.executable,
-                        probe_args(deep=deep, progress=progress is not None and progress.enabled, **options),
+    args = probe_args(deep=deep, progress=progress is not None and progress.enabled, **options)
+    if prestarted is not None:
+        if progress is None and prestarted.argv == ProbeProcess.command(python or sys.executable, args):
+            return prestarted, None
+        prestarted.cancel()
+    proc = ProbeProcess(python or sys.executable, args,
                         on_stderr=progress.feed if progress is not None else None)
     return proc, progress
 
@@ -366,7 +181,7 @@ class Verification:
 def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
           torch: bool | None = None, in_process: bool | None = None, strict: bool = False,
           deep: bool = False, cache: bool = False, early: bool = False,
-          limit: int | None = None) -> Verification:
+          limit: int | None = None, prestarted: ProbeProcess | None = None) -> Verification:
     """The one verify path (``verify()`` and ``envlock verify``); see ``verify`` for the options.
 
     ``torch``: None probes torch when the lock has it. ``cache``: reuse cached torch facts in
@@ -375,6 +190,8 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
     its table names alone whether to import torch: the probe's import then overlaps reading
     the lock (a full validation when its seal does not hold). A sealed lock is read without
     pydantic (``lockdata``), and so is what the probe found, to compare with it.
+    ``prestarted``: the probe ``early`` may have started already; it is adopted when it is the
+    one the early start here would start, and stopped otherwise.
     """
     if in_process is None:
         in_process = python is None
@@ -384,7 +201,8 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
         if tables is not None:
             want = "torch" in tables if torch is None else torch
             started = start_probe(python, torch=want, canary="canary" in tables and want,
-                                  deep=deep, cache=cache)
+                                  deep=deep, cache=cache, prestarted=prestarted)
+            prestarted = None
         try:
             expected = _read(lock)
         except BaseException:
@@ -397,6 +215,8 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
         check_seal(lock)
         expected = lock
     light = is_view(expected)
+    if prestarted is not None:
+        prestarted.cancel()  # not the early path after all: nothing to adopt it for
     if started is None:
         want = expected.torch is not None if torch is None else torch
         doc = capture_doc(python=python, torch=want, canary=expected.canary is not None and want,

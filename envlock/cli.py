@@ -15,16 +15,24 @@ so ``envlock --help`` stays instant.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import NoReturn
 
 from envlock import __version__
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvlockError
+
+# argparse, pathlib and typing are imported where they are used: `envlock verify` starts its
+# probe before any of them (envlock.early), and mypy treats any name TYPE_CHECKING as typing's.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+    from pathlib import Path
+    from typing import NoReturn
+
+    from envlock.probeproc import ProbeProcess
+
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXTENSIONS = ("envlock.restore.cli", "envlock.runtime_cli", "envlock.export.cli")
 FORMATS = ("text", "json", "markdown")
@@ -111,10 +119,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     target = choose(args.python)
     if target.warning:
         _err(f"envlock: warning: {target.warning}\n")
-    # early: the probe starts before the lock is read, and imports torch meanwhile.
+    # early: the probe starts before the lock is read, and imports torch meanwhile; main may
+    # have started it already, before parsing the arguments (envlock.early).
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
-                   early=True, limit=None if args.all else 10)
+                   early=True, limit=None if args.all else 10, prestarted=args.prestarted)
     cmp, expected, current, report = result.comparison, result.expected, result.current, result.deep
     from envlock.render import comparison_json, verify_text
 
@@ -163,6 +172,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         from envlock.lockfile import from_dict
 
         lock = from_dict(data, str(args.lock))
+    from pathlib import Path
+
     from envlock.render import show_json, show_markdown, show_text
 
     name = Path(args.lock).name
@@ -180,6 +191,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from envlock.lockfile import atomic_write, dumps, load, read_text, seal
 
     path = Path(args.lock)
@@ -208,17 +221,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="envlock",
-        description="Lock, verify and replay deep-learning environments.",
-        epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
-               "3 environment problem (engine, interpreter, build)",
-    )
-    parser.add_argument("--version", action="version", version=f"envlock {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_capture(sub: Subparsers) -> None:
     p = sub.add_parser("capture", help="record this environment into env.lock")
     p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
     p.add_argument("--python", help="probe this interpreter (path, command or venv directory); "
@@ -241,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
 
+
+def _add_verify(sub: Subparsers) -> None:
     p = sub.add_parser("verify", help="does this environment match the lock?")
     p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
@@ -255,26 +260,66 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import torch even when its cached facts are still valid")
     p.set_defaults(func=cmd_verify)
 
+
+def _add_diff(sub: Subparsers) -> None:
     p = sub.add_parser("diff", help="compare two locks")
     p.add_argument("a", help="the lock before")
     p.add_argument("b", help="the lock after")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.set_defaults(func=cmd_diff)
 
+
+def _add_show(sub: Subparsers) -> None:
     p = sub.add_parser("show", help="summarise a lock")
     p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
                    help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(func=cmd_show)
 
+
+def _add_fmt(sub: Subparsers) -> None:
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
     p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
     p.add_argument("--check", action="store_true", help="only report whether it would change")
     p.set_defaults(func=cmd_fmt)
 
+
+def _add_schema(sub: Subparsers) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of env.lock")
     p.set_defaults(func=cmd_schema)
 
+
+CORE: dict[str, Callable[[Subparsers], None]] = {
+    "capture": _add_capture,
+    "verify": _add_verify,
+    "diff": _add_diff,
+    "show": _add_show,
+    "fmt": _add_fmt,
+    "schema": _add_schema,
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``command`` (a core command's name) only that command's: a
+    verify then does not build a dozen other parsers and import the extension modules."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="envlock",
+        description="Lock, verify and replay deep-learning environments.",
+        epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
+               "3 environment problem (engine, interpreter, build)",
+    )
+    parser.add_argument("--version", action="version", version=f"envlock {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    if command in CORE:
+        CORE[command](sub)
+        return parser
+    for add in CORE.values():
+        add(sub)
     for name in EXTENSIONS:
         # These ship with envlock: a missing one is a broken install, reported, never skipped.
         importlib.import_module(name).register(sub)
@@ -287,11 +332,26 @@ def main(argv: list[str] | None = None) -> int:
     Never exits, so tests and other programs call it in-process; argparse's own exits (usage
     errors 2, ``--help`` 0) become return values too.
     """
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prestarted: ProbeProcess | None = None
+    if argv[:1] == ["verify"]:
+        from envlock.early import start_verify_probe
+
+        prestarted = start_verify_probe(argv)
+    try:
+        return _run(argv, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.cancel()  # a no-op once its document was read
+
+
+def _run(argv: list[str], prestarted: ProbeProcess | None) -> int:
+    parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.prestarted = prestarted
     try:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)

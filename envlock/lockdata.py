@@ -18,7 +18,6 @@ a form that differs from the model's by one value fails the hash check.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from envlock import __version__
 from envlock.errors import LockInvalid
 from envlock.lockcore import REQUIRED, ROOT, SCHEMA_VERSION, os_versions, seal_matches, short_id
+from envlock.lockscan import MAX_LOCK_BYTES as MAX_LOCK_BYTES  # where callers imported it from
 from envlock.lockshape import SHAPES
 
 if sys.version_info >= (3, 11):
@@ -37,7 +37,6 @@ else:  # pragma: no cover - exercised on 3.10 only
 if TYPE_CHECKING:
     from envlock.model import Lock, Package
 
-MAX_LOCK_BYTES = 16 * 1024 * 1024
 # name -> (kind, nested model, default) for each model, from the generated shapes.
 _FIELDS: dict[str, dict[str, tuple[str, str | None, Any]]] = {
     model: {name: (kind, ref, default) for name, kind, ref, default in rows}
@@ -278,22 +277,3 @@ def light_current(doc: dict[str, Any]) -> Lock | None:
     except (_NotCanonical, RecursionError):
         return None
     return cast("Lock", view(ROOT, form))
-
-
-_TABLE_RE = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
-
-
-def lock_tables(path: str | os.PathLike[str]) -> set[str] | None:
-    """The lock's top-level table names, to decide how to probe before it is read.
-
-    A scan for table headers, not a parse: reading the lock is what the probe overlaps with (a
-    header inside a multi-line string can only make the probe do more than needed, never less
-    than the lock says). None when the file is not there to scan; reading it reports why.
-    """
-    try:
-        if os.path.getsize(path) > MAX_LOCK_BYTES:
-            return None
-        with open(path, "rb") as fh:
-            return {m.group(1).decode("ascii") for m in _TABLE_RE.finditer(fh.read())}
-    except OSError:
-        return None

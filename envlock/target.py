@@ -19,24 +19,44 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
 
-from envlock.capturing import PREFIX_INTERPRETERS, resolve_python
+from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
+
+# `envlock verify` chooses its target before it starts the probe (envlock.early): what runs
+# until then uses os.path, and this module imports neither pathlib, typing nor dataclasses at
+# import time (mypy treats any name TYPE_CHECKING as typing's).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
 
 
-@dataclass(frozen=True)
 class Target:
     """The interpreter to probe, the environment directory it belongs to, and why."""
 
-    python: str
-    prefix: str
-    reason: str
-    warning: str | None = None
+    __slots__ = ("prefix", "python", "reason", "warning")
+
+    def __init__(self, python: str, prefix: str, reason: str, warning: str | None = None) -> None:
+        self.python = python
+        self.prefix = prefix
+        self.reason = reason
+        self.warning = warning
+
+    def _fields(self) -> tuple[str, str, str, str | None]:
+        return self.python, self.prefix, self.reason, self.warning
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Target) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        python, prefix, reason, warning = self._fields()
+        return f"Target(python={python!r}, prefix={prefix!r}, reason={reason!r}, warning={warning!r})"
 
     def describe(self, cwd: Path | None = None) -> str:
         return f"{display_path(self.prefix, cwd)} ({self.reason})"
@@ -46,11 +66,13 @@ class Target:
         be a launcher (a pyenv shim, a wrapper script) whose directory is not the environment."""
         if self.reason != "--python" or not prefix:
             return self
-        return replace(self, prefix=prefix)
+        return Target(self.python, prefix, self.reason, self.warning)
 
 
 def display_path(path: str, cwd: Path | None = None) -> str:
     """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
+    from pathlib import Path
+
     p = Path(path)
     here = cwd or Path.cwd()
     try:
@@ -69,21 +91,26 @@ def display_path(path: str, cwd: Path | None = None) -> str:
     return str(p)
 
 
-def _interpreter(prefix: Path) -> str | None:
+def _interpreter(prefix: str | os.PathLike[str]) -> str | None:
     for sub in PREFIX_INTERPRETERS:
-        candidate = prefix / sub
-        if candidate.exists() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
-def find_dot_venv(start: Path) -> Path | None:
-    """The nearest ``.venv`` that is a virtual environment, from ``start`` up to the root."""
-    for directory in (start, *start.parents):
-        candidate = directory / ".venv"
-        if (candidate / "pyvenv.cfg").is_file() and _interpreter(candidate):
+        candidate = os.path.join(prefix, sub)
+        if os.path.exists(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def find_dot_venv(start: str) -> str | None:
+    """The nearest ``.venv`` that is a virtual environment, from ``start`` (absolute) up to the
+    root."""
+    directory = start
+    while True:
+        candidate = os.path.join(directory, ".venv")
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")) and _interpreter(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -92,7 +119,7 @@ def same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def is_tool_venv(prefix: str) -> bool:
     """A venv made by pipx or ``uv tool`` (each leaves a receipt file in it)."""
-    return any((Path(prefix) / marker).is_file() for marker in _TOOL_VENV_MARKERS)
+    return any(os.path.isfile(os.path.join(prefix, marker)) for marker in _TOOL_VENV_MARKERS)
 
 
 def _own(reason: str, notes: list[str]) -> Target:
@@ -109,31 +136,31 @@ def _own(reason: str, notes: list[str]) -> Target:
 
 def _given(python: str) -> Target:
     exe = resolve_python(python)
-    given = Path(python).expanduser()
-    prefix = given if given.is_dir() else Path(exe).parent.parent
-    return Target(exe, str(prefix.absolute()), "--python")
+    given = os.path.expanduser(python)
+    prefix = given if os.path.isdir(given) else os.path.dirname(os.path.dirname(exe))
+    return Target(exe, os.path.abspath(prefix), "--python")
 
 
-def choose(python: str | None = None, *, cwd: Path | None = None,
+def choose(python: str | None = None, *, cwd: str | os.PathLike[str] | None = None,
            environ: Mapping[str, str] | None = None) -> Target:
     """The environment to probe; ``python`` (``--python``) overrides every rule."""
     env = os.environ if environ is None else environ
-    here = (cwd or Path.cwd()).absolute()
+    here = os.path.abspath(cwd) if cwd is not None else os.getcwd()
     if python:
         return _given(python)
     notes: list[str] = []
     venv = env.get("VIRTUAL_ENV")
     if venv:
-        exe = _interpreter(Path(venv))
+        exe = _interpreter(venv)
         if exe:
             return Target(exe, venv, "VIRTUAL_ENV")
         notes.append(f"VIRTUAL_ENV={venv} has no python; ignored")
     dot_venv = find_dot_venv(here)
     conda = env.get("CONDA_PREFIX")
     if conda:
-        exe = _interpreter(Path(conda))
+        exe = _interpreter(conda)
         # base is the installation itself (it holds condabin/); named envs live in envs/NAME.
-        is_base = env.get("CONDA_DEFAULT_ENV") == "base" or (Path(conda) / "condabin").is_dir()
+        is_base = env.get("CONDA_DEFAULT_ENV") == "base" or os.path.isdir(os.path.join(conda, "condabin"))
         if exe and not (is_base and dot_venv is not None):
             return Target(exe, conda, "CONDA_PREFIX")
         if not exe:
@@ -141,8 +168,8 @@ def choose(python: str | None = None, *, cwd: Path | None = None,
     if dot_venv is not None:
         exe = _interpreter(dot_venv)
         assert exe is not None  # find_dot_venv checked it
-        where = "the working directory" if dot_venv.parent == here else "a parent directory"
-        return Target(exe, str(dot_venv), f".venv in {where}")
+        where = "the working directory" if os.path.dirname(dot_venv) == here else "a parent directory"
+        return Target(exe, dot_venv, f".venv in {where}")
     return _own("the interpreter envlock runs in", notes)
 
 
@@ -154,7 +181,6 @@ def recorded_prefix_hint(recorded: str | None, target: Target) -> str | None:
     """
     if not recorded or same_path(recorded, target.prefix):
         return None
-    path = Path(recorded)
-    if not path.is_dir() or _interpreter(path) is None:
+    if not os.path.isdir(recorded) or _interpreter(recorded) is None:
         return None  # another machine or container: its paths need not exist here
     return recorded

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import PROBE_PATH, probe_args
+from envlock.capturing import PROBE_PATH
 from envlock.drift import Comparison, as_info
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
+from envlock.probeproc import probe_args
 from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 

@@ -1,0 +1,293 @@
+"""Start the probe in another interpreter and read its JSON document.
+
+Kept apart from ``capturing`` and light to import (no pydantic, no dataclasses, no lock code):
+``envlock verify`` starts the probe from here before anything else is imported or parsed, so
+the probe's run overlaps everything the command imports afterwards (``early``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
+
+# pathlib, subprocess, selectors, typing, json and shutil are imported where used, after the
+# probe is started (mypy treats any name TYPE_CHECKING as typing's).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+# The probe is a package directory run as a program (``python PROBE_DIR``): on the host with
+# another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
+PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe")
+# The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
+# --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
+# have their own deadlines. Two minutes is several times the slowest cold start measured, and
+# short enough that a hung interpreter does not hold a training job's start for ten minutes.
+# ENVLOCK_PROBE_TIMEOUT raises it (first CUDA JIT of a new GPU architecture can take longer).
+DEFAULT_PROBE_TIMEOUT = 120.0
+# The probe's JSON is about the size of the lock, which is at most 16 MiB; 64 MiB leaves room
+# and keeps a runaway interpreter from taking gigabytes of envlock's memory.
+MAX_PROBE_OUTPUT = 64 << 20
+_STDERR_KEEP = 64 << 10
+# After the probe exits, how long its leftover children may keep the pipes open.
+_EXIT_GRACE = 1.0
+# Where an environment directory keeps its interpreter (POSIX venv or conda, then Windows).
+PREFIX_INTERPRETERS = ("bin/python", "bin/python3", "Scripts/python.exe")
+
+
+def resolve_python(python: str) -> str:
+    """An interpreter given as a path or a command name, checked to exist and be runnable.
+
+    A path is a path: ``./python3`` is that file, never ``python3`` looked up on PATH (``Path``
+    drops the ``./``, so the path is made absolute before anything runs it). Only a bare name
+    such as ``python3.11`` is looked up on PATH, as a shell would.
+    """
+    expanded = os.path.expanduser(python)
+    candidate = os.path.abspath(expanded)
+    is_path = os.sep in expanded or (os.altsep is not None and os.altsep in expanded)
+    if os.path.isdir(candidate) and (is_path or not _which(python)):
+        # `--python .venv` is what people type; accept the environment directory.
+        for sub in PREFIX_INTERPRETERS:
+            if os.path.exists(os.path.join(candidate, sub)):
+                return os.path.join(candidate, sub)
+        raise InterpreterNotFound(f"{python} is a directory without bin/python")
+    if is_path:
+        if not os.path.exists(candidate):
+            raise InterpreterNotFound(f"interpreter not found: {python}")
+        if not os.access(candidate, os.X_OK) or os.path.isdir(candidate):
+            raise InterpreterNotFound(f"{python} is not executable")
+        return candidate
+    found = _which(python)
+    if not found:
+        raise InterpreterNotFound(f"interpreter not found on PATH: {python}")
+    return found
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
+               cwd: str | None = None, deep: bool = False, cache: bool = True,
+               progress: bool = False, git_exclude: Sequence[str] = ()) -> list[str]:
+    args = []
+    for path in git_exclude:
+        args += ["--git-exclude", os.path.abspath(path)]
+    if not torch:
+        args.append("--no-torch")
+    if deep:
+        args.append("--deep")
+        if progress:
+            args.append("--progress")
+    if not cache:
+        args.append("--no-cache")
+    if canary:
+        args.append("--canary")
+    if image:
+        args += ["--image", image]
+    if cwd:
+        args += ["--cwd", cwd]
+    return args
+
+
+def probe_timeout() -> float:
+    raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
+    if not raw:
+        return DEFAULT_PROBE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
+    return value
+
+
+class ProbeProcess:
+    """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
+
+    The interpreter is whatever ``--python`` names (it may be a wrapper script), so it runs in
+    its own process group: on timeout the whole group is killed, children included, and
+    nothing is left holding the pipes. Its output is read as it comes, up to a cap.
+    ``on_stderr`` sees each stderr line as it comes (``--deep`` progress) and returns True for
+    the lines it consumed; the rest are kept for the error message.
+    """
+
+    def __init__(self, python: str, args: list[str], timeout: float | None = None,
+                 max_output: int = MAX_PROBE_OUTPUT,
+                 on_stderr: Callable[[str], bool] | None = None) -> None:
+        self.python = resolve_python(python)
+        self.timeout = timeout or probe_timeout()
+        self.max_output = max_output
+        self.on_stderr = on_stderr
+        self._pending = bytearray()
+        self._finished = False
+        # The whole command line: a probe started early is adopted only for the same one.
+        self.argv = argv = self.command(self.python, args)
+        try:
+            self.proc = _spawn(argv)
+        except OSError as exc:
+            raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
+        self.deadline = time.monotonic() + self.timeout
+
+    @staticmethod
+    def command(python: str, args: list[str]) -> list[str]:
+        """The command line that runs the probe in ``python`` with ``args``."""
+        return [resolve_python(python), PROBE_DIR, *args]
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    def _finish(self) -> None:
+        if self._finished:
+            return  # reaped already: its pid, and so its group id, may belong to another now
+        self._finished = True
+        self._kill_group()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.proc.wait()
+
+    def cancel(self) -> None:
+        """Stop a probe whose answer is no longer wanted (the lock turned out invalid)."""
+        self._finish()
+
+    def _collect(self) -> tuple[bytes, bytes]:
+        """stdout and (the tail of) stderr, until both close, the deadline or the cap."""
+        out, err = bytearray(), bytearray()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ, out)
+        sel.register(self.proc.stderr, selectors.EVENT_READ, err)
+        exited_at: float | None = None
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s",
+                                      hint="raise ENVLOCK_PROBE_TIMEOUT (seconds) if the interpreter "
+                                           "is just slow to start")
+                if exited_at is None and self.proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _EXIT_GRACE:
+                    break  # the probe is done; a child it left behind holds the pipes
+                for key, _ in sel.select(timeout=min(self.deadline - now, 0.25)):
+                    chunk = os.read(key.fd, 1 << 20)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf: bytearray = key.data
+                    if buf is err and self.on_stderr is not None:
+                        chunk = self._feed(chunk)
+                    buf += chunk
+                    if buf is out and len(out) > self.max_output:
+                        raise ProbeFailed(
+                            f"the probe under {self.python} printed more than "
+                            f"{self.max_output >> 20} MiB; a probe document is far smaller, so "
+                            "this interpreter is not running envlock's probe as expected")
+                    if buf is err and len(err) > 2 * _STDERR_KEEP:
+                        del err[:-_STDERR_KEEP]
+        finally:
+            sel.close()
+            self._finish()
+        err += self._pending  # a last line without its newline is still worth showing
+        return bytes(out), bytes(err)
+
+    def _feed(self, chunk: bytes) -> bytes:
+        """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
+        assert self.on_stderr is not None
+        self._pending += chunk
+        *lines, rest = bytes(self._pending).split(b"\n")
+        self._pending = bytearray(rest[-_STDERR_KEEP:])
+        kept = [line for line in lines
+                if not self.on_stderr(line.decode("utf-8", "replace") + "\n")]
+        return b"".join(line + b"\n" for line in kept)
+
+    def result(self) -> dict[str, Any]:
+        import json
+
+        out, err = self._collect()
+        if self.proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+            if b"SyntaxError" in err:
+                tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
+            raise ProbeFailed(f"the probe failed under {self.python}: {tail[0]}")
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            raise ProbeFailed(f"the probe under {self.python} printed no JSON document") from None
+        if not isinstance(doc, dict):
+            raise ProbeFailed("the probe returned something other than a JSON object")
+        return doc
+
+
+class _Child:
+    """The part of ``subprocess.Popen`` a probe needs, started with ``os.posix_spawn``.
+
+    Importing ``subprocess`` (and the ``re`` and ``locale`` it brings) costs more than starting
+    the probe does, and a verify starts its probe before anything else (``envlock.early``).
+    Like ``Popen(..., start_new_session=True)``: stdin from /dev/null, stdout and stderr to
+    pipes, its own session, SIGPIPE and SIGXFSZ back at their defaults.
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            if min(out_r, out_w, err_r, err_w) < 3:
+                raise NotImplementedError("a standard stream is closed")  # let Popen sort it out
+            self.pid = os.posix_spawn(
+                argv[0], argv, os.environ, setsid=True,
+                setsigdef=[sig for sig in (getattr(signal, "SIGPIPE", None),
+                                           getattr(signal, "SIGXFSZ", None)) if sig is not None],
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.stdout = open(out_r, "rb", buffering=0)  # noqa: SIM115 - closed by ProbeProcess
+        self.stderr = open(err_r, "rb", buffering=0)  # noqa: SIM115
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _spawn(argv: list[str]) -> _Child | subprocess.Popen[bytes]:
+    """The probe's process: posix_spawn where the platform can start it in its own session
+    (glibc >= 2.26, recent macOS), else ``subprocess``."""
+    if hasattr(os, "posix_spawn"):
+        try:
+            return _Child(argv)
+        except NotImplementedError:
+            pass
+    import subprocess
+
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
