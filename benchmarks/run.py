@@ -16,8 +16,10 @@ the true cost), plus the children's CPU time, which other processes on the machi
 less than wall time.
 
 Without ``--venv`` a benchmark venv is created under ``.cache/bench-venv`` in the repo root
-(``torch==2.13.0``, numpy, and envlock from this checkout, editable) and reused while
-``pyproject.toml`` is unchanged. Nothing here asserts on time: see ``tests/`` for correctness.
+(``torch==2.13.0``, numpy, uv) and reused while ``pyproject.toml`` is unchanged; envlock from
+this checkout is installed into it on every run, *not* editable, as users install it: an
+editable install's import finder costs ~19 ms at every interpreter start (envlock's own and the
+probe's), which no user pays. Nothing here asserts on time: see ``tests/`` for correctness.
 """
 
 from __future__ import annotations
@@ -216,21 +218,39 @@ def _venv_stamp(python: str) -> str:
 
 
 def ensure_venv(venv: Path, python: str) -> None:
-    """Create (or reuse) the benchmark venv: torch (pinned), numpy, envlock editable."""
+    """Create (or reuse) the benchmark venv: torch (pinned), numpy, uv and envlock's
+    dependencies once; envlock itself from this checkout on every run (``install_envlock``)."""
     py = venv / "bin" / "python"
     stamp = venv / ".envlock-bench-stamp"
     want = _venv_stamp(python)
-    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
+    if not (py.exists() and stamp.exists() and stamp.read_text().strip() == want):
+        if not py.exists():
+            log(f"creating {venv} with {python}")
+            subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        log(f"pip install {TORCH_SPEC} numpy uv envlock's dependencies (once; a few minutes)")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--progress-bar", "off",
+                        TORCH_SPEC, "numpy", "uv", str(REPO)], check=True,
+                       env=child_env(venv))
+        stamp.write_text(want + "\n")
+    else:
         log(f"reusing {venv}")
-        return
-    if not py.exists():
-        log(f"creating {venv} with {python}")
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    log(f"pip install {TORCH_SPEC} numpy -e {REPO} (once; takes a few minutes)")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--progress-bar", "off",
-                    TORCH_SPEC, "numpy", "-e", str(REPO)], check=True,
-                   env=child_env(venv))
-    stamp.write_text(want + "\n")
+    install_envlock(venv)
+
+
+def install_envlock(venv: Path) -> None:
+    """This checkout's envlock into ``venv``, built from a copy of its sources: not editable,
+    and never from a stale ``build/`` directory that setuptools may have left in the tree."""
+    with tempfile.TemporaryDirectory(prefix="envlock-src-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(REPO / name, src / name)
+        shutil.copytree(REPO / "envlock", src / "envlock",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        log(f"pip install {REPO.name} (not editable, this checkout)")
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--progress-bar", "off", "--no-deps", "--force-reinstall", str(src)],
+                       check=True, env=child_env(venv))
 
 
 def venv_info(venv: Path) -> dict[str, Any]:
@@ -650,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         venv.parent.mkdir(parents=True, exist_ok=True)
         ensure_venv(venv, args.python)
     elif not (venv / "bin" / "envlock").exists():
-        parser.error(f"{venv} has no bin/envlock; pip install -e {REPO} into it first")
+        parser.error(f"{venv} has no bin/envlock; pip install {REPO} into it first")
     tmp = Path(tempfile.mkdtemp(prefix="envlock-bench-"))
     _PORTABLE.update({str(tmp): "$TMP", str(venv): "$VENV"})
     started = time.perf_counter()

@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from envlock.building import build_lock as build_lock  # where callers always imported it from
 from envlock.building import current_lock, import_heavy_modules
@@ -167,8 +166,7 @@ def verify(
                  deep=deep).comparison
 
 
-@dataclass(frozen=True)
-class Verification:
+class Verification(NamedTuple):
     """A verify's verdict and what it was derived from, for a report to quote."""
 
     comparison: Comparison
@@ -222,6 +220,12 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
         doc = capture_doc(python=python, torch=want, canary=expected.canary is not None and want,
                           in_process=in_process, deep=deep, cache=cache)
     else:
+        try:
+            import envlock.deepreport  # what judge() needs, imported while the probe still runs
+            import envlock.drift  # noqa: F401
+        except BaseException:
+            cancel_probe(*started)
+            raise
         doc = finish_probe(*started)
     report = doc.pop("deep", None)
     current = current_lock(doc, light=light)

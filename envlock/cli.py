@@ -112,8 +112,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    # Everything this command imports is imported before check() waits for the probe.
     from envlock.capturing import check
     from envlock.deepreport import summary, torch_facts_line
+    from envlock.render import comparison_json, verify_text
     from envlock.target import choose, recorded_prefix_hint
 
     target = choose(args.python)
@@ -125,7 +127,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    early=True, limit=None if args.all else 10, prestarted=args.prestarted)
     cmp, expected, current, report = result.comparison, result.expected, result.current, result.deep
-    from envlock.render import comparison_json, verify_text
 
     target = target.probed(current.python.prefix)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)

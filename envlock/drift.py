@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from envlock import driftpkgs
@@ -247,7 +246,7 @@ def _hash_seed_hint(c: Collector) -> None:
         return
     for i, d in enumerate(c.items):
         if d.path == "seeds.python_hash_seed" and d.old is not None and d.new is None:
-            c.items[i] = replace(d, message=f"PYTHONHASHSEED={d.old} in the lock, unset here: "
+            c.items[i] = d._replace(message=f"PYTHONHASHSEED={d.old} in the lock, unset here: "
                                             f"run with PYTHONHASHSEED={d.old}")
 
 
@@ -323,9 +322,9 @@ OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
 def as_info(cmp: Comparison, matches: Callable[[Difference], bool], why: str) -> Comparison:
     """``cmp`` with the differences ``matches`` picks reported as info, ``why`` appended: a
     difference expected by construction (e.g. inside a restored image) is told, not counted."""
-    moved = [replace(d, severity="info", message=f"{d.describe()} ({why})") if matches(d) else d
+    moved = [d._replace(severity="info", message=f"{d.describe()} ({why})") if matches(d) else d
              for d in cmp.differences]
-    return replace(cmp, differences=tuple(sorted(moved, key=lambda d: SEVERITY_RANK[d.severity])))
+    return cmp._replace(differences=tuple(sorted(moved, key=lambda d: SEVERITY_RANK[d.severity])))
 
 
 def os_packages_from_base(cmp: Comparison) -> Comparison:

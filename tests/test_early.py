@@ -174,3 +174,24 @@ def test_without_posix_spawn_subprocess_starts_it(tmp_path: Path, monkeypatch: p
     proc = probeproc.ProbeProcess(sys.executable, ["--no-torch"])
     assert "packages" in proc.result()
     assert type(proc.proc).__name__ == "Popen"
+
+
+def test_nothing_heavy_is_imported_before_the_probe_starts(lock_path: Path) -> None:
+    """The head start is only worth having if it comes first: a structural check of what the
+    start imports (the figures are in benchmarks/, never asserted)."""
+    import subprocess
+
+    code = ("import sys\n"
+            "before = set(sys.modules)\n"
+            "from envlock.cli import main\n"
+            "from envlock.early import start_verify_probe\n"
+            f"probe = start_verify_probe(['verify', '--python', sys.executable, {str(lock_path)!r}])\n"
+            "assert probe is not None\n"
+            "print(' '.join(sorted(set(sys.modules) - before)))\n"
+            "probe.cancel()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    imported = set(out.stdout.split())
+    heavy = {"argparse", "dataclasses", "json", "pathlib", "pydantic", "re", "selectors", "shutil",
+             "subprocess", "tomllib", "typing"}
+    assert not imported & heavy, sorted(imported & heavy)
+    assert {"envlock.early", "envlock.probeproc", "envlock.target", "envlock.lockscan"} <= imported

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from envlock.capturing import PROBE_PATH
@@ -86,7 +85,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     cmp = compare(lock, inside, expected_image_change=True, process_state="report")
     if skipped:
         gone = {f"packages.{name}" for name in skipped}
-        cmp = replace(cmp, differences=tuple(d for d in cmp.differences if d.path not in gone))
+        cmp = cmp._replace(differences=tuple(d for d in cmp.differences if d.path not in gone))
     if not os_packages_restored:
         # A venv restore puts the venv on another base: its OS packages are the base's, by
         # design, and reported for the reader only.
@@ -96,7 +95,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
         cmp = as_info(cmp, lambda d: d.path in origin,
                       "restored from a wheel of the same version: the vcs source is out of reach offline")
     cmp = base_tooling_info(cmp, base_tooling)
-    return inside, replace(cmp, differences=tuple(_restore_severity(d) for d in cmp.differences))
+    return inside, cmp._replace(differences=tuple(_restore_severity(d) for d in cmp.differences))
 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
@@ -124,5 +123,5 @@ def _restore_severity(d: Difference) -> Difference:
     if len(parts) == 3 and parts[0] == "packages" and parts[2] == "record_sha256" \
             and parts[1] not in TOOLING and d.severity != "breaking":
         message = (d.message or f"{parts[1]}: different build") + " - the restored image holds another build"
-        return replace(d, severity="breaking", message=message)
+        return d._replace(severity="breaking", message=message)
     return d
