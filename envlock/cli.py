@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
     from pathlib import Path
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
     from envlock.probeproc import ProbeProcess
 
@@ -300,20 +300,57 @@ CORE: dict[str, Callable[[Subparsers], None]] = {
 }
 
 
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, without importing shutil (and bz2 and lzma with
+    it, ~5 ms): ``$COLUMNS``, else the terminal's width, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+def _parser_class() -> type[argparse.ArgumentParser]:
+    """ArgumentParser whose help formatter gets its width from ``_columns``: argparse builds a
+    formatter for every ``add_argument`` (to check the metavar), and its default one imports
+    shutil to ask for the terminal's width."""
+    import argparse
+
+    class Formatter(argparse.HelpFormatter):
+        def __init__(self, prog: str, *args: Any, **kwargs: Any) -> None:
+            if len(args) < 3 and "width" not in kwargs:
+                kwargs["width"] = _columns() - 2  # what HelpFormatter itself subtracts
+            super().__init__(prog, *args, **kwargs)
+
+    class Parser(argparse.ArgumentParser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("formatter_class", Formatter)
+            super().__init__(*args, **kwargs)
+
+    return Parser
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ``command`` (a core command's name) only that command's: a
     verify then does not build a dozen other parsers and import the extension modules."""
-    import argparse
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = _parser_class()(
         prog="envlock",
         description="Lock, verify and replay deep-learning environments.",
         epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
                "3 environment problem (engine, interpreter, build)",
     )
     parser.add_argument("--version", action="version", version=f"envlock {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # prog given: argparse would otherwise build a help formatter to work it out, which imports
+    # shutil (and bz2, lzma) for the terminal width, ~5 ms of every command.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog=parser.prog,
+                                parser_class=type(parser))
     sub.required = True
 
     if command in CORE:
