@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from envlock.building import build_lock as build_lock  # where callers always imported it from
@@ -22,15 +21,26 @@ from envlock.lockdata import is_view
 from envlock.lockscan import lock_tables
 from envlock.probeproc import PROBE_DIR, ProbeProcess, probe_args
 
-# The probe package's directory, which runs as a program, and its stdlib-only OS package reader
-# (copied alone into images, restore.ospackages).
-PROBE_PATH = Path(PROBE_DIR)
-OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
-
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    # The probe package's directory, which runs as a program, and its stdlib-only OS package
+    # reader (copied alone into images, restore.ospackages): made on first use by __getattr__,
+    # so that verify does not import pathlib.
+    PROBE_PATH: Path
+    OSPKGS_PATH: Path
     from envlock.comparison import Comparison
     from envlock.deepreport import Progress
     from envlock.model import Lock
+
+
+def __getattr__(name: str) -> object:
+    # The name first: the import system asks every module for ``__path__`` and friends.
+    if name not in ("PROBE_PATH", "OSPKGS_PATH"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pathlib import Path
+
+    return Path(PROBE_DIR) if name == "PROBE_PATH" else Path(PROBE_DIR, "ospkgs.py")
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from envlock import __version__
@@ -52,14 +51,15 @@ class _NotCanonical(LockInvalid):
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
-    p = Path(path)
+    p = os.fspath(path)  # not pathlib: verify reads a lock without importing it
     try:
-        size = p.stat().st_size
+        size = os.stat(p).st_size
         if size > MAX_LOCK_BYTES:
             raise LockInvalid(
                 f"{p} is {size / 1e6:.1f} MB; a lock is at most {MAX_LOCK_BYTES // (1 << 20)} MiB"
             )
-        raw = p.read_bytes()
+        with open(p, "rb") as fh:
+            raw = fh.read()
     except FileNotFoundError:
         raise LockInvalid(f"{p} not found", hint="create one with `envlock capture`") from None
     except IsADirectoryError:

@@ -28,7 +28,6 @@ from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from pathlib import Path
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
@@ -58,7 +57,7 @@ class Target:
         python, prefix, reason, warning = self._fields()
         return f"Target(python={python!r}, prefix={prefix!r}, reason={reason!r}, warning={warning!r})"
 
-    def describe(self, cwd: Path | None = None) -> str:
+    def describe(self, cwd: str | os.PathLike[str] | None = None) -> str:
         return f"{display_path(self.prefix, cwd)} ({self.reason})"
 
     def probed(self, prefix: str | None) -> Target:
@@ -69,26 +68,41 @@ class Target:
         return Target(self.python, prefix, self.reason, self.warning)
 
 
-def display_path(path: str, cwd: Path | None = None) -> str:
-    """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
-    from pathlib import Path
+def _split(path: str) -> tuple[str, list[str]]:
+    """The root and the parts of ``PurePosixPath(path)``: empty and ``.`` parts dropped, ``..``
+    kept (no file system look-up), a leading ``//`` kept as POSIX allows. Lexical, as pathlib
+    is, without importing it (verify never needs it)."""
+    root = "//" if path.startswith("//") and not path.startswith("///") else "/" if path.startswith("/") else ""
+    return root, [part for part in path.split("/") if part not in ("", ".")]
 
-    p = Path(path)
-    here = cwd or Path.cwd()
-    try:
-        rel = p.relative_to(here)
-        # From "/" every path is "relative": "./tmp/proj/.venv" reads like a typo.
-        if here != Path(here.anchor):
-            return "." if str(rel) == "." else f"./{rel}"
-    except ValueError:
-        pass
+
+def _lexical(path: str) -> str:
+    """``str(PurePosixPath(path))``."""
+    root, parts = _split(path)
+    return root + "/".join(parts) if root or parts else "."
+
+
+def _relative(path: str, base: str) -> str | None:
+    """``str(PurePosixPath(path).relative_to(base))``, or None where it raises ValueError."""
+    (root, parts), (base_root, base_parts) = _split(path), _split(base)
+    if root != base_root or parts[:len(base_parts)] != base_parts:
+        return None
+    return "/".join(parts[len(base_parts):]) or "."
+
+
+def display_path(path: str, cwd: str | os.PathLike[str] | None = None) -> str:
+    """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
+    here = os.fspath(cwd) if cwd is not None else os.getcwd()
+    rel = _relative(path, here)
+    # From "/" every path is "relative": "./tmp/proj/.venv" reads like a typo.
+    if rel is not None and _split(here)[1]:
+        return "." if rel == "." else f"./{rel}"
     home = os.path.expanduser("~")
     if home not in ("", "/"):
-        try:
-            return f"~/{p.relative_to(home)}"
-        except ValueError:
-            pass
-    return str(p)
+        rel = _relative(path, home)
+        if rel is not None:
+            return f"~/{rel}"
+    return _lexical(path)
 
 
 def _interpreter(prefix: str | os.PathLike[str]) -> str | None:

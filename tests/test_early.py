@@ -195,3 +195,26 @@ def test_nothing_heavy_is_imported_before_the_probe_starts(lock_path: Path) -> N
              "subprocess", "tomllib", "typing"}
     assert not imported & heavy, sorted(imported & heavy)
     assert {"envlock.early", "envlock.probeproc", "envlock.target", "envlock.lockscan"} <= imported
+
+
+def test_a_whole_verify_imports_only_what_it_needs(lock_path: Path) -> None:
+    """The light path of ``envlock verify`` (a sealed lock, compared without the models): none of
+    these is needed, and each costs milliseconds at every run. ``-S``: site's own imports (an
+    editable install's finder imports pathlib) do not hide envlock's."""
+    import subprocess
+
+    from helpers import REPO
+
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from envlock.cli import main\n"
+            f"rc = main(['verify', '--python', {sys.executable!r}, {str(lock_path)!r}])\n"
+            "sys.stderr.write(' '.join(sorted(sys.modules)))\n"
+            "sys.exit(rc)\n")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert out.returncode == EXIT_OK, out.stdout + out.stderr
+    assert "OK: the environment matches the lock" in out.stdout
+    imported = set(out.stderr.split())
+    unneeded = {"pydantic", "dataclasses", "inspect", "pathlib", "shutil", "bz2", "lzma",
+                "subprocess", "tomlkit", "envlock.model", "envlock.lockfile"}
+    assert not imported & unneeded, sorted(imported & unneeded)
