@@ -18,7 +18,7 @@ less than wall time.
 Without ``--venv`` a benchmark venv is created under ``.cache/bench-venv`` in the repo root
 (``torch==2.13.0``, numpy, uv) and reused while ``pyproject.toml`` is unchanged; envlock from
 this checkout is installed into it on every run, *not* editable, as users install it: an
-editable install's import finder costs ~19 ms at every interpreter start (envlock's own and the
+editable install's import finder costs ~13 ms at every interpreter start (envlock's own and the
 probe's), which no user pays. Nothing here asserts on time: see ``tests/`` for correctness.
 """
 
