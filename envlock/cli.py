@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deep", action="store_true",
                    help="also record each distribution's files as they are on disk")
     p.add_argument("--no-cache", action="store_true",
-                   help="import torch even when its cached facts are still valid")
+                   help="ignore every cache: import torch even when its cached facts are still "
+                        "valid, and with --deep re-hash every file, not only those whose stat changed")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
@@ -252,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deep", action="store_true",
                    help="re-hash every installed file against its distribution's RECORD")
     p.add_argument("--no-cache", action="store_true",
-                   help="import torch even when its cached facts are still valid")
+                   help="ignore every cache: import torch even when its cached facts are still "
+                        "valid, and with --deep re-hash every file, not only those whose stat changed")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("diff", help="compare two locks")

@@ -20,6 +20,9 @@ Files whose RECORD entry legitimately does not match, each handled by its own ru
   the per-distribution digest only, because their bytes name this venv (interpreter path in a
   shebang, a local path in direct_url.json) and would differ between two identical installs.
 * any other entry without a hash (a legacy installer's generated file): existence only.
+
+A file whose stat is the one it had when last hashed is not read again (``filehashes.py``,
+passed in as ``stat_cache``): a second check of an unchanged torch venv reads nothing.
 """
 
 from __future__ import annotations
