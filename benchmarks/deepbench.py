@@ -98,8 +98,8 @@ def bound(deep: dict[str, Any]) -> float | None:
     s = deep["commands"]["sha256sum"]
     if not s.median or not deep["site_bytes"]:
         return None
-    floor_s = deep["bytes"] / (deep["hashlib_gb_s_per_core"] * 1e9 * deep["cpus"])
-    return floor_s / s.median
+    floor_s: float = deep["bytes"] / (deep["hashlib_gb_s_per_core"] * 1e9 * deep["cpus"])
+    return floor_s / float(s.median)
 
 
 def targets(run: Any, main: dict[str, Any], deep: dict[str, Any] | None) -> list[Any]:
