@@ -201,6 +201,12 @@ def test_corrupt_truncated_foreign_or_wrong_type_cache_is_ignored_and_rewritten(
         assert report["hashed_files"] == 23 and report["dists"] == {}, name
         again = _check(site, cache)  # rewritten: now loadable and used
         assert again["hashed_files"] == 0 and again["dists"] == {}, name
+    if os.getuid() == 0:  # another user's file, valid in every other way, vouches for nothing
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        Path(filehashes.cache_path([str(site)], str(theirs))).write_bytes(valid)
+        os.chown(filehashes.cache_path([str(site)], str(theirs)), 12345, 12345)
+        assert _check(site, theirs)["hashed_files"] == 23
     # A directory where the file should be: nothing to read, nothing written, no exception.
     blocked = tmp_path / "blocked"
     os.makedirs(filehashes.cache_path([str(site)], str(blocked)))

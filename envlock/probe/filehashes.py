@@ -60,12 +60,17 @@ def cache_path(sites: Sequence[str], directory: Optional[str] = None) -> str:
 
 
 def load(path: str, prefix: str, sites: List[str]) -> Dict[str, Any]:
-    """The entries of ``path``; empty for a missing, unreadable, oversized or foreign file.
+    """The entries of ``path``; empty for a missing, unreadable, oversized or foreign file, or
+    one another user owns.
 
     Entries are checked one by one where they are used (``FileHashes.lookup``), not here:
     one pass over 25,000 of them would cost as much as the parse."""
     try:
         with open(path, "rb") as fh:
+            # Someone else's file (planted in a shared $ENVLOCK_CACHE_DIR before ours existed:
+            # a sticky /tmp would not let us replace it) could vouch for any edited file.
+            if hasattr(os, "getuid") and os.fstat(fh.fileno()).st_uid != os.getuid():
+                return {}
             raw = fh.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             return {}
