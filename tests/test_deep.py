@@ -302,7 +302,7 @@ def test_forked_shards_agree_with_threads(tmp_path: Path) -> None:
 _LINE = st.tuples(
     st.sampled_from(["pkg/a.py", "pkg/sub/b.py", '"pkg/q,uoted.py"', "../../../bin/x", "/abs/p",
                      "pkg/__pycache__/a.cpython-311.pyc", "pkg-1.0.dist-info/RECORD", "pkg/./c.py",
-                     "pkg\\win.py", "", "pkg/a.py,extra"]),
+                     "pkg\\win.py", "", "pkg/a.py,extra", "pkg/nul\x00.py"]),
     st.sampled_from(["", "sha256=", "md5=abc", "sha256=AAAA", "sha256=zz,", "x"]),
     st.sampled_from(["", "1", "abc", "-5", "99999999999999999999"]),
 )

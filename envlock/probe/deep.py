@@ -193,6 +193,8 @@ def _safe_hash(path: str, buf: Optional[bytearray] = None) -> str:
         return "missing"
     except OSError as exc:
         return "unreadable:%s" % (exc.strerror or type(exc).__name__)
+    except ValueError as exc:  # a NUL in a RECORD path: no file can have that name
+        return "unreadable:%s" % exc
 
 
 class _Counter:
@@ -353,7 +355,7 @@ def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
     claimed: Dict[str, Set[str]] = {}
     owners: Dict[Tuple[str, str], _Dist] = {}
     jobs, tops = _plan(objs, claimed, owners)
-    # RECORD's sizes, not a stat per file: they only schedule work and scale the progress bar.
+    # RECORD's sizes: they only schedule work and scale the progress bar.
     sizes = [job[4] for job in jobs]
     total_files, total_bytes = len(jobs), sum(sizes)
     counter = _Counter()

@@ -100,7 +100,7 @@ class FileHashes:
         self.enabled = os.name == "posix"
         self.read = read and self.enabled
         self.state = "off" if not self.enabled else "used" if read else "ignored"
-        self.loaded: Dict[str, Any] = load(self.path, sys.prefix, self.sites) if self.read else {}
+        self.loaded: Dict[str, Any] = {}  # read by lookup, inside the check's timing
         # What the next save writes: entries confirmed by this check, then fresh ones.
         self.keep: Dict[str, List[Any]] = {}
         self.fresh = 0
@@ -111,6 +111,8 @@ class FileHashes:
     def lookup(self, paths: Sequence[str]) -> List[Optional[str]]:
         """Stat every path, before any is read; each one's stored hash when its stat is the
         stored one, else None (hash it)."""
+        if self.read:
+            self.loaded = load(self.path, sys.prefix, self.sites)
         self.start_ns = time.time_ns()
         self.paths = paths
         found: List[Optional[str]] = [None] * len(paths)
