@@ -24,10 +24,12 @@ ext4, xfs, btrfs). Anything written later gets a ctime at least that much newer 
 one. A racy file is simply hashed again next time, and stored then.
 
 One JSON file per environment (``sys.prefix`` and its site directories, hashed into the name),
-beside the torch facts: json because it loads ~25,000 entries in ~30 ms with the C parser and a
-file someone else wrote cannot run code (pickle and marshal are out). Written through a temp file
-and a rename (last writer wins, never a torn file); a file that is unreadable, truncated, of
-another format or shape is ignored and rewritten. Stdlib only, Python >= 3.8; never raises.
+beside the torch facts: json because the C parser loads a torch venv's 17,600 entries (3.5 MB)
+in ~30 ms (a line format split in Python took twice as long), and a file someone else wrote
+cannot run code (pickle and marshal are out). Written through a temp file and a rename (last
+writer wins, never a torn file); a file that is unreadable, truncated, of another format or
+shape, or owned by another user is ignored and rewritten. Stdlib only, Python >= 3.8; never
+raises.
 """
 
 from __future__ import annotations
