@@ -240,7 +240,8 @@ def _add_capture(sub: Subparsers) -> None:
     p.add_argument("--deep", action="store_true",
                    help="also record each distribution's files as they are on disk")
     p.add_argument("--no-cache", action="store_true",
-                   help="import torch even when its cached facts are still valid")
+                   help="ignore every cache: import torch even when its cached facts are still "
+                        "valid, and with --deep re-hash every file, not only those whose stat changed")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_capture)
@@ -258,7 +259,8 @@ def _add_verify(sub: Subparsers) -> None:
     p.add_argument("--deep", action="store_true",
                    help="re-hash every installed file against its distribution's RECORD")
     p.add_argument("--no-cache", action="store_true",
-                   help="import torch even when its cached facts are still valid")
+                   help="ignore every cache: import torch even when its cached facts are still "
+                        "valid, and with --deep re-hash every file, not only those whose stat changed")
     p.set_defaults(func=cmd_verify)
 
 

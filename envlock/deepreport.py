@@ -75,16 +75,24 @@ def align(expected: Lock, current: Lock) -> tuple[Lock, Lock]:
 
 
 def summary(report: dict[str, Any] | None) -> str:
-    """One line: what was hashed, how fast."""
+    """One line: what was checked, and how much of it was read again or taken on its stat."""
     if not report:
         return ""
     secs = max(report.get("seconds", 0.0), 1e-6)
+    files = report.get("files", 0)
     gb = report.get("bytes", 0) / 1e9
+    cached = report.get("cached_files", 0)
     bad = len(report.get("dists", {}))
-    return (f"deep: {report.get('files', 0)} files, {gb:.2f} GB hashed in {secs:.2f}s "
-            f"({gb / secs:.2f} GB/s, {report.get('workers', 1)} workers); "
-            + (f"{bad} distribution(s) differ from RECORD" if bad else "every file matches RECORD")
-            + "\n")
+    if cached:
+        # Said in full: a user who suspects more than an edit needs to know what was trusted.
+        head = (f"deep: {files} files ({gb:.2f} GB) in {secs:.2f}s; "
+                f"{report.get('hashed_files', files - cached)} re-hashed, {cached} unchanged "
+                f"since the last check by size/mtime/ctime (--no-cache re-hashes all); ")
+    else:
+        head = (f"deep: {files} files, {gb:.2f} GB hashed in {secs:.2f}s "
+                f"({gb / secs:.2f} GB/s, {report.get('workers', 1)} workers); ")
+    return head + (f"{bad} distribution(s) differ from RECORD" if bad
+                   else "every file matches RECORD") + "\n"
 
 
 def torch_facts_line(lock: Lock) -> str:

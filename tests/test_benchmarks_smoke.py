@@ -141,9 +141,11 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
     main = {k: _cmd(k, v) for k, v in {
         "import_torch": [1.0], "verify": [0.09], "capture_cold": [1.2], "verify_no_torch": [0.2],
         "show_venv": [0.1], "uv_freeze": [0.03], "verify_no_cache": [1.1]}.items()}
-    deep = {"commands": {"sha256sum": _cmd("s", [4.0]), "verify_deep": _cmd("d", [1.0])},
+    deep = {"commands": {"sha256sum": _cmd("s", [4.0]), "verify_deep": _cmd("d", [1.0]),
+                         "verify_deep_full": _cmd("f", [2.0])},
             "files": 37000, "bytes": 1_000_000_000, "site_bytes": 1_100_000_000,
-            "hashlib_gb_s_per_core": 1.45, "cpus": 2, "workers": 2, "in_probe_s": 0.8}
+            "hashlib_gb_s_per_core": 1.45, "cpus": 2, "workers": 2, "in_probe_s": 0.8,
+            "warm_in_probe_s": 0.3, "warm_hashed_files": 12, "warm_cached_files": 36988}
     verdicts = {t.name: t.verdict for t in deepbench.targets(run, main, deep)}
     assert verdicts == {
         "warm verify (torch facts cached) <= 0.1 x import torch": "PASS",
@@ -152,9 +154,14 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
         "show <= 5 x uv pip freeze": "PASS",
         "(info) verify --no-cache / import torch": "info",
         "verify --deep <= 0.2 x sha256sum": "MISS",
+        "(info) verify --deep --no-cache (full re-hash) / sha256sum": "info",
     }
+    full = next(t for t in deepbench.targets(run, main, deep) if "full re-hash" in t.name)
+    # The bound: 1 GB at 1.45 GB/s on each of 2 cores (0.345 s) over sha256sum's 4 s.
+    assert full.value == 0.5 and abs(full.limit - 1 / 2.9 / 4) < 1e-9
     text = deepbench.render(deep)
     assert "0.25x sha256sum" in text and "1.00 GB/s" in text.replace("| 1.00 |", "1.00 GB/s")
+    assert "re-hashed 12 and took 36988 on their stat" in text and "full re-hash is 0.50x" in text
     assert deepbench.as_json(deep)["commands"]["verify_deep"]["median_s"] == 1.0
 
 

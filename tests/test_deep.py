@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from helpers import REPO, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock.probe import deep
+from envlock.probe import deep, filehashes
 
 NAME = "demo_pkg"
 
@@ -71,6 +72,14 @@ def make_venv(root: Path, wheel: Path, installer: str = "pip") -> Path:
 
 def site(venv: Path) -> Path:
     return next((venv / "lib").glob("python3*/site-packages"))
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's caches (file hashes, torch facts) in its own directory, not the user's."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(cache))
+    return cache
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +159,37 @@ def test_edited_missing_added_files_are_each_named(tmp_path: Path, venv: Path) -
     assert report["dists"] == {"demo-pkg": {
         "added": [f"{NAME}/sub/patch.py"], "missing": [f"{NAME}/sub/m3.py"],
         "modified": ["../../../bin/demo-cli", f"{NAME}/__init__.py"]}}
+
+
+def test_a_second_verify_deep_reads_only_what_changed(tmp_path: Path, venv: Path) -> None:
+    time.sleep(filehashes.RACY_NS / 1e9 + 0.2)  # the copy is new: let it leave the racy window
+    lock = tmp_path / "env.lock"
+    _capture(venv, lock, "--deep")  # capture --deep hashes every file, and fills the cache
+
+    def deep_report(*extra: str) -> dict[str, Any]:
+        res = _verify(venv, lock, "--deep", "--json", *extra)
+        assert res.returncode == 0, res.stdout + res.stderr
+        report: dict[str, Any] = json.loads(res.stdout)["deep"]
+        return report
+
+    first = deep_report()
+    assert first["stat_cache"] == "used" and first["files"] > 20
+    assert (first["hashed_files"], first["hashed_bytes"]) == (0, 0)  # capture --deep left it warm
+    assert (first["cached_files"], first["cached_bytes"]) == (first["files"], first["bytes"])
+    full = deep_report("--no-cache")
+    assert full["stat_cache"] == "ignored" and full["cached_files"] == 0
+    assert (full["hashed_files"], full["hashed_bytes"]) == (first["files"], first["bytes"])
+    second = deep_report()  # --no-cache rewrote the cache: still warm
+    assert second == {**first, "seconds": second["seconds"]}
+    assert first["dists"] == second["dists"] == full["dists"] == {}
+    res = _verify(venv, lock, "--deep")
+    assert (f"0 re-hashed, {first['files']} unchanged since the last check by size/mtime/ctime "
+            "(--no-cache re-hashes all); every file matches RECORD") in res.stdout
+    with open(site(venv) / NAME / "sub" / "m2.py", "a") as fh:
+        fh.write("# edited\n")
+    res = _verify(venv, lock, "--deep")
+    assert res.returncode == 1 and f"demo-pkg: modified: {NAME}/sub/m2.py" in res.stdout
+    assert f"1 re-hashed, {first['files'] - 1} unchanged" in res.stdout
 
 
 def test_first_files_per_dist_then_all(tmp_path: Path, venv: Path) -> None:
@@ -262,7 +302,7 @@ def test_forked_shards_agree_with_threads(tmp_path: Path) -> None:
 _LINE = st.tuples(
     st.sampled_from(["pkg/a.py", "pkg/sub/b.py", '"pkg/q,uoted.py"', "../../../bin/x", "/abs/p",
                      "pkg/__pycache__/a.cpython-311.pyc", "pkg-1.0.dist-info/RECORD", "pkg/./c.py",
-                     "pkg\\win.py", "", "pkg/a.py,extra"]),
+                     "pkg\\win.py", "", "pkg/a.py,extra", "pkg/nul\x00.py"]),
     st.sampled_from(["", "sha256=", "md5=abc", "sha256=AAAA", "sha256=zz,", "x"]),
     st.sampled_from(["", "1", "abc", "-5", "99999999999999999999"]),
 )

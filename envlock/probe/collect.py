@@ -78,7 +78,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
-        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes))
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
@@ -147,13 +147,16 @@ def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str
 
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
-                processes: bool) -> None:
+                processes: bool, cache: bool) -> None:
     """``--deep``: every file of every active distribution against its RECORD (deep.py).
 
     Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
     ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
+    Files whose stat is unchanged since an earlier check are not read (filehashes.py); without
+    ``cache`` every file is, and the cache is rewritten from what was read.
     """
     from . import deep
+    from .filehashes import FileHashes
 
     cb = None
     if progress:
@@ -162,7 +165,10 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
             sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
                              % (files, total_files, nbytes, total_bytes))
             sys.stderr.flush()
-    report = deep.check(locations, progress=cb, processes=processes)
+    hashes = FileHashes([site for _, site, _ in locations], read=cache)
+    report = deep.check(locations, progress=cb, processes=processes, stat_cache=hashes)
+    hashes.save()
+    report["stat_cache"] = hashes.state
     by_name = {p["name"]: p for p in doc.get("packages", [])}
     for name, digest in report.pop("digests").items():
         pkg = by_name.get(name)

@@ -20,6 +20,9 @@ Files whose RECORD entry legitimately does not match, each handled by its own ru
   the per-distribution digest only, because their bytes name this venv (interpreter path in a
   shebang, a local path in direct_url.json) and would differ between two identical installs.
 * any other entry without a hash (a legacy installer's generated file): existence only.
+
+A file whose stat is the one it had when last hashed is not read again (``filehashes.py``,
+passed in as ``stat_cache``): a second check of an unchanged torch venv reads nothing.
 """
 
 from __future__ import annotations
@@ -33,13 +36,24 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 # Whole-file reads up to this size (one read, one hash call); larger files are streamed through
 # a per-thread buffer, so memory stays at workers x CHUNK whatever the files are.
 CHUNK = 1 << 20
 _INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
 Progress = Callable[[int, int, int, int], None]
+
+
+class StatCache(Protocol):
+    """Hashes remembered by each file's stat (``filehashes.FileHashes``, passed in by the probe:
+    this module imports nothing of the probe's, so it also runs on its own)."""
+
+    def lookup(self, paths: Sequence[str]) -> List[Optional[str]]:
+        """Stat every path before any is read; its remembered hash, or None to hash it."""
+
+    def store(self, indices: Sequence[int], digests: Sequence[str]) -> None:
+        """The hashes just taken of ``paths[i]`` for each of ``indices``."""
 
 
 def record_hash(path: str, buf: Optional[bytearray] = None) -> str:
@@ -179,6 +193,8 @@ def _safe_hash(path: str, buf: Optional[bytearray] = None) -> str:
         return "missing"
     except OSError as exc:
         return "unreadable:%s" % (exc.strerror or type(exc).__name__)
+    except ValueError as exc:  # a NUL in a RECORD path: no file can have that name
+        return "unreadable:%s" % exc
 
 
 class _Counter:
@@ -316,14 +332,17 @@ def _hash_all(paths: List[str], sizes: List[int], workers: int, processes: bool,
 
 
 def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
-          progress: Optional[Progress] = None, processes: bool = False) -> Dict[str, Any]:
+          progress: Optional[Progress] = None, processes: bool = False,
+          stat_cache: Optional[StatCache] = None) -> Dict[str, Any]:
     """Check distributions given as ``(name, site_dir, dist_info_dirname)``.
 
-    Returns ``{"files", "bytes", "seconds", "workers", "dists": {name: {kind: [relpath]}},
+    Returns ``{"files", "bytes", "hashed_files", "hashed_bytes", "cached_files",
+    "cached_bytes", "seconds", "workers", "dists": {name: {kind: [relpath]}},
     "digests": {name: hex}}``; kinds are ``modified``, ``missing``, ``added``, ``unreadable``.
     A bad file becomes a finding, never an exception. ``processes`` lets small files be
     hashed in forked children: only for a process that owns no GPU context and no threads of
-    its own (the probe run as a script), never inside a training process.
+    its own (the probe run as a script), never inside a training process. ``stat_cache``:
+    files it vouches for are not read (``cached_*``); the rest are hashed and handed back to it.
     """
     start = time.perf_counter()
     if workers is None:
@@ -336,7 +355,7 @@ def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
     claimed: Dict[str, Set[str]] = {}
     owners: Dict[Tuple[str, str], _Dist] = {}
     jobs, tops = _plan(objs, claimed, owners)
-    # RECORD's sizes, not a stat per file: they only schedule work and scale the progress bar.
+    # RECORD's sizes: they only schedule work and scale the progress bar.
     sizes = [job[4] for job in jobs]
     total_files, total_bytes = len(jobs), sum(sizes)
     counter = _Counter()
@@ -347,11 +366,21 @@ def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
         def tick() -> None:
             cb(counter.files, total_files, counter.bytes, total_bytes)
 
+    paths = [j[0] for j in jobs]
+    known = stat_cache.lookup(paths) if stat_cache is not None else [None] * len(paths)
+    todo = [i for i, digest in enumerate(known) if digest is None]
+    todo_sizes = [sizes[i] for i in todo]
+    counter.add(total_files - len(todo), total_bytes - sum(todo_sizes))
     added: List[Tuple[str, str, _Dist]] = []
-    hashes = _hash_all([j[0] for j in jobs], sizes, workers, processes, counter, tick,
-                       lambda: added.extend(_added(tops, claimed, owners)))
+    fresh = _hash_all([paths[i] for i in todo], todo_sizes, workers, processes, counter, tick,
+                      lambda: added.extend(_added(tops, claimed, owners)))
     if tick is not None:
         tick()
+    if stat_cache is not None:
+        stat_cache.store(todo, fresh)
+    hashes = [digest or "" for digest in known]
+    for i, digest in zip(todo, fresh):  # noqa: B905 (3.8)
+        hashes[i] = digest
     for (_full, expected, rel, dist, _), actual in zip(jobs, hashes):  # noqa: B905 (3.8)
         leaf = rel.rsplit("/", 1)[-1]
         digestable = not rel.startswith("../") and not (
@@ -369,6 +398,8 @@ def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
         owner.disk[rel] = _safe_hash(os.path.join(site, rel))
     report: Dict[str, Any] = {
         "files": total_files, "bytes": total_bytes, "workers": workers,
+        "hashed_files": len(todo), "hashed_bytes": sum(todo_sizes),
+        "cached_files": total_files - len(todo), "cached_bytes": total_bytes - sum(todo_sizes),
         "processes": bool(processes and workers > 1),
         "seconds": round(time.perf_counter() - start, 3), "dists": {}, "digests": {},
     }
