@@ -257,7 +257,8 @@ def _add_verify(sub: Subparsers) -> None:
                    help="also list info-level differences, and every file --deep finds")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--deep", action="store_true",
-                   help="re-hash every installed file against its distribution's RECORD")
+                   help="check every installed file against its distribution's RECORD (files "
+                        "whose stat is unchanged since the last check are not re-read)")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore every cache: import torch even when its cached facts are still "
                         "valid, and with --deep re-hash every file, not only those whose stat changed")
