@@ -10,9 +10,10 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import source
+from . import ospkgs, source
 from .files import atomic_json, read_text
 from .packages import path_entries, record_sha256
 from .rules import canonicalize_name
@@ -30,6 +31,7 @@ from .rules import canonicalize_name
 # ---------------------------------------------------------------------------------------------
 
 CACHE_FORMAT = 1
+RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
 CACHE_MAX_ENTRIES = 64
 # Everything torch, its BLAS/OpenMP runtimes, CUDA or the dynamic loader read at import.
 _KEY_ENV_PREFIXES = (
@@ -80,9 +82,27 @@ def _torch_dists() -> List[Tuple[str, str]]:
     return found
 
 
-def torch_cache_key() -> Optional[str]:
+def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
+    """(sha256 of a RECORD, the shared libraries it lists inside site-packages), or None."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    libs = []
+    for line in data.splitlines():
+        rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
+        leaf = rel.rsplit("/", 1)[-1]
+        if ".so" in leaf and not rel.startswith("../"):
+            libs.append(rel)
+    return hashlib.sha256(data).hexdigest(), libs
+
+
+def torch_cache_key(records: Optional["RecordDigests"] = None) -> Optional[str]:
     """sha256 of every input the torch facts depend on, or None when they cannot be pinned
-    down (no torch distribution with a RECORD: a source checkout, an egg)."""
+    down (no torch distribution with a RECORD: a source checkout, an egg).
+
+    ``records`` remembers what each RECORD yields by its stat (torch's is ~15,000 lines)."""
     import importlib.util
 
     dists = _torch_dists()
@@ -102,17 +122,12 @@ def torch_cache_key() -> Optional[str]:
         _stat_line(spec.origin), source.digest())
     for entry, info in dists:
         record = os.path.join(entry, info, "RECORD")
-        try:
-            with open(record, "rb") as fh:
-                data = fh.read()
-        except OSError:
+        scanned = records.scan(record) if records is not None else scan_record(record)
+        if scanned is None:
             return None
-        put(info, hashlib.sha256(data).hexdigest())
-        for line in data.splitlines():
-            rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
-            leaf = rel.rsplit("/", 1)[-1]
-            if ".so" in leaf and not rel.startswith("../"):
-                put(_stat_line(os.path.join(entry, rel)))
+        put(info, scanned[0])
+        for rel in scanned[1]:
+            put(_stat_line(os.path.join(entry, rel)))
     for directory in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
         if not directory:
             continue
@@ -179,48 +194,193 @@ def cache_write(key: str, facts: Dict[str, Any]) -> None:
         pass  # another run pruned the same entry first
 
 
-class RecordDigests:
-    """``record_sha256`` of big RECORD files, remembered by their stat.
+# ---------------------------------------------------------------------------------------------
+# Stat-keyed entries: a file's parsed form, reused while the file is provably the same file.
+#
+# The key is (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns). Any write, truncation, chmod
+# or rename moves the ctime to the current time, which user space cannot set (``touch`` sets
+# mtime and atime, not ctime), and a file replaced by a rename (dpkg writes ``status-new`` and
+# renames it over ``status``; installers rewrite RECORD) has a new inode or a new ctime even when
+# its inode number is reused. What is left is the timestamp granularity: two changes within one
+# clock tick leave the same stat. So, as git does with racily clean index entries, a file is
+# remembered only when it last changed more than SETTLE_NS before it was read; a change after
+# the read gets a later ctime, so an entry never outlives its file. Such a file is simply read
+# again on the next run.
+# ---------------------------------------------------------------------------------------------
 
-    torch's RECORD alone is ~15,000 lines (~60 ms to digest); an installer rewrites RECORD
-    whenever it touches a distribution, which changes its inode, size or mtime. Small RECORDs
-    are cheaper to digest than to look up and are not kept.
+SETTLE_NS = 3 * 10**9  # above the coarsest timestamp granularity in use (FAT: 2 s)
+
+
+def stat_key(st: os.stat_result) -> List[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def settled(st: os.stat_result) -> bool:
+    """True when the file last changed long enough ago that its stat identifies its content."""
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS
+
+
+def _valid_key(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 5 and all(type(v) is int for v in value)
+
+
+def _read_entry(path: str, limit: int) -> Any:
+    """The JSON at ``path``; None when missing, unreadable, corrupt or too big."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+class RecordDigests:
+    """What the probe derives from RECORD files, remembered by their stat (see above).
+
+    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, ~60 ms to
+    digest; the digests of a small venv together cost more than the lookups), and for the
+    torch-facts key the raw sha256 and the shared libraries a RECORD lists (``scan``).
+    One file per interpreter.
     """
 
-    MIN_SIZE = 32 << 10
+    MAX_BYTES = 1 << 24
 
     def __init__(self) -> None:
         h = hashlib.sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
         self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
         self.entries: Dict[str, List[Any]] = {}
+        self.scans: Dict[str, List[Any]] = {}
         self.dirty = False
-        try:
-            with open(self.path, "rb") as fh:
-                data = json.loads(fh.read(1 << 24).decode("utf-8"))
-            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT \
-                    and isinstance(data.get("entries"), dict):
-                self.entries = data["entries"]
-        except (OSError, ValueError):
-            pass
+        data = _read_entry(self.path, self.MAX_BYTES)
+        if isinstance(data, dict) and data.get("format") == RECORDS_FORMAT:
+            for name, store in (("entries", self.entries), ("scans", self.scans)):
+                found = data.get(name)
+                if isinstance(found, dict):
+                    store.update(found)
 
-    def __call__(self, path: str) -> Optional[str]:
+    def _lookup(self, store: Dict[str, List[Any]], path: str, size: int
+                ) -> "Tuple[Optional[os.stat_result], Optional[List[Any]]]":
         try:
             st = os.stat(path)
         except OSError:
+            return None, None
+        entry = store.get(path)
+        if isinstance(entry, list) and len(entry) == size + 1 and _valid_key(entry[0]) \
+                and entry[0] == stat_key(st):
+            return st, entry[1:]
+        return st, None
+
+    def __call__(self, path: str) -> Optional[str]:
+        st, hit = self._lookup(self.entries, path, 1)
+        if st is None:
             return None
-        if st.st_size < self.MIN_SIZE:
-            return record_sha256(path)
-        sig = [st.st_size, st.st_mtime_ns, st.st_ino]
-        entry = self.entries.get(path)
-        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == sig \
-                and isinstance(entry[3], str):
-            return entry[3]
+        if hit is not None and isinstance(hit[0], str):
+            return hit[0]
         digest = record_sha256(path)
-        if digest is not None:
-            self.entries[path] = [*sig, digest]
+        if digest is not None and settled(st):
+            self.entries[path] = [stat_key(st), digest]
             self.dirty = True
         return digest
 
+    def scan(self, path: str) -> Optional[Tuple[str, List[str]]]:
+        """``scan_record(path)``, remembered."""
+        st, hit = self._lookup(self.scans, path, 2)
+        if st is None:
+            return None
+        if hit is not None and isinstance(hit[0], str) and isinstance(hit[1], list) \
+                and all(isinstance(x, str) for x in hit[1]):
+            return hit[0], hit[1]
+        found = scan_record(path)
+        if found is not None and settled(st):
+            self.scans[path] = [stat_key(st), found[0], found[1]]
+            self.dirty = True
+        return found
+
     def save(self) -> None:
         if self.dirty:
-            atomic_json(self.path, {"format": CACHE_FORMAT, "entries": self.entries})
+            atomic_json(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
+                                    "scans": self.scans})
+            self.dirty = False
+
+
+# ---------------------------------------------------------------------------------------------
+# OS package database: dpkg's status file (~12 ms to parse with 800 packages) or apk's
+# installed file, remembered by its stat (see above). rpm has no such file (a BerkeleyDB or
+# SQLite database with a journal, read through ``rpm -qa``) and is always asked.
+# ---------------------------------------------------------------------------------------------
+
+OSPKGS_FORMAT = 1
+_PKG_FIELDS = ("name", "version", "arch", "source")
+
+
+def _parser_digest() -> str:
+    """The parser is part of the key: a newer ospkgs.py may read the same file differently."""
+    try:
+        with open(ospkgs.__file__, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except (OSError, TypeError):
+        return "unknown:%s" % time.time()  # unreadable: never reuse
+
+
+def _spec_list_re() -> "re.Pattern[str]":
+    # The entry's pins, one per line, are checked as one string: what ospkgs.spec() returns.
+    return re.compile("(?:%s\n)*%s" % (ospkgs.SPEC_PATTERN, ospkgs.SPEC_PATTERN))
+
+
+def database_from_entry(entry: Any, key: List[Any], root: str) -> Optional[ospkgs.Database]:
+    """The database an entry holds; None unless it is exactly the shape written for ``key``."""
+    if not isinstance(entry, dict) or entry.get("format") != OSPKGS_FORMAT \
+            or entry.get("key") != key:
+        return None
+    manager, packages, dirs = entry.get("manager"), entry.get("packages"), entry.get("apk_dirs")
+    specs = entry.get("specs")
+    if manager not in ("dpkg", "apk") or type(packages) is not list or type(specs) is not list:
+        return None
+    fields, required = set(_PKG_FIELDS), set(_PKG_FIELDS[:3])
+    for pkg in packages:
+        if type(pkg) is not dict or not fields.issuperset(pkg) or not required <= pkg.keys():
+            return None
+        for value in pkg.values():
+            if type(value) is not str:
+                return None
+    if specs and not (all(type(x) is str for x in specs)
+                      and _spec_list_re().fullmatch("\n".join(specs))):
+        return None
+    if manager == "apk":
+        if not isinstance(dirs, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in dirs.items()):
+            return None
+    elif dirs is not None:
+        return None
+    return ospkgs.Database(manager, packages, root, dirs, specs)
+
+
+def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Optional[ospkgs.Database]:
+    """``ospkgs.load(root, run)``, remembered by the stat of the file it reads.
+
+    Both database files are keyed (present or absent): ``load`` reads dpkg's when there is one,
+    else apk's, so the pair decides what it reads.
+    """
+    stats: List[Optional[os.stat_result]] = []
+    for rel in (ospkgs.DPKG_STATUS, ospkgs.APK_INSTALLED):
+        try:
+            stats.append(os.stat(os.path.join(root, rel)))
+        except OSError:
+            stats.append(None)
+    if all(st is None for st in stats):
+        return ospkgs.load(root, run)
+    key: List[Any] = [root, _parser_digest(), [stat_key(st) if st else None for st in stats]]
+    digest = hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
+    path = os.path.join(cache_dir(), "ospkgs-%s.json" % digest[:32])
+    db = database_from_entry(_read_entry(path, 1 << 26), key, root)
+    if db is not None:
+        return db
+    db = ospkgs.load(root, run)
+    if db is not None and db.manager in ("dpkg", "apk") \
+            and all(settled(st) for st in stats if st is not None):
+        atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
+                           "packages": db.packages, "apk_dirs": db.apk_dirs,
+                           "specs": db.specs()})
+    return db

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .cache import RecordDigests, cache_read, cache_write, torch_cache_key
+from .cache import RecordDigests, cache_read, cache_write, load_os_packages, torch_cache_key
 from .env import collect_env
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
@@ -71,10 +71,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     records = guard("cache", RecordDigests) if cache else None
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or record_sha256))
-    if records is not None:
-        records.save()
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
-    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
+    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations,
+                                                                   cache=cache))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
@@ -82,7 +81,10 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
-    key = guard("cache", torch_cache_key) if cache and _cacheable(torch, canary) else None
+    key = guard("cache", lambda: torch_cache_key(records)) \
+        if cache and _cacheable(torch, canary) else None
+    if records is not None:
+        records.save()
     facts = cache_read(key) if key else None
     gpu = None
     if facts is not None:
@@ -134,11 +136,14 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
-                        root: str = "/") -> Optional[Dict[str, Any]]:
-    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
+                        root: str = "/", cache: bool = False) -> Optional[Dict[str, Any]]:
+    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
+
+    ``cache``: reuse the parsed database while its file is unchanged (``cache.load_os_packages``).
+    """
     from . import ospkgs
 
-    db = ospkgs.load(root, run_tool)
+    db = load_os_packages(root, run_tool) if cache else ospkgs.load(root, run_tool)
     if db is None:
         return None
     ospkgs.mark_system(packages, locations, db)

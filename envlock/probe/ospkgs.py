@@ -27,9 +27,14 @@ RPM_TIMEOUT = 20.0
 RPM_QUERYFORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
 
 # What a lock accepts for each part; anything else in a database is dropped, not trusted.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")
-_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")
-_ARCH_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"
+_VERSION = r"[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}"
+_ARCH = r"[a-z0-9][a-z0-9_-]{0,31}"
+_NAME_RE = re.compile("^%s$" % _NAME)
+_VERSION_RE = re.compile("^%s$" % _VERSION)
+_ARCH_RE = re.compile("^%s$" % _ARCH)
+# A whole pin as spec() writes it (the parts cannot hold ":" or "=" before the version).
+SPEC_PATTERN = "%s:%s=%s" % (_NAME, _ARCH, _VERSION)
 # Where an OS package manager puts Python distributions (never /usr/local, where pip goes).
 _SYSTEM_SITE_RE = re.compile(r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$")
 
@@ -132,15 +137,19 @@ class Database:
     """The OS packages of one root, and (for dpkg and apk) who owns which directory."""
 
     def __init__(self, manager: str, packages: List[Dict[str, str]], root: str,
-                 apk_dirs: Optional[Dict[str, str]] = None) -> None:
+                 apk_dirs: Optional[Dict[str, str]] = None,
+                 specs: Optional[List[str]] = None) -> None:
         self.manager = manager
         self.packages = packages
         self.root = root
-        self._apk_dirs = apk_dirs
+        self.apk_dirs = apk_dirs
+        self._specs = specs  # what specs() returned when the database was read (a cache)
 
     def specs(self) -> List[str]:
-        found = (spec(p["name"], p["arch"], p["version"]) for p in self.packages)
-        return sorted(set(s for s in found if s))
+        if self._specs is None:
+            found = (spec(p["name"], p["arch"], p["version"]) for p in self.packages)
+            self._specs = sorted(set(s for s in found if s))
+        return list(self._specs)
 
     def document(self) -> Dict[str, object]:
         return {"manager": self.manager, "packages": self.specs()}
@@ -151,7 +160,7 @@ class Database:
         if not wanted:
             return {}
         if self.manager == "apk":
-            names = self._apk_dirs or {}
+            names = self.apk_dirs or {}
             found = {d: names[d] for d in wanted if d in names}
         elif self.manager == "dpkg":
             found = _dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
