@@ -244,14 +244,61 @@ def scrub_string(text: str, secrets: List[str]) -> str:
 def scrub_document(doc: Any, secrets: List[str]) -> Any:
     """Last line of defence: no credential-bearing URL and no secret value survives anywhere
     in the document, keys included."""
+    return _scrub_tree(doc, secrets, _Precheck(doc, secrets))
+
+
+class _Precheck:
+    """Which strings of one document ``scrub_string`` can change, decided for all at once.
+
+    ``scrub_string`` changes a string only if it holds "://" or "@" (URLs, scp remotes), a
+    token shape, or a secret value. The last two are searched once in all the document's
+    strings joined by newlines: a token shape matched inside one string matches there too (no
+    part of the pattern matches a newline, and a newline is a non-word character like a
+    string's edge), and a value inside one string is inside the joined text. So when the
+    joined text holds no token shape, a string without "://", "@" and the secrets found in the
+    joined text comes back from ``scrub_string`` unchanged, and is not scrubbed one by one.
+    """
+
+    def __init__(self, doc: Any, secrets: List[str]) -> None:
+        parts: List[str] = []
+        _strings(doc, parts)
+        joined = "\n".join(parts)
+        self.tokens = _TOKEN_SHAPES_RE.search(joined) is not None
+        self.present = [s for s in secrets if s in joined]
+
+    def clean(self, text: str, secrets: bool = True) -> bool:
+        """True when ``scrub_string(text, ...)`` would return ``text`` as it is."""
+        if self.tokens or "://" in text or "@" in text:
+            return False
+        return not (secrets and any(s in text for s in self.present))
+
+
+def _strings(doc: Any, out: List[str]) -> None:
     if isinstance(doc, dict):
-        return {scrub_string(k, secrets) if isinstance(k, str) else k: scrub_document(v, secrets)
-                for k, v in doc.items()}
+        for k, v in doc.items():
+            if isinstance(k, str):
+                out.append(k)
+            _strings(v, out)
+    elif isinstance(doc, list):
+        for v in doc:
+            _strings(v, out)
+    elif isinstance(doc, str):
+        out.append(doc)
+
+
+def _scrub_tree(doc: Any, secrets: List[str], check: _Precheck) -> Any:
+    if isinstance(doc, dict):
+        return {_scrub_leaf(k, secrets, check) if isinstance(k, str) else k:
+                _scrub_tree(v, secrets, check) for k, v in doc.items()}
     if isinstance(doc, list):
-        return [scrub_document(v, secrets) for v in doc]
+        return [_scrub_tree(v, secrets, check) for v in doc]
     if isinstance(doc, str):
-        return scrub_string(doc, secrets)
+        return _scrub_leaf(doc, secrets, check)
     return doc
+
+
+def _scrub_leaf(text: str, secrets: List[str], check: _Precheck) -> str:
+    return text if check.clean(text, bool(secrets)) else scrub_string(text, secrets)
 
 
 # What is installed is named by package metadata, never by the environment: a secret value that
@@ -263,13 +310,14 @@ _IDENTITY_KEYS = ("name", "version", "active_version")
 def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, Any]:
     """``scrub_document`` for a probe's whole output, package names and versions exempt from
     the secret values (URLs and token shapes are still stripped from them)."""
-    out: Dict[str, Any] = scrub_document(doc, secrets)
+    check = _Precheck(doc, secrets)
+    out: Dict[str, Any] = _scrub_tree(doc, secrets, check)
     for table in ("packages", "duplicates"):
         for i, row in enumerate(doc.get(table) or []):
             for k in _IDENTITY_KEYS:
                 if isinstance(row, dict) and isinstance(row.get(k), str):
-                    out[table][i][k] = scrub_string(row[k], [])
+                    out[table][i][k] = _scrub_leaf(row[k], [], check)
     os_pkgs = doc.get("os_packages")
     if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
-        out["os_packages"]["packages"] = scrub_document(os_pkgs["packages"], [])
+        out["os_packages"]["packages"] = _scrub_tree(os_pkgs["packages"], [], check)
     return out
