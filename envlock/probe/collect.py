@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import RecordDigests, cache_read, cache_write, load_os_packages, torch_cache_key
 from .env import collect_env
@@ -26,6 +26,9 @@ from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
+
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_GIT_TIMEOUT = 5.0
 
@@ -189,7 +192,7 @@ def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -204,15 +207,61 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="always import torch")
     parser.add_argument("--git-exclude", action="append", default=[],
                         help="a file to leave out of the git state (the lock being written)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+_FLAGS = ("--no-torch", "--canary", "--deep", "--progress", "--no-cache")
+_OPTIONS = ("--image", "--cwd", "--indent", "--git-exclude")
+
+
+def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
+    """What ``parser().parse_args(argv)`` returns, for the spellings envlock itself passes
+    (every flag and option in full, a value after a space or "="); None for anything else,
+    which argparse reads (help, errors, abbreviations). argparse, with the shutil and gettext
+    it pulls in, is a tenth of a probe run without torch."""
+    args: Dict[str, Any] = {name[2:].replace("-", "_"): False for name in _FLAGS}
+    args.update(image=None, cwd=None, indent=None, git_exclude=[])
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in _FLAGS:
+            args[arg[2:].replace("-", "_")] = True
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _OPTIONS:
+            return None
+        if not eq:
+            if i == len(argv) or argv[i].startswith("-"):
+                return None  # argparse decides what a value that looks like an option means
+            value = argv[i]
+            i += 1
+        key = name[2:].replace("-", "_")
+        if key == "git_exclude":
+            args[key].append(value)
+        elif key == "indent":
+            try:
+                args[key] = int(value)
+            except ValueError:
+                return None
+        else:
+            args[key] = value
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args is None:
+        args = vars(parser().parse_args(argv))
     here = os.path.dirname(os.path.abspath(__file__))  # never a distribution of its own
     # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
     # import's (cacheable) and it may fork hashing workers.
-    doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
-                  image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
-                  cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
-                  progress=args.progress, processes=True, git_exclude=args.git_exclude)
-    sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
+    doc = collect(torch="no" if args["no_torch"] else "auto", canary=args["canary"],
+                  image=args["image"], cwd=args["cwd"], skip_dir=here, deep=args["deep"],
+                  cache=not args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  progress=args["progress"], processes=True, git_exclude=args["git_exclude"])
+    sys.stdout.write(json.dumps(doc, indent=args["indent"], sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0

@@ -1,0 +1,68 @@
+"""What the probe does at start-up instead of the general tools: its own argument reading, the
+platform facts without ``platform``/``sysconfig``, NVML's absence without ``ctypes``. Each is
+checked against the tool it stands in for."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envlock.probe import collect
+
+_TOKENS = st.sampled_from([
+    "--no-torch", "--canary", "--deep", "--progress", "--no-cache", "--image", "--cwd", "--indent",
+    "--git-exclude", "--image=ref:1", "--indent=2", "--indent=x", "--cwd=", "--no-t", "--help", "-h",
+    "--", "-", "-1", "2", " 3", "x", "", "a=b", "--git-exclude=env.lock", "--deep=1", "--imag",
+])
+
+
+def _argparse(argv: list[str]) -> dict[str, Any] | None:
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parsed: dict[str, Any] = vars(collect.parser().parse_args(argv))
+            return parsed
+        except SystemExit:
+            return None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_TOKENS, max_size=6))
+def test_own_argument_reading_agrees_with_argparse(argv: list[str]) -> None:
+    fast = collect.parse_args(argv)
+    if fast is not None:
+        assert fast == _argparse(argv)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["--no-torch"], ["--no-cache", "--cwd", "/x", "--git-exclude", "a.lock", "--git-exclude=b"],
+    ["--image", "reg/x:1@sha256:" + "a" * 64, "--indent", "2", "--deep", "--progress", "--canary"],
+])
+def test_what_envlock_passes_is_read_without_argparse(argv: list[str]) -> None:
+    fast = collect.parse_args(argv)
+    assert fast is not None and fast == _argparse(argv)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--no-t"], ["--indent", "x"], ["--indent", "-1"], ["stray"]])
+def test_anything_else_goes_to_argparse(argv: list[str]) -> None:
+    assert collect.parse_args(argv) is None
+    assert isinstance(collect.parser(), argparse.ArgumentParser)
+
+
+def test_the_probe_program_reads_its_arguments(tmp_path: Any, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    assert collect.main(["--no-torch", "--no-cache", "--cwd", str(tmp_path), "--indent", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("{\n ") and '"torch": "skipped (--no-torch)"' in out
+    assert not (tmp_path / "cache").exists()
+    with pytest.raises(SystemExit):
+        collect.main(["--no-such-flag"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    assert sys.modules.get("envlock.probe.collect") is collect
