@@ -66,3 +66,22 @@ def test_the_probe_program_reads_its_arguments(tmp_path: Any, capsys: pytest.Cap
         collect.main(["--no-such-flag"])
     assert "unrecognized arguments" in capsys.readouterr().err
     assert sys.modules.get("envlock.probe.collect") is collect
+
+
+@pytest.mark.parametrize("name", ["libenvlock-absent.so.1", "/nonexistent/lib.so"])
+def test_a_missing_library_fails_as_ctypes_says(name: str) -> None:
+    import ctypes
+
+    from envlock.probe import gpu
+
+    with pytest.raises(OSError) as by_ctypes:
+        ctypes.CDLL(name)
+    with pytest.raises(OSError) as by_probe:
+        gpu._loadable(name)
+    assert (type(by_probe.value), str(by_probe.value)) == (type(by_ctypes.value), str(by_ctypes.value))
+
+
+def test_a_present_library_passes_the_check() -> None:
+    from envlock.probe import gpu
+
+    gpu._loadable("libc.so.6")
