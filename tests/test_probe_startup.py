@@ -85,3 +85,66 @@ def test_a_present_library_passes_the_check() -> None:
     from envlock.probe import gpu
 
     gpu._loadable("libc.so.6")
+
+
+# -- platform facts: the probe's reading against platform and sysconfig themselves ------------
+
+
+def test_platform_facts_equal_platform_and_sysconfig_here() -> None:
+    import platform
+    import sysconfig
+
+    from envlock.probe import system
+
+    assert system.uname() == (platform.system(), platform.release(), platform.machine())
+    assert system.python_version() == platform.python_version()
+    assert system.soabi_and_platform_tag() == (sysconfig.get_config_var("SOABI"), sysconfig.get_platform())
+
+
+def test_a_cross_build_platform_is_asked_of_sysconfig(monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.probe import system
+
+    monkeypatch.setenv("_PYTHON_HOST_PLATFORM", "linux-riscv64")
+    assert system.soabi_and_platform_tag()[1] == "linux-riscv64"
+
+
+_VERSIONS = [
+    "3.11.7 (main, Dec 13 2023, 10:00:00) [GCC 12.2.0]",
+    "3.8.10 (default, Nov 22 2023, 10:22:35) \n[GCC 9.4.0]",
+    "3.13.0 experimental free-threading build (main, Oct  7 2024, 05:02:14) [Clang 16.0.0]",
+    "3.12.0rc1+ (heads/3.12:abc, Aug  1 2023, 12:00:00) [GCC 13.1.0]",
+    "3.10 (default) [GCC]", "3.9.18 |Anaconda, Inc.| (main, Sep 11 2023, 13:41:44) [GCC 11.2.0]",
+]
+
+
+@pytest.mark.parametrize("text", _VERSIONS)
+def test_python_version_reads_sys_version_as_platform_does(text: str) -> None:
+    import platform
+
+    from envlock.probe import system
+
+    try:
+        expected = platform._sys_version(text)[1]  # type: ignore[attr-defined]
+    except ValueError:
+        with pytest.raises(ValueError):
+            system.python_version(text)
+        return
+    assert system.python_version(text) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["3", ".", "11", "7", "+", "rc1", " ", "(", ")", "#", ",", "main",
+                                 "[", "]", "GCC", "|", "\n", ":", "Dec 13 2023", "a"]), max_size=14).map("".join))
+def test_python_version_fuzz_against_platform(text: str) -> None:
+    import platform
+
+    from envlock.probe import system
+
+    platform._sys_version_cache.clear()  # type: ignore[attr-defined]
+    try:
+        expected = platform._sys_version(text)[1]  # type: ignore[attr-defined]
+    except ValueError:
+        with pytest.raises(ValueError):
+            system.python_version(text)
+        return
+    assert system.python_version(text) == expected
