@@ -148,3 +148,15 @@ def test_python_version_fuzz_against_platform(text: str) -> None:
             system.python_version(text)
         return
     assert system.python_version(text) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=5000), st.integers(min_value=0, max_value=5000))
+def test_the_probes_sha256_is_hashlibs(data: bytes, cut: int) -> None:
+    import hashlib
+
+    from envlock.probe.files import sha256
+
+    h = sha256(data[:cut])
+    h.update(data[cut:])
+    assert h.hexdigest() == hashlib.sha256(data).hexdigest() == sha256(data).hexdigest()

@@ -5,7 +5,6 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import ospkgs, source
-from .files import atomic_json, read_text
+from .files import atomic_json, read_text, sha256
 from .packages import path_entries, record_sha256
 from .rules import canonicalize_name
 
@@ -95,7 +94,7 @@ def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
         leaf = rel.rsplit("/", 1)[-1]
         if ".so" in leaf and not rel.startswith("../"):
             libs.append(rel)
-    return hashlib.sha256(data).hexdigest(), libs
+    return sha256(data).hexdigest(), libs
 
 
 def torch_cache_key(records: Optional["RecordDigests"] = None) -> Optional[str]:
@@ -111,7 +110,7 @@ def torch_cache_key(records: Optional["RecordDigests"] = None) -> Optional[str]:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return None
-    h = hashlib.sha256()
+    h = sha256()
 
     def put(*parts: str) -> None:
         for part in parts:
@@ -248,7 +247,7 @@ class RecordDigests:
     MAX_BYTES = 1 << 24
 
     def __init__(self) -> None:
-        h = hashlib.sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
+        h = sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
         self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
         self.entries: Dict[str, List[Any]] = {}
         self.scans: Dict[str, List[Any]] = {}
@@ -319,7 +318,7 @@ def _parser_digest() -> str:
     """The parser is part of the key: a newer ospkgs.py may read the same file differently."""
     try:
         with open(ospkgs.__file__, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+            return sha256(fh.read()).hexdigest()
     except (OSError, TypeError):
         return "unknown:%s" % time.time()  # unreadable: never reuse
 
@@ -372,7 +371,7 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Op
     if all(st is None for st in stats):
         return ospkgs.load(root, run)
     key: List[Any] = [root, _parser_digest(), [stat_key(st) if st else None for st in stats]]
-    digest = hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
+    digest = sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
     path = os.path.join(cache_dir(), "ospkgs-%s.json" % digest[:32])
     db = database_from_entry(_read_entry(path, 1 << 26), key, root)
     if db is not None:

@@ -6,10 +6,10 @@ overlap with the torch import. Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .files import sha256
 from .procs import Proc
 from .scrub import strip_url
 
@@ -93,7 +93,7 @@ class GitJob:
             info["untracked"] = len(untracked)
         rc, out, err = self.diff.result()
         if rc == 0:
-            h = hashlib.sha256(out)
+            h = sha256(out)
             for path in sorted(untracked):
                 h.update(b"\0untracked\0" + path.encode("utf-8", "surrogateescape"))
             info["diff_sha256"] = h.hexdigest()

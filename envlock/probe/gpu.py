@@ -6,11 +6,11 @@ ever stored hashed. Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from typing import Any, Dict, Optional, Tuple
 
+from .files import sha256
 from .rules import quiet
 
 DEFAULT_NVML_TIMEOUT = 10.0
@@ -166,7 +166,7 @@ def _hash_uuids(info: Dict[str, Any]) -> Dict[str, Any]:
     for dev in info.get("devices", []):
         uuid = dev.pop("uuid", None)
         if uuid:
-            dev["uuid_sha256"] = hashlib.sha256(uuid.encode("utf-8")).hexdigest()
+            dev["uuid_sha256"] = sha256(uuid.encode("utf-8")).hexdigest()
     return info
 
 

@@ -5,13 +5,12 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .files import read_text
+from .files import read_text, sha256
 from .rules import canonicalize_name
 from .scrub import strip_url
 
@@ -81,7 +80,7 @@ def record_digest(data: bytes) -> str:
             continue
         keep.append(raw)
     keep.sort()
-    return hashlib.sha256(b"\n".join(keep)).hexdigest()
+    return sha256(b"\n".join(keep)).hexdigest()
 
 
 def _direct_url(path: str) -> Dict[str, Any]:

@@ -6,13 +6,13 @@ flags read are the live ones of whichever process runs the probe. Stdlib only, P
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
 from typing import Any, Dict, Optional, Tuple
 
 from .env import process_set_env
+from .files import sha256
 from .rules import NUMERICS_ENV, quiet, read_knobs
 from .scrub import env_value
 
@@ -53,7 +53,7 @@ def collect_torch(torch: Any) -> Dict[str, Any]:
     if build:
         info["build"] = build
     if isinstance(config, str) and config:
-        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
+        info["config_sha256"] = sha256(config_identity(config).encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
 
 
