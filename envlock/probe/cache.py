@@ -10,12 +10,15 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from . import ospkgs, source
 from .files import atomic_json, read_text, sha256
 from .packages import path_entries, record_sha256
 from .rules import canonicalize_name
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.

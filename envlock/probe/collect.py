@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import RecordDigests, cache_read, cache_write, load_os_packages, torch_cache_key
 from .env import collect_env
@@ -27,8 +26,11 @@ from .source import PROBE_VERSION
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
 
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
 
 DEFAULT_GIT_TIMEOUT = 5.0
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional
 
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
 if TYPE_CHECKING:
     from hashlib import _Hash
+    from typing import Any, Callable, Optional
 
 
 def _sha256_constructor() -> Callable[..., _Hash]:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, Optional, Tuple
 
 from .files import sha256
 from .rules import quiet
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 DEFAULT_NVML_TIMEOUT = 10.0
 

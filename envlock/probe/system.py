@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Dict, Optional, Tuple
 
 from .files import read_text
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 # On Linux the probe reads what ``platform`` and ``sysconfig`` would tell from the same sources
 # (os.uname, sys.version, the interpreter's extension suffix) without importing them: together
