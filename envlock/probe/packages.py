@@ -159,15 +159,16 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
                 continue
             full = os.path.join(entry, fname)
             files: Tuple[str, ...] = ()
-            if os.path.isdir(full):
-                try:
-                    files = tuple(os.listdir(full))
-                except OSError:
-                    continue
+            try:
+                files = tuple(os.listdir(full))
+            except (NotADirectoryError, FileNotFoundError):
+                # A single-file egg-info (or a dangling link, which reads as nothing).
+                name, version = _read_headers(full)
+            except OSError:
+                continue
+            else:
                 meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
                 name, version = _read_headers(os.path.join(full, meta))
-            else:
-                name, version = _read_headers(full)
             if not name or not version:
                 continue
             cname = canonicalize_name(name)
