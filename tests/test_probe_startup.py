@@ -160,3 +160,22 @@ def test_the_probes_sha256_is_hashlibs(data: bytes, cut: int) -> None:
     h = sha256(data[:cut])
     h.update(data[cut:])
     assert h.hexdigest() == hashlib.sha256(data).hexdigest() == sha256(data).hexdigest()
+
+
+def test_the_probe_program_imports_none_of_the_modules_it_stands_in_for(tmp_path: Any) -> None:
+    """What the stand-ins above are for: a probe run without torch on Linux CPython loads none
+    of these (``-X importtime`` lists every module a run imports; ``-S`` keeps out what the
+    site-packages' own start-up files import, such as an editable install's finder)."""
+    import subprocess
+
+    from helpers import REPO
+
+    env = {"PATH": "/usr/bin:/bin", "ENVLOCK_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-S", "-X", "importtime", str(REPO / "envlock" / "probe"), "--no-torch"]
+    # The second run: the first fills the cache, and writing it takes tempfile (and shutil).
+    for _ in range(2):
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+                             check=True)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert {"_envlock_probe.cache", "_envlock_probe.git", "json"} <= loaded
+    assert not loaded & {"typing", "hashlib", "platform", "sysconfig", "argparse", "ctypes", "shutil"}
