@@ -44,6 +44,8 @@ def _git_pathspec(cwd: str, exclude: Sequence[str]) -> List[str]:
     untracked or modified, and every lock of an unchanged environment differs in [git]. A path
     outside the repository would make git fail, so only paths in the same one are named.
     """
+    if not exclude:
+        return []
     root = _repo_root(cwd)
     if root is None:
         return []
