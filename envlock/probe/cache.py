@@ -42,11 +42,11 @@ _KEY_ENV_PREFIXES = (
     "ROCR_", "HSA_", "XLA_", "USE_", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE",
     "PYTHONSAFEPATH", "PYTHONUSERBASE",
 )
-_KEY_LIB_RE = re.compile(
+# Strings compiled by ``re`` on first use: only a run that reads torch's facts needs them.
+_KEY_LIB_RE = (
     r"^lib(cuda|cudart|cudnn|cublas|nccl|nvrtc|nvrtc-builtins|nvJitLink|cufft|curand|cusolver|"
     r"cusparse|cupti|nvToolsExt|amdhip64|MIOpen|rccl|rocblas|hipblas|gomp|iomp5|mkl)[^/]*\.so")
-_KEY_DIST_RE = re.compile(r"^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$",
-                          re.IGNORECASE)
+_KEY_DIST_RE = r"(?i)^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$"
 
 
 def cache_dir() -> str:
@@ -76,7 +76,7 @@ def _torch_dists() -> List[Tuple[str, str]]:
         except OSError:
             continue
         for fname in names:
-            if _KEY_DIST_RE.match(fname):
+            if re.match(_KEY_DIST_RE, fname):
                 cname = canonicalize_name(fname.split("-", 1)[0])
                 if cname not in seen:
                     seen.add(cname)
@@ -139,7 +139,7 @@ def torch_cache_key(records: Optional["RecordDigests"] = None) -> Optional[str]:
             put("%s:unreadable" % directory)
             continue
         for name in names:
-            if _KEY_LIB_RE.match(name):
+            if re.match(_KEY_LIB_RE, name):
                 put(_stat_line(os.path.join(directory, name)))
     for lib in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
         if lib:

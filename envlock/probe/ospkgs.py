@@ -33,23 +33,25 @@ RPM_QUERYFORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\\t%{AR
 _NAME = r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"
 _VERSION = r"[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}"
 _ARCH = r"[a-z0-9][a-z0-9_-]{0,31}"
-_NAME_RE = re.compile("^%s$" % _NAME)
-_VERSION_RE = re.compile("^%s$" % _VERSION)
-_ARCH_RE = re.compile("^%s$" % _ARCH)
+# Patterns are strings that ``re`` compiles (and keeps) on first use: a probe that finds the
+# parsed database in its cache needs none of them.
+_NAME_RE = "^%s$" % _NAME
+_VERSION_RE = "^%s$" % _VERSION
+_ARCH_RE = "^%s$" % _ARCH
 # A whole pin as spec() writes it (the parts cannot hold ":" or "=" before the version).
 SPEC_PATTERN = "%s:%s=%s" % (_NAME, _ARCH, _VERSION)
 # Where an OS package manager puts Python distributions (never /usr/local, where pip goes).
-_SYSTEM_SITE_RE = re.compile(r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$")
+_SYSTEM_SITE_RE = r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$"
 
 
 def spec(name: str, arch: str, version: str) -> Optional[str]:
     """``name:arch=version``, or None when a part is not inert text."""
-    if _NAME_RE.match(name) and _ARCH_RE.match(arch) and _VERSION_RE.match(version):
+    if re.match(_NAME_RE, name) and re.match(_ARCH_RE, arch) and re.match(_VERSION_RE, version):
         return "%s:%s=%s" % (name, arch, version)
     return None
 
 
-_DPKG_FIELD_RE = re.compile(r"^(Package|Status|Version|Architecture|Source): *([^\n]*)$", re.M)
+_DPKG_FIELD_RE = r"(?m)^(Package|Status|Version|Architecture|Source): *([^\n]*)$"
 
 
 def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
@@ -74,7 +76,7 @@ def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
             pkg["source"] = source
         out.append(pkg)
 
-    for key, value in _DPKG_FIELD_RE.findall(text):
+    for key, value in re.findall(_DPKG_FIELD_RE, text):
         if key == "Package":
             flush()
             fields = {}
@@ -175,7 +177,7 @@ class Database:
         for d, owner in found.items():
             bare = owner.split(":", 1)[0]
             version = versions.get(owner) or versions.get(bare)
-            if version and _NAME_RE.match(bare) and _VERSION_RE.match(version):
+            if version and re.match(_NAME_RE, bare) and re.match(_VERSION_RE, version):
                 out[d] = (bare, version)
         return out
 
@@ -230,7 +232,7 @@ def load(root: str = "/", run: Optional[Runner] = None) -> Optional[Database]:
 
 def is_system_site(directory: str) -> bool:
     """True for the directories an OS package manager installs Python distributions into."""
-    return bool(_SYSTEM_SITE_RE.match(directory.rstrip("/")))
+    return bool(re.match(_SYSTEM_SITE_RE, directory.rstrip("/")))
 
 
 def mark_system(packages: List[Dict[str, object]], locations: Dict[str, str],
