@@ -315,13 +315,18 @@ def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, An
     """``scrub_document`` for a probe's whole output, package names and versions exempt from
     the secret values (URLs and token shapes are still stripped from them)."""
     check = _Precheck(doc, secrets)
-    out: Dict[str, Any] = _scrub_tree(doc, secrets, check)
+    os_pkgs = doc.get("os_packages")
+    pins = os_pkgs.get("packages") if isinstance(os_pkgs, dict) else None
+    rest = doc
+    if isinstance(os_pkgs, dict) and isinstance(pins, list):
+        # Scrubbed below without the secret values; not twice (a desktop has ~2,000 pins).
+        rest = dict(doc, os_packages=dict(os_pkgs, packages=[]))
+    out: Dict[str, Any] = _scrub_tree(rest, secrets, check)
     for table in ("packages", "duplicates"):
         for i, row in enumerate(doc.get(table) or []):
             for k in _IDENTITY_KEYS:
                 if isinstance(row, dict) and isinstance(row.get(k), str):
                     out[table][i][k] = _scrub_leaf(row[k], [], check)
-    os_pkgs = doc.get("os_packages")
-    if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
-        out["os_packages"]["packages"] = _scrub_tree(os_pkgs["packages"], [], check)
+    if isinstance(pins, list):
+        out["os_packages"]["packages"] = _scrub_tree(pins, [], check)
     return out
