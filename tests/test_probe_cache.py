@@ -243,6 +243,99 @@ def test_loader_fuzz_entry_shapes(manager: Any, pkgs: list[Any], specs: list[Any
     json.dumps(entry)
 
 
+# -- who owns a system distribution: dpkg's file lists --------------------------------------
+
+SITE = "/usr/lib/python3/dist-packages"
+WANTED = {SITE + "/six-1.16.0.egg-info", SITE + "/PyYAML-6.0.dist-info", SITE + "/orphan-1.0.dist-info"}
+
+
+class Scans:
+    """Counts the real scans of the file lists."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = ospkgs.dpkg_owners
+
+        def counted(info_dir: str, wanted: set[str], reads: Any = None) -> dict[str, str]:
+            self.calls += 1
+            return real(info_dir, wanted, reads)
+
+        monkeypatch.setattr(ospkgs, "dpkg_owners", counted)
+
+    def owners(self, root: Path) -> tuple[dict[str, str], bool]:
+        before = self.calls
+        found = cache.dpkg_owners(str(root / ospkgs.DPKG_INFO), set(WANTED))
+        return found, self.calls > before
+
+
+def _live_owners(root: Path) -> dict[str, str]:
+    return ospkgs.dpkg_owners(str(root / ospkgs.DPKG_INFO), set(WANTED))
+
+
+def test_owners_are_remembered_and_equal_a_live_scan(cache_home: Path, dpkg_root: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    live = _live_owners(dpkg_root)
+    assert live == {SITE + "/six-1.16.0.egg-info": "python3-six", SITE + "/PyYAML-6.0.dist-info": "python3-yaml"}
+    scans = Scans(monkeypatch)
+    assert scans.owners(dpkg_root) == (live, True)
+    assert scans.owners(dpkg_root) == (live, False)
+    db = cache.load_os_packages(str(dpkg_root))
+    assert db is not None and db.owners(WANTED) == {SITE + "/six-1.16.0.egg-info": ("python3-six", "1.16.0-4"),
+                                                    SITE + "/PyYAML-6.0.dist-info": ("python3-yaml", "6.0-3+b2")}
+
+
+@pytest.mark.parametrize("change", ["edit_a_list_read", "add_a_list", "remove_a_list_read", "chmod_a_list_read"])
+def test_each_change_of_the_lists_makes_the_next_scan_live(cache_home: Path, dpkg_root: Path,
+                                                           monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    scans = Scans(monkeypatch)
+    info = dpkg_root / ospkgs.DPKG_INFO
+    scans.owners(dpkg_root)
+    assert not scans.owners(dpkg_root)[1]
+    six = info / "python3-six.list"
+    if change == "edit_a_list_read":
+        st = six.stat()
+        six.write_text(six.read_text().replace("six-1.16.0.egg-info", "six-1.16.1.egg-info"))
+        os.utime(six, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif change == "add_a_list":
+        (info / "python3-aaa.list").write_text(f"/.\n{SITE}/orphan-1.0.dist-info\n")
+    elif change == "remove_a_list_read":
+        six.unlink()
+    elif change == "chmod_a_list_read":
+        six.chmod(0o600)
+    found, scanned = scans.owners(dpkg_root)
+    assert scanned and found == _live_owners(dpkg_root)
+    if change == "add_a_list":
+        assert found[SITE + "/orphan-1.0.dist-info"] == "python3-aaa"
+    if change in ("edit_a_list_read", "remove_a_list_read"):
+        assert SITE + "/six-1.16.0.egg-info" not in found
+
+
+def test_corrupt_or_foreign_owner_entries_are_ignored_and_rewritten(cache_home: Path, dpkg_root: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    scans = Scans(monkeypatch)
+    live, _ = scans.owners(dpkg_root)
+    (entry,) = cache_home.glob("ospkgs-owners-*.json")
+    good = json.loads(entry.read_text())
+    for bad in (b"{", b"null", json.dumps(dict(good, found={"/not/wanted": "x"})).encode(),
+                json.dumps(dict(good, reads=[["../status", good["reads"][0][1]]])).encode(),
+                json.dumps(dict(good, key=[*good["key"][:2], ["/other"]])).encode(),
+                json.dumps(dict(good, dir=[0, 0, 0, 0, 0])).encode()):
+        entry.write_bytes(bad)
+        assert scans.owners(dpkg_root) == (live, True)
+        assert json.loads(entry.read_text()) == good
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_json)
+def test_owner_entry_fuzz(dpkg_root: Path, entry: Any) -> None:
+    info = str(dpkg_root / ospkgs.DPKG_INFO)
+    key: list[Any] = [info, "digest", sorted(WANTED)]
+    for candidate in (entry, {"format": cache.OSPKGS_FORMAT, "key": key, "dir": entry, "reads": entry,
+                              "found": entry}):
+        found = cache.owners_from_entry(candidate, key, info)
+        assert found is None or (isinstance(found, dict) and set(found) <= WANTED)
+
+
 # -- RECORD digests -------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from .rules import canonicalize_name
 
 TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
@@ -377,12 +377,66 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Op
     digest = sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
     path = os.path.join(cache_dir(), "ospkgs-%s.json" % digest[:32])
     db = database_from_entry(_read_entry(path, 1 << 26), key, root)
+    if db is None:
+        db = ospkgs.load(root, run)
+        if db is not None and db.manager in ("dpkg", "apk") \
+                and all(settled(st) for st in stats if st is not None):
+            atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
+                               "packages": db.packages, "apk_dirs": db.apk_dirs,
+                               "specs": db.specs()})
     if db is not None:
-        return db
-    db = ospkgs.load(root, run)
-    if db is not None and db.manager in ("dpkg", "apk") \
-            and all(settled(st) for st in stats if st is not None):
-        atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
-                           "packages": db.packages, "apk_dirs": db.apk_dirs,
-                           "specs": db.specs()})
+        db.dpkg_owners = dpkg_owners
     return db
+
+
+def _owners_key(info_dir: str, wanted: Set[str]) -> Tuple[str, List[Any]]:
+    names = sorted(wanted)
+    digest = sha256(json.dumps([info_dir, names]).encode("utf-8")).hexdigest()
+    return os.path.join(cache_dir(), "ospkgs-owners-%s.json" % digest[:32]), [info_dir, _parser_digest(), names]
+
+
+def owners_from_entry(entry: Any, key: List[Any], info_dir: str) -> Optional[Dict[str, str]]:
+    """The answer an entry holds when it is for ``key`` and the directory and every list it
+    read have the stat they had; else None."""
+    if not isinstance(entry, dict) or entry.get("format") != OSPKGS_FORMAT or entry.get("key") != key:
+        return None
+    listing, reads, found = entry.get("dir"), entry.get("reads"), entry.get("found")
+    if not _valid_key(listing) or not isinstance(reads, list) or not isinstance(found, dict):
+        return None
+    wanted = set(key[2])
+    if not all(isinstance(v, str) and k in wanted for k, v in found.items()):
+        return None
+    try:
+        if stat_key(os.stat(info_dir)) != listing:
+            return None
+        for item in reads:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                    and "/" not in item[0] and _valid_key(item[1])):
+                return None
+            if stat_key(os.stat(os.path.join(info_dir, item[0]))) != item[1]:
+                return None
+    except OSError:
+        return None
+    return found
+
+
+def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
+    """``ospkgs.dpkg_owners``, remembered by the stat of dpkg's info directory (a list added or
+    removed changes it) and of every list the scan read (the scan stops at the last one it
+    needs, so the lists after it cannot change the answer). A system Python's capture on a
+    desktop-sized Debian reads a few hundred lists, ~20 ms."""
+    path, key = _owners_key(info_dir, wanted)
+    found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
+    if found is not None:
+        return found
+    try:
+        listing = os.stat(info_dir)
+    except OSError:
+        return ospkgs.dpkg_owners(info_dir, wanted)
+    reads: List[Tuple[str, Optional[os.stat_result]]] = []
+    found = ospkgs.dpkg_owners(info_dir, wanted, reads)
+    done = [(name, st) for name, st in reads if st is not None]
+    if len(done) == len(reads) and settled(listing) and all(settled(st) for _, st in done):
+        atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
+                           "reads": [[name, stat_key(st)] for name, st in done], "found": found})
+    return found

@@ -19,7 +19,7 @@ import re
 
 TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
     Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
 
@@ -149,6 +149,8 @@ class Database:
         self.root = root
         self.apk_dirs = apk_dirs
         self._specs = specs  # what specs() returned when the database was read (a cache)
+        # Who lists which path among dpkg's file lists (the probe's cache may stand in).
+        self.dpkg_owners: Callable[[str, Set[str]], Dict[str, str]] = dpkg_owners
 
     def specs(self) -> List[str]:
         if self._specs is None:
@@ -168,7 +170,7 @@ class Database:
             names = self.apk_dirs or {}
             found = {d: names[d] for d in wanted if d in names}
         elif self.manager == "dpkg":
-            found = _dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
+            found = self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
         else:
             return {}
         versions = dict((p["name"], p["version"]) for p in self.packages)
@@ -182,12 +184,15 @@ class Database:
         return out
 
 
-def _dpkg_owners(info_dir: str, wanted: "set[str]") -> Dict[str, str]:
+def dpkg_owners(info_dir: str, wanted: Set[str],
+                reads: Optional[List[Tuple[str, Optional[os.stat_result]]]] = None) -> Dict[str, str]:
     """Scan dpkg's ``*.list`` file lists for the wanted paths; python packages first.
 
     A Debian system holds hundreds of lists; the ones that own Python distributions are almost
     always named python3-*, so those are read first and the scan stops once all are found. Each
     list is searched for whole lines with bytes.find (memmem), never split into lines.
+    ``reads`` receives each list read, in order, with its stat taken before the read (None when
+    it could not be read): everything the answer depends on besides the directory's listing.
     """
     try:
         names = [n for n in os.listdir(info_dir) if n.endswith(".list")]
@@ -199,8 +204,12 @@ def _dpkg_owners(info_dir: str, wanted: "set[str]") -> Dict[str, str]:
     for fname in names:
         try:
             with open(os.path.join(info_dir, fname), "rb") as fh:
+                if reads is not None:
+                    reads.append((fname, os.fstat(fh.fileno())))
                 data = b"\n" + fh.read() + b"\n"
         except OSError:
+            if reads is not None:
+                reads.append((fname, None))
             continue
         if b"-info\n" not in data:
             continue
