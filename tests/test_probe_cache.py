@@ -444,3 +444,33 @@ def test_probe_document_is_the_same_with_and_without_the_caches(cache_home: Path
     first = doc(True)
     assert {p.name.split("-")[0] for p in cache_home.iterdir()} >= {"records"}
     assert first == live and doc(True) == live
+
+
+def test_concurrent_probes_share_one_cache(tmp_path: Path) -> None:
+    """Four probes filling one empty cache at once: every document is the live one, and what
+    is left is whole entries (written through a temp file and a rename), no temp files."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from helpers import REPO
+
+    home = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k not in ("ENVLOCK_NO_CACHE", "ENVLOCK_CACHE_DIR")}
+    env["ENVLOCK_CACHE_DIR"] = str(home)
+
+    def probe(*args: str) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, str(REPO / "envlock" / "probe"), "--no-torch", *args],
+                             capture_output=True, check=True, cwd=tmp_path, env=env, timeout=300).stdout
+        doc: dict[str, Any] = json.loads(out)
+        doc["probe"].pop("duration_ms")
+        return doc
+
+    live = probe("--no-cache")
+    assert not home.exists()
+    with ThreadPoolExecutor(4) as pool:
+        docs = list(pool.map(lambda _: probe(), range(4)))
+    assert all(doc == live for doc in docs)
+    assert probe() == live
+    for entry in home.iterdir():
+        assert not entry.name.startswith(".tmp-")
+        json.loads(entry.read_text())
