@@ -132,7 +132,7 @@ class _PyNvml:
 
 def _loadable(name: str) -> None:
     """Raise what ``ctypes.CDLL(name)`` raises when the library cannot be loaded, without
-    importing ctypes (a tenth of a probe run without torch, on every machine without a GPU).
+    importing ctypes (~2 ms of a probe run without torch, on every machine without a GPU).
     ``CDLL`` calls this very ``dlopen`` with this mode, so the error reads the same."""
     import _ctypes
 
