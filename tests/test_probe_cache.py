@@ -310,6 +310,13 @@ def test_each_change_of_the_lists_makes_the_next_scan_live(cache_home: Path, dpk
         assert SITE + "/six-1.16.0.egg-info" not in found
 
 
+def test_owner_entries_are_kept_for_the_latest_sets_of_distributions(cache_home: Path, dpkg_root: Path) -> None:
+    info = str(dpkg_root / ospkgs.DPKG_INFO)
+    for i in range(cache.OWNERS_MAX_ENTRIES + 4):
+        cache.dpkg_owners(info, {f"{SITE}/pkg{i}-1.0.dist-info"})
+    assert len(list(cache_home.glob("ospkgs-owners-*.json"))) == cache.OWNERS_MAX_ENTRIES
+
+
 def test_corrupt_or_foreign_owner_entries_are_ignored_and_rewritten(cache_home: Path, dpkg_root: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scans = Scans(monkeypatch)
@@ -369,6 +376,20 @@ def test_every_record_digest_is_remembered_by_stat(cache_home: Path, site: Path,
     Path(record).write_bytes(data.replace(b"sha256=", b"sha256_", 1))
     os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cache.RecordDigests()(record) == "recomputed" and calls == [record]
+
+
+def test_records_of_removed_distributions_are_dropped(cache_home: Path, site: Path) -> None:
+    old = make_dist(site, "pkg", "1.0")
+    digests = cache.RecordDigests()
+    digests(str(old / "RECORD"))
+    digests.save()
+    shutil.rmtree(old)  # upgraded: another dist-info, another RECORD
+    new = make_dist(site, "pkg", "2.0")
+    digests = cache.RecordDigests()
+    assert str(old / "RECORD") in digests.entries
+    digests(str(new / "RECORD"))
+    digests.save()
+    assert list(cache.RecordDigests().entries) == [str(new / "RECORD")]
 
 
 def test_a_record_that_just_changed_is_not_remembered(cache_home: Path, site: Path,

@@ -182,18 +182,8 @@ def cache_read(key: str) -> Optional[Dict[str, Any]]:
 def cache_write(key: str, facts: Dict[str, Any]) -> None:
     """Concurrent writers of one key write the same bytes, so whichever rename lands last is
     right. The oldest entries beyond CACHE_MAX_ENTRIES go. Never raises."""
-    if not atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
-        return
-    directory = cache_dir()
-    try:
-        entries = [n for n in os.listdir(directory) if n.startswith("torch-facts-")]
-        if len(entries) > CACHE_MAX_ENTRIES:
-            paths = sorted((os.path.join(directory, n) for n in entries),
-                           key=lambda p: os.stat(p).st_mtime)
-            for old in paths[:len(entries) - CACHE_MAX_ENTRIES]:
-                os.unlink(old)
-    except OSError:
-        pass  # another run pruned the same entry first
+    if atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
+        _prune("torch-facts-", CACHE_MAX_ENTRIES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +244,7 @@ class RecordDigests:
         self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
         self.entries: Dict[str, List[Any]] = {}
         self.scans: Dict[str, List[Any]] = {}
+        self.used: Set[str] = set()
         self.dirty = False
         data = _read_entry(self.path, self.MAX_BYTES)
         if isinstance(data, dict) and data.get("format") == RECORDS_FORMAT:
@@ -264,6 +255,7 @@ class RecordDigests:
 
     def _lookup(self, store: Dict[str, List[Any]], path: str, size: int
                 ) -> "Tuple[Optional[os.stat_result], Optional[List[Any]]]":
+        self.used.add(path)
         try:
             st = os.stat(path)
         except OSError:
@@ -301,10 +293,16 @@ class RecordDigests:
         return found
 
     def save(self) -> None:
-        if self.dirty:
-            atomic_json(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
-                                    "scans": self.scans})
-            self.dirty = False
+        """Write the entries when one was added; those of RECORDs that are gone (a distribution
+        upgraded or removed) are dropped then, so the file does not grow with every upgrade."""
+        if not self.dirty:
+            return
+        for store in (self.entries, self.scans):
+            for path in [p for p in store if p not in self.used and not os.path.exists(p)]:
+                del store[path]
+        atomic_json(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
+                                "scans": self.scans})
+        self.dirty = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,6 +312,7 @@ class RecordDigests:
 # ---------------------------------------------------------------------------------------------
 
 OSPKGS_FORMAT = 1
+OWNERS_MAX_ENTRIES = 16
 _PKG_FIELDS = ("name", "version", "arch", "source")
 
 
@@ -436,7 +435,22 @@ def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
     reads: List[Tuple[str, Optional[os.stat_result]]] = []
     found = ospkgs.dpkg_owners(info_dir, wanted, reads)
     done = [(name, st) for name, st in reads if st is not None]
-    if len(done) == len(reads) and settled(listing) and all(settled(st) for _, st in done):
-        atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
-                           "reads": [[name, stat_key(st)] for name, st in done], "found": found})
+    if len(done) == len(reads) and settled(listing) and all(settled(st) for _, st in done) \
+            and atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
+                                   "reads": [[name, stat_key(st)] for name, st in done],
+                                   "found": found}):
+        _prune("ospkgs-owners-", OWNERS_MAX_ENTRIES)  # one per set of system distributions
     return found
+
+
+def _prune(prefix: str, keep: int) -> None:
+    """Remove the oldest entries named ``prefix*`` beyond ``keep``. Never raises."""
+    directory = cache_dir()
+    try:
+        entries = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(prefix)]
+        if len(entries) > keep:
+            entries.sort(key=lambda p: os.stat(p).st_mtime)
+            for old in entries[:len(entries) - keep]:
+                os.unlink(old)
+    except OSError:
+        pass  # another run pruned the same entry first
