@@ -3,7 +3,7 @@
 Each entry is keyed by (dev, inode, size, mtime_ns, ctime_ns) of the file it was read from and
 is written only for a file that last changed more than ``SETTLE_NS`` ago. Files written by a
 test have just changed, so the tests that want an entry stored set ``SETTLE_NS`` to 0; the
-probe's own document must be the same with and without every cache.
+probe's own document must be the same with and without every statcache.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from helpers import make_dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock.probe import cache, ospkgs, packages
+from envlock.probe import cache, ospkgs, packages, statcache
 from envlock.probe.collect import collect, collect_os_packages
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
@@ -30,7 +30,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "cache"
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(home))
-    monkeypatch.setattr(cache, "SETTLE_NS", 0)
+    monkeypatch.setattr(statcache, "SETTLE_NS", 0)
     return home
 
 
@@ -57,7 +57,7 @@ class Parses:
     def load(self, root: Path) -> tuple[dict[str, object], bool]:
         """(the document of a cached load, whether it parsed the file)."""
         before = self.calls
-        db = cache.load_os_packages(str(root))
+        db = statcache.load_os_packages(str(root))
         assert db is not None
         return db.document(), self.calls > before
 
@@ -83,7 +83,7 @@ def test_os_database_is_reused_and_equals_a_live_read(cache_home: Path, dpkg_roo
     second, parsed = parses.load(dpkg_root)
     assert not parsed, "an unchanged status file is not parsed again"
     assert second == live.document()
-    db = cache.load_os_packages(str(dpkg_root))
+    db = statcache.load_os_packages(str(dpkg_root))
     assert db is not None and db.packages == live.packages and db.manager == "dpkg"
 
 
@@ -127,7 +127,7 @@ def test_another_parser_or_root_is_another_key(cache_home: Path, dpkg_root: Path
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     parses = Parses(monkeypatch)
     parses.load(dpkg_root)
-    monkeypatch.setattr(cache, "_parser_digest", lambda: "a newer ospkgs.py")
+    monkeypatch.setattr(statcache, "_parser_digest", lambda: "a newer ospkgs.py")
     assert parses.load(dpkg_root)[1]
     other = tmp_path / "other"
     shutil.copytree(dpkg_root, other)
@@ -138,7 +138,7 @@ def test_another_parser_or_root_is_another_key(cache_home: Path, dpkg_root: Path
 def test_a_file_that_just_changed_is_not_remembered(cache_home: Path, dpkg_root: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Within the settle time a second change could leave the same stat: read it every time."""
-    monkeypatch.setattr(cache, "SETTLE_NS", 3600 * 10**9)
+    monkeypatch.setattr(statcache, "SETTLE_NS", 3600 * 10**9)
     parses = Parses(monkeypatch)
     assert parses.load(dpkg_root)[1] and parses.load(dpkg_root)[1]
     assert not list(cache_home.glob("ospkgs-*.json"))
@@ -171,15 +171,15 @@ def test_apk_database_is_cached_with_its_directory_map(cache_home: Path, tmp_pat
     root = tmp_path / "apk"
     shutil.copytree(FIXTURES / "apk", root)
     live = ospkgs.load(str(root))
-    first = cache.load_os_packages(str(root))
-    second = cache.load_os_packages(str(root))
+    first = statcache.load_os_packages(str(root))
+    second = statcache.load_os_packages(str(root))
     assert live is not None and first is not None and second is not None
     assert second.document() == live.document() and second.apk_dirs == live.apk_dirs
     assert json.loads(_entry(cache_home).read_text())["manager"] == "apk"
 
 
 def test_no_database_file_is_never_cached(cache_home: Path, tmp_path: Path) -> None:
-    assert cache.load_os_packages(str(tmp_path / "empty")) is None
+    assert statcache.load_os_packages(str(tmp_path / "empty")) is None
     assert not cache_home.exists()
 
 
@@ -223,7 +223,7 @@ def _check(db: ospkgs.Database | None) -> None:
 @settings(max_examples=300, deadline=None)
 @given(_json)
 def test_loader_fuzz_arbitrary_json(entry: Any) -> None:
-    _check(cache.database_from_entry(entry, KEY, "/"))
+    _check(statcache.database_from_entry(entry, KEY, "/"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -233,9 +233,9 @@ def test_loader_fuzz_arbitrary_json(entry: Any) -> None:
        st.sampled_from([KEY, [*KEY[:2], [None, None]]]))
 def test_loader_fuzz_entry_shapes(manager: Any, pkgs: list[Any], specs: list[Any], dirs: Any,
                                   key: list[Any]) -> None:
-    entry = {"format": cache.OSPKGS_FORMAT, "key": key, "manager": manager, "packages": pkgs,
+    entry = {"format": statcache.OSPKGS_FORMAT, "key": key, "manager": manager, "packages": pkgs,
              "specs": specs, "apk_dirs": dirs}
-    db = cache.database_from_entry(entry, KEY, "/")
+    db = statcache.database_from_entry(entry, KEY, "/")
     _check(db)
     if db is not None:
         assert key == KEY and db.specs() == specs and db.packages == pkgs
@@ -264,7 +264,7 @@ class Scans:
 
     def owners(self, root: Path) -> tuple[dict[str, str], bool]:
         before = self.calls
-        found = cache.dpkg_owners(str(root / ospkgs.DPKG_INFO), set(WANTED))
+        found = statcache.dpkg_owners(str(root / ospkgs.DPKG_INFO), set(WANTED))
         return found, self.calls > before
 
 
@@ -279,7 +279,7 @@ def test_owners_are_remembered_and_equal_a_live_scan(cache_home: Path, dpkg_root
     scans = Scans(monkeypatch)
     assert scans.owners(dpkg_root) == (live, True)
     assert scans.owners(dpkg_root) == (live, False)
-    db = cache.load_os_packages(str(dpkg_root))
+    db = statcache.load_os_packages(str(dpkg_root))
     assert db is not None and db.owners(WANTED) == {SITE + "/six-1.16.0.egg-info": ("python3-six", "1.16.0-4"),
                                                     SITE + "/PyYAML-6.0.dist-info": ("python3-yaml", "6.0-3+b2")}
 
@@ -312,9 +312,9 @@ def test_each_change_of_the_lists_makes_the_next_scan_live(cache_home: Path, dpk
 
 def test_owner_entries_are_kept_for_the_latest_sets_of_distributions(cache_home: Path, dpkg_root: Path) -> None:
     info = str(dpkg_root / ospkgs.DPKG_INFO)
-    for i in range(cache.OWNERS_MAX_ENTRIES + 4):
-        cache.dpkg_owners(info, {f"{SITE}/pkg{i}-1.0.dist-info"})
-    assert len(list(cache_home.glob("ospkgs-owners-*.json"))) == cache.OWNERS_MAX_ENTRIES
+    for i in range(statcache.OWNERS_MAX_ENTRIES + 4):
+        statcache.dpkg_owners(info, {f"{SITE}/pkg{i}-1.0.dist-info"})
+    assert len(list(cache_home.glob("ospkgs-owners-*.json"))) == statcache.OWNERS_MAX_ENTRIES
 
 
 def test_corrupt_or_foreign_owner_entries_are_ignored_and_rewritten(cache_home: Path, dpkg_root: Path,
@@ -337,9 +337,9 @@ def test_corrupt_or_foreign_owner_entries_are_ignored_and_rewritten(cache_home: 
 def test_owner_entry_fuzz(dpkg_root: Path, entry: Any) -> None:
     info = str(dpkg_root / ospkgs.DPKG_INFO)
     key: list[Any] = [info, "digest", sorted(WANTED)]
-    for candidate in (entry, {"format": cache.OSPKGS_FORMAT, "key": key, "dir": entry, "reads": entry,
+    for candidate in (entry, {"format": statcache.OSPKGS_FORMAT, "key": key, "dir": entry, "reads": entry,
                               "found": entry}):
-        found = cache.owners_from_entry(candidate, key, info)
+        found = statcache.owners_from_entry(candidate, key, info)
         assert found is None or (isinstance(found, dict) and set(found) <= WANTED)
 
 
@@ -359,7 +359,7 @@ def test_every_record_digest_is_remembered_by_stat(cache_home: Path, site: Path,
     make_dist(site, "small", "1.0")
     record = str(site / "small-1.0.dist-info" / "RECORD")
     live = packages.record_sha256(record)
-    digests = cache.RecordDigests()
+    digests = statcache.RecordDigests()
     assert digests(record) == live
     digests.save()
     calls: list[str] = []
@@ -368,35 +368,35 @@ def test_every_record_digest_is_remembered_by_stat(cache_home: Path, site: Path,
         calls.append(path)
         return "recomputed"
 
-    monkeypatch.setattr(cache, "record_sha256", recompute)
-    assert cache.RecordDigests()(record) == live and calls == []
+    monkeypatch.setattr(statcache, "record_sha256", recompute)
+    assert statcache.RecordDigests()(record) == live and calls == []
     # Same size, same mtime, other content: the ctime moved, so it is read again.
     st = os.stat(record)
     data = Path(record).read_bytes()
     Path(record).write_bytes(data.replace(b"sha256=", b"sha256_", 1))
     os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert cache.RecordDigests()(record) == "recomputed" and calls == [record]
+    assert statcache.RecordDigests()(record) == "recomputed" and calls == [record]
 
 
 def test_records_of_removed_distributions_are_dropped(cache_home: Path, site: Path) -> None:
     old = make_dist(site, "pkg", "1.0")
-    digests = cache.RecordDigests()
+    digests = statcache.RecordDigests()
     digests(str(old / "RECORD"))
     digests.save()
     shutil.rmtree(old)  # upgraded: another dist-info, another RECORD
     new = make_dist(site, "pkg", "2.0")
-    digests = cache.RecordDigests()
+    digests = statcache.RecordDigests()
     assert str(old / "RECORD") in digests.entries
     digests(str(new / "RECORD"))
     digests.save()
-    assert list(cache.RecordDigests().entries) == [str(new / "RECORD")]
+    assert list(statcache.RecordDigests().entries) == [str(new / "RECORD")]
 
 
 def test_a_record_that_just_changed_is_not_remembered(cache_home: Path, site: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cache, "SETTLE_NS", 3600 * 10**9)
+    monkeypatch.setattr(statcache, "SETTLE_NS", 3600 * 10**9)
     make_dist(site, "fresh", "1.0")
-    digests = cache.RecordDigests()
+    digests = statcache.RecordDigests()
     digests(str(site / "fresh-1.0.dist-info" / "RECORD"))
     digests.save()
     assert not list(cache_home.glob("records-*.json"))
@@ -417,16 +417,16 @@ def _torch_site(site: Path) -> Path:
 def test_torch_key_is_the_same_with_remembered_scans(cache_home: Path, site: Path) -> None:
     lib = _torch_site(site)
     live = cache.torch_cache_key()
-    digests = cache.RecordDigests()
+    digests = statcache.RecordDigests()
     assert live is not None and cache.torch_cache_key(digests) == live
     digests.save()
-    again = cache.RecordDigests()
+    again = statcache.RecordDigests()
     assert again.scans, "the scan was stored"
     assert cache.torch_cache_key(again) == live
     # The libraries RECORD names are still stat'ed on every run.
     st = lib.stat()
     os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert cache.torch_cache_key(cache.RecordDigests()) == cache.torch_cache_key() != live
+    assert cache.torch_cache_key(statcache.RecordDigests()) == cache.torch_cache_key() != live
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -439,14 +439,14 @@ def test_records_file_fuzz(tmp_path: Path, entry: Any) -> None:
     record.write_text("a/b.so,sha256=x,1\n")
     os.environ["ENVLOCK_CACHE_DIR"] = str(home)
     try:
-        digests = cache.RecordDigests()
-        Path(digests.path).write_text(json.dumps({"format": cache.RECORDS_FORMAT,
+        digests = statcache.RecordDigests()
+        Path(digests.path).write_text(json.dumps({"format": statcache.RECORDS_FORMAT,
                                                   "entries": {str(record): entry}, "scans": {str(record): entry}}))
-        loaded = cache.RecordDigests()
+        loaded = statcache.RecordDigests()
         assert loaded(str(record)) == packages.record_sha256(str(record))
-        assert loaded.scan(str(record)) == cache.scan_record(str(record))
+        assert loaded.scan(str(record)) == statcache.scan_record(str(record))
         Path(digests.path).write_text(json.dumps(entry))
-        assert cache.RecordDigests()(str(record)) == packages.record_sha256(str(record))
+        assert statcache.RecordDigests()(str(record)) == packages.record_sha256(str(record))
     finally:
         del os.environ["ENVLOCK_CACHE_DIR"]
 

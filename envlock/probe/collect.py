@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .cache import RecordDigests, cache_read, cache_write, load_os_packages, torch_cache_key
+from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
@@ -23,6 +23,7 @@ from .packages import collect_conda, collect_packages, record_sha256
 from .procs import run_tool
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
+from .statcache import RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
 
@@ -144,7 +145,7 @@ def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str
                         root: str = "/", cache: bool = False) -> Optional[Dict[str, Any]]:
     """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
 
-    ``cache``: reuse the parsed database while its file is unchanged (``cache.load_os_packages``).
+    ``cache``: reuse the parsed database while its file is unchanged (``statcache.load_os_packages``).
     """
     from . import ospkgs
 
