@@ -53,11 +53,15 @@ class OldPython:
     exe: str
     root: Path | None = None  # a chroot directory holding ``exe``; None: ``exe`` runs here
 
-    def run_probe(self, *args: str) -> subprocess.CompletedProcess[bytes]:
-        """Ship the probe where this interpreter can read it and run it with ``args``."""
+    def run_probe(self, *args: str, script: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        """Ship the probe where this interpreter can read it and run it with ``args``
+        (``script``: run that Python source instead, next to the shipped probe)."""
         base = self.root / "tmp" if self.root else Path(tempfile.gettempdir())
         with tempfile.TemporaryDirectory(prefix="envlock-probe-", dir=base) as tmp:
             entry = ship_probe(Path(tmp))
+            if script is not None:
+                (Path(tmp) / "script.py").write_text(script)
+                entry = ["script.py"]
             if self.root is None:
                 argv = [self.exe, *(str(Path(tmp) / e) for e in entry), *args]
             else:
@@ -107,3 +111,30 @@ def test_probe_runs_under_older_interpreters(version: str) -> None:
     lock = build_lock(doc)
     assert lock.python.version.startswith(version + ".")
     assert str(REPO) not in json.dumps(doc.get("packages", []))
+
+
+# What the probe reads without importing platform and sysconfig, and what they say.
+_REFERENCE = """
+import json, platform, sys, sysconfig
+print(json.dumps({"os": platform.system() or sys.platform, "machine": platform.machine(),
+                  "kernel": platform.release(), "version": platform.python_version(),
+                  "soabi": sysconfig.get_config_var("SOABI"), "platform_tag": sysconfig.get_platform()}))
+"""
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_platform_facts_equal_platform_and_sysconfig(version: str) -> None:
+    python = find_old_python(version)
+    if python is None:
+        if _required():
+            pytest.fail(f"Python {version} not found; scripts/test.sh installs it", pytrace=False)
+        pytest.skip(f"Python {version} not found; scripts/test.sh installs it")
+    out = python.run_probe("--no-torch", "--no-cache")
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    doc = json.loads(out.stdout)
+    ref = python.run_probe(script=_REFERENCE)
+    assert ref.returncode == 0, ref.stderr.decode(errors="replace")
+    expected = json.loads(ref.stdout)
+    got = {k: doc["platform"].get(k) for k in ("os", "machine", "kernel")}
+    got.update({k: doc["python"].get(k) for k in ("version", "soabi", "platform_tag")})
+    assert got == expected

@@ -8,6 +8,7 @@ import string
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -270,3 +271,68 @@ def test_in_process_canary_settings_are_scrubbed(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MKL_CBWR", "AUTO https://u:CanarySecret99@h.example/x")
     settings = envlock.runtime.canary(["cpu"]).settings
     assert settings["env.MKL_CBWR"] == "AUTO https://h.example/x"
+
+
+# -- the whole-document pre-check never lets through what the per-string scrub removes ----------
+
+
+def _one_by_one(doc: object, secrets: list[str]) -> object:
+    """``scrub_document`` as it was before the pre-check: every string through scrub_string."""
+    if isinstance(doc, dict):
+        return {scrub.scrub_string(k, secrets) if isinstance(k, str) else k: _one_by_one(v, secrets)
+                for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_one_by_one(v, secrets) for v in doc]
+    return scrub.scrub_string(doc, secrets) if isinstance(doc, str) else doc
+
+
+def _lock_one_by_one(doc: dict[str, Any], secrets: list[str]) -> object:
+    out: dict[str, Any] = _one_by_one(doc, secrets)  # type: ignore[assignment]
+    for table in ("packages", "duplicates"):
+        for i, row in enumerate(doc.get(table) or []):
+            for k in ("name", "version", "active_version"):
+                if isinstance(row, dict) and isinstance(row.get(k), str):
+                    out[table][i][k] = scrub.scrub_string(row[k], [])
+    os_pkgs = doc.get("os_packages")
+    if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
+        out["os_packages"]["packages"] = _one_by_one(os_pkgs["packages"], [])
+    return out
+
+
+_PIECES = st.sampled_from([
+    "plain", "/srv/data", "torch", "2.4.1+cu121", "ghp_" + "a" * 36, "hf_" + "B" * 34,
+    "AKIA" + "ABCDEFGHIJKLMNOP", "sk-" + "x1" * 20, "https://u:pw123456789@h/x", "git@github.com:o/r",
+    "a@b", "://", "\n", " ", "-", "_", "Sx9secretvalue", "Sx9secret\nvalue", "requests", "é",
+])
+_TEXT = st.lists(_PIECES, max_size=4).map("".join)
+_DOC = st.recursive(_TEXT | st.integers() | st.booleans() | st.none(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+                    max_leaves=25)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_DOC, st.lists(_TEXT.filter(lambda s: len(s) >= 8), max_size=3))
+def test_precheck_equals_the_per_string_scrub(doc: object, secrets: list[str]) -> None:
+    assert scrub.scrub_document(doc, secrets) == _one_by_one(doc, secrets)
+    lock = {"packages": [{"name": "requests", "version": "1", "url": doc}],
+            "duplicates": [{"name": "x", "version": "1", "active_version": "2"}],
+            "os_packages": {"manager": "dpkg", "packages": ["python3-requests:all=2.28.1", "a:all=1"]},
+            "env": doc, "note": {"requests": ["Sx9secretvalue"]}}
+    assert scrub.scrub_lock_document(lock, secrets) == _lock_one_by_one(lock, secrets)
+
+
+def test_precheck_sees_a_token_or_secret_in_any_one_string() -> None:
+    # Leak twin: one token or secret among many clean strings is still removed.
+    token = "ghp_" + "Q" * 36
+    doc = {"a": ["clean"] * 50 + [f"x {token} y"], "b": {"k": "Sx9secretvalue!"}, token: 1}
+    out = scrub.scrub_document(doc, ["Sx9secretvalue"])
+    assert token not in str(out) and "Sx9secretvalue" not in str(out)
+    assert out["a"][:50] == ["clean"] * 50
+
+
+def test_precheck_keeps_every_ordinary_string_verbatim() -> None:
+    # Over-redaction twin: a secret that only appears across two strings (joined by the
+    # pre-check's newline) removes nothing, and neither do near-token shapes.
+    doc = {"a": ["Sx9secret", "value"], "b": "ghp_short", "c": "AKIA123", "d": "sk-nodigits" * 4}
+    assert scrub.scrub_document(doc, ["Sx9secret\nvalue"]) == doc
+    assert scrub.scrub_lock_document(doc, ["Sx9secret\nvalue"]) == doc

@@ -1,21 +1,26 @@
-"""Caches of the probe: the torch facts, and the digests of big RECORD files.
+"""The torch facts cache: what ``import torch`` would tell, reused while nothing it depends on
+changed. (Files parsed once and remembered by stat are ``statcache``.)
 
 Stdlib only, Python >= 3.8.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Tuple
 
 from . import source
-from .files import atomic_json, read_text
-from .packages import path_entries, record_sha256
+from .files import atomic_json, read_text, sha256
+from .packages import path_entries
 from .rules import canonicalize_name
+from .statcache import RecordDigests, prune, scan_record
+from .statcache import cache_dir as cache_dir  # where restore and the tests look for it
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
@@ -38,20 +43,11 @@ _KEY_ENV_PREFIXES = (
     "ROCR_", "HSA_", "XLA_", "USE_", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE",
     "PYTHONSAFEPATH", "PYTHONUSERBASE",
 )
-_KEY_LIB_RE = re.compile(
+# Strings compiled by ``re`` on first use: only a run that reads torch's facts needs them.
+_KEY_LIB_RE = (
     r"^lib(cuda|cudart|cudnn|cublas|nccl|nvrtc|nvrtc-builtins|nvJitLink|cufft|curand|cusolver|"
     r"cusparse|cupti|nvToolsExt|amdhip64|MIOpen|rccl|rocblas|hipblas|gomp|iomp5|mkl)[^/]*\.so")
-_KEY_DIST_RE = re.compile(r"^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$",
-                          re.IGNORECASE)
-
-
-def cache_dir() -> str:
-    """``$ENVLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/envlock``, else ``~/.cache/envlock``."""
-    override = os.environ.get("ENVLOCK_CACHE_DIR")
-    if override:
-        return override
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "envlock")
+_KEY_DIST_RE = r"(?i)^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$"
 
 
 def _stat_line(path: str) -> str:
@@ -72,7 +68,7 @@ def _torch_dists() -> List[Tuple[str, str]]:
         except OSError:
             continue
         for fname in names:
-            if _KEY_DIST_RE.match(fname):
+            if re.match(_KEY_DIST_RE, fname):
                 cname = canonicalize_name(fname.split("-", 1)[0])
                 if cname not in seen:
                     seen.add(cname)
@@ -80,9 +76,11 @@ def _torch_dists() -> List[Tuple[str, str]]:
     return found
 
 
-def torch_cache_key() -> Optional[str]:
+def torch_cache_key(records: Optional[RecordDigests] = None) -> Optional[str]:
     """sha256 of every input the torch facts depend on, or None when they cannot be pinned
-    down (no torch distribution with a RECORD: a source checkout, an egg)."""
+    down (no torch distribution with a RECORD: a source checkout, an egg).
+
+    ``records`` remembers what each RECORD yields by its stat (torch's is ~15,000 lines)."""
     import importlib.util
 
     dists = _torch_dists()
@@ -91,7 +89,7 @@ def torch_cache_key() -> Optional[str]:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return None
-    h = hashlib.sha256()
+    h = sha256()
 
     def put(*parts: str) -> None:
         for part in parts:
@@ -102,17 +100,12 @@ def torch_cache_key() -> Optional[str]:
         _stat_line(spec.origin), source.digest())
     for entry, info in dists:
         record = os.path.join(entry, info, "RECORD")
-        try:
-            with open(record, "rb") as fh:
-                data = fh.read()
-        except OSError:
+        scanned = records.scan(record) if records is not None else scan_record(record)
+        if scanned is None:
             return None
-        put(info, hashlib.sha256(data).hexdigest())
-        for line in data.splitlines():
-            rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
-            leaf = rel.rsplit("/", 1)[-1]
-            if ".so" in leaf and not rel.startswith("../"):
-                put(_stat_line(os.path.join(entry, rel)))
+        put(info, scanned[0])
+        for rel in scanned[1]:
+            put(_stat_line(os.path.join(entry, rel)))
     for directory in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
         if not directory:
             continue
@@ -122,7 +115,7 @@ def torch_cache_key() -> Optional[str]:
             put("%s:unreadable" % directory)
             continue
         for name in names:
-            if _KEY_LIB_RE.match(name):
+            if re.match(_KEY_LIB_RE, name):
                 put(_stat_line(os.path.join(directory, name)))
     for lib in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
         if lib:
@@ -165,62 +158,5 @@ def cache_read(key: str) -> Optional[Dict[str, Any]]:
 def cache_write(key: str, facts: Dict[str, Any]) -> None:
     """Concurrent writers of one key write the same bytes, so whichever rename lands last is
     right. The oldest entries beyond CACHE_MAX_ENTRIES go. Never raises."""
-    if not atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
-        return
-    directory = cache_dir()
-    try:
-        entries = [n for n in os.listdir(directory) if n.startswith("torch-facts-")]
-        if len(entries) > CACHE_MAX_ENTRIES:
-            paths = sorted((os.path.join(directory, n) for n in entries),
-                           key=lambda p: os.stat(p).st_mtime)
-            for old in paths[:len(entries) - CACHE_MAX_ENTRIES]:
-                os.unlink(old)
-    except OSError:
-        pass  # another run pruned the same entry first
-
-
-class RecordDigests:
-    """``record_sha256`` of big RECORD files, remembered by their stat.
-
-    torch's RECORD alone is ~15,000 lines (~60 ms to digest); an installer rewrites RECORD
-    whenever it touches a distribution, which changes its inode, size or mtime. Small RECORDs
-    are cheaper to digest than to look up and are not kept.
-    """
-
-    MIN_SIZE = 32 << 10
-
-    def __init__(self) -> None:
-        h = hashlib.sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
-        self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
-        self.entries: Dict[str, List[Any]] = {}
-        self.dirty = False
-        try:
-            with open(self.path, "rb") as fh:
-                data = json.loads(fh.read(1 << 24).decode("utf-8"))
-            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT \
-                    and isinstance(data.get("entries"), dict):
-                self.entries = data["entries"]
-        except (OSError, ValueError):
-            pass
-
-    def __call__(self, path: str) -> Optional[str]:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        if st.st_size < self.MIN_SIZE:
-            return record_sha256(path)
-        sig = [st.st_size, st.st_mtime_ns, st.st_ino]
-        entry = self.entries.get(path)
-        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == sig \
-                and isinstance(entry[3], str):
-            return entry[3]
-        digest = record_sha256(path)
-        if digest is not None:
-            self.entries[path] = [*sig, digest]
-            self.dirty = True
-        return digest
-
-    def save(self) -> None:
-        if self.dirty:
-            atomic_json(self.path, {"format": CACHE_FORMAT, "entries": self.entries})
+    if atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
+        prune("torch-facts-", CACHE_MAX_ENTRIES)

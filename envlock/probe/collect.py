@@ -13,9 +13,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .cache import RecordDigests, cache_read, cache_write, torch_cache_key
+from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
@@ -24,8 +23,15 @@ from .packages import collect_conda, collect_packages, record_sha256
 from .procs import run_tool
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
+from .statcache import RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
 
 DEFAULT_GIT_TIMEOUT = 5.0
 
@@ -71,10 +77,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     records = guard("cache", RecordDigests) if cache else None
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or record_sha256))
-    if records is not None:
-        records.save()
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
-    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations))
+    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations,
+                                                                   cache=cache))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
@@ -82,7 +87,10 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
-    key = guard("cache", torch_cache_key) if cache and _cacheable(torch, canary) else None
+    key = guard("cache", lambda: torch_cache_key(records)) \
+        if cache and _cacheable(torch, canary) else None
+    if records is not None:
+        records.save()
     facts = cache_read(key) if key else None
     gpu = None
     if facts is not None:
@@ -134,11 +142,14 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
-                        root: str = "/") -> Optional[Dict[str, Any]]:
-    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system"."""
+                        root: str = "/", cache: bool = False) -> Optional[Dict[str, Any]]:
+    """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
+
+    ``cache``: reuse the parsed database while its file is unchanged (``statcache.load_os_packages``).
+    """
     from . import ospkgs
 
-    db = ospkgs.load(root, run_tool)
+    db = load_os_packages(root, run_tool) if cache else ospkgs.load(root, run_tool)
     if db is None:
         return None
     ospkgs.mark_system(packages, locations, db)
@@ -190,7 +201,7 @@ def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -205,15 +216,61 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="always import torch")
     parser.add_argument("--git-exclude", action="append", default=[],
                         help="a file to leave out of the git state (the lock being written)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+_FLAGS = ("--no-torch", "--canary", "--deep", "--progress", "--no-cache")
+_OPTIONS = ("--image", "--cwd", "--indent", "--git-exclude")
+
+
+def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
+    """What ``parser().parse_args(argv)`` returns, for the spellings envlock itself passes
+    (every flag and option in full, a value after a space or "="); None for anything else,
+    which argparse reads (help, errors, abbreviations). argparse, with the shutil and gettext
+    it pulls in, costs ~4 ms of a ~40 ms probe run without torch."""
+    args: Dict[str, Any] = {name[2:].replace("-", "_"): False for name in _FLAGS}
+    args.update(image=None, cwd=None, indent=None, git_exclude=[])
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in _FLAGS:
+            args[arg[2:].replace("-", "_")] = True
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _OPTIONS:
+            return None
+        if not eq:
+            if i == len(argv) or argv[i].startswith("-"):
+                return None  # argparse decides what a value that looks like an option means
+            value = argv[i]
+            i += 1
+        key = name[2:].replace("-", "_")
+        if key == "git_exclude":
+            args[key].append(value)
+        elif key == "indent":
+            try:
+                args[key] = int(value)
+            except ValueError:
+                return None
+        else:
+            args[key] = value
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args is None:
+        args = vars(parser().parse_args(argv))
     here = os.path.dirname(os.path.abspath(__file__))  # never a distribution of its own
     # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
     # import's (cacheable) and it may fork hashing workers.
-    doc = collect(torch="no" if args.no_torch else "auto", canary=args.canary,
-                  image=args.image, cwd=args.cwd, skip_dir=here, deep=args.deep,
-                  cache=not args.no_cache and not os.environ.get("ENVLOCK_NO_CACHE"),
-                  progress=args.progress, processes=True, git_exclude=args.git_exclude)
-    sys.stdout.write(json.dumps(doc, indent=args.indent, sort_keys=True))
+    doc = collect(torch="no" if args["no_torch"] else "auto", canary=args["canary"],
+                  image=args["image"], cwd=args["cwd"], skip_dir=here, deep=args["deep"],
+                  cache=not args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  progress=args["progress"], processes=True, git_exclude=args["git_exclude"])
+    sys.stdout.write(json.dumps(doc, indent=args["indent"], sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0

@@ -6,12 +6,15 @@ overlap with the torch import. Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .files import sha256
 from .procs import Proc
 from .scrub import strip_url
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 def _git_env() -> Dict[str, str]:
@@ -41,6 +44,8 @@ def _git_pathspec(cwd: str, exclude: Sequence[str]) -> List[str]:
     untracked or modified, and every lock of an unchanged environment differs in [git]. A path
     outside the repository would make git fail, so only paths in the same one are named.
     """
+    if not exclude:
+        return []
     root = _repo_root(cwd)
     if root is None:
         return []
@@ -93,7 +98,7 @@ class GitJob:
             info["untracked"] = len(untracked)
         rc, out, err = self.diff.result()
         if rc == 0:
-            h = hashlib.sha256(out)
+            h = sha256(out)
             for path in sorted(untracked):
                 h.update(b"\0untracked\0" + path.encode("utf-8", "surrogateescape"))
             info["diff_sha256"] = h.hexdigest()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
 
 from .files import read_text
-from .imageref import split_digest
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 _CID_RE = re.compile(r"(?:docker|libpod|containers|crio|cri-containerd)[-/]([0-9a-f]{64})")
 
@@ -25,6 +27,13 @@ def _container_id() -> Tuple[Optional[str], Optional[str]]:
     if match:
         return match.group(1), "cgroup"
     return None, None
+
+
+def split_digest(ref: str) -> Tuple[str, Optional[str]]:
+    # imageref compiles its patterns on import: only for a reference given or found.
+    from .imageref import split_digest
+
+    return split_digest(ref)
 
 
 def collect_image(cli_ref: Optional[str]) -> Dict[str, Any]:

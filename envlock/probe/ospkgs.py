@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+    Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_INFO = "var/lib/dpkg/info"
@@ -27,21 +30,28 @@ RPM_TIMEOUT = 20.0
 RPM_QUERYFORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
 
 # What a lock accepts for each part; anything else in a database is dropped, not trusted.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")
-_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")
-_ARCH_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"
+_VERSION = r"[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}"
+_ARCH = r"[a-z0-9][a-z0-9_-]{0,31}"
+# Patterns are strings that ``re`` compiles (and keeps) on first use: a probe that finds the
+# parsed database in its cache needs none of them.
+_NAME_RE = "^%s$" % _NAME
+_VERSION_RE = "^%s$" % _VERSION
+_ARCH_RE = "^%s$" % _ARCH
+# A whole pin as spec() writes it (the parts cannot hold ":" or "=" before the version).
+SPEC_PATTERN = "%s:%s=%s" % (_NAME, _ARCH, _VERSION)
 # Where an OS package manager puts Python distributions (never /usr/local, where pip goes).
-_SYSTEM_SITE_RE = re.compile(r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$")
+_SYSTEM_SITE_RE = r"^/usr/(lib|lib64|share)/python3[0-9.]*/(dist|site)-packages$"
 
 
 def spec(name: str, arch: str, version: str) -> Optional[str]:
     """``name:arch=version``, or None when a part is not inert text."""
-    if _NAME_RE.match(name) and _ARCH_RE.match(arch) and _VERSION_RE.match(version):
+    if re.match(_NAME_RE, name) and re.match(_ARCH_RE, arch) and re.match(_VERSION_RE, version):
         return "%s:%s=%s" % (name, arch, version)
     return None
 
 
-_DPKG_FIELD_RE = re.compile(r"^(Package|Status|Version|Architecture|Source): *([^\n]*)$", re.M)
+_DPKG_FIELD_RE = r"(?m)^(Package|Status|Version|Architecture|Source): *([^\n]*)$"
 
 
 def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
@@ -66,7 +76,7 @@ def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
             pkg["source"] = source
         out.append(pkg)
 
-    for key, value in _DPKG_FIELD_RE.findall(text):
+    for key, value in re.findall(_DPKG_FIELD_RE, text):
         if key == "Package":
             flush()
             fields = {}
@@ -132,15 +142,21 @@ class Database:
     """The OS packages of one root, and (for dpkg and apk) who owns which directory."""
 
     def __init__(self, manager: str, packages: List[Dict[str, str]], root: str,
-                 apk_dirs: Optional[Dict[str, str]] = None) -> None:
+                 apk_dirs: Optional[Dict[str, str]] = None,
+                 specs: Optional[List[str]] = None) -> None:
         self.manager = manager
         self.packages = packages
         self.root = root
-        self._apk_dirs = apk_dirs
+        self.apk_dirs = apk_dirs
+        self._specs = specs  # what specs() returned when the database was read (a cache)
+        # Who lists which path among dpkg's file lists (the probe's cache may stand in).
+        self.dpkg_owners: Callable[[str, Set[str]], Dict[str, str]] = dpkg_owners
 
     def specs(self) -> List[str]:
-        found = (spec(p["name"], p["arch"], p["version"]) for p in self.packages)
-        return sorted(set(s for s in found if s))
+        if self._specs is None:
+            found = (spec(p["name"], p["arch"], p["version"]) for p in self.packages)
+            self._specs = sorted(set(s for s in found if s))
+        return list(self._specs)
 
     def document(self) -> Dict[str, object]:
         return {"manager": self.manager, "packages": self.specs()}
@@ -151,10 +167,10 @@ class Database:
         if not wanted:
             return {}
         if self.manager == "apk":
-            names = self._apk_dirs or {}
+            names = self.apk_dirs or {}
             found = {d: names[d] for d in wanted if d in names}
         elif self.manager == "dpkg":
-            found = _dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
+            found = self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
         else:
             return {}
         versions = dict((p["name"], p["version"]) for p in self.packages)
@@ -163,17 +179,20 @@ class Database:
         for d, owner in found.items():
             bare = owner.split(":", 1)[0]
             version = versions.get(owner) or versions.get(bare)
-            if version and _NAME_RE.match(bare) and _VERSION_RE.match(version):
+            if version and re.match(_NAME_RE, bare) and re.match(_VERSION_RE, version):
                 out[d] = (bare, version)
         return out
 
 
-def _dpkg_owners(info_dir: str, wanted: "set[str]") -> Dict[str, str]:
+def dpkg_owners(info_dir: str, wanted: Set[str],
+                reads: Optional[List[Tuple[str, Optional[os.stat_result]]]] = None) -> Dict[str, str]:
     """Scan dpkg's ``*.list`` file lists for the wanted paths; python packages first.
 
     A Debian system holds hundreds of lists; the ones that own Python distributions are almost
     always named python3-*, so those are read first and the scan stops once all are found. Each
     list is searched for whole lines with bytes.find (memmem), never split into lines.
+    ``reads`` receives each list read, in order, with its stat taken before the read (None when
+    it could not be read): everything the answer depends on besides the directory's listing.
     """
     try:
         names = [n for n in os.listdir(info_dir) if n.endswith(".list")]
@@ -185,8 +204,12 @@ def _dpkg_owners(info_dir: str, wanted: "set[str]") -> Dict[str, str]:
     for fname in names:
         try:
             with open(os.path.join(info_dir, fname), "rb") as fh:
+                if reads is not None:
+                    reads.append((fname, os.fstat(fh.fileno())))
                 data = b"\n" + fh.read() + b"\n"
         except OSError:
+            if reads is not None:
+                reads.append((fname, None))
             continue
         if b"-info\n" not in data:
             continue
@@ -218,7 +241,7 @@ def load(root: str = "/", run: Optional[Runner] = None) -> Optional[Database]:
 
 def is_system_site(directory: str) -> bool:
     """True for the directories an OS package manager installs Python distributions into."""
-    return bool(_SYSTEM_SITE_RE.match(directory.rstrip("/")))
+    return bool(re.match(_SYSTEM_SITE_RE, directory.rstrip("/")))
 
 
 def mark_system(packages: List[Dict[str, object]], locations: Dict[str, str],

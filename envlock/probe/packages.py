@@ -5,15 +5,17 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .files import read_text
+from .files import read_text, sha256
 from .rules import canonicalize_name
 from .scrub import strip_url
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:
@@ -81,7 +83,7 @@ def record_digest(data: bytes) -> str:
             continue
         keep.append(raw)
     keep.sort()
-    return hashlib.sha256(b"\n".join(keep)).hexdigest()
+    return sha256(b"\n".join(keep)).hexdigest()
 
 
 def _direct_url(path: str) -> Dict[str, Any]:
@@ -157,15 +159,16 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
                 continue
             full = os.path.join(entry, fname)
             files: Tuple[str, ...] = ()
-            if os.path.isdir(full):
-                try:
-                    files = tuple(os.listdir(full))
-                except OSError:
-                    continue
+            try:
+                files = tuple(os.listdir(full))
+            except (NotADirectoryError, FileNotFoundError):
+                # A single-file egg-info (or a dangling link, which reads as nothing).
+                name, version = _read_headers(full)
+            except OSError:
+                continue
+            else:
                 meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
                 name, version = _read_headers(os.path.join(full, meta))
-            else:
-                name, version = _read_headers(full)
             if not name or not version:
                 continue
             cname = canonicalize_name(name)

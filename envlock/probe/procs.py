@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from typing import Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 
 class Proc:

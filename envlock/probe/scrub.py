@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from .rules import MIN_SECRET_LEN, REDACTED, looks_secret
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
@@ -23,24 +26,25 @@ from .rules import MIN_SECRET_LEN, REDACTED, looks_secret
 # needs nothing removed comes back unchanged, which is how the model tells a clean value.
 # ---------------------------------------------------------------------------------------------
 
+# The patterns below are strings that ``re`` compiles (and keeps) on first use: most documents
+# hold few URLs and no scp remote, and compiling every pattern at import cost every run.
+# Only the token shapes, which every string is checked against, are compiled here.
 # Starts only where a run of scheme characters starts: otherwise every position of a long run
 # without "://" would be tried, quadratic in its length.
-_URL_RE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+")
+_URL = r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+"
 # scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
 # quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
 # start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
 # "@", ";" or "=" goes with it. Found by hand, in time linear in the text (a regex with a greedy
 # userinfo backtracks quadratically on "=a@=a@...").
-_SCP_HINT_RE = re.compile(r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S")
-_SCP_WORD_RE = re.compile(r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*")
-_SCP_KEEP_RE = re.compile(r"[^:@/=(,;]*[=(,;]")
-_SCP_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)")
-_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCP_HINT = r"@[A-Za-z0-9][A-Za-z0-9.-]*:\S"
+_SCP_WORD = r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*"
+_SCP_KEEP = r"[^:@/=(,;]*[=(,;]"
+_SCP_HOST = r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)"
+_SCHEME = r"([A-Za-z][A-Za-z0-9+.-]*)://"
 # Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
-_SECRET_QUERY_RE = re.compile(
-    r"(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)",
-    re.IGNORECASE,
-)
+_SECRET_QUERY = (
+    r"(?i)(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)")
 # Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
 _SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
 # Users that name a service account, not a person or a token (git@github.com:org/repo.git).
@@ -53,14 +57,14 @@ _SERVICE_USERS = ("git", "hg")
 _PATH_TOKENS = (
     # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
     # with capitals (tokens are mixed case, account names are lowercase), is the token.
-    (re.compile(r"(^|\.)fury\.io$", re.I),
-     re.compile(r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))")),
-    (re.compile(r"."), re.compile(r"(?:^|/)t/([^/]+)")),
-    (re.compile(r"(^|\.)packagecloud\.io$", re.I), re.compile(r"^/priv/([^/]+)")),
-    (re.compile(r"^dl\.cloudsmith\.io$", re.I), re.compile(r"^/(?!public/|basic/)([^/]+)/")),
-    (re.compile(r"^hooks\.slack\.com$", re.I), re.compile(r"^/services/(.+)")),
-    (re.compile(r"(^|\.)discord(app)?\.com$", re.I), re.compile(r"^/api/webhooks/(.+)")),
-    (re.compile(r"^api\.telegram\.org$", re.I), re.compile(r"^/(?:file/)?bot([^/]+)")),
+    (r"(?i)(^|\.)fury\.io$",
+     r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))"),
+    (r".", r"(?:^|/)t/([^/]+)"),
+    (r"(?i)(^|\.)packagecloud\.io$", r"^/priv/([^/]+)"),
+    (r"(?i)^dl\.cloudsmith\.io$", r"^/(?!public/|basic/)([^/]+)/"),
+    (r"(?i)^hooks\.slack\.com$", r"^/services/(.+)"),
+    (r"(?i)(^|\.)discord(app)?\.com$", r"^/api/webhooks/(.+)"),
+    (r"(?i)^api\.telegram\.org$", r"^/(?:file/)?bot([^/]+)"),
 )
 # Credentials recognisable by their own shape, wherever they appear in text.
 _TOKEN_SHAPES_RE = re.compile(
@@ -77,7 +81,7 @@ def _strip_query(query: str) -> str:
         if not eq:
             # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
             out.append(REDACTED if key and key != REDACTED else key)
-        elif value and value != REDACTED and _SECRET_QUERY_RE.search(_unquote(key)):
+        elif value and value != REDACTED and re.search(_SECRET_QUERY, _unquote(key)):
             out.append(key + "=" + REDACTED)
         else:
             out.append(item)
@@ -121,9 +125,9 @@ def _split_authority(rest: str) -> Tuple[str, str]:
 def _path_tokens(host: str, path: str) -> str:
     host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
     for host_re, path_re in _PATH_TOKENS:
-        if not host_re.search(host):
+        if not re.search(host_re, host):
             continue
-        m = path_re.search(path)
+        m = re.search(path_re, path)
         if m and m.group(1) != REDACTED:
             path = path[:m.start(1)] + REDACTED + path[m.end(1):]
     return path
@@ -131,7 +135,7 @@ def _path_tokens(host: str, path: str) -> str:
 
 def strip_url(url: str) -> str:
     """``url`` without credentials (see the rules above); unchanged when it has none."""
-    m = _SCHEME_RE.match(url)
+    m = re.match(_SCHEME, url)
     if not m:
         return _strip_scp(url)
     scheme = m.group(1).lower()
@@ -155,27 +159,27 @@ def strip_url(url: str) -> str:
 
 
 def _scp_word(word: str) -> str:
-    keep = _SCP_KEEP_RE.match(word)
+    keep = re.match(_SCP_KEEP, word)
     start = keep.end() if keep else 0
     slash = word.find("/", start)
     at = word.rfind("@", start, slash if slash >= 0 else len(word))
     while at > start:
-        if _SCP_HOST_RE.match(word, at + 1) is not None:
+        if re.compile(_SCP_HOST).match(word, at + 1) is not None:
             return word if word[start:at] in _SERVICE_USERS else word[:start] + word[at + 1:]
         at = word.rfind("@", start, at)
     return word
 
 
 def _strip_scp(text: str) -> str:
-    if "@" not in text or _SCP_HINT_RE.search(text) is None:
+    if "@" not in text or re.search(_SCP_HINT, text) is None:
         return text
-    return _SCP_WORD_RE.sub(lambda m: _scp_word(m.group(0)), text)
+    return re.sub(_SCP_WORD, lambda m: _scp_word(m.group(0)), text)
 
 
 def scrub_text(text: str) -> str:
     """``text`` with every embedded URL and scp remote stripped and token-shaped words removed."""
     if "://" in text:
-        text = _URL_RE.sub(lambda m: strip_url(m.group(0)), text)
+        text = re.sub(_URL, lambda m: strip_url(m.group(0)), text)
     if "@" in text:
         text = _strip_scp(text)
     return _TOKEN_SHAPES_RE.sub(REDACTED, text)
@@ -213,8 +217,8 @@ def _url_passwords(value: str) -> List[str]:
     if "://" not in value or "@" not in value:
         return []
     out = []
-    for m in _URL_RE.finditer(value):
-        scheme = _SCHEME_RE.match(m.group(0))
+    for m in re.finditer(_URL, value):
+        scheme = re.match(_SCHEME, m.group(0))
         if scheme is None:
             continue
         userinfo = _split_authority(m.group(0)[scheme.end():])[0]
@@ -244,14 +248,61 @@ def scrub_string(text: str, secrets: List[str]) -> str:
 def scrub_document(doc: Any, secrets: List[str]) -> Any:
     """Last line of defence: no credential-bearing URL and no secret value survives anywhere
     in the document, keys included."""
+    return _scrub_tree(doc, secrets, _Precheck(doc, secrets))
+
+
+class _Precheck:
+    """Which strings of one document ``scrub_string`` can change, decided for all at once.
+
+    ``scrub_string`` changes a string only if it holds "://" or "@" (URLs, scp remotes), a
+    token shape, or a secret value. The last two are searched once in all the document's
+    strings joined by newlines: a token shape matched inside one string matches there too (no
+    part of the pattern matches a newline, and a newline is a non-word character like a
+    string's edge), and a value inside one string is inside the joined text. So when the
+    joined text holds no token shape, a string without "://", "@" and the secrets found in the
+    joined text comes back from ``scrub_string`` unchanged, and is not scrubbed one by one.
+    """
+
+    def __init__(self, doc: Any, secrets: List[str]) -> None:
+        parts: List[str] = []
+        _strings(doc, parts)
+        joined = "\n".join(parts)
+        self.tokens = _TOKEN_SHAPES_RE.search(joined) is not None
+        self.present = [s for s in secrets if s in joined]
+
+    def clean(self, text: str, secrets: bool = True) -> bool:
+        """True when ``scrub_string(text, ...)`` would return ``text`` as it is."""
+        if self.tokens or "://" in text or "@" in text:
+            return False
+        return not (secrets and any(s in text for s in self.present))
+
+
+def _strings(doc: Any, out: List[str]) -> None:
     if isinstance(doc, dict):
-        return {scrub_string(k, secrets) if isinstance(k, str) else k: scrub_document(v, secrets)
-                for k, v in doc.items()}
+        for k, v in doc.items():
+            if isinstance(k, str):
+                out.append(k)
+            _strings(v, out)
+    elif isinstance(doc, list):
+        for v in doc:
+            _strings(v, out)
+    elif isinstance(doc, str):
+        out.append(doc)
+
+
+def _scrub_tree(doc: Any, secrets: List[str], check: _Precheck) -> Any:
+    if isinstance(doc, dict):
+        return {_scrub_leaf(k, secrets, check) if isinstance(k, str) else k:
+                _scrub_tree(v, secrets, check) for k, v in doc.items()}
     if isinstance(doc, list):
-        return [scrub_document(v, secrets) for v in doc]
+        return [_scrub_tree(v, secrets, check) for v in doc]
     if isinstance(doc, str):
-        return scrub_string(doc, secrets)
+        return _scrub_leaf(doc, secrets, check)
     return doc
+
+
+def _scrub_leaf(text: str, secrets: List[str], check: _Precheck) -> str:
+    return text if check.clean(text, bool(secrets)) else scrub_string(text, secrets)
 
 
 # What is installed is named by package metadata, never by the environment: a secret value that
@@ -263,13 +314,19 @@ _IDENTITY_KEYS = ("name", "version", "active_version")
 def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, Any]:
     """``scrub_document`` for a probe's whole output, package names and versions exempt from
     the secret values (URLs and token shapes are still stripped from them)."""
-    out: Dict[str, Any] = scrub_document(doc, secrets)
+    check = _Precheck(doc, secrets)
+    os_pkgs = doc.get("os_packages")
+    pins = os_pkgs.get("packages") if isinstance(os_pkgs, dict) else None
+    rest = doc
+    if isinstance(os_pkgs, dict) and isinstance(pins, list):
+        # Scrubbed below without the secret values; not twice (a desktop has ~2,000 pins).
+        rest = dict(doc, os_packages=dict(os_pkgs, packages=[]))
+    out: Dict[str, Any] = _scrub_tree(rest, secrets, check)
     for table in ("packages", "duplicates"):
         for i, row in enumerate(doc.get(table) or []):
             for k in _IDENTITY_KEYS:
                 if isinstance(row, dict) and isinstance(row.get(k), str):
-                    out[table][i][k] = scrub_string(row[k], [])
-    os_pkgs = doc.get("os_packages")
-    if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
-        out["os_packages"]["packages"] = scrub_document(os_pkgs["packages"], [])
+                    out[table][i][k] = _scrub_leaf(row[k], [], check)
+    if isinstance(pins, list):
+        out["os_packages"]["packages"] = _scrub_tree(pins, [], check)
     return out

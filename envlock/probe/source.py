@@ -8,10 +8,14 @@ fall out of step with the code. Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from typing import List, Optional
+
+from .files import sha256
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 PROBE_VERSION = 1
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +33,7 @@ def digest(directory: Optional[str] = None) -> str:
     differently (a new field, in any of its modules) must not be served the facts an older
     probe cached; PROBE_VERSION alone is not bumped for that."""
     directory = directory or PACKAGE_DIR
-    h = hashlib.sha256()
+    h = sha256()
     try:
         for name in file_names(directory):
             with open(os.path.join(directory, name), "rb") as fh:

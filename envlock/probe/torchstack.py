@@ -6,15 +6,18 @@ flags read are the live ones of whichever process runs the probe. Stdlib only, P
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
-from typing import Any, Dict, Optional, Tuple
 
 from .env import process_set_env
+from .files import sha256
 from .rules import NUMERICS_ENV, quiet, read_knobs
 from .scrub import env_value
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 
 def _cudnn_str(v: Optional[int]) -> Optional[str]:
@@ -53,31 +56,33 @@ def collect_torch(torch: Any) -> Dict[str, Any]:
     if build:
         info["build"] = build
     if isinstance(config, str) and config:
-        info["config_sha256"] = hashlib.sha256(config_identity(config).encode("utf-8")).hexdigest()
+        info["config_sha256"] = sha256(config_identity(config).encode("utf-8")).hexdigest()
     return {k: v for k, v in info.items() if v is not None}
 
 
 # torch.__config__.show() mixes how torch was built with what it found on this host: the "CPU
 # capability usage" line is the ISA the dispatcher picked here (AVX2 on one machine, AVX512 on
 # the next). Host facts stay out of the build's identity, or one stack gets two fingerprints.
-_HOST_LINE_RE = re.compile(r"^\s*-?\s*CPU capability usage\s*:", re.IGNORECASE)
+# Patterns are plain strings, compiled by ``re`` on first use: only a live torch import reads
+# them, and compiling all at import cost every run.
+_HOST_LINE = r"(?i)^\s*-?\s*CPU capability usage\s*:"
 _CONFIG_LINES = (
     # (field, pattern on one "  - ..." line); the first group is the value.
-    ("compiler", re.compile(r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$")),
-    ("cxx_standard", re.compile(r"^C\+\+ Version:\s*(\S+)$")),
-    ("mkl_version", re.compile(r"Math Kernel Library Version\s+([0-9][0-9.]*)")),
-    ("onednn_version", re.compile(r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)")),
-    ("openmp_version", re.compile(r"^OpenMP\s+(\d+)")),
-    ("cpu_capability", re.compile(r"^CPU capability usage:\s*(.+)$")),
-    ("cuda_runtime", re.compile(r"^(?:Built with )?CUDA Runtime\s+(\S+)$")),
-    ("cudnn_version", re.compile(r"^CuDNN\s+(\S+)")),
-    ("magma_version", re.compile(r"^Magma\s+(\S+)$")),
-    ("hip_runtime", re.compile(r"^HIP Runtime\s+(\S+)$")),
-    ("miopen_version", re.compile(r"^MIOpen\s+(\S+)$")),
+    ("compiler", r"^((?:GCC|gcc|clang|Clang|Apple clang|MSVC|Intel|icx|icpx)\s+\S+)$"),
+    ("cxx_standard", r"^C\+\+ Version:\s*(\S+)$"),
+    ("mkl_version", r"Math Kernel Library Version\s+([0-9][0-9.]*)"),
+    ("onednn_version", r"^Intel\(R\) (?:MKL-DNN|oneDNN)\s+v?([0-9][0-9A-Za-z.]*)"),
+    ("openmp_version", r"^OpenMP\s+(\d+)"),
+    ("cpu_capability", r"^CPU capability usage:\s*(.+)$"),
+    ("cuda_runtime", r"^(?:Built with )?CUDA Runtime\s+(\S+)$"),
+    ("cudnn_version", r"^CuDNN\s+(\S+)"),
+    ("magma_version", r"^Magma\s+(\S+)$"),
+    ("hip_runtime", r"^HIP Runtime\s+(\S+)$"),
+    ("miopen_version", r"^MIOpen\s+(\S+)$"),
 )
 # "Build settings: K=V, K=V, ..." where a value (CXX_FLAGS) may itself hold commas.
-_SETTING_SPLIT_RE = re.compile(r",\s*(?=[A-Z][A-Z0-9_]*=)")
-_SETTING_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_SETTING_SPLIT = r",\s*(?=[A-Z][A-Z0-9_]*=)"
+_SETTING_KEY = r"^[A-Z][A-Z0-9_]{0,63}$"
 _SETTING_FIELDS = {"BLAS_INFO": "blas", "LAPACK_INFO": "lapack", "BUILD_TYPE": "build_type"}
 # Already recorded as torch.version / torch.git_version.
 _SETTING_SKIP = ("TORCH_VERSION", "COMMIT_SHA")
@@ -86,7 +91,7 @@ _MAX_VALUE = 4096
 
 def config_identity(config: str) -> str:
     """torch.__config__.show() without the lines that describe the host rather than the build."""
-    return "".join(line for line in config.splitlines(True) if not _HOST_LINE_RE.match(line))
+    return "".join(line for line in config.splitlines(True) if not re.match(_HOST_LINE, line))
 
 
 def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
@@ -108,10 +113,10 @@ def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
                 build["cuda_arch_flags"] = arch
             continue
         if line.startswith("Build settings:"):
-            for item in _SETTING_SPLIT_RE.split(line.split(":", 1)[1].strip().rstrip(",")):
+            for item in re.split(_SETTING_SPLIT, line.split(":", 1)[1].strip().rstrip(",")):
                 key, sep, value = item.partition("=")
                 key, value = key.strip(), value.strip().rstrip(",").strip()
-                if not sep or not _SETTING_KEY_RE.match(key) or key in _SETTING_SKIP:
+                if not sep or not re.match(_SETTING_KEY, key) or key in _SETTING_SKIP:
                     continue
                 value = value[:_MAX_VALUE]
                 if key in _SETTING_FIELDS:
@@ -121,7 +126,7 @@ def parse_torch_config(config: str, parallel: str = "") -> Dict[str, Any]:
                     options[key] = value
             continue
         for field, pattern in _CONFIG_LINES:
-            match = pattern.search(line)
+            match = re.search(pattern, line)
             if match and field not in build:
                 value = match.group(1).strip()[:_MAX_VALUE]
                 if value:

@@ -1,0 +1,319 @@
+"""Files the probe would otherwise parse on every run, remembered by their stat: what each
+RECORD yields, the OS package database, and which OS package owns a system distribution.
+
+Stdlib only, Python >= 3.8. Entries live in the probe's cache directory (``cache_dir``), next
+to the torch facts (``cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from . import ospkgs
+from .files import atomic_json, sha256
+from .packages import record_sha256
+
+TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set, Tuple
+
+RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
+
+
+def cache_dir() -> str:
+    """``$ENVLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/envlock``, else ``~/.cache/envlock``."""
+    override = os.environ.get("ENVLOCK_CACHE_DIR")
+    if override:
+        return override
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "envlock")
+
+
+def prune(prefix: str, keep: int) -> None:
+    """Remove the oldest entries named ``prefix*`` beyond ``keep``. Never raises."""
+    directory = cache_dir()
+    try:
+        entries = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(prefix)]
+        if len(entries) > keep:
+            entries.sort(key=lambda p: os.stat(p).st_mtime)
+            for old in entries[:len(entries) - keep]:
+                os.unlink(old)
+    except OSError:
+        pass  # another run pruned the same entry first
+
+
+def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
+    """(sha256 of a RECORD, the shared libraries it lists inside site-packages), or None."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    libs = []
+    for line in data.splitlines():
+        rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
+        leaf = rel.rsplit("/", 1)[-1]
+        if ".so" in leaf and not rel.startswith("../"):
+            libs.append(rel)
+    return sha256(data).hexdigest(), libs
+
+
+# ---------------------------------------------------------------------------------------------
+# Stat-keyed entries: a file's parsed form, reused while the file is provably the same file.
+#
+# The key is (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns). Any write, truncation, chmod
+# or rename moves the ctime to the current time, which user space cannot set (``touch`` sets
+# mtime and atime, not ctime), and a file replaced by a rename (dpkg writes ``status-new`` and
+# renames it over ``status``; installers rewrite RECORD) has a new inode or a new ctime even when
+# its inode number is reused. What is left is the timestamp granularity: two changes within one
+# clock tick leave the same stat. So, as git does with racily clean index entries, a file is
+# remembered only when it last changed more than SETTLE_NS before it was read; a change after
+# the read gets a later ctime, so an entry never outlives its file. Such a file is simply read
+# again on the next run.
+# ---------------------------------------------------------------------------------------------
+
+SETTLE_NS = 3 * 10**9  # above the coarsest timestamp granularity in use (FAT: 2 s)
+
+
+def stat_key(st: os.stat_result) -> List[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def settled(st: os.stat_result) -> bool:
+    """True when the file last changed long enough ago that its stat identifies its content."""
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS
+
+
+def _valid_key(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 5 and all(type(v) is int for v in value)
+
+
+def _read_entry(path: str, limit: int) -> Any:
+    """The JSON at ``path``; None when missing, unreadable, corrupt or too big."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+class RecordDigests:
+    """What the probe derives from RECORD files, remembered by their stat (see above).
+
+    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, ~60 ms to
+    digest; the digests of a small venv together cost more than the lookups), and for the
+    torch-facts key the raw sha256 and the shared libraries a RECORD lists (``scan``).
+    One file per interpreter.
+    """
+
+    MAX_BYTES = 1 << 24
+
+    def __init__(self) -> None:
+        h = sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
+        self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
+        self.entries: Dict[str, List[Any]] = {}
+        self.scans: Dict[str, List[Any]] = {}
+        self.used: Set[str] = set()
+        self.dirty = False
+        data = _read_entry(self.path, self.MAX_BYTES)
+        if isinstance(data, dict) and data.get("format") == RECORDS_FORMAT:
+            for name, store in (("entries", self.entries), ("scans", self.scans)):
+                found = data.get(name)
+                if isinstance(found, dict):
+                    store.update(found)
+
+    def _lookup(self, store: Dict[str, List[Any]], path: str, size: int
+                ) -> "Tuple[Optional[os.stat_result], Optional[List[Any]]]":
+        self.used.add(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None, None
+        entry = store.get(path)
+        if isinstance(entry, list) and len(entry) == size + 1 and _valid_key(entry[0]) \
+                and entry[0] == stat_key(st):
+            return st, entry[1:]
+        return st, None
+
+    def __call__(self, path: str) -> Optional[str]:
+        st, hit = self._lookup(self.entries, path, 1)
+        if st is None:
+            return None
+        if hit is not None and isinstance(hit[0], str):
+            return hit[0]
+        digest = record_sha256(path)
+        if digest is not None and settled(st):
+            self.entries[path] = [stat_key(st), digest]
+            self.dirty = True
+        return digest
+
+    def scan(self, path: str) -> Optional[Tuple[str, List[str]]]:
+        """``scan_record(path)``, remembered."""
+        st, hit = self._lookup(self.scans, path, 2)
+        if st is None:
+            return None
+        if hit is not None and isinstance(hit[0], str) and isinstance(hit[1], list) \
+                and all(isinstance(x, str) for x in hit[1]):
+            return hit[0], hit[1]
+        found = scan_record(path)
+        if found is not None and settled(st):
+            self.scans[path] = [stat_key(st), found[0], found[1]]
+            self.dirty = True
+        return found
+
+    def save(self) -> None:
+        """Write the entries when one was added; those of RECORDs that are gone (a distribution
+        upgraded or removed) are dropped then, so the file does not grow with every upgrade."""
+        if not self.dirty:
+            return
+        for store in (self.entries, self.scans):
+            for path in [p for p in store if p not in self.used and not os.path.exists(p)]:
+                del store[path]
+        atomic_json(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
+                                "scans": self.scans})
+        self.dirty = False
+
+
+# ---------------------------------------------------------------------------------------------
+# OS package database: dpkg's status file (~12 ms to parse with 800 packages) or apk's
+# installed file, remembered by its stat (see above). rpm has no such file (a BerkeleyDB or
+# SQLite database with a journal, read through ``rpm -qa``) and is always asked.
+# ---------------------------------------------------------------------------------------------
+
+OSPKGS_FORMAT = 1
+OWNERS_MAX_ENTRIES = 16
+_PKG_FIELDS = ("name", "version", "arch", "source")
+
+
+def _parser_digest() -> str:
+    """The parser is part of the key: a newer ospkgs.py may read the same file differently."""
+    try:
+        with open(ospkgs.__file__, "rb") as fh:
+            return sha256(fh.read()).hexdigest()
+    except (OSError, TypeError):
+        return "unknown:%s" % time.time()  # unreadable: never reuse
+
+
+def _spec_list_re() -> "re.Pattern[str]":
+    # The entry's pins, one per line, are checked as one string: what ospkgs.spec() returns.
+    return re.compile("(?:%s\n)*%s" % (ospkgs.SPEC_PATTERN, ospkgs.SPEC_PATTERN))
+
+
+def database_from_entry(entry: Any, key: List[Any], root: str) -> Optional[ospkgs.Database]:
+    """The database an entry holds; None unless it is exactly the shape written for ``key``."""
+    if not isinstance(entry, dict) or entry.get("format") != OSPKGS_FORMAT \
+            or entry.get("key") != key:
+        return None
+    manager, packages, dirs = entry.get("manager"), entry.get("packages"), entry.get("apk_dirs")
+    specs = entry.get("specs")
+    if manager not in ("dpkg", "apk") or type(packages) is not list or type(specs) is not list:
+        return None
+    fields, required = set(_PKG_FIELDS), set(_PKG_FIELDS[:3])
+    for pkg in packages:
+        if type(pkg) is not dict or not fields.issuperset(pkg) or not required <= pkg.keys():
+            return None
+        for value in pkg.values():
+            if type(value) is not str:
+                return None
+    if specs and not (all(type(x) is str for x in specs)
+                      and _spec_list_re().fullmatch("\n".join(specs))):
+        return None
+    if manager == "apk":
+        if not isinstance(dirs, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in dirs.items()):
+            return None
+    elif dirs is not None:
+        return None
+    return ospkgs.Database(manager, packages, root, dirs, specs)
+
+
+def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Optional[ospkgs.Database]:
+    """``ospkgs.load(root, run)``, remembered by the stat of the file it reads.
+
+    Both database files are keyed (present or absent): ``load`` reads dpkg's when there is one,
+    else apk's, so the pair decides what it reads.
+    """
+    stats: List[Optional[os.stat_result]] = []
+    for rel in (ospkgs.DPKG_STATUS, ospkgs.APK_INSTALLED):
+        try:
+            stats.append(os.stat(os.path.join(root, rel)))
+        except OSError:
+            stats.append(None)
+    if all(st is None for st in stats):
+        return ospkgs.load(root, run)
+    key: List[Any] = [root, _parser_digest(), [stat_key(st) if st else None for st in stats]]
+    digest = sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
+    path = os.path.join(cache_dir(), "ospkgs-%s.json" % digest[:32])
+    db = database_from_entry(_read_entry(path, 1 << 26), key, root)
+    if db is None:
+        db = ospkgs.load(root, run)
+        if db is not None and db.manager in ("dpkg", "apk") \
+                and all(settled(st) for st in stats if st is not None):
+            atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
+                               "packages": db.packages, "apk_dirs": db.apk_dirs,
+                               "specs": db.specs()})
+    if db is not None:
+        db.dpkg_owners = dpkg_owners
+    return db
+
+
+def _owners_key(info_dir: str, wanted: Set[str]) -> Tuple[str, List[Any]]:
+    names = sorted(wanted)
+    digest = sha256(json.dumps([info_dir, names]).encode("utf-8")).hexdigest()
+    return os.path.join(cache_dir(), "ospkgs-owners-%s.json" % digest[:32]), [info_dir, _parser_digest(), names]
+
+
+def owners_from_entry(entry: Any, key: List[Any], info_dir: str) -> Optional[Dict[str, str]]:
+    """The answer an entry holds when it is for ``key`` and the directory and every list it
+    read have the stat they had; else None."""
+    if not isinstance(entry, dict) or entry.get("format") != OSPKGS_FORMAT or entry.get("key") != key:
+        return None
+    listing, reads, found = entry.get("dir"), entry.get("reads"), entry.get("found")
+    if not _valid_key(listing) or not isinstance(reads, list) or not isinstance(found, dict):
+        return None
+    wanted = set(key[2])
+    if not all(isinstance(v, str) and k in wanted for k, v in found.items()):
+        return None
+    try:
+        if stat_key(os.stat(info_dir)) != listing:
+            return None
+        for item in reads:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                    and "/" not in item[0] and _valid_key(item[1])):
+                return None
+            if stat_key(os.stat(os.path.join(info_dir, item[0]))) != item[1]:
+                return None
+    except OSError:
+        return None
+    return found
+
+
+def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
+    """``ospkgs.dpkg_owners``, remembered by the stat of dpkg's info directory (a list added or
+    removed changes it) and of every list the scan read (the scan stops at the last one it
+    needs, so the lists after it cannot change the answer). A system Python's capture on a
+    desktop-sized Debian reads a few hundred lists, ~20 ms."""
+    path, key = _owners_key(info_dir, wanted)
+    found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
+    if found is not None:
+        return found
+    try:
+        listing = os.stat(info_dir)
+    except OSError:
+        return ospkgs.dpkg_owners(info_dir, wanted)
+    reads: List[Tuple[str, Optional[os.stat_result]]] = []
+    found = ospkgs.dpkg_owners(info_dir, wanted, reads)
+    done = [(name, st) for name, st in reads if st is not None]
+    if len(done) == len(reads) and settled(listing) and all(settled(st) for _, st in done) \
+            and atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
+                                   "reads": [[name, stat_key(st)] for name, st in done],
+                                   "found": found}):
+        prune("ospkgs-owners-", OWNERS_MAX_ENTRIES)  # one per set of system distributions
+    return found
