@@ -30,9 +30,13 @@ HASHLIB_PROBE = ("import hashlib, time; b = bytes(256 << 20); best = 0.0\n"
                  "print(best)")
 
 
-def uv_binary() -> str | None:
-    here = Path(sys.executable).with_name("uv")
-    return str(here) if here.exists() else shutil.which("uv")
+def uv_binary(venv: Path) -> str | None:
+    """uv from the benchmark venv (run.py installs it there), else beside this interpreter,
+    else on PATH."""
+    for here in (venv / "bin" / "uv", Path(sys.executable).with_name("uv")):
+        if here.exists():
+            return str(here)
+    return shutil.which("uv")
 
 
 def site_packages(py: str, env: dict[str, str]) -> str:
@@ -53,7 +57,7 @@ def venv_commands(run: Any, venv: Path, tmp: Path, project: Path, env: dict[str,
         run.Command("capture_cold", "envlock capture --no-cache",
                     [el, "capture", "--no-cache", "-o", str(tmp / "cold.lock")], env, project),
     ]
-    uv = uv_binary()
+    uv = uv_binary(venv)
     if uv:
         cmds.append(run.Command("uv_freeze", "uv pip freeze", [uv, "pip", "freeze", "--python", py],
                                 env, project))

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, NoReturn
 
+    from envlock.early import VerifyArgs
     from envlock.probeproc import ProbeProcess
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -375,26 +376,34 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     prestarted: ProbeProcess | None = None
+    known: VerifyArgs | None = None
     if argv[:1] == ["verify"]:
-        from envlock.early import start_verify_probe
+        # envlock.early: the probe starts now, and a command line it is sure of skips argparse.
+        from envlock.early import start_verify_probe, verify_options
 
-        prestarted = start_verify_probe(argv)
+        known = verify_options(argv)
+        prestarted = start_verify_probe(argv) if known is not None else None
     try:
-        return _run(argv, prestarted)
+        return _run(argv, prestarted, known)
     finally:
         if prestarted is not None:
             prestarted.cancel()  # a no-op once its document was read
 
 
-def _run(argv: list[str], prestarted: ProbeProcess | None) -> int:
-    parser = build_parser(argv[0] if argv else None)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+def _run(argv: list[str], prestarted: ProbeProcess | None, known: VerifyArgs | None) -> int:
+    func: Callable[[Any], int]
+    if known is not None:
+        args: Any = known
+        func = cmd_verify
+    else:
+        parser = build_parser(argv[0] if argv else None)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        func = args.func
     args.prestarted = prestarted
     try:
-        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except EnvlockError as exc:
         _err(f"envlock: error: {exc.message}\n")

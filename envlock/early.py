@@ -10,7 +10,9 @@ probe only when the command line it would have started is exactly this one
 (``capturing.start_probe``), and stops it otherwise, so this is only ever a head start.
 
 Anything this reading does not know (``--deep``, with its progress display; ``-h``; an
-abbreviated option; a second positional) leaves the start to the full path.
+abbreviated option; a second positional) leaves the start to the full path. What it is sure of
+it also hands to the command as its arguments, so such a verify never imports argparse (~6 ms
+with building the parser): a property test holds this reading and argparse's to one answer.
 """
 
 from __future__ import annotations
@@ -21,39 +23,50 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from envlock.probeproc import ProbeProcess
 
-# verify's flags that take no value and do not change how the probe is started.
-_PLAIN = frozenset({"--strict", "--all", "--json"})
+# verify's flags that take no value; --deep is left to argparse (it draws progress).
+_FLAGS = {"--no-torch": "no_torch", "--no-cache": "no_cache", "--strict": "strict", "--all": "all",
+          "--json": "json"}
 
 
-def verify_options(argv: list[str]) -> tuple[str | None, str, bool, bool] | None:
-    """``(python, lock, no_torch, no_cache)`` of a ``verify`` command line, or None when it is
-    not one this reading is sure of (argparse decides then, and the probe starts later)."""
+class VerifyArgs:
+    """What argparse would make of a ``verify`` command line this reading is sure of."""
+
+    command = "verify"
+    deep = False
+
+    def __init__(self) -> None:
+        self.python: str | None = None
+        self.lock = "env.lock"
+        self.no_torch = self.no_cache = self.strict = self.all = self.json = False
+
+
+def verify_options(argv: list[str]) -> VerifyArgs | None:
+    """The options of a ``verify`` command line, as argparse gives them, or None when this
+    reading is not sure of them: argparse then reads them, and the probe starts later. A
+    property test holds the two readings to the same answer."""
     if not argv or argv[0] != "verify":
         return None
-    python: str | None = None
+    args = VerifyArgs()
     lock: str | None = None
-    no_torch = no_cache = False
     rest = iter(argv[1:])
     for arg in rest:
-        if arg == "--no-torch":
-            no_torch = True
-        elif arg == "--no-cache":
-            no_cache = True
-        elif arg in _PLAIN:
-            pass
+        if arg in _FLAGS:
+            setattr(args, _FLAGS[arg], True)
         elif arg == "--python":
-            python = next(rest, None)
-            if python is None or python.startswith("-"):
+            args.python = next(rest, None)
+            if args.python is None or args.python.startswith("-"):
                 return None
         elif arg.startswith("--python="):
-            python = arg.partition("=")[2]
+            args.python = arg.partition("=")[2]
         elif arg.startswith("-") or lock is not None:
             return None
         else:
             lock = arg
-    if python == "":
+    if args.python == "":
         return None
-    return python, lock if lock is not None else "env.lock", no_torch, no_cache
+    if lock is not None:
+        args.lock = lock
+    return args
 
 
 def start_verify_probe(argv: list[str]) -> ProbeProcess | None:
@@ -64,19 +77,18 @@ def start_verify_probe(argv: list[str]) -> ProbeProcess | None:
     options = verify_options(argv)
     if options is None:
         return None
-    python, lock, no_torch, no_cache = options
     try:
         from envlock.lockscan import lock_tables
 
-        tables = lock_tables(lock)
+        tables = lock_tables(options.lock)
         if tables is None:
             return None  # no lock there: the full path says so
         from envlock.probeproc import ProbeProcess, probe_args
         from envlock.target import choose
 
-        target = choose(python)
-        torch = "torch" in tables and not no_torch
-        args = probe_args(torch=torch, canary="canary" in tables and torch, cache=not no_cache)
+        target = choose(options.python)
+        torch = "torch" in tables and not options.no_torch
+        args = probe_args(torch=torch, canary="canary" in tables and torch, cache=not options.no_cache)
         return ProbeProcess(target.python, args)
     except Exception:  # an invalid --python, a bad ENVLOCK_PROBE_TIMEOUT: reported later
         return None

@@ -7,7 +7,6 @@ counts the processes started and checks that none is left running.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from envlock import lockfile, probeproc
 from envlock.cli import build_parser, main
 from envlock.early import start_verify_probe, verify_options
-from envlock.errors import EXIT_OK, EXIT_USAGE
+from envlock.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from envlock.lockscan import table_names
 from envlock.probe.procs import pid_alive
 
@@ -90,13 +89,20 @@ def test_ctrl_c_after_the_early_start_stops_the_probe(
         capsys: pytest.CaptureFixture[str]) -> None:
     import envlock.cli
 
-    def interrupted(command: str | None = None) -> argparse.ArgumentParser:
-        raise KeyboardInterrupt  # Ctrl-C while argparse is built, the probe already running
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt  # Ctrl-C while the command imports, the probe already running
 
-    monkeypatch.setattr(envlock.cli, "build_parser", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(["verify", "--python", sys.executable, str(lock_path)])
+    monkeypatch.setattr(envlock.cli, "cmd_verify", interrupted)
+    assert main(["verify", "--python", sys.executable, str(lock_path)]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "envlock: interrupted\n"
     assert len(spawned) == 1 and _gone(spawned[0])
+
+
+def test_a_usage_error_is_argparse_s_and_starts_nothing(
+        lock_path: Path, spawned: list[probeproc.ProbeProcess], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(lock_path), "--strickt"]) == EXIT_USAGE
+    assert "unrecognized arguments: --strickt" in capsys.readouterr().err
+    assert spawned == []
 
 
 def test_no_early_start_for_what_the_reading_does_not_know(lock_path: Path) -> None:
@@ -116,7 +122,7 @@ _TOKENS = ["--no-torch", "--no-cache", "--strict", "--all", "--json", "--deep", 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_TOKENS), max_size=6))
-def test_the_early_reading_never_disagrees_with_argparse(tokens: list[str]) -> None:
+def test_the_early_reading_is_argparse_s(tokens: list[str]) -> None:
     argv = ["verify", *tokens]
     options = verify_options(argv)
     if options is None:
@@ -126,9 +132,10 @@ def test_the_early_reading_never_disagrees_with_argparse(tokens: list[str]) -> N
         args = parser.parse_args(argv)
     except SystemExit:
         return  # argparse refuses it: main reports that, and stops the probe started early
-    assert isinstance(args, argparse.Namespace)
-    assert options == (args.python, args.lock, args.no_torch, args.no_cache)
-    assert not args.deep
+    # Every option the command reads: a verify this reading is sure of never meets argparse.
+    parsed = {k: v for k, v in vars(args).items() if k != "func"}
+    assert parsed == {k: getattr(options, k) for k in parsed}, argv
+    assert args.func.__name__ == "cmd_verify"
 
 
 @settings(max_examples=300, deadline=None)
@@ -215,6 +222,6 @@ def test_a_whole_verify_imports_only_what_it_needs(lock_path: Path) -> None:
     assert out.returncode == EXIT_OK, out.stdout + out.stderr
     assert "OK: the environment matches the lock" in out.stdout
     imported = set(out.stderr.split())
-    unneeded = {"pydantic", "dataclasses", "inspect", "pathlib", "shutil", "bz2", "lzma",
-                "subprocess", "tomlkit", "envlock.model", "envlock.lockfile"}
+    unneeded = {"argparse", "pydantic", "dataclasses", "inspect", "pathlib", "shutil", "bz2",
+                "lzma", "subprocess", "tomlkit", "envlock.model", "envlock.lockfile"}
     assert not imported & unneeded, sorted(imported & unneeded)
