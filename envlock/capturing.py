@@ -17,7 +17,6 @@ from envlock.building import build_lock as build_lock  # where callers always im
 from envlock.building import current_lock, import_heavy_modules
 from envlock.building import import_models as import_models
 from envlock.errors import UnsafeValue, UsageError
-from envlock.lockdata import is_view
 from envlock.lockscan import lock_tables
 from envlock.probeproc import PROBE_DIR, ProbeProcess, probe_args
 
@@ -201,6 +200,8 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
     ``prestarted``: the probe ``early`` may have started already; it is adopted when it is the
     one the early start here would start, and stopped otherwise.
     """
+    from envlock.lockdata import is_view  # not at import: capture needs none of the read path
+
     if in_process is None:
         in_process = python is None
     started = None
