@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         from envlock.early import start_verify_probe, verify_options
 
         known = verify_options(argv)
-        prestarted = start_verify_probe(argv) if known is not None else None
+        prestarted = start_verify_probe(known) if known is not None else None
     try:
         return _run(argv, prestarted, known)
     finally:

@@ -69,14 +69,12 @@ def verify_options(argv: list[str]) -> VerifyArgs | None:
     return args
 
 
-def start_verify_probe(argv: list[str]) -> ProbeProcess | None:
-    """The probe ``envlock verify`` will want, started now; None when that is not certain.
+def start_verify_probe(options: VerifyArgs) -> ProbeProcess | None:
+    """The probe ``envlock verify`` with these options will want, started now; None when that
+    is not certain.
 
     Never raises for the user's input: every error is left for the full path to report.
     """
-    options = verify_options(argv)
-    if options is None:
-        return None
     try:
         from envlock.lockscan import lock_tables
 

@@ -110,7 +110,8 @@ def test_no_early_start_for_what_the_reading_does_not_know(lock_path: Path) -> N
                  ["verify", "a.lock", "b.lock"], ["verify", "--python"], ["verify", "--python="],
                  ["capture"], [], ["verify", "--python", "/nonexistent/python", str(lock_path)],
                  ["verify", str(lock_path.with_name("missing.lock"))]):
-        assert start_verify_probe(argv) is None, argv
+        options = verify_options(argv)
+        assert options is None or start_verify_probe(options) is None, argv
 
 
 # -- the reading of the arguments agrees with argparse --------------------------------------
@@ -191,8 +192,9 @@ def test_nothing_heavy_is_imported_before_the_probe_starts(lock_path: Path) -> N
     code = ("import sys\n"
             "before = set(sys.modules)\n"
             "from envlock.cli import main\n"
-            "from envlock.early import start_verify_probe\n"
-            f"probe = start_verify_probe(['verify', '--python', sys.executable, {str(lock_path)!r}])\n"
+            "from envlock.early import start_verify_probe, verify_options\n"
+            f"options = verify_options(['verify', '--python', sys.executable, {str(lock_path)!r}])\n"
+            "probe = start_verify_probe(options)\n"
             "assert probe is not None\n"
             "print(' '.join(sorted(set(sys.modules) - before)))\n"
             "probe.cancel()\n")
