@@ -205,12 +205,16 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
     if in_process is None:
         in_process = python is None
     started = None
+    # The lock being verified is left out of the git state, as capture leaves out the lock it
+    # writes: a lock not yet committed would otherwise show as an untracked file that was not
+    # there when it was captured.
+    exclude = [os.fspath(lock)] if isinstance(lock, (str, os.PathLike)) else []
     if isinstance(lock, (str, os.PathLike)):
         tables = lock_tables(lock) if early and not in_process else None
         if tables is not None:
             want = "torch" in tables if torch is None else torch
             started = start_probe(python, torch=want, canary="canary" in tables and want,
-                                  deep=deep, cache=cache, prestarted=prestarted)
+                                  deep=deep, cache=cache, prestarted=prestarted, git_exclude=exclude)
             prestarted = None
         try:
             expected = _read(lock)
@@ -229,7 +233,7 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
     if started is None:
         want = expected.torch is not None if torch is None else torch
         doc = capture_doc(python=python, torch=want, canary=expected.canary is not None and want,
-                          in_process=in_process, deep=deep, cache=cache)
+                          in_process=in_process, deep=deep, cache=cache, git_exclude=exclude)
     else:
         try:
             import envlock.deepreport  # what judge() needs, imported while the probe still runs

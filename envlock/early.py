@@ -86,7 +86,8 @@ def start_verify_probe(options: VerifyArgs) -> ProbeProcess | None:
 
         target = choose(options.python)
         torch = "torch" in tables and not options.no_torch
-        args = probe_args(torch=torch, canary="canary" in tables and torch, cache=not options.no_cache)
+        args = probe_args(torch=torch, canary="canary" in tables and torch, cache=not options.no_cache,
+                          git_exclude=[options.lock])
         return ProbeProcess(target.python, args)
     except Exception:  # an invalid --python, a bad ENVLOCK_PROBE_TIMEOUT: reported later
         return None

@@ -8,6 +8,7 @@ counts the processes started and checks that none is left running.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -70,7 +71,8 @@ def test_a_probe_that_is_not_the_wanted_one_is_stopped_and_replaced(
     result = check(lock_path, python=sys.executable, in_process=False, early=True, cache=True,
                    prestarted=other)
     assert result.comparison.ok
-    assert [p.argv[2:] for p in spawned] == [["--no-torch", "--no-cache"], ["--no-torch"]]
+    assert [p.argv[2:] for p in spawned] == [["--no-torch", "--no-cache"],
+                                             ["--git-exclude", str(lock_path), "--no-torch"]]
     assert all(_gone(p) for p in spawned)
 
 
@@ -144,8 +146,6 @@ def test_the_early_reading_is_argparse_s(tokens: list[str]) -> None:
     [b"[", b"[[", b"]", b" ", b"\t", b"\n", b"\r", b"torch", b"a-b_9", b"=", b'"', b"#"]),
     max_size=20).map(b"".join))
 def test_the_table_scan_is_the_regular_expression(data: bytes) -> None:
-    import re
-
     pattern = re.compile(rb"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_-]+)", re.M)
     assert table_names(data) == {m.group(1).decode("ascii") for m in pattern.finditer(data)}
 
@@ -227,3 +227,26 @@ def test_a_whole_verify_imports_only_what_it_needs(lock_path: Path) -> None:
     unneeded = {"argparse", "pydantic", "dataclasses", "inspect", "pathlib", "shutil", "bz2",
                 "lzma", "subprocess", "hashlib", "tomlkit", "envlock.model", "envlock.lockfile"}
     assert not imported & unneeded, sorted(imported & unneeded)
+
+
+def test_the_lock_being_verified_is_not_an_untracked_file_of_the_project(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """capture leaves the lock it writes out of [git]; verify leaves out the lock it reads, or
+    a lock not committed yet would show as a new untracked file on every verify."""
+    import subprocess
+
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "init"]):
+        subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["capture", "--no-torch", "--python", sys.executable]) == EXIT_OK
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert main(["verify", "--all", "--python", sys.executable, "../env.lock"]) == EXIT_OK
+    assert "git." not in capsys.readouterr().out
+    # Its twin: any other new file still counts.
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["verify", "--all", "--python", sys.executable, "../env.lock"]) == EXIT_OK
+    assert re.search(r"info +git\.untracked +0 -> 1\n", capsys.readouterr().out)
