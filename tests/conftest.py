@@ -6,6 +6,7 @@ import contextlib
 import functools
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -219,3 +220,12 @@ def restore_lock() -> LockFactory:
 def _no_activated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated sys.path holding only the fake distributions a test writes."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [str(site)])
+    return site

@@ -19,14 +19,7 @@ from envlock.probe import git, image, packages, rules, scrub, system
 from envlock.probe.collect import collect
 from envlock.probe.env import collect_env
 
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated sys.path holding only the fake distributions a test writes."""
-    site = tmp_path / "site-packages"
-    site.mkdir()
-    monkeypatch.setattr(sys, "path", [str(site)])
-    return site
+# `site` (conftest.py): an isolated sys.path holding only the fake distributions a test writes.
 
 
 def test_packages_exact_versions_installer_requested(site: Path) -> None:

@@ -346,12 +346,7 @@ def test_owner_entry_fuzz(dpkg_root: Path, entry: Any) -> None:
 # -- RECORD digests -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site-packages"
-    site.mkdir()
-    monkeypatch.setattr(sys, "path", [str(site)])
-    return site
+# `site` (conftest.py): an isolated sys.path holding only the fake distributions a test writes.
 
 
 def test_every_record_digest_is_remembered_by_stat(cache_home: Path, site: Path,
