@@ -18,10 +18,11 @@ write leaves alone, so there the cache is off.
 Racy entries, as git's "racy clean" index entries. A file written in the same timestamp tick as
 its stat can be written again within that tick with the same size: same stat, other bytes. Every
 file is stat-ed before any is read, and an entry is stored only when the file's mtime and ctime
-are older than the moment the check started by ``RACY_NS``: 2 s, the coarsest granularity in
-common use (FAT/exFAT mtimes; 1 s on ext3, HFS+ and some NFS servers; one kernel tick on
-ext4, xfs, btrfs). Anything written later gets a ctime at least that much newer than the stored
-one. A racy file is simply hashed again next time, and stored then.
+are older than the moment the check started by ``RACY_NS``: the window of the probe's other
+stat-keyed caches (``statcache.SETTLE_NS``, 3 s), above the coarsest granularity in common use
+(FAT/exFAT mtimes: 2 s; 1 s on ext3, HFS+ and some NFS servers; one kernel tick on ext4, xfs,
+btrfs). Anything written later gets a ctime at least that much newer than the stored one. A
+racy file is simply hashed again next time, and stored then.
 
 One JSON file per environment (``sys.prefix`` and its site directories, hashed into the name),
 beside the torch facts: json because the C parser loads a torch venv's 17,600 entries (3.5 MB)
@@ -41,12 +42,12 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .cache import cache_dir
 from .files import atomic_json
+from .statcache import SETTLE_NS, cache_dir, prune, stat_key
 
 FORMAT = 1
 KIND = "envlock-file-hashes"
-RACY_NS = 2 * 10**9
+RACY_NS = SETTLE_NS
 # A CUDA torch venv lists ~25,000 files; beyond this many the biggest (dearest to re-hash) stay.
 MAX_ENTRIES = 200000
 MAX_BYTES = 64 << 20
@@ -129,7 +130,7 @@ class FileHashes:
             except (OSError, ValueError):  # ValueError: a NUL in a RECORD path
                 sigs.append(None)
                 continue
-            sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+            sig = stat_key(st)
             sigs.append(sig)
             entry = get(path)
             if (type(entry) is list and len(entry) == 6 and entry[:5] == sig
@@ -161,7 +162,7 @@ class FileHashes:
                "entries": entries}
         if not atomic_json(self.path, doc):
             return False
-        _prune(os.path.dirname(self.path))
+        prune(_PREFIX, MAX_ENVIRONMENTS, os.path.dirname(self.path))
         return True
 
 
@@ -181,22 +182,3 @@ def _bounded(entries: Dict[str, List[Any]]) -> Dict[str, List[Any]]:
             break
         out[path] = entries[path]
     return out
-
-
-def _prune(directory: str) -> None:
-    """Keep the newest MAX_ENVIRONMENTS files: every venv checked once leaves one behind."""
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(_PREFIX)]
-        if len(names) <= MAX_ENVIRONMENTS:
-            return
-        stamped = []
-        for name in names:
-            path = os.path.join(directory, name)
-            try:
-                stamped.append((os.stat(path).st_mtime_ns, path))
-            except OSError:
-                continue
-        for _, old in sorted(stamped)[:len(stamped) - MAX_ENVIRONMENTS]:
-            os.unlink(old)
-    except OSError:
-        pass  # another run pruned the same file first

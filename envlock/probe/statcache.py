@@ -33,15 +33,23 @@ def cache_dir() -> str:
     return os.path.join(base, "envlock")
 
 
-def prune(prefix: str, keep: int) -> None:
-    """Remove the oldest entries named ``prefix*`` beyond ``keep``. Never raises."""
-    directory = cache_dir()
+def prune(prefix: str, keep: int, directory: Optional[str] = None) -> None:
+    """Remove the oldest files named ``prefix*`` in ``directory`` (default: the cache
+    directory) beyond the newest ``keep``. Never raises."""
+    directory = directory or cache_dir()
     try:
-        entries = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(prefix)]
-        if len(entries) > keep:
-            entries.sort(key=lambda p: os.stat(p).st_mtime)
-            for old in entries[:len(entries) - keep]:
-                os.unlink(old)
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+        if len(names) <= keep:
+            return
+        stamped = []
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                stamped.append((os.stat(path).st_mtime_ns, path))
+            except OSError:
+                continue  # pruned by another run meanwhile
+        for _, old in sorted(stamped)[:len(stamped) - keep]:
+            os.unlink(old)
     except OSError:
         pass  # another run pruned the same entry first
 
