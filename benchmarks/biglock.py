@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 def build(path: Path, limit: int) -> dict[str, int]:
     """Write a sealed lock of just under ``limit`` bytes; returns its table sizes."""
     sys.path.insert(0, str(REPO))
-    from envlock import lockfile
-    from envlock.model import Lock
+    from envlock import lock as lockio
+    from envlock.lock import Lock
 
     def make(n_env: int, n_pkg: int) -> str:
         doc: dict[str, Any] = {
@@ -44,7 +44,7 @@ def build(path: Path, limit: int) -> dict[str, int]:
                           "installer": "pip", "requested": i % 3 == 0,
                           "record_sha256": f"{i:064x}"} for i in range(n_pkg)],
         }
-        return lockfile.dumps(lockfile.seal(Lock.model_validate(doc)))
+        return lockio.dumps(lockio.seal(Lock.model_validate(doc)))
 
     # Scale both tables together until the next step would cross the limit.
     n_env, n_pkg = 20_000, 20_000

@@ -35,30 +35,28 @@ def _time(fn: Callable[[], object], repeats: int) -> dict[str, Any]:
 
 
 def cmd_load(path: Path, repeats: int) -> dict[str, Any]:
-    """``envlock.lockfile.load`` as a whole, then its stages, to show where the time goes; and
-    ``lockdata.light_load``, the read of a sealed lock that ``verify`` and ``show`` take."""
-    from envlock import lockdata, lockfile
-    from envlock.model import Lock
+    """``envlock.lock.load`` as a whole (the read ``verify`` and ``show`` take), then its stages,
+    to show where the time goes."""
+    from envlock import lock as lockio
+    from envlock.lock import Lock
 
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
 
-    text = lockfile.read_text(path)
+    text = lockio.read_text(path)
     data = tomllib.loads(text)
     lock = Lock.model_validate(data)
     out: dict[str, Any] = {
         "packages": len(lock.packages),
         "bytes": len(text.encode("utf-8")),
-        "load": _time(lambda: lockfile.load(path), repeats),
+        "load": _time(lambda: lockio.load(path), repeats),
         "stages": {
-            "read_text": _time(lambda: lockfile.read_text(path), repeats),
+            "read_text": _time(lambda: lockio.read_text(path), repeats),
             "tomllib.loads": _time(lambda: tomllib.loads(text), repeats),
             "Lock.model_validate": _time(lambda: Lock.model_validate(data), repeats),
-            "check_seal": _time(lambda: lockfile.check_seal(lock), repeats),
-            "lockdata.light_load (all: no pydantic)": _time(lambda: lockdata.light_load(path), repeats),
-            "lockdata.light_data (defaults + seal)": _time(lambda: lockdata.light_data(data), repeats),
+            "check_seal": _time(lambda: lockio.check_seal(lock), repeats),
         },
     }
     return out

@@ -96,22 +96,22 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
 
     proc_cls.__init__ = init
     proc_cls.result = result
-    # envlock.lockfile is imported by the CLI at a moment this profile must not move, so its
+    # envlock.lock._write is imported by the CLI at a moment this profile must not move, so its
     # functions are wrapped right after that import happens, whenever it happens.
     real_import = builtins.__import__
     patched: dict[str, bool] = {}
 
     def hooked_import(name: str, *a: Any, **k: Any) -> Any:
         mod = real_import(name, *a, **k)
-        lf = sys.modules.get("envlock.lockfile")
+        lf = sys.modules.get("envlock.lock._write")
         spec = getattr(lf, "__spec__", None)
         # Present in sys.modules but still executing its body: wait for the import to finish.
         if lf is not None and not patched and not getattr(spec, "_initializing", False):
             patched["done"] = True
-            events.append(("envlock.lockfile imported", time.perf_counter(), time.perf_counter()))
+            events.append(("envlock.lock imported", time.perf_counter(), time.perf_counter()))
             for fname in ("seal", "dumps", "atomic_write"):
-                if not _wrap(lf, fname, f"lockfile.{fname}", events):
-                    missing.append(f"envlock.lockfile.{fname}")
+                if not _wrap(lf, fname, f"lock.{fname}", events):
+                    missing.append(f"envlock.lock._write.{fname}")
         return mod
 
     builtins.__import__ = hooked_import
@@ -227,7 +227,7 @@ def _timeline_stages(doc: dict[str, Any]) -> dict[str, float]:
     st: dict[str, float] = {"import envlock.cli (after interpreter start)": doc["cli_import_ms"]}
     spawn = ev.get("spawn probe")
     wait = ev.get("wait for probe")
-    imported = ev.get("envlock.lockfile imported")
+    imported = ev.get("envlock.lock imported")
     if spawn and wait:
         before = spawn[0] - doc["cli_import_ms"]
         if imported and imported[0] < spawn[0]:
@@ -238,15 +238,15 @@ def _timeline_stages(doc: dict[str, Any]) -> dict[str, float]:
         st["parent imports while probe runs"] = wait[0] - spawn[1]
         st["waiting for probe"] = wait[1] - wait[0]
         last = wait[1]
-        for label in ("build_lock (validate + seal)", "lockfile.seal", "lockfile.dumps",
-                      "lockfile.atomic_write"):
+        for label in ("build_lock (validate + seal)", "lock.seal", "lock.dumps",
+                      "lock.atomic_write"):
             spans = [(a, b) for lbl, a, b in doc["events"] if lbl == label and a >= wait[1]]
-            if label == "lockfile.seal":
+            if label == "lock.seal":
                 # seal also runs inside build_lock; count only the one in save().
                 bl = ev.get("build_lock (validate + seal)")
                 spans = [s for s in spans if not bl or s[0] > bl[1]]
             if spans:
-                st[label + (" (in save)" if label == "lockfile.seal" else "")] = sum(
+                st[label + (" (in save)" if label == "lock.seal" else "")] = sum(
                     b - a for a, b in spans)
                 last = max(last, max(b for _, b in spans))
         st["rest (summary, exit)"] = doc["total_ms"] - last
@@ -315,7 +315,7 @@ def profile(repeats: int, cwd: str | None) -> dict[str, Any]:
                       "python -c 'import torch'": run_bare(["-c", "import torch"], repeats, cwd)}
     out["cprofile_probe"] = _child("cprofile", [], cwd)
     out["importtime_parent"] = importtime(
-        "import envlock.cli, envlock.lockfile, envlock.model, tomlkit")
+        "import envlock.cli, envlock.lock, tomlkit")
     out["importtime_torch"] = importtime("import torch")
     out["markdown"] = render(out)
     return out

@@ -387,7 +387,7 @@ def count_synth(py: str, el: str, env: dict[str, str], cwd: Path, lock: Path) ->
     """How many of the synthetic distributions each tool saw (they must all agree)."""
     freeze = subprocess.run([py, "-m", "pip", "freeze"], env=env, cwd=cwd, capture_output=True,
                             text=True, check=True).stdout
-    names = _run_json([py, "-c", "import json, sys; from envlock.lockfile import load; "
+    names = _run_json([py, "-c", "import json, sys; from envlock.lock import load; "
                        "print(json.dumps([p.name for p in load(sys.argv[1]).packages]))",
                        str(lock)], env, cwd)
     md = _run_json([py, "-c", "import json, importlib.metadata as m; "
@@ -622,7 +622,7 @@ def render(doc: dict[str, Any], main: dict[str, Command], synth_res: list[SynthR
         lines += ["", f"### load+validate of a {load['packages']}-package lock "
                       f"({load['bytes'] / 1024:.0f} KiB), in-process", "",
                   "| stage | median | min |", "|---|---:|---:|",
-                  f"| `envlock.lockfile.load` (all) | {load['load']['median_s'] * 1000:.1f} ms | "
+                  f"| `envlock.lock.load` (all) | {load['load']['median_s'] * 1000:.1f} ms | "
                   f"{load['load']['min_s'] * 1000:.1f} ms |"]
         lines += [f"| {k} | {s['median_s'] * 1000:.1f} ms | {s['min_s'] * 1000:.1f} ms |"
                   for k, s in st.items()]

@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Lock": ("envlock.model", "Lock"),
+    "Lock": ("envlock.lock", "Lock"),
     "capture": ("envlock.capturing", "capture"),
     "verify": ("envlock.capturing", "verify"),
-    "load": ("envlock.lockfile", "load"),
+    "load": ("envlock.lock", "load"),
     "compare": ("envlock.drift", "compare"),
     "seed_everything": ("envlock.runtime", "seed_everything"),
     "deterministic": ("envlock.runtime", "deterministic"),
@@ -48,11 +48,9 @@ _SUBMODULES = (
     "distributed",
     "drift",
     "errors",
-    "lockfile",
-    "model",
+    "lock",
     "restore",
     "runtime",
-    "schema",
 )
 
 if TYPE_CHECKING:
@@ -62,15 +60,12 @@ if TYPE_CHECKING:
     from envlock import distributed as distributed
     from envlock import drift as drift
     from envlock import errors as errors
-    from envlock import lockfile as lockfile
-    from envlock import model as model
+    from envlock import lock as lock
     from envlock import restore as restore
     from envlock import runtime as runtime
-    from envlock import schema as schema
     from envlock.capturing import capture, verify
     from envlock.drift import compare
-    from envlock.lockfile import load
-    from envlock.model import Lock
+    from envlock.lock import Lock, load
     from envlock.runtime import (
         apply,
         canary,

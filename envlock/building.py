@@ -1,16 +1,12 @@
-"""A probe document as a lock: validated through the models, or as a view beside a light lock.
+"""A probe document as a lock, validated through the models.
 
-``build_lock`` is the gate every probe value passes before it is written. ``current_lock`` is
-what verify compares: a ``lockdata`` view when the expected lock was read without the models
-(nothing is written, so nothing needs the gate, and pydantic is never imported), else the
-validated lock. Apart from ``capturing`` so that ``lockfile`` can import the models the way
-capture does without depending on how the probe is run.
+``build_lock`` is the gate every probe value passes before it is written or compared; verify
+compares what it returns with the lock it read. Apart from ``capturing`` so that turning a
+document into a lock does not depend on how the probe is run.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +14,7 @@ from envlock import __version__
 from envlock.errors import ProbeFailed, UsageError
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 
 def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
@@ -30,25 +26,11 @@ def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def current_lock(doc: dict[str, Any], *, light: bool) -> Lock:
-    """The lock of what the probe found now, to compare with an expected lock read ``light``ly
-    (``lockdata``) or through the models."""
-    if light:
-        from envlock.lockdata import light_current
-
-        view = light_current(without_timings(doc))
-        if view is not None:
-            return view
-    import_models()
-    return build_lock(doc)
-
-
 def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
     """Validate a probe document as a lock (sealed, ready to save)."""
     from pydantic import ValidationError
 
-    from envlock.lockwrite import seal
-    from envlock.model import Lock, Meta
+    from envlock.lock import Lock, Meta, seal
     from envlock.probe.scrub import scrub_string, secret_values
 
     if note:
@@ -71,26 +53,5 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
 
 
 def import_heavy_modules() -> None:
-    """Import pydantic, the models and the lock writer: called while a probe subprocess runs."""
-    import_models()
-    import envlock.lockwrite  # noqa: F401
-
-
-def import_models() -> None:
-    """Import envlock's models without pydantic's plugin scan.
-
-    Pydantic looks for plugins through the entry points of every installed distribution when
-    the first model class is built (~46 us each); envlock's own models need none, so the scan
-    is skipped for them. get_plugins() caches nothing while disabled, so models a training
-    script defines later still get their plugins.
-    """
-    if "envlock.model" not in sys.modules:
-        previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-        try:
-            import envlock.model  # noqa: F401
-        finally:
-            if previous is None:
-                del os.environ["PYDANTIC_DISABLE_PLUGINS"]
-            else:
-                os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
+    """Import pydantic, the models, the reader and the writer: called while a probe runs."""
+    import envlock.lock  # noqa: F401

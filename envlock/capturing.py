@@ -13,9 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from envlock.building import build_lock as build_lock  # where callers always imported it from
-from envlock.building import current_lock, import_heavy_modules
-from envlock.building import import_models as import_models
+from envlock.building import build_lock, import_heavy_modules
 from envlock.errors import UnsafeValue, UsageError
 from envlock.lockscan import lock_tables
 from envlock.probeproc import PROBE_DIR, ProbeProcess, probe_args
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
     OSPKGS_PATH: Path
     from envlock.comparison import Comparison
     from envlock.deepreport import Progress
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 
 def __getattr__(name: str) -> object:
@@ -182,7 +180,6 @@ class Verification(NamedTuple):
     expected: Lock
     current: Lock
     deep: dict[str, Any] | None  # the --deep findings, as the probe reported them
-    light: bool  # both locks were read without the models (lockdata)
 
 
 def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
@@ -195,13 +192,10 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
     another interpreter. ``limit``: files named per distribution by ``deep`` (None: all).
     ``early`` starts the probe in another interpreter before the lock is read, deciding from
     its table names alone whether to import torch: the probe's import then overlaps reading
-    the lock (a full validation when its seal does not hold). A sealed lock is read without
-    pydantic (``lockdata``), and so is what the probe found, to compare with it.
+    the lock.
     ``prestarted``: the probe ``early`` may have started already; it is adopted when it is the
     one the early start here would start, and stopped otherwise.
     """
-    from envlock.lockdata import is_view  # not at import: capture needs none of the read path
-
     if in_process is None:
         in_process = python is None
     started = None
@@ -217,17 +211,19 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
                                   deep=deep, cache=cache, prestarted=prestarted, git_exclude=exclude)
             prestarted = None
         try:
-            expected = _read(lock)
+            import_heavy_modules()
+            from envlock.lock import load
+
+            expected = load(lock)
         except BaseException:
             if started is not None:
                 cancel_probe(*started)
             raise
     else:
-        from envlock.lockfile import check_seal
+        from envlock.lock import check_seal  # a Lock object means the models are imported
 
         check_seal(lock)
         expected = lock
-    light = is_view(expected)
     if prestarted is not None:
         prestarted.cancel()  # not the early path after all: nothing to adopt it for
     if started is None:
@@ -243,23 +239,10 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
             raise
         doc = finish_probe(*started)
     report = doc.pop("deep", None)
-    current = current_lock(doc, light=light)
+    current = build_lock(doc)
     cmp = judge(expected, current, report, strict=strict,
                 process_state="compare" if in_process else "report", limit=limit)
-    return Verification(cmp, expected, current, report, light and is_view(current))
-
-
-def _read(path: str | os.PathLike[str]) -> Lock:
-    from envlock.lockdata import light_view, read_data
-
-    data = read_data(path)
-    lock = light_view(data)
-    if lock is None:
-        import_heavy_modules()
-        from envlock.lockfile import from_dict
-
-        lock = from_dict(data, str(path))
-    return lock
+    return Verification(cmp, expected, current, report)
 
 
 def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,

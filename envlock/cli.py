@@ -55,7 +55,7 @@ def _err(text: str) -> None:
 def _say_link(path: Path) -> None:
     """A lock that is a symbolic link is updated where it points; say so, it may be shared."""
     if path.is_symlink():
-        from envlock.lockfile import write_target
+        from envlock.lock import write_target
 
         _err(f"note: {path} is a symbolic link; updated its target {write_target(path)}\n")
 
@@ -83,7 +83,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                        cache=not args.no_cache,
                        git_exclude=[] if args.output == "-" else [args.output])
         locked = f"locked {target.probed(lock.python.prefix).describe()}"
-    from envlock.lockfile import dumps, save
+    from envlock.lock import dumps, save
 
     if args.output != "-":
         path = save(lock, args.output, force=args.force, reseal=False)
@@ -148,7 +148,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from envlock.drift import compare
-    from envlock.lockfile import load
+    from envlock.lock import load
     from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
@@ -164,17 +164,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from envlock.lockdata import light_view, read_data
-
-    # A sealed lock is shown without the models (lockdata); LaTeX goes through them. The file
-    # is read and parsed once either way.
-    data = read_data(args.lock)
-    lock = light_view(data) if args.format != "latex" else None
-    if lock is None:
-        from envlock.lockfile import from_dict
-
-        lock = from_dict(data, str(args.lock))
     from pathlib import Path
+
+    from envlock.lock import load
+
+    lock = load(args.lock)
 
     from envlock.render import show_json, show_markdown, show_text
 
@@ -195,7 +189,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_fmt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from envlock.lockfile import atomic_write, dumps, load, read_text, seal
+    from envlock.lock import atomic_write, dumps, load, read_text, seal
 
     path = Path(args.lock)
     before = read_text(path)
@@ -214,7 +208,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from envlock.schema import schema_json
+    from envlock.lock import schema_json
 
     _out(schema_json())
     return EXIT_OK

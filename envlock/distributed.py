@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import RankMismatch, UsageError
 
 if TYPE_CHECKING:
-    from envlock.drift import Difference
-    from envlock.model import Lock
+    from envlock.comparison import Difference
+    from envlock.lock import Lock
 
 log = logging.getLogger("envlock.distributed")
 
@@ -112,8 +112,9 @@ def check(
     import torch
     import torch.distributed as dist
 
-    from envlock.capturing import build_lock
-    from envlock.drift import Difference, compare
+    from envlock.building import build_lock
+    from envlock.comparison import Difference
+    from envlock.drift import compare
     from envlock.probe.collect import collect
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -123,7 +124,7 @@ def check(
     reference: Lock | None = None
     if lock is not None:
         if isinstance(lock, (str, os.PathLike)):
-            from envlock.lockfile import load
+            from envlock.lock import load
 
             reference = load(lock)
         else:

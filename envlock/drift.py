@@ -8,10 +8,10 @@ Each difference carries a dotted path, the old and new value and a severity:
   same version, the OS release;
 * ``info``     - recorded for the reader: git commit, kernel, CPU model, unrelated env vars.
 
-``verify`` fails (exit 1) on breaking differences only. The tables of severities live here (and
-in ``driftpkgs`` for the package sections) and nowhere else, so every command agrees on what
-counts as drift. Both sides may be models or ``lockdata`` views of sealed locks: only
-attributes and the canonical dump are read.
+``verify`` fails (exit 1) on breaking differences only. A field's severity is declared beside
+the field in the models (``envlock.lock``'s policies); what is compared by code of its own (the
+image's identity, python's version, packages in ``driftpkgs``, the canary) is here, so every
+command agrees on what counts as drift.
 
 What the environment *is* (packages, torch build, driver, image, variables set before start)
 is apart from what a process *set* (seeds, torch's determinism flags, variables set by
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from envlock import driftpkgs
 from envlock.comparison import (
@@ -39,49 +38,30 @@ from envlock.comparison import (
     Words,
     dump,
 )
-from envlock.driftpkgs import OS_BREAKING_RE, os_package_severity
+from envlock.lock import (
+    Determinism,
+    GpuDevice,
+    GpuInfo,
+    Lock,
+    Platform,
+    PythonInfo,
+    Seeds,
+    TorchBuild,
+    TorchInfo,
+    severities,
+)
 
-if TYPE_CHECKING:
-    from envlock.model import Lock
-
-# Where callers have always imported them from.
-__all__ = [
-    "OS_BREAKING_RE", "OS_FROM_BASE_ENV", "SEVERITY_RANK", "Comparison", "Difference", "ProcessState",
-    "Severity", "as_info", "compare", "os_package_severity", "os_packages_come_from_base",
-    "os_packages_from_base",
-]
-
-_PLATFORM: dict[str, Severity] = {
-    "machine": "breaking", "os": "breaking", "os_id": "warning", "os_version_id": "warning",
-    "libc": "warning", "libc_version": "warning", "kernel": "info", "cpu_model": "info",
-    "cpu_count": "info",
-}
-_PYTHON: dict[str, Severity] = {
-    "implementation": "breaking", "soabi": "breaking", "platform_tag": "warning",
-    "prefix_kind": "info",
-}
-_TORCH: dict[str, Severity] = {
-    "version": "breaking", "git_version": "breaking", "cuda": "breaking", "cudnn": "breaking",
-    "nccl": "breaking", "hip": "breaking", "debug": "breaking", "cxx11_abi": "breaking",
-    "arch_list": "warning", "mkl": "warning", "mkldnn": "warning",
-    "openmp": "warning", "cuda_available": "warning", "device_count": "info",
-    "cpu_capability": "info",
-}
-_GPU: dict[str, Severity] = {"source": "info", "driver": "warning", "cuda_driver": "warning"}
-_GPU_DEVICE: dict[str, Severity] = {
-    "name": "warning", "compute_capability": "warning", "memory_total_mib": "warning",
-    "mig_mode": "warning",
-}
-_DETERMINISM_SOFT: dict[str, Severity] = {
-    "num_threads": "warning", "num_interop_threads": "warning", "late": "warning", "torch_loaded": "info",
-    "process_env": "info",  # which variables were set at run time; their values are compared
-}
+# How a change of each field counts, as its model declares it (``Policy`` beside the field).
+_PLATFORM = severities(Platform)
+_PYTHON = severities(PythonInfo)
+_TORCH = severities(TorchInfo)
+_TORCH_BUILD = severities(TorchBuild)
+_GPU = severities(GpuInfo)
+_GPU_DEVICE = severities(GpuDevice)
+_DETERMINISM = severities(Determinism)
 # Determinism fields read without torch (the others are unknown when torch was not probed).
 _NOT_FROM_TORCH = {"late"}
-_SEEDS: dict[str, Severity] = {
-    "seed": "breaking", "python_hash_seed": "breaking", "hash_randomization": "breaking",
-    "torch_initial_seed": "breaking", "seed_source": "info",
-}
+_SEEDS = severities(Seeds)
 _ENV_WARNING = {"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH"}
 
 
@@ -129,8 +109,9 @@ def _torch(c: Collector, old: Lock, new: Lock) -> None:
     build_a, build_b = a.pop("build", {}), b.pop("build", {})
     opts_a, opts_b = build_a.pop("options", {}), build_b.pop("options", {})
     explained = len(c.items)
-    c.fields("torch", "torch.build", build_a, build_b, {}, default="warning")
-    c.fields("torch", "torch.build.options", opts_a, opts_b, {}, default="warning")
+    c.fields("torch", "torch.build", build_a, build_b, _TORCH_BUILD)
+    # Each build option is judged as the options table is.
+    c.fields("torch", "torch.build.options", opts_a, opts_b, {}, default=_TORCH_BUILD["options"])
     explained = len(c.items) - explained
     config_a, config_b = a.pop("config_sha256", None), b.pop("config_sha256", None)
     if config_a != config_b and not explained:
@@ -179,7 +160,7 @@ def _determinism(c: Collector, old: Lock, new: Lock) -> None:
         va, vb = a.get(key), b.get(key)
         if va == vb:
             continue
-        severity = _DETERMINISM_SOFT.get(key, "breaking")
+        severity = _DETERMINISM.get(key, "breaking")
         if (va is None or vb is None) and severity == "breaking":
             severity = "warning"  # the knob exists in only one of the two torch versions
         c.add("determinism", f"determinism.{key}", va, vb, severity)

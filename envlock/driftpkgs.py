@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from envlock.comparison import Collector, Severity, dump
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 _PACKAGE: dict[str, Severity] = {
     "version": "breaking", "source": "warning", "url": "warning", "vcs": "breaking",

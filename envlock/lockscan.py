@@ -2,7 +2,7 @@
 
 ``envlock verify`` decides how to start the probe (import torch or not, run the canary or not)
 from the lock's table names, before anything heavy is imported (``early``); reading and checking
-the lock itself (``lockdata``, ``lockfile``) then overlaps the probe's run.
+the lock itself (``envlock.lock``) then overlaps the probe's run.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from envlock.textsafe import dash as dash  # where callers always imported them 
 from envlock.textsafe import safe as safe
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison, Difference
-    from envlock.model import Lock  # also given lockdata's views, which answer the same reads
+    from envlock.comparison import Comparison, Difference
+    from envlock.lock import Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
 def _flag(value: bool | None) -> str:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from envlock.errors import EXIT_DRIFT, EXIT_OK, LockInvalid, TorchMissing
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison
-    from envlock.model import Canary
+    from envlock.comparison import Comparison
+    from envlock.lock import Canary
 
 
 def _text(canary: Canary) -> str:
@@ -50,7 +50,7 @@ def _check_text(cmp: Comparison, name: str) -> str:
 def cmd_canary(args: argparse.Namespace) -> int:
     expected = None
     if args.against:  # read the lock before the (slow) canary, so a bad path fails at once
-        from envlock.lockfile import load
+        from envlock.lock import load
 
         expected = load(args.against)
         if expected.canary is None:

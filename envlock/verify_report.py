@@ -15,7 +15,7 @@ from envlock.comparison import Comparison, Difference
 from envlock.textsafe import dash, safe
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 # Beyond this many lines a verify report leads with a summary and lists the first DETAIL_LINES.
 SUMMARY_AFTER = 12

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,9 +86,8 @@ def make_lock(*, packages: Sequence[PackageSpec] | None = None, envlock: dict[st
     the same lock). ``construct=True`` skips model validation of the package rows
     (``model_construct``), to hand restore values the model itself would have refused.
     """
-    from envlock.capturing import build_lock
-    from envlock.lockfile import seal
-    from envlock.model import Meta, Package
+    from envlock.building import build_lock
+    from envlock.lock import Meta, Package, seal
 
     if packages is not None:
         rows = [{"name": p[0], "version": p[1]} if isinstance(p, tuple) else dict(p) for p in packages]

@@ -35,9 +35,9 @@ def test_public_submodules_are_reachable_after_a_plain_import() -> None:
             "assert 'envlock.distributed' not in sys.modules; "
             "print(callable(envlock.distributed.check), callable(envlock.runtime.apply), "
             "envlock.errors.UsageError.exit_code, "
-            "sorted(n for n in ('distributed', 'runtime', 'capture', 'Lock', 'model') if n in dir(envlock)))")
+            "sorted(n for n in ('distributed', 'runtime', 'capture', 'Lock', 'lock') if n in dir(envlock)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split(" ", 3) == ["True", "True", "2", "['Lock', 'capture', 'distributed', 'model', 'runtime']\n"]
+    assert out.stdout.split(" ", 3) == ["True", "True", "2", "['Lock', 'capture', 'distributed', 'lock', 'runtime']\n"]
 
 
 def test_unknown_attribute_still_raises_attribute_error() -> None:

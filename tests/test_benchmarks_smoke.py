@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from envlock.model import Package
+from envlock.lock import Package
 from envlock.probe import rules
 from envlock.probe.packages import collect_packages
 

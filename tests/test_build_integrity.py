@@ -15,7 +15,7 @@ from helpers import LockFactory
 
 from envlock.drift import compare
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.probe.packages import record_sha256
 from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
@@ -141,7 +141,7 @@ def test_plain_http_needs_an_explicit_opt_in(restore_lock: LockFactory) -> None:
 
 def test_cli_refuses_http_with_exit_2(restore_lock: LockFactory, tmp_path: Path) -> None:
     from envlock.cli import main
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("alpha", "1.0")])
     path = save(lock, tmp_path / "env.lock")

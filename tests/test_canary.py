@@ -17,11 +17,11 @@ import pytest
 import torch
 from helpers import run_cli
 
-from envlock import lockfile, runtime
+from envlock import lock as lockio
+from envlock import runtime
 from envlock.capturing import capture, verify
 from envlock.drift import compare
-from envlock.lockfile import seal
-from envlock.model import Canary, Lock
+from envlock.lock import Canary, Lock, seal
 from envlock.probe.collect import run_canary
 from envlock.runtime import knobs
 
@@ -145,7 +145,7 @@ def _envlock(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
 
 def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: Path) -> None:
     """ATEN_CPU_CAPABILITY picks torch's vectorised kernels, as a host with another CPU would."""
-    lock = lockfile.load(canary_lock)
+    lock = lockio.load(canary_lock)
     assert lock.canary is not None and len(lock.canary.results) >= len(KERNELS)
     # Two fresh processes at once: the canary as-is, and verify under the override.
     same = _envlock("canary", "--against", canary_lock.name, cwd=canary_lock.parent)
@@ -200,7 +200,7 @@ def test_compare_canary_versions_errors_and_lock_round_trip() -> None:
     [diff] = compare(old, _with_canary(base, failed)).differences
     assert diff.severity == "warning" and "failed here: RuntimeError" in diff.message
     # The [canary] table, errors included, survives TOML.
-    again = lockfile.parse(lockfile.dumps(_with_canary(base, failed)))
+    again = lockio.loads(lockio.dumps(_with_canary(base, failed)))
     assert again.canary == failed
 
 

@@ -11,7 +11,7 @@ import pytest
 import tomllib
 from helpers import make_lock, run_cli
 
-from envlock import lockfile
+from envlock import lock as lockio
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
 def test_capture_records_torch_and_defaults(captured: Path) -> None:
     import torch
 
-    lock = lockfile.load(captured)
+    lock = lockio.load(captured)
     assert lock.torch is not None and lock.torch.version == torch.__version__
     assert lock.determinism.torch_loaded and lock.determinism.deterministic_algorithms is False
     assert lock.determinism.float32_matmul_precision == "highest"
@@ -76,7 +76,7 @@ def test_tamper_then_fmt(tmp_path: Path) -> None:
     assert res.returncode == 0
     path = tmp_path / "env.lock"
     text = path.read_text()
-    pkg = lockfile.load(path).package("pydantic")
+    pkg = lockio.load(path).package("pydantic")
     assert pkg is not None
     edited = text.replace(f'name = "pydantic"\nversion = "{pkg.version}"', 'name = "pydantic"\nversion = "1.0.0"')
     assert edited != text
@@ -93,8 +93,8 @@ def test_tamper_then_fmt(tmp_path: Path) -> None:
 
 
 def test_diff_formats_and_exit_codes(tmp_path: Path) -> None:
-    a = lockfile.save(make_lock(), tmp_path / "a.lock")
-    b = lockfile.save(make_lock(packages=[{"name": "numpy", "version": "2.2.0"}]), tmp_path / "b.lock")
+    a = lockio.save(make_lock(), tmp_path / "a.lock")
+    b = lockio.save(make_lock(packages=[{"name": "numpy", "version": "2.2.0"}]), tmp_path / "b.lock")
     same = run_cli("diff", str(a), str(a))
     assert same.returncode == 0 and "same environment" in same.stdout
     res = run_cli("diff", str(a), str(b))
@@ -156,7 +156,7 @@ def test_schema_command_matches_committed_schema() -> None:
     res = run_cli("schema")
     assert res.returncode == 0
     committed = (Path(__file__).resolve().parent.parent / "schemas" / "env.lock.schema.json").read_text()
-    assert res.stdout == committed, "schemas/ is stale: run `python -m envlock.schema`"
+    assert res.stdout == committed, "schemas/ is stale: run `python -m envlock.lock`"
 
 
 def test_unwritable_destinations(tmp_path: Path) -> None:

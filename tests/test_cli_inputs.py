@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_cli
 
-from envlock import lockfile
+from envlock import lock as lockio
 
 
 def test_bad_image_digest_is_a_usage_error_naming_the_option(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_good_image_digest_is_recorded(tmp_path: Path) -> None:
     digest = "sha256:" + "ab" * 32
     res = run_cli("capture", "--no-torch", "--image", f"registry.example/team/img:1.0@{digest}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    image = lockfile.load(tmp_path / "env.lock").image
+    image = lockio.load(tmp_path / "env.lock").image
     assert (image.reference, image.digest, image.source) == ("registry.example/team/img:1.0", digest, "cli")
 
 

@@ -15,7 +15,8 @@ import pytest
 import tomllib
 from helpers import REPO, make_lock
 
-from envlock import __version__, lockfile
+from envlock import __version__
+from envlock import lock as lockio
 from envlock.cli import main
 from envlock.errors import EXIT_DRIFT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from envlock.probe.procs import pid_alive
@@ -26,7 +27,7 @@ def test_capture_to_a_file_returns_0_and_prints_the_summary(
     path = tmp_path / "env.lock"
     assert main(["capture", "--no-torch", "-o", str(path)]) == EXIT_OK
     out, err = capsys.readouterr()
-    lock = lockfile.load(path)
+    lock = lockio.load(path)
     lines = out.splitlines()
     assert lines[0] == f"wrote {path}  id {lock.short_id}"
     assert lines[1].startswith("  locked ")
@@ -43,7 +44,7 @@ def test_capture_verbose_notes_every_missing_section(
     assert main(["capture", "--no-torch", "-v", "-o", str(path)]) == EXIT_OK
     err = capsys.readouterr().err
     assert "  note: torch not captured: skipped (--no-torch)\n" in err
-    assert lockfile.load(path).probe.errors["torch"] == "skipped (--no-torch)"
+    assert lockio.load(path).probe.errors["torch"] == "skipped (--no-torch)"
 
 
 def test_capture_to_stdout_writes_the_lock_and_no_file(
@@ -57,8 +58,8 @@ def test_capture_to_stdout_writes_the_lock_and_no_file(
 
 
 def test_show_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    a = lockfile.save(make_lock(), tmp_path / "a.lock")
-    b = lockfile.save(make_lock(packages=[{"name": "numpy", "version": "2.2.0"}]), tmp_path / "b.lock")
+    a = lockio.save(make_lock(), tmp_path / "a.lock")
+    b = lockio.save(make_lock(packages=[{"name": "numpy", "version": "2.2.0"}]), tmp_path / "b.lock")
     assert main(["show", str(a)]) == EXIT_OK
     out = capsys.readouterr().out
     assert out.splitlines()[0] == str(a) and "  python " in out and "  packages " in out
@@ -69,7 +70,7 @@ def test_show_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_fmt_check_then_reseal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     assert main(["fmt", str(path)]) == EXIT_OK
     assert "already normalised and sealed" in capsys.readouterr().out
     text = path.read_text()
@@ -82,8 +83,8 @@ def test_fmt_check_then_reseal(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "would be re-sealed" in capsys.readouterr().out
     assert path.read_text() == edited
     assert main(["fmt", str(path)]) == EXIT_OK
-    assert capsys.readouterr().out == f"re-sealed {path}  id {lockfile.load(path).short_id}\n"
-    assert lockfile.load(path).package("numpy").version == "2.1.1"  # type: ignore[union-attr]
+    assert capsys.readouterr().out == f"re-sealed {path}  id {lockio.load(path).short_id}\n"
+    assert lockio.load(path).package("numpy").version == "2.1.1"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

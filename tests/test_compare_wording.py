@@ -8,9 +8,9 @@ from pathlib import Path
 
 from helpers import make_lock, probe_doc, run_cli
 
-from envlock import lockfile
+from envlock import lock as lockio
 from envlock.drift import compare
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.render import verify_text
 
 TORCH = {"version": "2.4.1", "git_version": "a" * 40}
@@ -45,8 +45,8 @@ def test_diff_speaks_of_a_and_b() -> None:
 
 def test_diff_cli_names_the_files(tmp_path: Path) -> None:
     base = probe_doc()["packages"]
-    a = lockfile.save(make_lock(), tmp_path / "a.lock")
-    b = lockfile.save(make_lock(packages=[*base, {"name": "requests", "version": "2.32.3"}]), tmp_path / "b.lock")
+    a = lockio.save(make_lock(), tmp_path / "a.lock")
+    b = lockio.save(make_lock(packages=[*base, {"name": "requests", "version": "2.32.3"}]), tmp_path / "b.lock")
     res = run_cli("diff", "a.lock", "b.lock", cwd=tmp_path)
     assert res.returncode == 1 and "requests 2.32.3 only in b.lock" in res.stdout
     assert "installed" not in res.stdout
@@ -68,10 +68,10 @@ def test_verify_strict_cli_prints_what_it_exits(tmp_path: Path) -> None:
     res = run_cli("capture", "--no-torch", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     path = tmp_path / "env.lock"
-    lock = lockfile.load(path)
+    lock = lockio.load(path)
     # A warning-level difference: same libc family, another release.
     edited = lock.model_copy(update={"platform": lock.platform.model_copy(update={"libc_version": "0.1"})})
-    lockfile.save(edited, path)
+    lockio.save(edited, path)
     res = run_cli("verify", "--no-torch", "--strict", cwd=tmp_path)
     assert res.returncode == 1 and "OK" not in res.stdout and "DRIFT" in res.stdout, res.stdout
     js = run_cli("verify", "--no-torch", "--strict", "--json", cwd=tmp_path)

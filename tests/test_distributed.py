@@ -117,7 +117,7 @@ def test_check_outside_a_process_group_is_a_usage_error() -> None:
 
 def test_rank_mismatch_is_an_envlock_error_with_the_drift_exit_code() -> None:
     from envlock import distributed, errors
-    from envlock.drift import Difference
+    from envlock.comparison import Difference
 
     diff = Difference("determinism", "determinism.cudnn_benchmark", False, True, "breaking")
     result = distributed.CheckResult(

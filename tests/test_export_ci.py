@@ -17,7 +17,7 @@ import pytest
 import yaml
 from helpers import LockFactory, run_cli
 
-from envlock.lockfile import save
+from envlock.lock import save
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -115,7 +115,7 @@ def test_action_verify_reports_to_summary_and_outputs(tmp_path: Path, wheelhouse
     lock, py = _venv_lock(tmp_path, wheelhouse)
     rc, summary, out = _run_action(tmp_path, {"lock": str(lock), "python": str(py)})
     assert rc == 0, summary
-    from envlock.lockfile import load
+    from envlock.lock import load
 
     assert out["short-id"] == load(lock).short_id and out["drift"] == "none"
     assert Path(out["report-path"]).read_text() == summary

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import LockFactory, run_cli
 
-from envlock.lockfile import save
+from envlock.lock import save
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = f"registry.example:5000/lab/train@{DIGEST}"

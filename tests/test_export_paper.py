@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envlock.export.latex import escape, show_latex
-from envlock.lockfile import save
-from envlock.model import Lock
+from envlock.lock import Lock, save
 from envlock.render import show_markdown
 
 NASTY_NOTE = r"50% of runs & $x_1$ {#2} ~ ^ \textbf{no} <b>|</b> `tick`"

@@ -130,7 +130,7 @@ def test_requirements_install_with_require_hashes(isolated: Path, index: str) ->
 
 
 def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_lock: LockFactory) -> None:
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     lock = restore_lock(packages=[("six", "1.17.0"), ("no-such-dist", "1.0"), ("idna", "9.9")])
     path = save(lock, isolated / "env.lock")
@@ -142,7 +142,7 @@ def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_
 
 
 def test_unreachable_index_exit_3_and_bad_url_exit_2(isolated: Path, restore_lock: LockFactory) -> None:
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     path = save(restore_lock(), isolated / "env.lock")
     r = run_cli("export", str(path), "--to", "pylock", "--no-cache",
@@ -192,7 +192,7 @@ def test_offline_from_a_bundle(isolated: Path, index: str) -> None:
 
 
 def test_torch_build_points_at_its_own_index(isolated: Path, index: str, restore_lock: LockFactory) -> None:
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     lock = restore_lock(packages=[("torch", "2.13.0+cpu"), ("six", "1.17.0")])
     path = save(lock, isolated / "env.lock")
@@ -229,7 +229,7 @@ def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restor
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     path = save(restore_lock(packages=[("six", "1.17.0")]), isolated / "env.lock")
     r = run_cli("export", str(path), "--to", "cyclonedx", "--hashes", "--index-url", f"{index}/simple")
@@ -242,7 +242,7 @@ def test_cyclonedx_hashes_come_from_the_index(isolated: Path, index: str, restor
 
 def test_index_credentials_never_reach_the_export(isolated: Path, index: str, restore_lock: LockFactory) -> None:
     """Leak test: a token in --index-url is used to read the index, never written out."""
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     path = save(restore_lock(packages=[("six", "1.17.0"), ("idna", "3.10")]), isolated / "env.lock")
     with_token = index.replace("http://", "http://alice:s3cret-token@")

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from envlock.errors import UnsafeValue
-from envlock.model import Package
+from envlock.lock import Package
 from envlock.restore import values
 
 CASES: list[tuple[Callable[[str], object], str]] = [

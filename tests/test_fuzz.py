@@ -1,7 +1,7 @@
 """Hostile lock documents: whatever arrives, the answer is a Lock or LockInvalid, never a crash.
 
 Every example goes through envlock's own loader: the bytes are written to a file and
-``lockfile.load`` reads them (size, binary and UTF-8 checks, TOML, schema, seal), so no example
+``lockio.load`` reads them (size, binary and UTF-8 checks, TOML, schema, seal), so no example
 is thrown away by the test before envlock sees it. ``hypothesis.event`` records where each
 example was refused; ``pytest --hypothesis-show-statistics tests/test_fuzz.py`` shows the split.
 Measured with hypothesis 6.170 (before this layout: 251 of 300 random-bytes examples returned
@@ -27,12 +27,12 @@ from helpers import full_lock, make_lock
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from envlock import lockfile
+from envlock import lock as lockio
 from envlock.errors import LockInvalid, LockTampered
-from envlock.model import Lock
+from envlock.lock import Lock
 
-VALID = lockfile.seal(make_lock(git={"commit": "a" * 40}, env={"NCCL_DEBUG": "INFO"}))
-VALID_TEXT = lockfile.dumps(VALID)
+VALID = lockio.seal(make_lock(git={"commit": "a" * 40}, env={"NCCL_DEBUG": "INFO"}))
+VALID_TEXT = lockio.dumps(VALID)
 VALID_DICT: dict[str, Any] = json.loads(json.dumps(VALID.model_dump(mode="json", exclude_none=True)))
 # The seal fuzz edits a lock with every section filled, so most of the schema is in play.
 FULL = full_lock()
@@ -94,10 +94,10 @@ def _refused_at(exc: LockInvalid) -> str:
 
 
 def _load_bytes(lock_file: Path, data: bytes) -> Lock | LockInvalid:
-    """``lockfile.load`` of ``data``: the Lock, or the LockInvalid it raised (nothing else)."""
+    """``lockio.load`` of ``data``: the Lock, or the LockInvalid it raised (nothing else)."""
     lock_file.write_bytes(data)
     try:
-        lock = lockfile.load(lock_file)
+        lock = lockio.load(lock_file)
     except LockInvalid as exc:
         event(_refused_at(exc))
         # The first line is the message the CLI prints: one line, naming what was wrong.
@@ -143,7 +143,7 @@ def test_invalid_utf8_is_lock_invalid_not_unicode_error(tmp_path: Path) -> None:
     path = tmp_path / "env.lock"
     path.write_bytes(VALID_TEXT.encode()[:40] + b"\xff\xfe" + VALID_TEXT.encode()[40:])
     with pytest.raises(LockInvalid, match=r"not UTF-8 text \(byte 40\)"):
-        lockfile.load(path)
+        lockio.load(path)
 
 
 @settings(max_examples=300, deadline=None)
@@ -162,7 +162,7 @@ def test_structural_mutations(path: tuple[Any, ...], value: Any, action: str) ->
         parent[f"x_{last}"] = value
     else:
         parent.append(value)
-    _answer(lambda: lockfile.from_dict(doc))
+    _answer(lambda: lockio.from_dict(doc))
 
 
 @settings(FUZZ, max_examples=300)
@@ -221,7 +221,7 @@ def sealed_edit(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 def test_any_content_edit_breaks_the_seal(lock_file: Path, edit: tuple[str, dict[str, Any]]) -> None:
     kind, doc = edit
     try:
-        edited = lockfile.from_dict(doc, verify_seal=False)
+        edited = lockio.from_dict(doc, verify_seal=False)
     except LockInvalid:
         assume(False)  # the schema refused the value: no lock can hold it, nothing to seal
         raise
@@ -231,6 +231,6 @@ def test_any_content_edit_breaks_the_seal(lock_file: Path, edit: tuple[str, dict
            or (edited.envlock.fingerprint, edited.envlock.integrity)
            != (FULL.envlock.fingerprint, FULL.envlock.integrity))
     event(kind)
-    lock_file.write_text(lockfile.dumps(edited))  # the edited values under the old hashes
+    lock_file.write_text(lockio.dumps(edited))  # the edited values under the old hashes
     with pytest.raises(LockTampered):
-        lockfile.load(lock_file)
+        lockio.load(lock_file)

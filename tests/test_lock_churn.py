@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers import run_cli
 
-from envlock import lockfile
+from envlock import lock as lockio
 
 ALLOWED = ("created_at = ", "integrity = ", "fingerprint = ")
 
@@ -26,6 +26,6 @@ def test_two_captures_differ_only_in_time_and_seal(tmp_path: Path) -> None:
     assert all(line.startswith(ALLOWED) for line in changed), changed
     text = "\n".join(a)
     assert "hashes = []" not in text and "duration_ms" not in text and "first.lock" not in text
-    lock = lockfile.load(tmp_path / "first.lock")
+    lock = lockio.load(tmp_path / "first.lock")
     assert lock.canary is not None and lock.canary.results and lock.probe.duration_ms is None
     assert all(p.hashes == [] for p in lock.packages)

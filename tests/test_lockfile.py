@@ -10,22 +10,22 @@ import pytest
 import tomllib
 from helpers import make_lock
 
-from envlock import lockfile
+from envlock import lock as lockio
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 
 
 def test_round_trip_is_exact(tmp_path: Path) -> None:
     lock = make_lock()
-    path = lockfile.save(lock, tmp_path / "env.lock")
-    again = lockfile.load(path)
-    assert again == lockfile.seal(lock)
-    assert lockfile.dumps(again, "env.lock") == path.read_text()
+    path = lockio.save(lock, tmp_path / "env.lock")
+    again = lockio.load(path)
+    assert again == lockio.seal(lock)
+    assert lockio.dumps(again, "env.lock") == path.read_text()
 
 
 def test_output_is_valid_toml_with_header_and_sorted_packages(tmp_path: Path) -> None:
     lock = make_lock(packages=[{"name": n, "version": "1.0"} for n in ("zeta", "alpha", "mid")])
-    text = lockfile.dumps(lockfile.seal(lock))
+    text = lockio.dumps(lockio.seal(lock))
     assert text.startswith("# env.lock")
     assert "envlock verify" in text.splitlines()[1]
     data = tomllib.loads(text)
@@ -36,8 +36,8 @@ def test_tricky_strings_survive(tmp_path: Path) -> None:
     note = 'quote " backslash \\ newline \n tab \t unicode é 漢 \u0007'
     lock = make_lock(env={"NCCL_DEBUG": "INFO", "TORCH_X": "a\"b\\c"})
     lock = lock.model_copy(update={"envlock": lock.envlock.model_copy(update={"note": note})})
-    path = lockfile.save(lock, tmp_path / "env.lock")
-    again = lockfile.load(path)
+    path = lockio.save(lock, tmp_path / "env.lock")
+    again = lockio.load(path)
     assert again.envlock.note == note and again.env["TORCH_X"] == 'a"b\\c'
 
 
@@ -46,52 +46,52 @@ def test_fingerprint_ignores_host_specific_values() -> None:
     b = make_lock(platform={**a.platform.model_dump(exclude_none=True), "kernel": "6.1", "cpu_count": 96},
                   python={**a.python.model_dump(exclude_none=True), "executable": "/other/bin/python"},
                   git={"commit": "f" * 40, "dirty": True})
-    assert lockfile.fingerprint(a) == lockfile.fingerprint(b)
-    assert lockfile.integrity(a) != lockfile.integrity(b)
+    assert lockio.fingerprint(a) == lockio.fingerprint(b)
+    assert lockio.integrity(a) != lockio.integrity(b)
     c = make_lock(packages=[{"name": "numpy", "version": "2.1.1"}])
-    assert lockfile.fingerprint(a) != lockfile.fingerprint(c)
+    assert lockio.fingerprint(a) != lockio.fingerprint(c)
 
 
 def test_hand_edit_is_detected_and_fmt_reseals(tmp_path: Path) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     path.write_text(path.read_text().replace('version = "2.1.0"', 'version = "2.1.1"'))
     with pytest.raises(LockTampered, match="edited after capture"):
-        lockfile.load(path)
-    lock = lockfile.load(path, verify_seal=False)
+        lockio.load(path)
+    lock = lockio.load(path, verify_seal=False)
     numpy = lock.package("numpy")
     assert numpy is not None and numpy.version == "2.1.1"
-    lockfile.save(lock, path)
-    assert lockfile.load(path).package("numpy") == numpy
+    lockio.save(lock, path)
+    assert lockio.load(path).package("numpy") == numpy
 
 
 def test_edit_outside_fingerprint_is_still_detected(tmp_path: Path) -> None:
-    path = lockfile.save(make_lock(git={"commit": "a" * 40}), tmp_path / "env.lock")
+    path = lockio.save(make_lock(git={"commit": "a" * 40}), tmp_path / "env.lock")
     path.write_text(path.read_text().replace("a" * 40, "b" * 40))
     with pytest.raises(LockTampered):
-        lockfile.load(path)
+        lockio.load(path)
 
 
 def test_unsealed_lock_is_rejected(tmp_path: Path) -> None:
     lock = make_lock()
     bare = lock.model_copy(update={"envlock": lock.envlock.model_copy(update={"fingerprint": None, "integrity": None})})
     path = tmp_path / "env.lock"
-    path.write_text(lockfile.dumps(bare))
+    path.write_text(lockio.dumps(bare))
     with pytest.raises(LockTampered, match="not sealed"):
-        lockfile.load(path)
+        lockio.load(path)
 
 
 def test_refuses_to_overwrite_a_foreign_file(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('my precious experiment')\n")
     with pytest.raises(UsageError, match=r"not an env\.lock"):
-        lockfile.save(make_lock(), script)
+        lockio.save(make_lock(), script)
     assert script.read_text() == "print('my precious experiment')\n"
-    lockfile.save(make_lock(), script, force=True)
-    assert lockfile.load(script).python.version == "3.11.7"
+    lockio.save(make_lock(), script, force=True)
+    assert lockio.load(script).python.version == "3.11.7"
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     before = path.read_text()
 
     def boom(*args: object, **kwargs: object) -> None:
@@ -99,7 +99,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(EnvlockError, match="disk full"):
-        lockfile.save(make_lock(packages=[]), path)
+        lockio.save(make_lock(packages=[]), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["env.lock"]
 
@@ -118,18 +118,18 @@ def test_bad_input_gives_one_clear_error(tmp_path: Path, content: bytes, message
     path = tmp_path / "env.lock"
     path.write_bytes(content)
     with pytest.raises(LockInvalid, match=message.replace("[", r"\[")):
-        lockfile.load(path)
+        lockio.load(path)
 
 
 def test_unknown_key_and_wrong_type(tmp_path: Path) -> None:
     data = json.loads(json.dumps(make_lock().model_dump(mode="json", exclude_none=True)))
     data["python"]["flavour"] = "spicy"
     with pytest.raises(LockInvalid, match=r"python\.flavour: unknown key"):
-        lockfile.from_dict(data)
+        lockio.from_dict(data)
     data["python"].pop("flavour")
     data["packages"][0]["version"] = 3
     with pytest.raises(LockInvalid, match=r"packages\.0\.version"):
-        lockfile.from_dict(data)
+        lockio.from_dict(data)
 
 
 def test_huge_file_is_refused_without_reading(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_huge_file_is_refused_without_reading(tmp_path: Path) -> None:
     with open(path, "wb") as fh:
         fh.truncate(50 * 1024 * 1024)
     with pytest.raises(LockInvalid, match="at most 16 MiB"):
-        lockfile.load(path)
+        lockio.load(path)
 
 
 def test_credentials_in_urls_are_refused_by_the_model() -> None:

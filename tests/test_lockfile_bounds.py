@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from envlock import lockfile, tomlwriter
+from envlock import lock as lockio
 from envlock.errors import LockInvalid
-from envlock.model import Lock
+from envlock.lock import Lock, _toml
 
 FULL = full_lock()
 BASE = FULL.model_dump(mode="json", exclude_none=True)
@@ -106,45 +106,45 @@ def test_the_walk_finds_the_free_text_fields() -> None:
 @given(edited_lock())
 def test_every_string_a_field_can_hold_round_trips(doc: dict[str, Any]) -> None:
     try:
-        lock = lockfile.seal(Lock.model_validate(doc))
+        lock = lockio.seal(Lock.model_validate(doc))
     except ValidationError:
         # The model refuses the value (a URL validator, a secret-looking [env] name): then no
         # lock can hold it and there is nothing to round-trip. The pattern-driven values above
         # are built to be accepted, so this branch is rare.
         return
-    text = lockfile.dumps(lock)
-    again = lockfile.parse(text)
+    text = lockio.dumps(lock)
+    again = lockio.loads(text)
     assert again == lock
-    assert lockfile.dumps(again) == text
+    assert lockio.dumps(again) == text
 
 
 def test_del_round_trips_where_the_old_writer_did_not(tmp_path: Path) -> None:
     lock = make_lock(packages=[{"name": "numpy", "version": "2.1.0", "installer": "pip\x7f"}])
-    path = lockfile.save(lock, tmp_path / "env.lock")
-    assert lockfile.load(path).packages[0].installer == "pip\x7f"
-    assert tomlwriter.string("a\x7fb") == '"a\\u007fb"'
+    path = lockio.save(lock, tmp_path / "env.lock")
+    assert lockio.load(path).packages[0].installer == "pip\x7f"
+    assert _toml.string("a\x7fb") == '"a\\u007fb"'
 
 
 def test_a_lone_surrogate_is_refused_by_the_writer() -> None:
     with pytest.raises(ValueError, match="surrogate"):
-        tomlwriter.string("bad \udcff byte")
+        _toml.string("bad \udcff byte")
 
 
 def test_floats_beyond_json_are_written_as_toml() -> None:
-    doc = tomllib.loads("x = " + tomlwriter.value([float("inf"), -float("inf"), 1e300, 0.1]))
+    doc = tomllib.loads("x = " + _toml.value([float("inf"), -float("inf"), 1e300, 0.1]))
     assert doc["x"] == [float("inf"), -float("inf"), 1e300, 0.1]
 
 
 def test_writer_is_linear_in_table_size() -> None:
     # 20,000 [env] keys took over 100 s with tomlkit; here the whole dump is one join.
     env = {f"CUDA_X{i}": "v" for i in range(20000)}
-    text = lockfile.dumps(lockfile.seal(make_lock(env=env)))
+    text = lockio.dumps(lockio.seal(make_lock(env=env)))
     assert tomllib.loads(text)["env"] == env
 
 
 # -- loader fuzz ---------------------------------------------------------------------------------
 
-VALID_TEXT = lockfile.dumps(FULL)
+VALID_TEXT = lockio.dumps(FULL)
 VALUE_LINES = [m.start(1) for m in re.finditer(r"^[A-Za-z_\"][^=\n]* = (.*)$", VALID_TEXT, re.M)]
 
 
@@ -156,7 +156,7 @@ hostile = st.one_of(
     st.builds(_nested, st.integers(1, 200_000), st.booleans()),
     st.integers(1, 12_000).map(lambda n: "1" * n),
     st.integers(4_290, 4_310).map(lambda n: "-" + "9" * n),
-    st.text(max_size=40).map(lambda t: tomlwriter.string(t)),
+    st.text(max_size=40).map(lambda t: _toml.string(t)),
     st.sampled_from(["nan", "inf", "1979-05-27T07:32:00Z", "0x7fffffffffffffffff", "{}", "[]"]),
 )
 
@@ -177,7 +177,7 @@ def test_loader_answers_lock_or_lockinvalid(lock_file: Path, where: int, value: 
     data = text.encode("utf-8") + (b"\n[probe.errors]\nz = " + value.encode() + b"\n" + noise if append else b"")
     lock_file.write_bytes(data)
     try:
-        result: Any = lockfile.load(lock_file)
+        result: Any = lockio.load(lock_file)
     except LockInvalid as exc:
         result = exc
     assert isinstance(result, (Lock, LockInvalid))
@@ -194,4 +194,4 @@ def test_nesting_and_huge_integers_are_lock_invalid(tmp_path: Path, value: str, 
     path = tmp_path / "env.lock"
     path.write_text(VALID_TEXT.replace('driver = "550"', f"driver = {value}"))
     with pytest.raises(LockInvalid, match=message):
-        lockfile.load(path)
+        lockio.load(path)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_lock, run_cli
 
-from envlock import lockfile
+from envlock import lock as lockio
 from envlock.errors import UsageError
 
 
@@ -26,41 +26,41 @@ def umask_077() -> Iterator[None]:
 
 
 def test_a_new_lock_honours_the_umask(tmp_path: Path, umask_077: None) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_a_new_lock_under_the_usual_umask_is_0644(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        path = lockfile.save(make_lock(), tmp_path / "env.lock")
+        path = lockio.save(make_lock(), tmp_path / "env.lock")
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
 def test_an_existing_lock_keeps_its_mode(tmp_path: Path, umask_077: None) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     path.chmod(0o640)
-    lockfile.save(make_lock(), path)
+    lockio.save(make_lock(), path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
 
 
 def test_a_symlinked_lock_updates_its_target(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    target = lockfile.save(make_lock(), shared / "env.lock")
+    target = lockio.save(make_lock(), shared / "env.lock")
     link = tmp_path / "env.lock"
     link.symlink_to(target)
-    lockfile.save(make_lock(packages=[{"name": "zzz", "version": "1.0"}]), link)
+    lockio.save(make_lock(packages=[{"name": "zzz", "version": "1.0"}]), link)
     assert link.is_symlink() and os.readlink(link) == str(target)
-    assert lockfile.load(target).package("zzz") is not None
+    assert lockio.load(target).package("zzz") is not None
 
 
 def test_the_cli_says_it_updated_a_links_target(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    target = lockfile.save(make_lock(), shared / "real.lock")
+    target = lockio.save(make_lock(), shared / "real.lock")
     (tmp_path / "env.lock").symlink_to(target)
     # A hand edit, then fmt through the link.
     target.write_text(target.read_text().replace('version = "2.1.0"', 'version = "2.1.1"'))
@@ -68,48 +68,48 @@ def test_the_cli_says_it_updated_a_links_target(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "symbolic link" in res.stderr and str(target) in res.stderr
     assert (tmp_path / "env.lock").is_symlink()
-    numpy = lockfile.load(target).package("numpy")
+    numpy = lockio.load(target).package("numpy")
     assert numpy is not None and numpy.version == "2.1.1"
 
 
 def test_temp_files_of_an_interrupted_write_are_removed_on_the_next(tmp_path: Path) -> None:
-    path = lockfile.save(make_lock(), tmp_path / "env.lock")
+    path = lockio.save(make_lock(), tmp_path / "env.lock")
     # A writer killed between mkstemp and replace: its process is gone, its temp file stays.
-    code = ("import os, sys; sys.path.insert(0, sys.argv[2]); from envlock import lockfile\n"
+    code = ("import os, sys; sys.path.insert(0, sys.argv[2]); from envlock import lock as lockio\n"
             "def die(*a): os._exit(9)\n"
             "os.replace = die\n"
-            "lockfile.atomic_write(sys.argv[1], 'partial')\n")
+            "lockio.atomic_write(sys.argv[1], 'partial')\n")
     proc = subprocess.run([sys.executable, "-c", code, str(path), str(REPO)], check=False)
     assert proc.returncode == 9
     leftovers = [p for p in tmp_path.iterdir() if p.name != "env.lock"]
-    assert len(leftovers) == 1 and leftovers[0].name.endswith(lockfile.TMP_SUFFIX)
-    assert lockfile.load(path).python.version == "3.11.7"  # never a partial lock
-    lockfile.save(make_lock(), path)
+    assert len(leftovers) == 1 and leftovers[0].name.endswith(lockio.TMP_SUFFIX)
+    assert lockio.load(path).python.version == "3.11.7"  # never a partial lock
+    lockio.save(make_lock(), path)
     assert [p.name for p in tmp_path.iterdir()] == ["env.lock"]
 
 
 def test_a_temp_file_of_a_write_in_progress_is_kept(tmp_path: Path) -> None:
-    live = tmp_path / f".env.lock.{os.getpid()}.abc123{lockfile.TMP_SUFFIX}"
+    live = tmp_path / f".env.lock.{os.getpid()}.abc123{lockio.TMP_SUFFIX}"
     live.write_text("being written")
-    other = tmp_path / f".other.lock.99999999.abc{lockfile.TMP_SUFFIX}"
+    other = tmp_path / f".other.lock.99999999.abc{lockio.TMP_SUFFIX}"
     other.write_text("not ours")
-    lockfile.save(make_lock(), tmp_path / "env.lock")
+    lockio.save(make_lock(), tmp_path / "env.lock")
     assert live.exists() and other.exists()
 
 
 def test_a_lock_of_a_newer_schema_is_not_overwritten(tmp_path: Path) -> None:
     path = tmp_path / "env.lock"
-    newer = lockfile.dumps(make_lock()).replace("schema_version = 1", "schema_version = 7")
+    newer = lockio.dumps(make_lock()).replace("schema_version = 1", "schema_version = 7")
     path.write_text(newer)
     with pytest.raises(UsageError, match="schema 7"):
-        lockfile.save(make_lock(), path)
+        lockio.save(make_lock(), path)
     assert path.read_text() == newer
-    lockfile.save(make_lock(), path, force=True)
-    assert lockfile.load(path).envlock.schema_version == 1
+    lockio.save(make_lock(), path, force=True)
+    assert lockio.load(path).envlock.schema_version == 1
 
 
 def test_capture_refuses_a_newer_lock_with_exit_2(tmp_path: Path) -> None:
-    newer = lockfile.dumps(make_lock()).replace("schema_version = 1", "schema_version = 2")
+    newer = lockio.dumps(make_lock()).replace("schema_version = 1", "schema_version = 2")
     (tmp_path / "env.lock").write_text(newer)
     res = run_cli("capture", "--no-torch", cwd=tmp_path)
     assert res.returncode == 2, res.stderr

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from envlock.drift import compare, os_package_severity
-from envlock.model import OsPackages
+from envlock.drift import compare
+from envlock.driftpkgs import os_package_severity
+from envlock.lock import OsPackages
 from envlock.probe import ospkgs
 from envlock.probe.collect import collect_os_packages
 
@@ -202,15 +203,15 @@ def test_model_sorts_and_refuses_duplicates_and_bad_pins() -> None:
 
 
 def test_lock_with_os_packages_round_trips_one_pin_per_line() -> None:
-    from envlock import lockfile
+    from envlock import lock as lockio
 
     db = ospkgs.load(str(DPKG_ROOT))
     assert db is not None
     specs = db.document()
     lock = make_lock(os_packages=specs)
-    text = lockfile.dumps(lock)
+    text = lockio.dumps(lock)
     assert "[os_packages]\nmanager = \"dpkg\"\npackages = [\n    \"adduser:all=3.134\",\n" in text
-    assert lockfile.parse(text) == lock
+    assert lockio.loads(text) == lock
 
 
 # -- drift ----------------------------------------------------------------------------------
@@ -300,7 +301,8 @@ def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envlock.capturing import PROBE_PATH, build_lock
+    from envlock.building import build_lock
+    from envlock.capturing import PROBE_PATH
 
     out = subprocess.run([sys.executable, str(PROBE_PATH), "--no-torch"], capture_output=True,
                          timeout=120, cwd=tmp_path, check=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_dist
 
-from envlock.capturing import PROBE_PATH, build_lock
+from envlock.building import build_lock
+from envlock.capturing import PROBE_PATH
 from envlock.probe import git, image, packages, rules, scrub, system
 from envlock.probe.collect import collect
 from envlock.probe.env import collect_env

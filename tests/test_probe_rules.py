@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from envlock.model import Determinism
+from envlock.lock import Determinism
 from envlock.probe.rules import ALGORITHMS, KNOB_NAMES, KNOBS, Knob, knobs_in, quiet, read_knobs
 from envlock.probe.torchstack import collect_determinism
 

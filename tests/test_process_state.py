@@ -18,7 +18,7 @@ import pytest
 from helpers import REPO, LockFactory, make_lock
 
 from envlock.drift import compare
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.probe import env
 from envlock.render import verify_text
 

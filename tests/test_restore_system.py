@@ -13,7 +13,7 @@ import pytest
 from helpers import LockFactory
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile, values
 from envlock.restore.context import Options
@@ -145,7 +145,7 @@ def test_apk_images_use_apk_add(restore_lock: LockFactory) -> None:
 
 
 def test_crafted_os_pin_is_refused(restore_lock: LockFactory) -> None:
-    from envlock.model import OsPackages
+    from envlock.lock import OsPackages
 
     lock = _system_lock(restore_lock, packages=[PACKAGES[2]], os_packages=None)
     bad = OsPackages.model_construct(manager="dpkg", packages=["x:amd64=1 && curl evil"])

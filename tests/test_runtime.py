@@ -24,8 +24,7 @@ import envlock
 from envlock import runtime
 from envlock.capturing import capture, verify
 from envlock.errors import UsageError
-from envlock.lockfile import seal
-from envlock.model import Lock
+from envlock.lock import Lock, seal
 from envlock.probe import torchstack
 from envlock.runtime import ReproducibilityWarning, knobs, seeds
 
@@ -363,7 +362,7 @@ def test_apply_unsets_a_seed_the_lock_does_not_have(isolated: Path) -> None:
 def test_interop_threads_fixed_at_start_are_reported(tmp_path: Path) -> None:
     script = """
 import json, warnings, torch, envlock
-from envlock.lockfile import seal
+from envlock.lock import seal
 torch.set_num_interop_threads(1)  # torch allows this once per process
 lock = envlock.capture()
 lock = seal(lock.model_copy(update={"determinism": lock.determinism.model_copy(

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO
 
-from envlock import lockfile
+from envlock import lock as lockio
 
 EXAMPLE = REPO / "examples" / "train_mnist_like.py"
 
@@ -65,7 +65,7 @@ def test_capture_then_verify_in_a_fresh_process_then_apply(tmp_path: Path) -> No
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "PYTHONHASHSEED" in out.stderr  # warned once: it cannot be set from inside
-    lock = lockfile.load(tmp_path / "env.lock")
+    lock = lockio.load(tmp_path / "env.lock")
     assert lock.seeds.seed == 1234 and lock.seeds.torch_initial_seed == 1234
     det = lock.determinism
     assert det.deterministic_algorithms is True and det.deterministic_warn_only is False
@@ -119,5 +119,5 @@ def test_example_is_bit_identical_per_seed(tmp_path: Path) -> None:
         hashes.append(result["weights_sha256"])
     assert hashes[0] == hashes[1]
     assert hashes[2] != hashes[0]
-    lock = lockfile.load(tmp_path / "run.lock")
+    lock = lockio.load(tmp_path / "run.lock")
     assert lock.seeds.seed == 7 and lock.determinism.deterministic_algorithms is True

@@ -15,7 +15,7 @@ import torch
 
 import envlock
 from envlock import runtime
-from envlock.model import Determinism
+from envlock.lock import Determinism
 from envlock.probe import torchstack
 from envlock.runtime import determinism, knobs
 

@@ -140,8 +140,8 @@ def test_g_simulated_gpu_host(tmp_path: Path, standin: Path, base_image: str, wh
 
 DRIVER_CHECK = """
 import sys
-from envlock.lockfile import load
-from envlock.model import TorchInfo
+from envlock.lock import load
+from envlock.lock import TorchInfo
 from envlock.errors import HostIncompatible
 from envlock.restore.run import host_driver, resolve_gpus
 

@@ -288,7 +288,7 @@ def test_model_refuses_every_leak_input() -> None:
     from helpers import make_lock
 
     from envlock.errors import LockInvalid
-    from envlock.lockfile import from_dict
+    from envlock.lock import from_dict
 
     base = make_lock(packages=[{"name": "x", "version": "1.0"}]).model_dump(mode="json", exclude_none=True)
     accepted = []
@@ -311,7 +311,7 @@ def test_model_refuses_every_leak_input() -> None:
 def test_fmt_refuses_to_seal_hand_edited_credentials(tmp_path: Path) -> None:
     from helpers import make_lock
 
-    from envlock.lockfile import dumps
+    from envlock.lock import dumps
 
     path = tmp_path / "env.lock"
     text = dumps(make_lock(env={"PIP_INDEX_URL": "https://pypi.lab.example/simple"}))
@@ -353,7 +353,7 @@ def test_terminal_escapes_never_reach_a_terminal_raw(tmp_path: Path) -> None:
                              "url": "https://h.example/x.whl" + hostile.replace(" ", "").replace("\r\n", "")}])
     a = a.model_copy(update={"envlock": a.envlock.model_copy(update={"note": "note" + hostile})})
     b = make_lock(env={"CUDA_VISIBLE_DEVICES": "1"}, packages=[{"name": "x", "version": "2.0"}])
-    from envlock.lockfile import save
+    from envlock.lock import save
 
     save(a, tmp_path / "a.lock", reseal=True)
     save(b, tmp_path / "b.lock", reseal=True)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from envlock.cli import main
-from envlock.lockfile import load, save
+from envlock.lock import load, save
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,10 +13,10 @@ from helpers import make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock.capturing import PROBE_PATH, build_lock
+from envlock.building import build_lock
+from envlock.capturing import PROBE_PATH
 from envlock.drift import compare
-from envlock.lockfile import fingerprint
-from envlock.model import TorchBuild
+from envlock.lock import TorchBuild, fingerprint
 from envlock.probe import torchstack
 from envlock.probe.collect import collect
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from envlock.export.common import environment, pinned_image
-from envlock.model import Lock
+from envlock.lock import Lock
 
 
 def render(lock: Lock, *, image: str | None = None, argv: list[str] | None = None) -> str:

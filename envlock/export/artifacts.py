@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from envlock.errors import ArtifactsMissing
 from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, redact, resolve
-from envlock.model import Lock, Package
+from envlock.lock import Lock, Package
 
 # Variables a lock may carry (probe allow-list) that name the index the environment used.
 INDEX_ENV = ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL")

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from envlock.errors import EXIT_DRIFT, EXIT_OK, EXIT_USAGE, EnvlockError
-    from envlock.lockfile import load
+    from envlock.lock import load
     from envlock.render import show_markdown
 
     try:

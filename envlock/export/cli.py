@@ -31,7 +31,7 @@ def _sources(args: argparse.Namespace) -> Sources:
 
 def render(args: argparse.Namespace) -> str:
     """The export as text; everything heavy is imported here, per format."""
-    from envlock.lockfile import load
+    from envlock.lock import load
 
     lock = load(args.lock)
     out_dir = Path(args.output).resolve().parent if args.output not in (None, "-") else None
@@ -91,7 +91,7 @@ def _written_by_envlock(path: Path) -> bool:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from envlock.errors import EXIT_OK, EnvlockError, UsageError
-    from envlock.lockfile import atomic_write
+    from envlock.lock import atomic_write
 
     if args.output not in (None, "-") and Path(args.output).resolve() == Path(args.lock).resolve():
         raise UsageError(f"-o {args.output} would overwrite the lock itself")

@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from envlock.errors import EnvlockError, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 
 
 def facts(lock: Lock) -> dict[str, Any]:

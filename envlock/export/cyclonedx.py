@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import MissingExtra
-from envlock.model import Lock, Package
+from envlock.lock import Lock, Package
 
 if TYPE_CHECKING:
     from cyclonedx.model.component import Component

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envlock.model import Lock
+from envlock.lock import Lock
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 # The project's predicate type: the lock, as `envlock show --format json` prints it.

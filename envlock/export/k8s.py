@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
-from envlock.model import Lock
+from envlock.lock import Lock
 
 UID = 1000
 _PLAIN = re.compile(r"^[A-Za-z][A-Za-z0-9./-]*$")  # keys that need no quotes in YAML

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.render import replay_lines
 
 _SPECIAL = {

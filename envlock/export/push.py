@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from envlock.errors import EnvlockError, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 
 if TYPE_CHECKING:
     from envlock.restore.engine import ContainerEngine

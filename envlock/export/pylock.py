@@ -23,11 +23,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envlock import tomlwriter
 from envlock.errors import LockInvalid
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
-from envlock.model import Lock
+from envlock.lock import Lock, toml_document
 
 _SYS_PLATFORM = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
 
@@ -87,4 +86,4 @@ def render(lock: Lock, resolved: list[Resolved]) -> str:
     doc = build(lock, resolved).to_dict()
     head = (f"# PEP 751 lock exported from envlock {lock.short_id} ({lock.envlock.fingerprint}).\n"
             "# Install without envlock: uv pip install -r pylock.toml   (or pip >= 26.1)\n")
-    return head + tomlwriter.document(doc)
+    return head + toml_document(doc)

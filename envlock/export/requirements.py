@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envlock.export.artifacts import Resolved
 from envlock.export.index import redact
-from envlock.model import Lock
+from envlock.lock import Lock
 
 _PYPI = "https://pypi.org/simple"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
-from envlock.model import Lock
+from envlock.lock import Lock
 
 
 def render(lock: Lock, *, argv: list[str], image: str | None = None, gpus: int | None = None) -> str:

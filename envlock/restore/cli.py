@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, UsageError
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.restore import RestoreResult
@@ -81,7 +81,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if args.dockerfile_only:
         import shlex
 
-        from envlock.lockfile import load
+        from envlock.lock import load
         from envlock.restore.restore import image_name, write_dockerfile_only
 
         lock = load(args.lock)
@@ -92,7 +92,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
                          f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")
         return EXIT_OK
-    from envlock.lockfile import load
+    from envlock.lock import load
     from envlock.render import verify_text
     from envlock.restore.endpoint import connect
 
@@ -120,7 +120,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from envlock.errors import UsageError
-    from envlock.lockfile import load
+    from envlock.lock import load
     from envlock.restore.endpoint import connect
     from envlock.restore.run import RunOptions, parse_env, parse_ports, run_in_image
 
@@ -151,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from envlock.lockfile import load
+    from envlock.lock import load
     from envlock.restore.wheelhouse import bundle
 
     lock = load(args.lock)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
-from envlock.model import Lock, Package
+from envlock.lock import Lock, Package
 from envlock.probe.rules import NUMERICS_ENV
 from envlock.restore import ospackages, values
 from envlock.restore.requirements import Requirement, requirement

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from envlock import __version__
-from envlock.model import SCHEMA_VERSION
+from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Plan
 from envlock.restore.wheelhouse import sha256_file

@@ -9,7 +9,7 @@ comes from the engine, not from inside: a container cannot learn its own image r
 from __future__ import annotations
 
 from envlock.errors import CommandNotFound, InterpreterNotFound
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.probe import imageref
 from envlock.restore import values
 
@@ -19,7 +19,7 @@ CANDIDATES = ("python3", "python")
 def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
                      canary: bool = False, note: str | None = None,
                      engine: str | None = None) -> Lock:
-    from envlock.capturing import build_lock
+    from envlock.building import build_lock
     from envlock.restore.endpoint import connect
     from envlock.restore.verify import probe_in_image
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from envlock.capturing import OSPKGS_PATH
 from envlock.errors import NotRestorable
-from envlock.model import Lock, split_os_spec
+from envlock.lock import Lock, split_os_spec
 from envlock.restore import values
 
 SPEC_FILE = "os-packages.txt"

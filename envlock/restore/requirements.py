@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from envlock.errors import NotRestorable
-from envlock.model import Package
+from envlock.lock import Package
 from envlock.restore import values
 
 

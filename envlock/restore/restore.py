@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envlock.errors import NotRestorable
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.probe import imageref
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
-    from envlock.drift import Comparison
+    from envlock.comparison import Comparison
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.progress import Progress
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envlock.drift import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
-from envlock.model import Lock
+from envlock.lock import Lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement

@@ -30,7 +30,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
-from envlock.model import Lock, Package
+from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
 from envlock.restore.context import TOOLING, torch_label

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from envlock.runtime.common import torch_module
 
 if TYPE_CHECKING:
-    from envlock.model import Canary
+    from envlock.lock import Canary
 
 
 def canary_module() -> Any:
@@ -24,7 +24,7 @@ def canary_module() -> Any:
 
 def canary(devices: list[str] | None = None) -> Canary:
     """Run the numeric canary in this process, under its current flags; a ``[canary]`` table."""
-    from envlock.model import Canary
+    from envlock.lock import Canary
     from envlock.probe.scrub import scrub_document, secret_values
 
     torch = torch_module(required=True)

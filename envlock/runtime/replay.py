@@ -28,7 +28,7 @@ from envlock.runtime.knobs import knobs_in, read_state, write_state
 from envlock.runtime.seeds import check_seed, seed_all
 
 if TYPE_CHECKING:
-    from envlock.model import Lock
+    from envlock.lock import Lock
 
 # When a library reads each numerics variable, so that apply() can tell a variable that will
 # take effect from one that is merely recorded: "cuda" - at CUDA/cuBLAS initialisation;
@@ -186,7 +186,7 @@ def apply(lock: Lock | str | os.PathLike[str]) -> ApplyResult:
     capture taken now does not claim them as in effect.
     """
     if not hasattr(lock, "seeds"):
-        from envlock.lockfile import load
+        from envlock.lock import load
 
         lock = load(lock)
     assert not isinstance(lock, (str, os.PathLike))

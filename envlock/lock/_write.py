@@ -1,18 +1,9 @@
-"""Sealing and writing ``env.lock``.
+"""Writing ``env.lock``: the TOML text of a lock, and the atomic write of it.
 
-Writing uses ``envlock.tomlwriter``, linear in the size of the lock (tomlkit, used before, is
+The text comes from ``_toml``, linear in the size of the lock (tomlkit, used before, is
 quadratic in a table's size: 20,000 ``[env]`` keys took over 100 s). Every write is atomic: a
-temp file in the same directory, fsync, ``os.replace``.
-
-Two hashes seal a lock, both over its canonical form (``lockcore``):
-
-* ``fingerprint`` covers what identifies the environment (``FINGERPRINT_EXCLUDE`` lists the
-  host- and time-specific values left out), so one stack captured on two hosts shares it, and
-  the short id quoted in papers is derived from it;
-* ``integrity`` covers everything else too, so no hand edit anywhere goes unnoticed.
-
-Apart from reading (``lockfile``) so that ``Lock.save`` can call it without the model and the
-reader importing each other; nothing here needs pydantic.
+temp file in the same directory, fsync, ``os.replace``; temp files of interrupted writes are
+removed by the next write.
 """
 
 from __future__ import annotations
@@ -22,16 +13,15 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from envlock import __version__, tomlwriter
-from envlock.errors import EnvlockError, LockTampered, UsageError
-from envlock.lockcore import SCHEMA_VERSION, fingerprint_of, integrity_of, seal_matches
-from envlock.lockcore import canonical_json as canonical_json
+import envlock.lock._toml as _toml
+from envlock import __version__
+from envlock.errors import EnvlockError, UsageError
+from envlock.lock._model import SCHEMA_VERSION, Lock
+from envlock.lock._policy import policies
+from envlock.lock._seal import seal
 from envlock.probe.procs import pid_alive
-
-if TYPE_CHECKING:
-    from envlock.model import Lock
 
 # No file name in here: the same environment written to two names must give the same text.
 HEADER = """\
@@ -41,64 +31,21 @@ env.lock - a replayable environment, written by envlock {version}.
   envlock restore LOCK    rebuild it as a container
 Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
-_SECTION_COMMENTS = {
-    "image": "Container the environment ran in; `source` says where each value came from.",
-    "torch": "The torch stack as loaded in the process (cuDNN from the library, not ldconfig).",
-    "gpu": "From NVML (or torch.cuda); device UUIDs are stored only as sha256.",
-    "determinism": "Live flags of the captured process; `env` holds variables that change numerics.",
-    "env": "Allow-listed variables only; secret-looking names are redacted, URLs lose credentials.",
-    "git": "Working tree of the capture (informational, outside the fingerprint).",
-    "canary": "sha256 of fixed, seeded kernels' outputs: numeric drift that versions miss.",
-    "probe": "What the probe could not collect, and why.",
-}
+# The comment under each top-level table's header, as the model declares it.
+_SECTION_COMMENTS = {name: p.comment for name, p in policies(Lock).items() if p.comment is not None}
 
 
-def canonical_form(lock: Lock) -> dict[str, Any]:
-    """What both hashes are computed over, and what ``lockdata`` reads a lock back into."""
-    return dict(lock.model_dump(mode="json", exclude_none=True))
 
-
-def fingerprint(lock: Lock) -> str:
-    return fingerprint_of(canonical_form(lock))
-
-
-def integrity(lock: Lock) -> str:
-    return integrity_of(canonical_form(lock))
-
-
-def seal(lock: Lock) -> Lock:
-    """Return ``lock`` with both hashes recomputed for its current content."""
-    form = canonical_form(lock)  # neither hash covers the hashes, so the old ones may stay
-    meta = lock.envlock.model_copy(update={"fingerprint": fingerprint_of(form),
-                                           "integrity": integrity_of(form)})
-    return lock.model_copy(update={"envlock": meta})
-
-
-def check_seal(lock: Lock, name: str = "env.lock") -> None:
-    """Raise LockTampered when the content no longer matches the hashes written with it."""
-    meta = lock.envlock
-    if meta.fingerprint is None or meta.integrity is None:
-        raise LockTampered(
-            f"{name} is not sealed (no fingerprint)", hint=f"run `envlock fmt {name}` to seal it"
-        )
-    if not seal_matches(canonical_form(lock)):
-        raise LockTampered(
-            f"{name} was edited after capture: its fingerprint does not match its content",
-            hint=f"if the edit was deliberate, run `envlock fmt {name}` to re-seal it",
-        )
-
-
-# -- writing -----------------------------------------------------------------------------------
 
 
 def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
     # One pin per line: hundreds of them on a single line would make a diff of two locks show
     # one giant changed line instead of one line per changed OS package.
     specs = table.get("packages", [])
-    out.append(f"\n# {len(specs)} OS packages installed by {tomlwriter.string(table['manager'])[1:-1]}, "
+    out.append(f"\n# {len(specs)} OS packages installed by {_toml.string(table['manager'])[1:-1]}, "
                "as name:arch=version.\n")
-    out += ["[os_packages]\n", f"manager = {tomlwriter.string(table['manager'])}\n", "packages = ["]
-    out.extend(f"\n    {tomlwriter.string(s)}," for s in specs)
+    out += ["[os_packages]\n", f"manager = {_toml.string(table['manager'])}\n", "packages = ["]
+    out.extend(f"\n    {_toml.string(s)}," for s in specs)
     out.append("\n]\n" if specs else "]\n")
 
 
@@ -107,8 +54,8 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
     # A comment cannot hold control characters: the version and file name go in escaped.
-    header = HEADER.format(version=tomlwriter.string(lock.envlock.tool_version)[1:-1],
-                           name=tomlwriter.string(name)[1:-1])
+    header = HEADER.format(version=_toml.string(lock.envlock.tool_version)[1:-1],
+                           name=_toml.string(name)[1:-1])
     out = [f"# {line}\n" for line in header.splitlines()]
     tail = []
     for key, value in data.items():
@@ -118,7 +65,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             continue
         if value in ({}, []) and key not in ("determinism", "seeds"):
             continue
-        tomlwriter.table(out, key, value, _SECTION_COMMENTS.get(key))
+        _toml.table(out, key, value, _SECTION_COMMENTS.get(key))
     for key, rows in tail:
         if key == "os_packages":
             _os_packages_table(out, rows)
@@ -129,7 +76,7 @@ def dumps(lock: Lock, name: str = "env.lock") -> str:
             out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
         # An empty list is the model's default: `hashes = []` on every row is only noise in a
         # pull request's diff.
-        tomlwriter.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
+        _toml.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
     return "".join(out)
 
 

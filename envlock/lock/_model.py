@@ -1,0 +1,450 @@
+"""The lock as typed, frozen data.
+
+The probe emits plain JSON; these models are the single gate every value passes before it is
+written, compared or rendered into a Dockerfile. ``extra="forbid"`` everywhere: an unknown key
+in a lock is far more likely a typo or a lock from a newer envlock than something to ignore.
+Fields that only make sense on the host that captured (paths, kernel, UUIDs) are kept for the
+reader but excluded from the fingerprint. Each field declares its policy beside its type
+(``Annotated[type, Policy(...)]``, see ``_policy``): how a comparison counts a change, whether the
+fingerprint covers it, and a table's comment in the written file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import pairwise
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+
+from envlock.lock._policy import BREAKING, CUSTOM, HOST, INFO, NOT_COMPARED, WARNING, Policy
+from envlock.lock._values import check_clean, check_env, check_name, check_url
+from envlock.probe.rules import canonicalize_name
+
+SCHEMA_VERSION = 1
+
+DistName = Annotated[str, AfterValidator(check_name)]
+# Versions are kept exactly as installed (local labels such as +cu121 included). Legacy,
+# non-PEP 440 versions exist in the wild, so the model only enforces an inert character set;
+# restore applies the strict PEP 440 check before a version reaches a Dockerfile.
+Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$", max_length=128)]
+Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+HexSha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Url = Annotated[str, StringConstraints(max_length=4096), AfterValidator(check_url)]
+CleanStr = Annotated[str, AfterValidator(check_clean)]
+Scalar = str | int | float | bool
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Meta(_Model):
+    """``[envlock]``: what wrote the file and the hashes that seal it."""
+
+    schema_version: Annotated[int, NOT_COMPARED] = SCHEMA_VERSION
+    tool_version: Annotated[str, NOT_COMPARED]
+    created_at: Annotated[datetime, NOT_COMPARED] = Field(strict=False)
+    fingerprint: Annotated[Sha256Digest | None, NOT_COMPARED] = None
+    integrity: Annotated[Sha256Digest | None, NOT_COMPARED] = None
+    note: Annotated[CleanStr | None, NOT_COMPARED] = Field(default=None, max_length=4096)
+
+
+ImageSource = Literal["env", "containerenv", "mountinfo", "cgroup", "dockerenv", "cli", "engine", "none"]
+
+
+class Image(_Model):
+    """``[image]``: the container the environment runs in, with where each value came from."""
+
+    in_container: Annotated[bool, Policy("custom", fingerprint=False)] = False
+    source: Annotated[ImageSource, NOT_COMPARED] = "none"
+    reference: Annotated[str | None, NOT_COMPARED] = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+    digest: Annotated[Sha256Digest | None, CUSTOM] = None
+    id: Annotated[Sha256Digest | None, CUSTOM] = None
+    engine: Annotated[str | None, NOT_COMPARED] = Field(default=None, max_length=64)
+    container_id: Annotated[str | None, NOT_COMPARED] = Field(default=None, pattern=r"^[0-9a-f]{12,64}$")
+
+
+class Platform(_Model):
+    os: Annotated[str, BREAKING]
+    machine: Annotated[str, BREAKING]
+    os_id: Annotated[str | None, WARNING] = None
+    os_version_id: Annotated[str | None, WARNING] = None
+    os_pretty_name: Annotated[str | None, HOST] = None
+    libc: Annotated[str | None, WARNING] = None
+    libc_version: Annotated[str | None, WARNING] = None
+    kernel: Annotated[str | None, HOST] = None
+    cpu_model: Annotated[str | None, HOST] = None
+    cpu_count: Annotated[int | None, HOST] = None
+
+
+class PythonInfo(_Model):
+    version: Annotated[str, CUSTOM] = Field(pattern=r"^\d+\.\d+\.\d+([a-z]+\d+)?\+?$")
+    implementation: Annotated[str, BREAKING]
+    soabi: Annotated[str | None, BREAKING] = None
+    platform_tag: Annotated[str | None, WARNING] = None
+    prefix_kind: Annotated[Literal["venv", "conda", "system"], INFO] = "system"
+    executable: Annotated[str | None, HOST] = None
+    prefix: Annotated[str | None, HOST] = None
+
+
+BuildText = Annotated[str, StringConstraints(max_length=4096)]
+
+
+class TorchBuild(_Model):
+    """``[torch.build]``: how this torch was built, parsed from ``torch.__config__``.
+
+    Readable fields, so that a diff of two builds names the BLAS or oneDNN that changed instead
+    of showing two hashes. ``options`` holds the remaining ``Build settings`` (USE_*, flags).
+    """
+
+    compiler: Annotated[BuildText | None, WARNING] = None
+    cxx_standard: Annotated[BuildText | None, WARNING] = None
+    build_type: Annotated[BuildText | None, WARNING] = None
+    blas: Annotated[BuildText | None, WARNING] = None
+    lapack: Annotated[BuildText | None, WARNING] = None
+    mkl_version: Annotated[BuildText | None, WARNING] = None
+    onednn_version: Annotated[BuildText | None, WARNING] = None
+    openmp_version: Annotated[BuildText | None, WARNING] = None
+    parallel_backend: Annotated[BuildText | None, WARNING] = None
+    cuda_runtime: Annotated[BuildText | None, WARNING] = None
+    cudnn_version: Annotated[BuildText | None, WARNING] = None
+    magma_version: Annotated[BuildText | None, WARNING] = None
+    hip_runtime: Annotated[BuildText | None, WARNING] = None
+    miopen_version: Annotated[BuildText | None, WARNING] = None
+    cuda_arch_flags: Annotated[list[Annotated[str, StringConstraints(max_length=128)]] | None, WARNING] = None
+    options: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")], BuildText], WARNING] = Field(
+        default_factory=dict)
+
+
+class TorchInfo(_Model):
+    """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it.
+
+    ``cpu_capability`` is the ISA torch's dispatcher picked on the capturing host (AVX2,
+    AVX512...): a host fact, kept for the reader and out of the fingerprint.
+    ``config_sha256`` hashes ``torch.__config__.show()`` without that host line.
+    """
+
+    version: Annotated[Version, BREAKING]
+    git_version: Annotated[str | None, BREAKING] = None
+    cuda: Annotated[str | None, BREAKING] = None
+    cudnn: Annotated[str | None, BREAKING] = None
+    nccl: Annotated[str | None, BREAKING] = None
+    hip: Annotated[str | None, BREAKING] = None
+    debug: Annotated[bool | None, BREAKING] = None
+    cxx11_abi: Annotated[bool | None, BREAKING] = None
+    arch_list: Annotated[list[str], WARNING] = Field(default_factory=list)
+    config_sha256: Annotated[HexSha256 | None, CUSTOM] = None
+    cpu_capability: Annotated[str | None, HOST] = Field(default=None, max_length=64)
+    mkl: Annotated[bool | None, WARNING] = None
+    mkldnn: Annotated[bool | None, WARNING] = None
+    openmp: Annotated[bool | None, WARNING] = None
+    cuda_available: Annotated[bool | None, Policy("warning", fingerprint=False)] = None
+    device_count: Annotated[int | None, HOST] = None
+    build: Annotated[TorchBuild | None, CUSTOM] = None
+
+
+class GpuDevice(_Model):
+    index: Annotated[int, NOT_COMPARED]  # devices are paired by position
+    name: Annotated[str, WARNING]
+    compute_capability: Annotated[str | None, WARNING] = Field(default=None, pattern=r"^\d+\.\d+$")
+    memory_total_mib: Annotated[int | None, WARNING] = None
+    mig_mode: Annotated[bool | None, WARNING] = None
+    uuid_sha256: Annotated[HexSha256 | None, NOT_COMPARED] = None  # the card, not the stack
+
+
+class GpuInfo(_Model):
+    """``[gpu]``: from NVML when available, else torch.cuda. UUIDs are only kept hashed."""
+
+    source: Annotated[Literal["nvml", "torch"], INFO]
+    driver: Annotated[str | None, WARNING] = None
+    cuda_driver: Annotated[str | None, WARNING] = None
+    devices: Annotated[list[GpuDevice], CUSTOM] = Field(default_factory=list)
+
+
+class Determinism(_Model):
+    """``[determinism]``: every knob that changes numerics, read from the live process.
+
+    ``None`` means the knob does not exist in this torch (or torch was not captured), which is
+    different from ``False``.
+    """
+
+    torch_loaded: Annotated[bool, INFO] = False
+    deterministic_algorithms: Annotated[bool | None, BREAKING] = None
+    deterministic_warn_only: Annotated[bool | None, BREAKING] = None
+    cudnn_enabled: Annotated[bool | None, BREAKING] = None
+    cudnn_deterministic: Annotated[bool | None, BREAKING] = None
+    cudnn_benchmark: Annotated[bool | None, BREAKING] = None
+    cuda_matmul_allow_tf32: Annotated[bool | None, BREAKING] = None
+    cudnn_allow_tf32: Annotated[bool | None, BREAKING] = None
+    float32_matmul_precision: Annotated[str | None, BREAKING] = None
+    fp32_precision: Annotated[str | None, BREAKING] = None
+    cuda_matmul_fp32_precision: Annotated[str | None, BREAKING] = None
+    cudnn_conv_fp32_precision: Annotated[str | None, BREAKING] = None
+    cudnn_rnn_fp32_precision: Annotated[str | None, BREAKING] = None
+    mkldnn_fp32_precision: Annotated[str | None, BREAKING] = None
+    cuda_fp32_precision: Annotated[str | None, BREAKING] = None
+    mkldnn_matmul_fp32_precision: Annotated[str | None, BREAKING] = None
+    mkldnn_conv_fp32_precision: Annotated[str | None, BREAKING] = None
+    mkldnn_rnn_fp32_precision: Annotated[str | None, BREAKING] = None
+    mkldnn_enabled: Annotated[bool | None, BREAKING] = None
+    cuda_matmul_allow_fp16_reduced_precision_reduction: Annotated[bool | None, BREAKING] = None
+    cuda_matmul_allow_bf16_reduced_precision_reduction: Annotated[bool | None, BREAKING] = None
+    sdpa_flash: Annotated[bool | None, BREAKING] = None
+    sdpa_mem_efficient: Annotated[bool | None, BREAKING] = None
+    sdpa_math: Annotated[bool | None, BREAKING] = None
+    sdpa_cudnn: Annotated[bool | None, BREAKING] = None
+    fill_uninitialized_memory: Annotated[bool | None, BREAKING] = None
+    num_threads: Annotated[int | None, Policy("warning", fingerprint=False)] = None
+    num_interop_threads: Annotated[int | None, Policy("warning", fingerprint=False)] = None
+    env: Annotated[dict[str, str], CUSTOM] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env, "determinism.env")
+
+    # Knobs set after the library that reads them had started (CUBLAS_WORKSPACE_CONFIG after
+    # CUDA init, OMP_NUM_THREADS after torch import): recorded, but not in effect in the process.
+    late: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]], Policy("warning", fingerprint=False)] = Field(
+        default_factory=list)
+    # Recorded variables the process set, changed or removed after it started (seed_everything,
+    # deterministic(), training code): process state, which a shell verify reports, not compares.
+    process_env: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=128)]], HOST] = Field(
+        default_factory=list)
+
+
+class Seeds(_Model):
+    seed: Annotated[int | None, BREAKING] = None
+    seed_source: Annotated[Literal["envlock", "env"] | None, INFO] = None
+    python_hash_seed: Annotated[str | None, BREAKING] = None
+    hash_randomization: Annotated[bool, BREAKING] = True
+    torch_initial_seed: Annotated[int | None, BREAKING] = None
+
+
+class GitInfo(_Model):
+    commit: Annotated[str | None, INFO] = Field(default=None, pattern=r"^[0-9a-f]{40,64}$")
+    branch: Annotated[str | None, INFO] = None
+    dirty: Annotated[bool | None, INFO] = None
+    untracked: Annotated[int | None, INFO] = None
+    diff_sha256: Annotated[HexSha256 | None, INFO] = None
+    remote: Annotated[Url | None, INFO] = None
+
+
+PackageSource = Literal["index", "url", "vcs", "editable", "local", "system", "unknown"]
+# An OS package name, as dpkg, apk and rpm spell them.
+OsPackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")]
+OsPackageVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
+
+
+class Package(_Model):
+    """One installed distribution, exactly as found on the interpreter's path."""
+
+    name: Annotated[DistName, CUSTOM]
+    version: Annotated[Version, CUSTOM]
+    source: Annotated[PackageSource, CUSTOM] = "index"
+    installer: Annotated[str | None, Policy("custom", fingerprint=False)] = None
+    requested: Annotated[bool | None, Policy("custom", fingerprint=False)] = None
+    url: Annotated[Url | None, CUSTOM] = None
+    vcs: Annotated[str | None, CUSTOM] = Field(default=None, pattern=r"^(git|hg|svn|bzr)$")
+    commit: Annotated[str | None, CUSTOM] = Field(default=None, pattern=r"^[0-9A-Za-z._/-]{1,128}$")
+    requested_revision: Annotated[CleanStr | None, CUSTOM] = None
+    archive_hash: Annotated[str | None, CUSTOM] = Field(default=None, pattern=r"^[a-z0-9]+[=:][0-9a-fA-F]+$")
+    hashes: Annotated[list[Sha256Digest], CUSTOM] = Field(default_factory=list)
+    record_sha256: Annotated[HexSha256 | None, CUSTOM] = None
+    # source = "system": the OS package that installed this distribution (apt's python3-torch).
+    os_package: Annotated[OsPackageName | None, CUSTOM] = None
+    os_package_version: Annotated[OsPackageVersion | None, CUSTOM] = None
+
+    # `capture --deep` only: the files as they were on disk (deep.files_digest), and those that
+    # differed from RECORD then ("modified path", "missing path", "added path").
+    files_sha256: Annotated[HexSha256 | None, Policy("custom", fingerprint=False)] = None
+    files_changed: Annotated[list[Annotated[str, StringConstraints(max_length=4096)]] | None, CUSTOM] = None
+
+
+# ``name:arch=version``: apt's spelling of an exact pin; one string per package keeps a lock
+# with hundreds of OS packages short and its diffs one line per change.
+OsPackageSpec = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}:[a-z0-9][a-z0-9_-]{0,31}=[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
+
+
+class OsPackages(_Model):
+    """``[os_packages]``: what the image's package manager installed, one pin per package."""
+
+    manager: Annotated[Literal["dpkg", "apk", "rpm"], CUSTOM]
+    packages: Annotated[list[OsPackageSpec], CUSTOM] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _sorted_unique(cls, packages: list[str]) -> list[str]:
+        ordered = sorted(set(packages))
+        seen: set[tuple[str, str]] = set()
+        for spec in ordered:
+            name, arch, _ = split_os_spec(spec)
+            if (name, arch) in seen:
+                raise ValueError(f"OS package {name}:{arch} is listed twice")
+            seen.add((name, arch))
+        return ordered
+
+    def versions(self) -> dict[str, str]:
+        """``name:arch`` -> version."""
+        return os_versions(self.packages)
+
+
+class Duplicate(_Model):
+    """A distribution shadowed by another of the same name earlier on the path."""
+
+    name: Annotated[DistName, CUSTOM]
+    version: Annotated[Version, CUSTOM]
+    active_version: Annotated[Version, CUSTOM]
+    path_index: Annotated[int, CUSTOM]
+
+
+class CondaPackage(_Model):
+    name: Annotated[str, CUSTOM]
+    version: Annotated[str, CUSTOM]
+    build: Annotated[str | None, CUSTOM] = None
+    channel: Annotated[CleanStr | None, CUSTOM] = None
+
+
+class Conda(_Model):
+    packages: Annotated[list[CondaPackage], CUSTOM] = Field(default_factory=list)
+
+
+class CanaryResult(_Model):
+    """One kernel on one device: the sha256 of its output's dtype, shape and raw bytes."""
+
+    name: Annotated[str, CUSTOM] = Field(pattern=r"^[a-z0-9_]+$", max_length=64)
+    device: Annotated[str, CUSTOM] = Field(pattern=r"^[a-z]+(:\d+)?$", max_length=32)
+    dtype: Annotated[str, CUSTOM] = Field(pattern=r"^[a-z0-9]+$", max_length=32)
+    sha256: Annotated[HexSha256, CUSTOM]
+
+
+class Canary(_Model):
+    """``[canary]``: hashes of a fixed seeded set of kernels and the settings they ran under."""
+
+    # Kernels, shapes and inputs of this version; hashes of two versions are not comparable.
+    version: Annotated[int, CUSTOM] = 1
+    torch: Annotated[Version | None, CUSTOM] = None
+    settings: Annotated[dict[str, Scalar], CUSTOM] = Field(default_factory=dict)
+    results: Annotated[list[CanaryResult], CUSTOM] = Field(default_factory=list)
+    # "kernel[device,dtype]" -> why it could not run (bf16 on an old GPU); absent results
+    # are then explained instead of looking like a smaller canary.
+    errors: Annotated[dict[str, str], CUSTOM] = Field(default_factory=dict)
+    duration_ms: Annotated[float | None, CUSTOM] = None
+
+    @field_validator("settings")
+    @classmethod
+    def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
+        # env.NAME entries here are the numerics variables the kernels ran under.
+        env = {k[4:]: v for k, v in settings.items() if k.startswith("env.") and isinstance(v, str)}
+        check_env(env, "canary.settings.env")
+        for value in settings.values():
+            if isinstance(value, str):
+                check_clean(value)
+        return settings
+
+
+class ProbeInfo(_Model):
+    """``[probe]``: what the probe could not collect, and why."""
+
+    version: Annotated[int, NOT_COMPARED] = 1
+    errors: Annotated[dict[str, str], NOT_COMPARED] = Field(default_factory=dict)
+    duration_ms: Annotated[float | None, NOT_COMPARED] = None
+    # Whether the torch facts came from an import in this run or from the cache of an earlier one.
+    torch_facts: Annotated[Literal["live", "cached"] | None, NOT_COMPARED] = None
+
+
+class Lock(_Model):
+    """The whole ``env.lock``."""
+
+    # Every table is compared by a function of its own in drift (the fields inside by their
+    # own policies); ``comment`` is the line written under the table's header.
+    envlock: Annotated[Meta, NOT_COMPARED]
+    image: Annotated[Image, Policy("custom", comment=(
+        "Container the environment ran in; `source` says where each value came from."))] = Field(
+        default_factory=Image)
+    platform: Annotated[Platform, CUSTOM]
+    python: Annotated[PythonInfo, CUSTOM]
+    torch: Annotated[TorchInfo | None, Policy("custom", comment=(
+        "The torch stack as loaded in the process (cuDNN from the library, not ldconfig)."))] = None
+    gpu: Annotated[GpuInfo | None, Policy("custom", comment=(
+        "From NVML (or torch.cuda); device UUIDs are stored only as sha256."))] = None
+    determinism: Annotated[Determinism, Policy("custom", comment=(
+        "Live flags of the captured process; `env` holds variables that change numerics."))] = Field(
+        default_factory=Determinism)
+    seeds: Annotated[Seeds, CUSTOM] = Field(default_factory=Seeds)
+    env: Annotated[dict[str, str], Policy("custom", fingerprint=False, comment=(
+        "Allow-listed variables only; secret-looking names are redacted, URLs lose credentials."
+    ))] = Field(default_factory=dict)
+    git: Annotated[GitInfo | None, Policy("custom", fingerprint=False, comment=(
+        "Working tree of the capture (informational, outside the fingerprint)."))] = None
+    canary: Annotated[Canary | None, Policy("custom", fingerprint=False, comment=(
+        "sha256 of fixed, seeded kernels' outputs: numeric drift that versions miss."))] = None
+    conda: Annotated[Conda | None, CUSTOM] = None
+    os_packages: Annotated[OsPackages | None, CUSTOM] = None
+    packages: Annotated[list[Package], CUSTOM] = Field(default_factory=list)
+    duplicates: Annotated[list[Duplicate], CUSTOM] = Field(default_factory=list)
+    probe: Annotated[ProbeInfo, Policy("ignored", fingerprint=False, comment=(
+        "What the probe could not collect, and why."))] = Field(default_factory=ProbeInfo)
+
+    @field_validator("packages")
+    @classmethod
+    def _sorted_unique(cls, packages: list[Package]) -> list[Package]:
+        # Sorted here, not by whoever built the list, so every writer produces small diffs.
+        ordered = sorted(packages, key=lambda p: p.name)
+        for a, b in pairwise(ordered):
+            if a.name == b.name:
+                raise ValueError(f"{a.name} is listed twice (shadowed copies belong in [[duplicates]])")
+        return ordered
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
+    # -- convenience -------------------------------------------------------------------
+    def package(self, name: str) -> Package | None:
+        """The active distribution called ``name`` (any spelling), or None."""
+        wanted = canonicalize_name(name)
+        for pkg in self.packages:
+            if pkg.name == wanted:
+                return pkg
+        return None
+
+    @property
+    def short_id(self) -> str:
+        """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
+        fingerprint = self.envlock.fingerprint
+        return fingerprint.split(":", 1)[1][:12] if fingerprint else "unsealed"
+
+    def save(self, path: Any) -> Any:
+        """Seal (fingerprint) and write atomically; returns the path written."""
+        # The writer seals with the policies declared here, so it imports this module; a
+        # method that writes can only reach it at call time.
+        from envlock.lock._write import save
+
+        return save(self, path)
+
+
+def split_os_spec(spec: str) -> tuple[str, str, str]:
+    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
+    head, _, version = spec.partition("=")
+    name, _, arch = head.partition(":")
+    return name, arch, version
+
+
+def os_versions(specs: list[str]) -> dict[str, str]:
+    """``name:arch`` -> version of a list of ``name:arch=version`` pins."""
+    out = {}
+    for spec in specs:
+        name, arch, version = split_os_spec(spec)
+        out[f"{name}:{arch}"] = version
+    return out

@@ -1,0 +1,98 @@
+"""Sealing a lock: two hashes over its canonical form, and the id derived from one of them.
+
+A lock's canonical form is what its model dumps to (``model_dump(mode="json",
+exclude_none=True)``). Both hashes are sha256 of that form as canonical JSON (sorted keys, no
+whitespace, UTF-8). They pull in opposite directions:
+
+* ``fingerprint`` covers what identifies the environment: the fields whose policy says
+  ``fingerprint=False`` (host- and time-specific values) are left out, so one stack captured on
+  two hosts shares it, and the short id quoted in papers is derived from it;
+* ``integrity`` covers everything else too, so no hand edit anywhere goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from envlock.errors import LockTampered
+from envlock.lock._model import Lock
+from envlock.lock._policy import fingerprint_exclude
+
+# What the fingerprint leaves out, in the shape pydantic's ``exclude`` takes (True drops a key,
+# a dict recurses, ``"__all__"`` applies to every item of an array), derived from the policies.
+FINGERPRINT_EXCLUDE: dict[str, Any] = fingerprint_exclude(Lock)
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def excluding(data: Any, spec: Any) -> Any:
+    """``data`` without what ``spec`` (pydantic's ``exclude`` shape) names; ``data`` is kept."""
+    if isinstance(spec, (set, frozenset)):
+        spec = dict.fromkeys(spec, True)
+    if isinstance(data, list):
+        every = spec.get("__all__")
+        return [excluding(item, every) if every is not None else item for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        sub = spec.get(key)
+        if sub is True:
+            continue
+        out[key] = value if sub is None else excluding(value, sub)
+    return out
+
+
+def _sha256(data: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
+
+
+def canonical_form(lock: Lock) -> dict[str, Any]:
+    """What both hashes are computed over."""
+    return dict(lock.model_dump(mode="json", exclude_none=True))
+
+
+def _fingerprint_of(form: dict[str, Any]) -> str:
+    return _sha256(excluding(form, FINGERPRINT_EXCLUDE))
+
+
+def _integrity_of(form: dict[str, Any]) -> str:
+    meta = {k: v for k, v in form.get("envlock", {}).items() if k not in ("fingerprint", "integrity")}
+    return _sha256({**form, "envlock": meta})
+
+
+def fingerprint(lock: Lock) -> str:
+    """The identity hash: what identifies the environment (the [envlock] table is left out)."""
+    return _fingerprint_of(canonical_form(lock))
+
+
+def integrity(lock: Lock) -> str:
+    """The tamper hash: everything but the two hashes themselves."""
+    return _integrity_of(canonical_form(lock))
+
+
+def seal(lock: Lock) -> Lock:
+    """Return ``lock`` with both hashes recomputed for its current content."""
+    form = canonical_form(lock)  # neither hash covers the hashes, so the old ones may stay
+    meta = lock.envlock.model_copy(update={"fingerprint": _fingerprint_of(form),
+                                           "integrity": _integrity_of(form)})
+    return lock.model_copy(update={"envlock": meta})
+
+
+def check_seal(lock: Lock, name: str = "env.lock") -> None:
+    """Raise LockTampered when the content no longer matches the hashes written with it."""
+    meta = lock.envlock
+    if meta.fingerprint is None or meta.integrity is None:
+        raise LockTampered(
+            f"{name} is not sealed (no fingerprint)", hint=f"run `envlock fmt {name}` to seal it"
+        )
+    form = canonical_form(lock)
+    if meta.integrity != _integrity_of(form) or meta.fingerprint != _fingerprint_of(form):
+        raise LockTampered(
+            f"{name} was edited after capture: its fingerprint does not match its content",
+            hint=f"if the edit was deliberate, run `envlock fmt {name}` to re-seal it",
+        )
