@@ -211,7 +211,6 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
                                   deep=deep, cache=cache, prestarted=prestarted, git_exclude=exclude)
             prestarted = None
         try:
-            import_heavy_modules()
             from envlock.lock import load
 
             expected = load(lock)
