@@ -9,8 +9,8 @@ reader but excluded from the fingerprint. Each field declares its policy beside 
 fingerprint covers it, and a table's comment in the written file.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic would then evaluate every field's
+# annotation from its string again when it builds the models, on every run of every command.
 from datetime import datetime
 from itertools import pairwise
 from typing import Annotated, Any, Literal
