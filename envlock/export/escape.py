@@ -245,6 +245,8 @@ _MD_ESCAPE = re.compile(r"([\\`*_\[\]()<>|!~#&$])")
 # keeps the text readable and inert.
 _ZWSP = "&#8203;"
 _MD_MENTION = re.compile(r"@(?=[A-Za-z0-9])")
+# At the start of a paragraph these open a list, a heading underline or a thematic break.
+_MD_BLOCK_START = re.compile(r"^([-+=]|\d{1,9}(?=[.)]))")
 _MD_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])(?=://)|(?<![a-z0-9])(www)(?=\.)")
 
 
@@ -253,6 +255,8 @@ def markdown_text(value: object) -> str:
     no live markup: no link, image, HTML, mention or autolink, no break out of a table cell."""
     text = " ".join(safe(value).split())
     text = _MD_ESCAPE.sub(r"\\\1", text)
+    text = _MD_BLOCK_START.sub(lambda m: m.group() + "\\" if m.group()[0].isdigit() else "\\" + m.group(),
+                               text)
     text = _MD_AUTOLINK.sub(lambda m: (m.group(1) or "") + _ZWSP, text)
     return _MD_MENTION.sub("@" + _ZWSP, text)
 
