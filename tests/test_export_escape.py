@@ -229,19 +229,20 @@ def test_property_github_output_sets_one_output(value: str) -> None:
 @EXAMPLES
 @given(value=hostile)
 def test_property_latex_table_keeps_its_shape(base_lock: Lock, value: str) -> None:
-    """A crafted value in any cell leaves one ``&`` and one ``\\\\`` per row, no comment (``%``)
-    and no command of its own."""
+    """A crafted value in any cell leaves one ``&`` and one ``\\\\`` per row, no comment (``%``),
+    no command of its own and the braces balanced."""
     plain = show_latex(base_lock)
     crafted = base_lock.model_copy(update={
         "python": base_lock.python.model_copy(update={"implementation": value}),
         "platform": base_lock.platform.model_copy(update={"os_pretty_name": value or "x", "machine": value})})
     text = show_latex(crafted)
 
-    def shape(t: str) -> tuple[int, int, int, list[str]]:
+    def shape(t: str) -> tuple[int, int, int, list[str], int]:
         live_amp = len(re.findall(r"(?<!\\)&", t))
         live_pct = len(re.findall(r"(?<!\\)%", t))
         commands = sorted(set(re.findall(r"\\[A-Za-z]+", t)) - LATEX_ESCAPES)
-        return live_amp, t.count("\\\\\n"), live_pct, commands
+        depth = len(re.findall(r"(?<!\\)\{", t)) - len(re.findall(r"(?<!\\)\}", t))
+        return live_amp, t.count("\\\\\n"), live_pct, commands, depth
 
     assert shape(text) == shape(plain)
 
