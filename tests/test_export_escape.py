@@ -260,24 +260,32 @@ def _visible(rendered: str) -> str:
 @EXAMPLES
 @given(value=hostile)
 def test_property_markdown_text_is_inert_and_readable(value: str) -> None:
-    text = escape.markdown_text(value)
-    for doc, ctx in ((text, "paragraph"), (f"| a |\n|---|\n| {text} |\n", "table")):
+    """A paragraph of its own, a table cell and the end of a sentence: no live markup, and the
+    rendered text is the value (on one line, control characters shown as escapes)."""
+    want = " ".join(" ".join(safe(value).split()).replace("\u200b", "").split())
+    inline = escape.markdown_text(value, inline=True)
+    for doc, ctx in ((escape.markdown_text(value), "paragraph"), (f"| a |\n|---|\n| {inline} |\n", "table"),
+                     (f"note: {inline}", "sentence")):
         rendered = _MD.render(doc)
-        assert not _LIVE.search(rendered), (ctx, rendered)  # no link, image, raw HTML, list
+        assert not _LIVE.search(rendered), (ctx, rendered)  # no link, image, raw HTML, list, heading
         shown = html.unescape(re.sub(r"<[^>]+>", " ", rendered))
         # GFM autolinks need "scheme://" or "www." unbroken; mentions need "@" then a name.
         assert not re.search(r"@[A-Za-z0-9]|[A-Za-z0-9]://|(?<![A-Za-z0-9])www\.", shown), shown
         if ctx == "table":
             assert rendered.count("<td>") == 1
             rendered = rendered.split("<td>", 1)[1].split("</td>", 1)[0]
-        want = " ".join(safe(value).split()).replace("\u200b", "")
-        assert " ".join(_visible(rendered).split()) == " ".join(want.split()) or not want.strip()
+        got = " ".join(_visible(rendered).split())
+        assert got == (f"note: {want}".strip() if ctx == "sentence" else want), ctx
 
 
 def test_markdown_ordinary_text_reads_the_same() -> None:
-    """Twin: a plain note renders as itself and stays readable in the source."""
-    assert escape.markdown_text("ResNet-50 baseline, seed 1234 (v2.1)") == "ResNet-50 baseline, seed 1234 \\(v2.1\\)"
-    assert _visible(_MD.render(escape.markdown_text("lr 3e-4; batch 256"))) == "lr 3e-4; batch 256"
+    """Twin: plain notes, versions and names come out verbatim, in the source too."""
+    for plain in ("ResNet-50 baseline, seed 1234 (v2.1)", "2.1.0", "sm_90 CUBLAS_WORKSPACE_CONFIG",
+                  "lr 3e-4; batch 256!", "#42 fixed"):
+        assert escape.markdown_text(plain) == plain
+        assert _visible(_MD.render(escape.markdown_text(plain))) == plain
+    assert escape.markdown_text("-", inline=True) == "-"  # a cell's dash stays a dash
+    assert escape.markdown_text("- x") == "\\- x" and escape.markdown_text("1. x") == "1\\. x"
 
 
 def test_markdown_link_image_and_mention_are_dead() -> None:

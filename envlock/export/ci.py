@@ -47,8 +47,8 @@ def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str
     shown = [d for d in result.get("differences", []) if d.get("severity") != "info"]
     if shown:
         out += ["| severity | what | difference |", "|---|---|---|"]
-        out += [f"| {markdown_text(d.get('severity'))} | `{markdown_code(d.get('path'))}` | {markdown_text(d.get('message'))} |"
-                for d in shown]
+        out += [f"| {markdown_text(d.get('severity'), inline=True)} | `{markdown_code(d.get('path'))}` "
+                f"| {markdown_text(d.get('message'), inline=True)} |" for d in shown]
         out.append("")
     return "\n".join(out) + "\n" + summary
 

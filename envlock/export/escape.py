@@ -236,27 +236,34 @@ def latex_tt(value: object, *, every: int = 16) -> str:
 
 # -- markdown ------------------------------------------------------------------------------------
 
-# ASCII punctuation that can start markup: emphasis, code, links and images, raw HTML and
-# autolinks, tables, strikethrough, headings, entities, math ($ on GitHub). CommonMark lets
-# any ASCII punctuation be backslash-escaped, so the rendered text is the value itself.
-_MD_ESCAPE = re.compile(r"([\\`*_\[\]()<>|!~#&$])")
+# ASCII punctuation that can open markup anywhere in a line: code, emphasis (``*`` always, ``_``
+# only at a word's edge: CommonMark ignores intraword underscores, so ``sm_90`` stays as it is),
+# links and images (``[`` ``]``), raw HTML and autolinks (``<`` ``>``), table cells, strikethrough,
+# entities, math (``$`` on GitHub). CommonMark lets any ASCII punctuation be backslash-escaped,
+# so the rendered text is the value itself.
+_MD_ESCAPE = re.compile(r"([\\`*\[\]<>|~&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+# At the start of a line: a heading, a list item, a thematic break.
+_MD_LINE_START = re.compile(r"^(#{1,6}(?=\s|$)|[-+](?=\s|$)|(?:-\s*){3,}$)")
+_MD_ORDERED = re.compile(r"^(\d{1,9})(?=[.)](\s|$))")
 # `@name` notifies a user or team, `http://`, `www.` and `a@b.example` become links even
 # without markup (GFM autolinks): a zero-width space (as an entity, visible in the source)
 # keeps the text readable and inert.
 _ZWSP = "&#8203;"
 _MD_MENTION = re.compile(r"@(?=[A-Za-z0-9])")
-# At the start of a paragraph these open a list, a heading underline or a thematic break.
-_MD_BLOCK_START = re.compile(r"^([-+=]|\d{1,9}(?=[.)]))")
 _MD_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])(?=://)|(?<![a-z0-9])(www)(?=\.)")
 
 
-def markdown_text(value: object) -> str:
-    """Inline markdown (a table cell, a sentence) that renders as ``value``, on one line, with
-    no live markup: no link, image, HTML, mention or autolink, no break out of a table cell."""
+def markdown_text(value: object, *, inline: bool = False) -> str:
+    """Markdown that renders as ``value``, on one line, with no live markup: no link, image,
+    HTML, mention or autolink, no break out of a table cell.
+
+    ``inline``: the text never starts a line (a table cell, the middle of a sentence), so what
+    only means something at a line's start (``- ``, ``1. ``, ``# ``) is left as written.
+    """
     text = " ".join(safe(value).split())
     text = _MD_ESCAPE.sub(r"\\\1", text)
-    text = _MD_BLOCK_START.sub(lambda m: m.group() + "\\" if m.group()[0].isdigit() else "\\" + m.group(),
-                               text)
+    if not inline:
+        text = _MD_ORDERED.sub(r"\1\\", _MD_LINE_START.sub(r"\\\1", text))
     text = _MD_AUTOLINK.sub(lambda m: (m.group(1) or "") + _ZWSP, text)
     return _MD_MENTION.sub("@" + _ZWSP, text)
 
