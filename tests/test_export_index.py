@@ -247,3 +247,22 @@ def test_an_error_never_shows_the_index_credentials() -> None:
 def test_shown_keeps_what_names_the_index() -> None:
     assert shown("https://u:tok@h.example:8443/simple/?token=x#frag") == "https://h.example:8443/simple/?..."
     assert shown("https://h.example/simple/") == "https://h.example/simple/"
+
+
+@pytest.mark.parametrize(("target", "kept"), [
+    ("https://idx.example/simple/demo/", True),         # same origin
+    ("https://idx.example:443/other/", True),           # the default port is the same port
+    ("http://idx.example/simple/demo/", False),         # a downgrade to plain http
+    ("https://idx.example:8443/simple/demo/", False),   # another port is another origin
+    ("https://files.example/demo.whl", False),          # another host
+])
+def test_redirect_keeps_credentials_only_within_the_origin(target: str, kept: bool) -> None:
+    import urllib.request
+
+    from envlock.export.index import _SameOriginRedirects
+
+    req = urllib.request.Request("https://idx.example/simple/demo/",
+                                 headers={"Authorization": "Basic eDp5", "Accept": "text/html"})
+    new = _SameOriginRedirects().redirect_request(req, None, 302, "Found", {}, target)
+    assert new is not None and new.get_header("Accept") == "text/html"
+    assert (new.get_header("Authorization") == "Basic eDp5") is kept
