@@ -173,3 +173,23 @@ def test_pre_commit_hooks_with_try_repo(tmp_path: Path, restore_lock: LockFactor
     (repo / "env.lock").write_text(text)
     drift = try_repo("envlock-verify")
     assert drift.returncode == 1 and "Failed" in drift.stdout and "DRIFT" in drift.stdout
+
+
+def test_a_report_path_with_a_newline_sets_no_second_output(tmp_path: Path, restore_lock: LockFactory,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``report-path=<path>`` with a newline in the path would set an output of the path's
+    choosing; the heredoc form keeps it one value. Twin: an ordinary path is one plain line."""
+    from envlock.export import ci
+
+    lock = save(restore_lock(), tmp_path / "env.lock")
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"counts": {}, "differences": []}))
+    for name, multi in (("report.md", False), ("r\ndrift=none\nx.md", True)):
+        gh_out = tmp_path / f"out-{multi}"
+        monkeypatch.setenv("GITHUB_OUTPUT", str(gh_out))
+        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        rc = ci.main(["--json", str(result), "--lock", str(lock), "--report", str(tmp_path / name)])
+        path = tmp_path / name
+        want = (f"report-path<<ENVLOCK_EOF_0\n{path}\nENVLOCK_EOF_0\n" if multi else f"report-path={path}\n")
+        assert rc == 0
+        assert gh_out.read_text().split("\n", 2)[2] == want  # after short-id= and drift=none

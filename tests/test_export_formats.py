@@ -145,13 +145,39 @@ def test_values_cannot_break_out_of_yaml_or_shell(restore_lock: LockFactory, tmp
 
 
 def _shims(bindir: Path, log: Path) -> None:
-    """srun and apptainer as the cluster would run them, recording their argv (no cluster here)."""
+    """srun and apptainer as the cluster would run them, recording their argv (no cluster here);
+    apptainer also records the ``APPTAINERENV_*`` variables it would set in the container."""
     bindir.mkdir()
-    for name in ("srun", "apptainer"):
-        shim = bindir / name
-        shim.write_text(f'#!/bin/bash\nprintf "%s\\0" {name} "$@" >> "{log}"\n'
-                        + ('exec "$@"\n' if name == "srun" else ""))
+    srun = bindir / "srun"
+    srun.write_text(f'#!/bin/bash\nprintf "%s\\0" srun "$@" >> "{log}"\n'
+                    'while [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    app = bindir / "apptainer"
+    app.write_text(f'#!/bin/bash\nprintf "%s\\0" apptainer "$@" >> "{log}"\n'
+                   f'env -0 | grep -z "^APPTAINERENV_" | sort -z > "{log}.env" || true\n')
+    for shim in (srun, app):
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+
+
+def _run_sbatch(script: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """Run the sbatch script through the shims: (argv logged, variables for the container)."""
+    log = tmp_path / "argv"
+    log.unlink(missing_ok=True)
+    if not (tmp_path / "bin").exists():
+        _shims(tmp_path / "bin", log)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "ENVLOCK_WORKSPACE": str(tmp_path)}
+    subprocess.run(["bash", str(script)], check=True, env=env, cwd=tmp_path)
+    argv = log.read_text().split("\0")[:-1]
+    items = Path(f"{log}.env").read_text().split("\0")[:-1]
+    return argv, dict(i.removeprefix("APPTAINERENV_").split("=", 1) for i in items)
+
+
+def _shellcheck(script: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    if shutil.which("shellcheck"):
+        sc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True,
+                            check=False)
+        assert sc.returncode == 0, sc.stdout
 
 
 def test_slurm_script_runs_apptainer_by_digest(gpu_lock: Path, tmp_path: Path) -> None:
@@ -159,21 +185,32 @@ def test_slurm_script_runs_apptainer_by_digest(gpu_lock: Path, tmp_path: Path) -
     export(gpu_lock, "slurm", "--command", "python train.py --lr 3e-4", "-o", str(script))
     text = script.read_text()
     assert "#SBATCH --gpus=2\n" in text
-    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
-    if shutil.which("shellcheck"):
-        sc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True,
-                            check=False)
-        assert sc.returncode == 0, sc.stdout
-    log = tmp_path / "argv"
-    _shims(tmp_path / "bin", log)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-           "ENVLOCK_WORKSPACE": str(tmp_path)}
-    subprocess.run(["bash", str(script)], check=True, env=env, cwd=tmp_path)
-    argv = log.read_text().split("\0")[:-1]
-    want = ["apptainer", "exec", "--nv", "--cleanenv", "--env", "CUBLAS_WORKSPACE_CONFIG=:4096:8",
-                   "--env", "PYTHONHASHSEED=0", "--bind", f"{tmp_path}:/workspace", "--pwd", "/workspace",
-                   f"docker://registry.example:5000/lab/train@{DIGEST}", "python", "train.py", "--lr", "3e-4"]
-    assert argv == ["srun", *want, *want]  # srun got apptainer's argv, then apptainer ran
+    _shellcheck(script)
+    argv, env = _run_sbatch(script, tmp_path)
+    want = ["apptainer", "exec", "--nv", "--cleanenv", "--bind", f"{tmp_path}:/workspace", "--pwd", "/workspace",
+            f"docker://registry.example:5000/lab/train@{DIGEST}", "python", "train.py", "--lr", "3e-4"]
+    assert argv == ["srun", "--export=ALL", *want, *want]  # srun got apptainer's argv, then apptainer ran
+    assert env == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
+
+
+def test_slurm_variables_with_commas_arrive_whole(restore_lock: LockFactory, tmp_path: Path) -> None:
+    """Issue 18 item 5: ``--env A=x,LD_PRELOAD=...`` is two variables to srun and Apptainer. The
+    script passes APPTAINERENV_* instead (never split); no ``--env`` is written at all. Its twin:
+    an honest ``XLA_FLAGS`` with commas arrives whole."""
+    hostile = ":4096:8,LD_PRELOAD=/tmp/evil.so"
+    honest = "--xla_gpu_deterministic_ops=true,--xla_gpu_autotune_level=0"
+    lock = save(restore_lock(
+        image={"in_container": True, "source": "env", "reference": "r.example/x", "digest": DIGEST},
+        determinism={"torch_loaded": False, "env": {"CUBLAS_WORKSPACE_CONFIG": hostile, "XLA_FLAGS": honest}}),
+        tmp_path / "env.lock")
+    script = tmp_path / "job.sbatch"
+    export(lock, "slurm", "--command", "python train.py", "-o", str(script))
+    text = script.read_text()
+    assert "--env" not in text and "LD_PRELOAD" not in text.replace(hostile, "")
+    _shellcheck(script)
+    argv, env = _run_sbatch(script, tmp_path)
+    assert env == {"CUBLAS_WORKSPACE_CONFIG": hostile, "XLA_FLAGS": honest}
+    assert not [a for a in argv if "LD_PRELOAD" in a or "XLA" in a]
 
 
 def test_apptainer_definition(gpu_lock: Path) -> None:

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
+from envlock.errors import IndexUnavailable
 from envlock.export.artifacts import lock_tags, pick
-from envlock.export.index import IndexFile, SimpleIndex, parse_html, parse_json, redact
+from envlock.export.index import IndexFile, SimpleIndex, parse_html, parse_json, redact, shown
 
 WHEEL = "demo-1.0-py3-none-any.whl"
 BODY = b"not really a wheel, but bytes with a hash"
@@ -161,3 +162,107 @@ def test_fuzz_parse_json_rejects_or_reads(doc: dict[str, object]) -> None:
         assert not isinstance(doc.get("files"), list)
         return
     assert all(isinstance(r.filename, str) for r in rows)
+
+
+class _Recorder(_Pep691):
+    """Serves ``_Pep691``'s JSON page and wheel at ``/simple/demo/``; ``/redirect/...`` answers 302
+    to ``target`` + the rest of the path. Every request's Authorization header is recorded."""
+
+    target = ""
+    base = ""
+    hits: list[tuple[str, str | None]]
+
+    def do_GET(self) -> None:
+        self.hits.append((self.path, self.headers.get("Authorization")))
+        if self.path.startswith("/redirect/"):
+            self.send_response(302)
+            self.send_header("Location", self.target + self.path.removeprefix("/redirect"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[tuple[type[_Recorder], type[_Recorder]]]:
+    """Two indexes on 127.0.0.1, two ports: two origins, as two hosts would be. Each server
+    thread stops with the test (shutdown), a request times out after 10 s at most."""
+    handlers: list[type[_Recorder]] = [type(f"Host{i}", (_Recorder,), {"hits": [], "timeout": 10})
+                                       for i in (0, 1)]
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), h) for h in handlers]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for h, s in zip(handlers, servers, strict=True):
+        h.base = f"http://127.0.0.1:{s.server_address[1]}"
+    for t in threads:
+        t.start()
+    try:
+        yield handlers[0], handlers[1]
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
+def test_credentials_are_dropped_on_a_redirect_to_another_host(
+        two_hosts: tuple[type[_Recorder], type[_Recorder]]) -> None:
+    """Issue 18 item 2: urllib copied ``Authorization`` onto a 302 to another host."""
+    a, b = two_hosts
+    a.target = b.base
+    url = a.base.replace("http://", "http://alice:PW@") + "/redirect/simple"
+    assert SimpleIndex(url).files("demo", Version("1.0"))
+    assert [p for p, _ in a.hits] == ["/redirect/simple/demo/"] and a.hits[0][1] is not None
+    assert b.hits and all(auth is None for _, auth in b.hits), b.hits
+
+
+def test_credentials_survive_a_redirect_on_the_same_index(
+        two_hosts: tuple[type[_Recorder], type[_Recorder]]) -> None:
+    """Twin: a redirect within the index's own scheme, host and port keeps the credentials
+    (an index that moves its pages behind a 302 still works)."""
+    import base64
+
+    a, _ = two_hosts
+    a.target = a.base
+    url = a.base.replace("http://", "http://alice:PW@") + "/redirect/simple"
+    assert SimpleIndex(url).files("demo", Version("1.0"))
+    want = "Basic " + base64.b64encode(b"alice:PW").decode()
+    assert [auth for p, auth in a.hits if p == "/simple/demo/"] == [want]
+
+
+def test_an_error_never_shows_the_index_credentials() -> None:
+    """Twin pair: the message still names the index (scheme, host, port, path) but neither the
+    password nor a ``?token=`` query."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    ix = SimpleIndex(f"http://alice:PW-secret@127.0.0.1:{port}/simple?token=tok-secret")
+    with pytest.raises(IndexUnavailable) as err:
+        ix.files("demo", Version("1.0"))
+    text = f"{err.value.message} {err.value.hint}"
+    assert "PW-secret" not in text and "tok-secret" not in text and "alice" not in text
+    assert f"127.0.0.1:{port}/simple" in text
+
+
+def test_shown_keeps_what_names_the_index() -> None:
+    assert shown("https://u:tok@h.example:8443/simple/?token=x#frag") == "https://h.example:8443/simple/?..."
+    assert shown("https://h.example/simple/") == "https://h.example/simple/"
+
+
+@pytest.mark.parametrize(("target", "kept"), [
+    ("https://idx.example/simple/demo/", True),         # same origin
+    ("https://idx.example:443/other/", True),           # the default port is the same port
+    ("http://idx.example/simple/demo/", False),         # a downgrade to plain http
+    ("https://idx.example:8443/simple/demo/", False),   # another port is another origin
+    ("https://files.example/demo.whl", False),          # another host
+])
+def test_redirect_keeps_credentials_only_within_the_origin(target: str, kept: bool) -> None:
+    import urllib.request
+
+    from envlock.export.index import _SameOriginRedirects
+
+    req = urllib.request.Request("https://idx.example/simple/demo/",
+                                 headers={"Authorization": "Basic eDp5", "Accept": "text/html"})
+    new = _SameOriginRedirects().redirect_request(req, None, 302, "Found", {}, target)
+    assert new is not None and new.get_header("Accept") == "text/html"
+    assert (new.get_header("Authorization") == "Basic eDp5") is kept

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envlock.render import md_cell, md_code
+from envlock.export.escape import github_output, markdown_code, markdown_text
 
 FAIL_ON = ("breaking", "warning", "never")
 
@@ -38,8 +38,8 @@ def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str
     """The markdown a reviewer reads in the job summary or a PR comment."""
     counts = result.get("counts", {})
     level = drift_level(counts)
-    what = (f"`{md_code(lock_name, table=False)}` against this environment" if command == "verify"
-            else f"`{md_code(base_name or '?', table=False)}` → `{md_code(lock_name, table=False)}`")
+    what = (f"`{markdown_code(lock_name, table=False)}` against this environment" if command == "verify"
+            else f"`{markdown_code(base_name or '?', table=False)}` → `{markdown_code(lock_name, table=False)}`")
     verdict = {"none": "no drift", "warning": "warnings only", "breaking": "**breaking drift**"}[level]
     out = [f"### envlock {command}: {verdict}", "",
            f"{what}: {counts.get('breaking', 0)} breaking, {counts.get('warning', 0)} warning, "
@@ -47,8 +47,8 @@ def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str
     shown = [d for d in result.get("differences", []) if d.get("severity") != "info"]
     if shown:
         out += ["| severity | what | difference |", "|---|---|---|"]
-        out += [f"| {md_cell(d.get('severity'))} | `{md_code(d.get('path'))}` | {md_cell(d.get('message'))} |"
-                for d in shown]
+        out += [f"| {markdown_text(d.get('severity'), inline=True)} | `{markdown_code(d.get('path'))}` "
+                f"| {markdown_text(d.get('message'), inline=True)} |" for d in shown]
         out.append("")
     return "\n".join(out) + "\n" + summary
 
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     _append(os.environ.get("GITHUB_STEP_SUMMARY"), text)
     level = drift_level(result.get("counts", {}))
     _append(os.environ.get("GITHUB_OUTPUT"),
-            f"short-id={lock.short_id}\ndrift={level}\nreport-path={Path(args.report).resolve()}\n")
+            github_output("short-id", lock.short_id) + github_output("drift", level)
+            + github_output("report-path", str(Path(args.report).resolve())))
     return EXIT_DRIFT if fails(level, args.fail_on) else EXIT_OK
 
 

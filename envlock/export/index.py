@@ -64,6 +64,42 @@ class IndexFile:
         return None
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in: what a credential is for."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib copies every header of a request onto its redirect, ``Authorization`` included,
+    whatever host the ``Location`` names. A redirect to another scheme, host or port loses it
+    (as pip and requests do), so an index's credentials reach that index only."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in ("Authorization", "Proxy-Authorization", "Cookie"):
+                new.remove_header(name)
+                new.remove_header(name.capitalize())
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SameOriginRedirects)
+
+
+def shown(url: str) -> str:
+    """``url`` for an error message or a log: no user:password, and no query or fragment, where
+    index tokens travel (``?token=...``); a message never needs them to say which index."""
+    parts = urlsplit(redact(url))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")) + ("?..." if parts.query else "")
+
+
 def redact(url: str) -> str:
     """``url`` without user:password, for messages (the index URL may carry a token)."""
     parts = urlsplit(url)
@@ -154,13 +190,13 @@ class SimpleIndex:
     def __init__(self, url: str, *, cache: Path | None = None, refresh: bool = False) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https", "file"):
-            raise UsageError(f"index URL {redact(url)!r} is not http(s):// or file://")
+            raise UsageError(f"index URL {shown(url)!r} is not http(s):// or file://")
         # user:password in the URL becomes a Basic header, sent only to the index's own host;
         # the URL kept (for messages, the cache key and the export) has none.
-        self._auth: tuple[str, str] | None = None
+        self._auth: tuple[tuple[str, str, int | None], str] | None = None
         if parts.username is not None:
             token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
-            self._auth = (parts.netloc.rpartition("@")[2], "Basic " + token.decode())
+            self._auth = (_origin(url), "Basic " + token.decode())
         self.url = redact(url).rstrip("/") + "/"
         self.cache = cache
         self.refresh = refresh
@@ -173,7 +209,7 @@ class SimpleIndex:
 
     def _request(self, url: str, accept: str) -> urllib.request.Request:
         headers = {"Accept": accept, "User-Agent": "envlock"}
-        if self._auth and urlsplit(url).netloc == self._auth[0]:
+        if self._auth and _origin(url) == self._auth[0]:
             headers["Authorization"] = self._auth[1]
         return urllib.request.Request(url, headers=headers)
 
@@ -181,22 +217,22 @@ class SimpleIndex:
         """Body and content type; None for 404 (the project is not on this index)."""
         req = self._request(url, accept)
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            with _OPENER.open(req, timeout=TIMEOUT) as resp:
                 body = resp.read(MAX_PAGE + 1)
                 ctype = resp.headers.get("Content-Type", "") if hasattr(resp, "headers") else ""
         except urllib.error.HTTPError as exc:
             if exc.code in (404, 410):
                 return None
-            raise IndexUnavailable(f"{redact(url)} answered HTTP {exc.code}") from None
+            raise IndexUnavailable(f"{shown(url)} answered HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             if urlsplit(url).scheme == "file" and isinstance(exc, urllib.error.URLError) and \
                     isinstance(exc.reason, FileNotFoundError):
                 return None
             reason = getattr(exc, "reason", exc)
-            raise IndexUnavailable(f"cannot reach {redact(url)}: {reason}",
+            raise IndexUnavailable(f"cannot reach {shown(url)}: {_reason(reason)}",
                                    hint="pass --index-url, or --wheelhouse DIR to work offline") from None
         if len(body) > MAX_PAGE:
-            raise IndexUnavailable(f"{redact(url)} is larger than {MAX_PAGE >> 20} MiB")
+            raise IndexUnavailable(f"{shown(url)} is larger than {MAX_PAGE >> 20} MiB")
         return body, ctype or ""
 
     def _fetch(self, name: str) -> list[IndexFile]:
@@ -210,7 +246,7 @@ class SimpleIndex:
                 return parse_json(json.loads(body), page)
             return parse_html(body.decode("utf-8", "replace"), page)
         except ValueError as exc:
-            raise IndexUnavailable(f"{redact(page)} is not a simple-API page: {exc}") from None
+            raise IndexUnavailable(f"{shown(page)} is not a simple-API page: {exc}") from None
 
     def files(self, name: str, version: Version) -> list[IndexFile]:
         """Every file of ``name`` at exactly ``version`` (local label included), hashed."""
@@ -238,13 +274,13 @@ class SimpleIndex:
         h, size = hashlib.sha256(), 0
         req = self._request(f.url, "*/*")
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            with _OPENER.open(req, timeout=TIMEOUT) as resp:
                 for chunk in iter(lambda: resp.read(1 << 20), b""):
                     h.update(chunk)
                     size += len(chunk)
         except (urllib.error.URLError, OSError) as exc:
-            raise IndexUnavailable(f"{redact(f.url)} is listed but cannot be downloaded: "
-                                   f"{getattr(exc, 'reason', exc)}") from None
+            raise IndexUnavailable(f"{shown(f.url)} is listed but cannot be downloaded: "
+                                   f"{_reason(getattr(exc, 'reason', exc))}") from None
         return IndexFile(f.filename, f.url, h.hexdigest(), size, f.yanked)
 
 
@@ -279,4 +315,13 @@ def resolve(queries: Sequence[Query], *, workers: int = 8) -> dict[str, tuple[Si
 
 
 def names(indexes: Iterable[SimpleIndex]) -> str:
-    return ", ".join(redact(ix.url) for ix in indexes)
+    return ", ".join(shown(ix.url) for ix in indexes)
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _reason(reason: object) -> str:
+    """An OS or HTTP library's reason, with any URL in it shown as ``shown`` shows it (a
+    redirect's error can name the ``Location``, token and all)."""
+    return _URL_IN_TEXT.sub(lambda m: shown(m.group()), str(reason))

@@ -3,36 +3,29 @@
 Image by digest, ``nvidia.com/gpu`` limits from the lock's GPUs (or ``--gpus``), a non-root,
 no-privilege-escalation security context, the locked numerics variables, and the workspace as
 a volume (a PersistentVolumeClaim when named, else an emptyDir). Written as YAML whose every
-string is a JSON-quoted scalar, so no value can change the document's structure.
+string is a double-quoted, all-ASCII scalar (``escape.yaml_scalar``), so no value can change the
+document's structure and every value reads back as written.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
+from envlock.export import escape
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
 from envlock.lock import Lock
 
 UID = 1000
-_PLAIN = re.compile(r"^[A-Za-z][A-Za-z0-9./-]*$")  # keys that need no quotes in YAML
-
-
-def _key(k: str) -> str:
-    return k if _PLAIN.match(k) else json.dumps(k)
-
-
 def _yaml(value: Any, indent: int = 0) -> list[str]:
     pad = "  " * indent
     if isinstance(value, dict):
         lines: list[str] = []
         for k, v in value.items():
             if isinstance(v, (dict, list)) and v:
-                lines.append(f"{pad}{_key(k)}:")
+                lines.append(f"{pad}{escape.yaml_key(k)}:")
                 lines += _yaml(v, indent + 1)
             else:
-                lines.append(f"{pad}{_key(k)}: {json.dumps(v)}")
+                lines.append(f"{pad}{escape.yaml_key(k)}: {escape.yaml_scalar(v)}")
         return lines
     if isinstance(value, list):
         lines = []
@@ -42,9 +35,9 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
                 lines.append(f"{pad}- {sub[0].lstrip()}")
                 lines += sub[1:]
             else:
-                lines.append(f"{pad}- {json.dumps(item)}")
+                lines.append(f"{pad}- {escape.yaml_scalar(item)}")
         return lines
-    return [f"{pad}{json.dumps(value)}"]
+    return [f"{pad}{escape.yaml_scalar(value)}"]
 
 
 def job(lock: Lock, *, argv: list[str], image: str | None = None, gpus: int | None = None,
@@ -89,5 +82,5 @@ def job(lock: Lock, *, argv: list[str], image: str | None = None, gpus: int | No
 
 
 def render(lock: Lock, **kw: Any) -> str:
-    head = f"# Kubernetes Job for envlock {lock.short_id}; kubectl apply -f THIS_FILE\n"
+    head = f"# Kubernetes Job for envlock {escape.comment(lock.short_id)}; kubectl apply -f THIS_FILE\n"
     return head + "\n".join(_yaml(job(lock, **kw))) + "\n"

@@ -1,6 +1,6 @@
 """``envlock show --format latex``: a booktabs table for a paper's appendix.
 
-Every value passes ``escape`` (locks hold user text: notes, paths, package names), long
+Every value passes ``escape.latex`` (locks hold user text: notes, paths, package names), long
 unbreakable values (digests, fingerprints) get break points, and the table says how a
 reader replays the environment with envlock or with only uv/pip.
 """
@@ -9,31 +9,10 @@ from __future__ import annotations
 
 import re
 
+from envlock.export.escape import latex as escape
+from envlock.export.escape import latex_tt as tt
 from envlock.lock import Lock
 from envlock.render import replay_lines
-
-_SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}", '"': r"\textquotedbl{}",
-}
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def escape(value: object) -> str:
-    """Text that LaTeX typesets literally: specials escaped, control characters dropped."""
-    return _chars(" ".join(_CONTROL.sub("", str(value)).split()))
-
-
-def _chars(text: str) -> str:
-    return "".join(_SPECIAL.get(c, c) for c in text)
-
-
-def tt(value: object, *, every: int = 16) -> str:
-    """Monospace, with a break point every ``every`` characters (digests overflow otherwise)."""
-    raw = " ".join(_CONTROL.sub("", str(value)).split())
-    parts = [_chars(raw[i:i + every]) for i in range(0, len(raw), every)]
-    return r"\texttt{" + r"\allowbreak{}".join(parts) + "}"
 
 
 def _flag(value: bool | None) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from envlock import __version__
+from envlock.export import escape
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Plan
@@ -31,7 +32,7 @@ LABEL_CONTEXT = "org.envlock.context"
 
 
 def _exec(argv: Iterable[str]) -> str:
-    return json.dumps(list(argv))
+    return escape.dockerfile_exec(argv)
 
 
 def _pip(plan: Plan, *args: str) -> str:
@@ -132,7 +133,7 @@ def dockerfile(plan: Plan) -> str:
     ]
     if plan.env:
         lines += ["", "# Variables that change numerics, as captured."]
-        lines.append("ENV " + " ".join(f'{k}="{v}"' for k, v in plan.env))
+        lines.append("ENV " + " ".join(escape.dockerfile_env(k, v) for k, v in plan.env))
     lines += ["", "LABEL " + " \\\n      ".join(_label(k, v) for k, v in sorted(labels(plan).items())),
               f"USER {DEFAULT_UID}:{DEFAULT_UID}", f"WORKDIR {WORKDIR}", ""]
     return "\n".join(lines)
