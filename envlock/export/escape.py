@@ -178,9 +178,18 @@ def yaml_scalar(value: object) -> str:
     return "".join(out)
 
 
+YAML_KEY_MAX = 1024
+
+
 def yaml_key(key: str) -> str:
-    """A mapping key: bare when plainly a name (``app.kubernetes.io/name``), else quoted."""
-    return key if _YAML_KEY.match(key) else yaml_scalar(key)
+    """A mapping key: bare when plainly a name (``app.kubernetes.io/name``), else quoted.
+
+    YAML allows an implicit key of at most 1024 characters; a longer one would need the
+    explicit ``? key`` form, which no key envlock writes needs, so it is refused."""
+    text = key if _YAML_KEY.match(key) else yaml_scalar(key)
+    if len(text) > YAML_KEY_MAX:
+        raise _refuse("YAML mapping key", key, f"longer than YAML's {YAML_KEY_MAX} characters")
+    return text
 
 
 # -- GitHub Actions step outputs -----------------------------------------------------------------
