@@ -6,6 +6,8 @@ relatively and need no envlock installed. The directory itself leaves sys.path f
 module of the probe can shadow what the probed environment imports (``import platform``).
 """
 
+import importlib
+import importlib.util
 import os
 import sys
 
@@ -15,13 +17,8 @@ def _main() -> int:
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]
     if __package__:  # python -m envlock.probe
-        import importlib
-
         collect = importlib.import_module(__package__ + ".collect")
     else:
-        import importlib
-        import importlib.util
-
         spec = importlib.util.spec_from_file_location(
             "_envlock_probe", os.path.join(here, "__init__.py"), submodule_search_locations=[here])
         if spec is None or spec.loader is None:
@@ -35,9 +32,4 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    _code = _main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The document is out; skip the interpreter's teardown, which takes ~0.4 s once torch is
-    # loaded and sits on the critical path of every capture. Only when run as a program.
-    os._exit(_code)
+    sys.exit(_main())

@@ -9,13 +9,16 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
+from .flags import FLAGS, INT, REPEATED, SWITCH
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
@@ -26,12 +29,6 @@ from .source import PROBE_VERSION
 from .statcache import RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    import argparse
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
 
 DEFAULT_GIT_TIMEOUT = 5.0
 
@@ -202,67 +199,21 @@ def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    import argparse
-
+    """The probe's argument parser, built from the one table envlock writes them from."""
     parser = argparse.ArgumentParser(
         prog="probe", description="The envlock probe: prints what it knows about this environment as JSON.")
-    parser.add_argument("--no-torch", action="store_true")
-    parser.add_argument("--canary", action="store_true")
-    parser.add_argument("--image")
-    parser.add_argument("--cwd")
-    parser.add_argument("--indent", type=int)
-    parser.add_argument("--deep", action="store_true", help="hash every installed file")
-    parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
-    parser.add_argument("--no-cache", action="store_true", help="always import torch")
-    parser.add_argument("--git-exclude", action="append", default=[],
-                        help="a file to leave out of the git state (the lock being written)")
+    for flag in FLAGS:
+        if flag.kind == SWITCH:
+            parser.add_argument(flag.name, action="store_true", help=flag.help)
+        elif flag.kind == REPEATED:
+            parser.add_argument(flag.name, action="append", default=flag.default(), help=flag.help)
+        else:
+            parser.add_argument(flag.name, type=int if flag.kind == INT else str, help=flag.help)
     return parser
 
 
-_FLAGS = ("--no-torch", "--canary", "--deep", "--progress", "--no-cache")
-_OPTIONS = ("--image", "--cwd", "--indent", "--git-exclude")
-
-
-def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
-    """What ``parser().parse_args(argv)`` returns, for the spellings envlock itself passes
-    (every flag and option in full, a value after a space or "="); None for anything else,
-    which argparse reads (help, errors, abbreviations). argparse, with the shutil and gettext
-    it pulls in, costs ~4 ms of a ~40 ms probe run without torch."""
-    args: Dict[str, Any] = {name[2:].replace("-", "_"): False for name in _FLAGS}
-    args.update(image=None, cwd=None, indent=None, git_exclude=[])
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg in _FLAGS:
-            args[arg[2:].replace("-", "_")] = True
-            continue
-        name, eq, value = arg.partition("=")
-        if name not in _OPTIONS:
-            return None
-        if not eq:
-            if i == len(argv) or argv[i].startswith("-"):
-                return None  # argparse decides what a value that looks like an option means
-            value = argv[i]
-            i += 1
-        key = name[2:].replace("-", "_")
-        if key == "git_exclude":
-            args[key].append(value)
-        elif key == "indent":
-            try:
-                args[key] = int(value)
-            except ValueError:
-                return None
-        else:
-            args[key] = value
-    return args
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args is None:
-        args = vars(parser().parse_args(argv))
+    args = vars(parser().parse_args(sys.argv[1:] if argv is None else argv))
     here = os.path.dirname(os.path.abspath(__file__))  # never a distribution of its own
     # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
     # import's (cacheable) and it may fork hashing workers.

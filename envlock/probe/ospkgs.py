@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
-
-    Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
+Runner = Callable[[List[str], float], Tuple[Optional[int], bytes, str]]
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_INFO = "var/lib/dpkg/info"

@@ -12,14 +12,11 @@ import os
 import re
 import sys
 import time
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import ospkgs
 from .files import atomic_json, sha256
 from .packages import record_sha256
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Set, Tuple
 
 RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
 
