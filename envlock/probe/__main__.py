@@ -4,6 +4,7 @@ Run as a directory, this file is the top-level script and the package is not imp
 it is loaded here from this directory under a private name: its modules import each other
 relatively and need no envlock installed. The directory itself leaves sys.path first, so no
 module of the probe can shadow what the probed environment imports (``import platform``).
+The exit is an ordinary one: the interpreter's teardown runs as in any program.
 """
 
 import importlib

@@ -25,9 +25,8 @@ btrfs). Anything written later gets a ctime at least that much newer than the st
 racy file is simply hashed again next time, and stored then.
 
 One JSON file per environment (``sys.prefix`` and its site directories, hashed into the name),
-beside the torch facts: json because the C parser loads a torch venv's 17,600 entries (3.5 MB)
-in ~30 ms (a line format split in Python took twice as long), and a file someone else wrote
-cannot run code (pickle and marshal are out). Written through a temp file and a rename (last
+beside the torch facts: json because its C parser reads a torch venv's 17,600 entries (3.5 MB)
+faster than a line format split in Python, and a file someone else wrote cannot run code (pickle and marshal are out). Written through a temp file and a rename (last
 writer wins, never a torn file); a file that is unreadable, truncated, of another format or
 shape, or owned by another user is ignored and rewritten. Stdlib only, Python >= 3.8; never
 raises.

@@ -3,8 +3,8 @@ hold a secret, how distribution names normalise, and the determinism knobs.
 
 The probe applies them while collecting, the model enforces them on every value it accepts,
 and the runtime sets the knobs the probe reads; a rule written twice drifts apart, so each
-lives here once. Stdlib only and Python >= 3.8 like the rest of the probe, and cheap to
-import: the model and the runtime import it on their hot paths, so it imports no collector.
+lives here once. Stdlib only and Python >= 3.8 like the rest of the probe; the model and the
+runtime import it too, so it imports no collector.
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def _read_entry(path: str, limit: int) -> Any:
 class RecordDigests:
     """What the probe derives from RECORD files, remembered by their stat (see above).
 
-    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, ~60 ms to
-    digest; the digests of a small venv together cost more than the lookups), and for the
+    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, read and
+    sorted on every run otherwise; reading a stat is far less than reading the file), and for the
     torch-facts key the raw sha256 and the shared libraries a RECORD lists (``scan``).
     One file per interpreter.
     """
@@ -187,7 +187,7 @@ class RecordDigests:
 
 
 # ---------------------------------------------------------------------------------------------
-# OS package database: dpkg's status file (~12 ms to parse with 800 packages) or apk's
+# OS package database: dpkg's status file (one stanza per package, hundreds of them) or apk's
 # installed file, remembered by its stat (see above). rpm has no such file (a BerkeleyDB or
 # SQLite database with a journal, read through ``rpm -qa``) and is always asked.
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
     """``ospkgs.dpkg_owners``, remembered by the stat of dpkg's info directory (a list added or
     removed changes it) and of every list the scan read (the scan stops at the last one it
     needs, so the lists after it cannot change the answer). A system Python's capture on a
-    desktop-sized Debian reads a few hundred lists, ~20 ms."""
+    desktop-sized Debian would otherwise read a few hundred lists on every run."""
     path, key = _owners_key(info_dir, wanted)
     found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
     if found is not None:
