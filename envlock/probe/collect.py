@@ -26,7 +26,7 @@ from .packages import collect_conda, collect_packages, record_sha256
 from .procs import run_tool
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
-from .statcache import RecordDigests, load_os_packages
+from .statcache import Clock, RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
 
@@ -43,13 +43,16 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             cwd: Optional[str] = None, git_timeout: Optional[float] = None,
             nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
             deep: bool = False, cache: bool = False, progress: bool = False,
-            processes: bool = False, git_exclude: Sequence[str] = ()) -> Dict[str, Any]:
+            processes: bool = False, git_exclude: Sequence[str] = (),
+            now_ns: Clock = time.time_ns) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
 
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
     (see the ``cache`` module); only for a fresh interpreter, never a training process.
+
+    ``now_ns``: the clock the stat-keyed caches judge a file's age by (``statcache``).
     """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
@@ -71,16 +74,16 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["python"] = guard("python", collect_python)
     locations: Dict[str, str] = {}
     deep_locations: List[Tuple[str, str, str]] = []
-    records = guard("cache", RecordDigests) if cache else None
+    records = guard("cache", lambda: RecordDigests(now_ns)) if cache else None
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or record_sha256))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
-    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations,
-                                                                   cache=cache))
+    os_packages = guard("os_packages", lambda: collect_os_packages(
+        doc["packages"], locations, cache=cache, now_ns=now_ns))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
-        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache))
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache, now_ns))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
@@ -139,14 +142,15 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
-                        root: str = "/", cache: bool = False) -> Optional[Dict[str, Any]]:
+                        root: str = "/", cache: bool = False, now_ns: Clock = time.time_ns
+                        ) -> Optional[Dict[str, Any]]:
     """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
 
     ``cache``: reuse the parsed database while its file is unchanged (``statcache.load_os_packages``).
     """
     from . import ospkgs
 
-    db = load_os_packages(root, run_tool) if cache else ospkgs.load(root, run_tool)
+    db = load_os_packages(root, run_tool, now_ns) if cache else ospkgs.load(root, run_tool)
     if db is None:
         return None
     ospkgs.mark_system(packages, locations, db)
@@ -155,7 +159,7 @@ def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str
 
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
-                processes: bool, cache: bool) -> None:
+                processes: bool, cache: bool, now_ns: Clock = time.time_ns) -> None:
     """``--deep``: every file of every active distribution against its RECORD (deep.py).
 
     Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
@@ -173,7 +177,7 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
             sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
                              % (files, total_files, nbytes, total_bytes))
             sys.stderr.flush()
-    hashes = FileHashes([site for _, site, _ in locations], read=cache)
+    hashes = FileHashes([site for _, site, _ in locations], read=cache, now_ns=now_ns)
     report = deep.check(locations, progress=cb, processes=processes, stat_cache=hashes)
     hashes.save()
     report["stat_cache"] = hashes.state
