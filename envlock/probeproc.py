@@ -12,6 +12,7 @@ import signal
 import time
 
 from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
+from envlock.probe.flags import command_line
 
 # pathlib, subprocess, selectors, typing, json and shutil are imported where used, after the
 # probe is started (mypy treats any name TYPE_CHECKING as typing's).
@@ -77,24 +78,11 @@ def _which(name: str) -> str | None:
 def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = None,
                cwd: str | None = None, deep: bool = False, cache: bool = True,
                progress: bool = False, git_exclude: Sequence[str] = ()) -> list[str]:
-    args = []
-    for path in git_exclude:
-        args += ["--git-exclude", os.path.abspath(path)]
-    if not torch:
-        args.append("--no-torch")
-    if deep:
-        args.append("--deep")
-        if progress:
-            args.append("--progress")
-    if not cache:
-        args.append("--no-cache")
-    if canary:
-        args.append("--canary")
-    if image:
-        args += ["--image", image]
-    if cwd:
-        args += ["--cwd", cwd]
-    return args
+    """The probe's command line for these options, written from the probe's own flag table."""
+    return command_line({
+        "git_exclude": [os.path.abspath(path) for path in git_exclude], "no_torch": not torch,
+        "deep": deep, "progress": deep and progress, "no_cache": not cache, "canary": canary,
+        "image": image, "cwd": cwd})
 
 
 def probe_timeout() -> float:

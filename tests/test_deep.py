@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from helpers import REPO, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock.probe import deep, filehashes
+from envlock.probe import deep
 
 NAME = "demo_pkg"
 
@@ -161,10 +160,43 @@ def test_edited_missing_added_files_are_each_named(tmp_path: Path, venv: Path) -
         "modified": ["../../../bin/demo-cli", f"{NAME}/__init__.py"]}}
 
 
+# The probe's deep check run in-process in another interpreter, with a clock that reads past
+# the racy window of every file written so far (argv: the probe's directory, "cache" or not).
+_DEEP_LATER = """
+import importlib, importlib.util, json, os, sys, time
+here = sys.argv[1]
+spec = importlib.util.spec_from_file_location(
+    "_envlock_probe", os.path.join(here, "__init__.py"), submodule_search_locations=[here])
+package = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = package
+spec.loader.exec_module(package)
+collect = importlib.import_module("_envlock_probe.collect")
+racy = importlib.import_module("_envlock_probe.filehashes").RACY_NS
+doc = collect.collect(torch="no", deep=True, cache=sys.argv[2] == "cache", processes=True,
+                      skip_dir=here, now_ns=lambda: time.time_ns() + racy + 10**9)
+print(json.dumps(doc["deep"]))
+"""
+
+
+def _deep_later(venv: Path, cache: bool = True) -> dict[str, Any]:
+    """``verify --deep`` (``--no-cache`` unless ``cache``) as it would run once the files just
+    copied are older than the racy window: the probe in-process, its clock passed in."""
+    py = venv / "bin" / "python"
+    res = subprocess.run([str(py), "-I", "-c", _DEEP_LATER, str(REPO / "envlock" / "probe"),
+                          "cache" if cache else "no-cache"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=300)
+    assert res.returncode == 0, res.stderr
+    report: dict[str, Any] = json.loads(res.stdout)
+    return report
+
+
 def test_a_second_verify_deep_reads_only_what_changed(tmp_path: Path, venv: Path) -> None:
-    time.sleep(filehashes.RACY_NS / 1e9 + 0.2)  # the copy is new: let it leave the racy window
+    """The copy is new, so the cache stores nothing of it until the racy window has passed: the
+    runs that fill it pass a clock; the verifies that read it run as users run them."""
     lock = tmp_path / "env.lock"
-    _capture(venv, lock, "--deep")  # capture --deep hashes every file, and fills the cache
+    _capture(venv, lock, "--deep")
+    warm = _deep_later(venv)
+    assert warm["stat_cache"] == "used" and warm["hashed_files"] == warm["files"] > 20
 
     def deep_report(*extra: str) -> dict[str, Any]:
         res = _verify(venv, lock, "--deep", "--json", *extra)
@@ -173,10 +205,10 @@ def test_a_second_verify_deep_reads_only_what_changed(tmp_path: Path, venv: Path
         return report
 
     first = deep_report()
-    assert first["stat_cache"] == "used" and first["files"] > 20
-    assert (first["hashed_files"], first["hashed_bytes"]) == (0, 0)  # capture --deep left it warm
+    assert first["stat_cache"] == "used" and first["files"] == warm["files"]
+    assert (first["hashed_files"], first["hashed_bytes"]) == (0, 0)
     assert (first["cached_files"], first["cached_bytes"]) == (first["files"], first["bytes"])
-    full = deep_report("--no-cache")
+    full = _deep_later(venv, cache=False)
     assert full["stat_cache"] == "ignored" and full["cached_files"] == 0
     assert (full["hashed_files"], full["hashed_bytes"]) == (first["files"], first["bytes"])
     second = deep_report()  # --no-cache rewrote the cache: still warm

@@ -2,7 +2,9 @@
 
 Real files in real directories, real ``os.stat``: every case below is one a user can cause
 with an editor, ``touch``, ``cp`` or a reinstall. A file is cached only once its mtime and
-ctime are ``RACY_NS`` old, so the sites are built once per module and aged with one sleep.
+ctime are ``RACY_NS`` old by the cache's clock: the sites are built once per module, and every
+check runs with a clock that reads ``RACY_NS`` after the last of their files was written, so to
+the cache they are old, and whatever a test writes afterwards is racily new.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from envlock.probe import deep, filehashes
 from envlock.probe.filehashes import FileHashes
 
 INFO = "demo-1.0.dist-info"
-# One private site per test that edits files; all are aged by a single sleep.
+# One private site per test that edits files; all are aged by the one clock of ``Aged``.
 SITES = ("clean", "utime", "inode", "racy", "corrupt", "added", "nocache", "fuzz", "bounded")
 
 
@@ -56,28 +57,36 @@ def _demo_files() -> dict[str, bytes]:
     return files
 
 
-def _age(root: Path) -> None:
-    """Sleep until every file under ``root`` is older than the racy window (ctime included:
-    it cannot be set back, which is the point)."""
-    newest = max(p.stat().st_ctime_ns for p in root.rglob("*"))
-    wait = (newest + filehashes.RACY_NS - time.time_ns()) / 1e9 + 0.1
-    if wait > 0:
-        time.sleep(wait)
+class Aged:
+    """Sites built once, and the instant just past the racy window of the newest of their
+    files (ctime included: it cannot be set back, which is why a clock is passed instead)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        newest = max(max(p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in root.rglob("*"))
+        self.at = newest + filehashes.RACY_NS + 1
+
+    def __call__(self, name: str) -> Path:
+        return self.root / name
+
+    def now_ns(self) -> int:
+        return self.at
 
 
 @pytest.fixture(scope="module")
-def aged(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def aged(tmp_path_factory: pytest.TempPathFactory) -> Aged:
     root = tmp_path_factory.mktemp("aged")
     for name in SITES:
         _install(root / name, _demo_files())
     _install(root / "many", {f"many/m{i:04d}.py": f"x = {i}\n".encode() for i in range(2500)},
              wrong=("many/m0042.py",))
-    _age(root)
-    return lambda name: root / name
+    return Aged(root)
 
 
-def _check(site: Path, cache: Path, read: bool = True, **kw: Any) -> dict[str, Any]:
-    hashes = FileHashes([str(site)], read=read, directory=str(cache))
+def _check(site: Path, cache: Path, now_ns: Callable[[], int], read: bool = True,
+           **kw: Any) -> dict[str, Any]:
+    """One deep check of ``site`` with the cache in ``cache``, at the instant ``now_ns`` reads."""
+    hashes = FileHashes([str(site)], read=read, directory=str(cache), now_ns=now_ns)
     report = deep.check([("demo", str(site), INFO)], workers=2, stat_cache=hashes, **kw)
     hashes.save()
     report["stat_cache"] = hashes.state
@@ -89,15 +98,15 @@ def _entries(cache: Path, site: Path) -> dict[str, Any]:
 
 
 def test_a_second_clean_run_reads_nothing_and_equals_a_no_cache_run(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     site = aged("clean")
-    first = _check(site, tmp_path)
+    first = _check(site, tmp_path, aged.now_ns)
     assert (first["hashed_files"], first["cached_files"]) == (first["files"], 0) == (23, 0)
     assert first["hashed_bytes"] == first["bytes"] > 2_000_000
-    second = _check(site, tmp_path)
+    second = _check(site, tmp_path, aged.now_ns)
     assert (second["hashed_files"], second["hashed_bytes"]) == (0, 0)
     assert (second["cached_files"], second["cached_bytes"]) == (23, first["bytes"])
-    full = _check(site, tmp_path, read=False)
+    full = _check(site, tmp_path, aged.now_ns, read=False)
     assert full["stat_cache"] == "ignored" and second["stat_cache"] == "used"
     assert full["hashed_files"] == 23 and full["cached_files"] == 0
     assert second["dists"] == full["dists"] == {}
@@ -107,14 +116,14 @@ def test_a_second_clean_run_reads_nothing_and_equals_a_no_cache_run(
     assert "--no-cache re-hashes all" in line and "every file matches RECORD" in line
     assert "unchanged" not in summary(full) and "hashed in" in summary(full)
     ticks: list[tuple[int, int, int, int]] = []
-    _check(site, tmp_path, progress=lambda *a: ticks.append(a))
+    _check(site, tmp_path, aged.now_ns, progress=lambda *a: ticks.append(a))
     assert ticks[-1][0] == ticks[-1][1] == 23 and ticks[-1][2] == ticks[-1][3]
 
 
 def test_same_size_edit_with_mtime_set_back_is_found_by_its_ctime(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     site = aged("utime")
-    _check(site, tmp_path)
+    _check(site, tmp_path, aged.now_ns)
     path = site / "demo" / "sub" / "m07.py"
     before = path.stat()
     path.write_bytes(b"X = 9\n")  # same length as "X = 7\n"
@@ -123,17 +132,17 @@ def test_same_size_edit_with_mtime_set_back_is_found_by_its_ctime(
     assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
         before.st_size, before.st_mtime_ns, before.st_ino)
     assert after.st_ctime_ns != before.st_ctime_ns
-    report = _check(site, tmp_path)
+    report = _check(site, tmp_path, aged.now_ns)
     assert report["dists"] == {"demo": {"modified": ["demo/sub/m07.py"]}}
     assert report["hashed_files"] == 1 and report["cached_files"] == 22
 
 
 def test_a_file_replaced_by_another_inode_with_same_size_and_mtime_is_found(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     """ext4, xfs and tmpfs also give the renamed inode a new ctime; the inode is checked
     for file systems that do not."""
     site = aged("inode")
-    _check(site, tmp_path)
+    _check(site, tmp_path, aged.now_ns)
     path = site / "demo" / "data.bin"
     before = path.stat()
     other = site / "demo" / ".data.bin.new"
@@ -143,24 +152,28 @@ def test_a_file_replaced_by_another_inode_with_same_size_and_mtime_is_found(
     after = path.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     assert after.st_ino != before.st_ino
-    report = _check(site, tmp_path)
+    report = _check(site, tmp_path, aged.now_ns)
     assert report["dists"] == {"demo": {"modified": ["demo/data.bin"]}}
     assert report["hashed_files"] == 1
 
 
-def test_a_racily_fresh_file_is_not_stored(aged: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_racily_fresh_file_is_not_stored(aged: Aged, tmp_path: Path) -> None:
     site = aged("racy")
     path = site / "demo" / "sub" / "m03.py"
     path.write_bytes(b"X = 3\n")  # same bytes, written now: within the racy window
-    first = _check(site, tmp_path)
+    first = _check(site, tmp_path, aged.now_ns)
     stored = _entries(tmp_path, site)
     assert len(stored) == 22 and str(path) not in stored
     # Hashed again however often it is checked, until it is older than the window.
-    second = _check(site, tmp_path)
+    second = _check(site, tmp_path, aged.now_ns)
     assert second["hashed_files"] == 1 and first["dists"] == second["dists"] == {}
+    written = max(path.stat().st_mtime_ns, path.stat().st_ctime_ns)
+    later = _check(site, tmp_path, lambda: written + filehashes.RACY_NS + 1)  # the window passed
+    assert later["hashed_files"] == 1 and str(path) in _entries(tmp_path, site)
+    assert _check(site, tmp_path, aged.now_ns)["hashed_files"] == 0
     fresh = tmp_path / "fresh"
     _install(fresh, _demo_files())
-    assert _check(fresh, tmp_path)["hashed_files"] == 23
+    assert _check(fresh, tmp_path, aged.now_ns)["hashed_files"] == 23
     assert _entries(tmp_path, fresh) == {}
 
 
@@ -168,11 +181,11 @@ _VALID_HEAD = {"kind": filehashes.KIND, "format": filehashes.FORMAT, "prefix": s
 
 
 def test_corrupt_truncated_foreign_or_wrong_type_cache_is_ignored_and_rewritten(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     site = aged("corrupt")
     good = tmp_path / "good"
-    _check(site, good)
-    _check(site, good)
+    _check(site, good, aged.now_ns)
+    _check(site, good, aged.now_ns)
     path = filehashes.cache_path([str(site)], str(good))
     valid = Path(path).read_bytes()
     real = json.loads(valid)
@@ -197,30 +210,30 @@ def test_corrupt_truncated_foreign_or_wrong_type_cache_is_ignored_and_rewritten(
         cache = tmp_path / name.replace(" ", "-")
         cache.mkdir()
         Path(filehashes.cache_path([str(site)], str(cache))).write_bytes(data)
-        report = _check(site, cache)
+        report = _check(site, cache, aged.now_ns)
         assert report["hashed_files"] == 23 and report["dists"] == {}, name
-        again = _check(site, cache)  # rewritten: now loadable and used
+        again = _check(site, cache, aged.now_ns)  # rewritten: now loadable and used
         assert again["hashed_files"] == 0 and again["dists"] == {}, name
     if os.getuid() == 0:  # another user's file, valid in every other way, vouches for nothing
         theirs = tmp_path / "theirs"
         theirs.mkdir()
         Path(filehashes.cache_path([str(site)], str(theirs))).write_bytes(valid)
         os.chown(filehashes.cache_path([str(site)], str(theirs)), 12345, 12345)
-        assert _check(site, theirs)["hashed_files"] == 23
+        assert _check(site, theirs, aged.now_ns)["hashed_files"] == 23
     # A directory where the file should be: nothing to read, nothing written, no exception.
     blocked = tmp_path / "blocked"
     os.makedirs(filehashes.cache_path([str(site)], str(blocked)))
-    assert _check(site, blocked)["dists"] == {}
+    assert _check(site, blocked, aged.now_ns)["dists"] == {}
 
 
 def test_added_and_missing_files_are_named_with_a_warm_cache(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     site = aged("added")
-    _check(site, tmp_path)
+    _check(site, tmp_path, aged.now_ns)
     gone = site / "demo" / "sub" / "m11.py"
     gone.unlink()
     (site / "demo" / "sub" / "patch.py").write_text("X = 0\n")
-    report = _check(site, tmp_path)
+    report = _check(site, tmp_path, aged.now_ns)
     assert report["dists"] == {"demo": {"added": ["demo/sub/patch.py"],
                                         "missing": ["demo/sub/m11.py"]}}
     assert report["hashed_files"] == 1 and report["cached_files"] == 22
@@ -229,31 +242,31 @@ def test_added_and_missing_files_are_named_with_a_warm_cache(
 
 
 def test_no_cache_trusts_nothing_and_rewrites_the_cache(
-        aged: Callable[[str], Path], tmp_path: Path) -> None:
+        aged: Aged, tmp_path: Path) -> None:
     """A cache that lies (right stat, wrong hash) is believed by a normal run; --no-cache
     re-reads every file and replaces it with what it read."""
     site = aged("nocache")
-    _check(site, tmp_path)
+    _check(site, tmp_path, aged.now_ns)
     path = filehashes.cache_path([str(site)], str(tmp_path))
     doc = json.loads(Path(path).read_bytes())
     target = str(site / "demo" / "sub" / "m05.py")
     doc["entries"][target][5] = "A" * 43
     Path(path).write_text(json.dumps(doc))
-    assert _check(site, tmp_path)["dists"] == {"demo": {"modified": ["demo/sub/m05.py"]}}
-    full = _check(site, tmp_path, read=False)
+    assert _check(site, tmp_path, aged.now_ns)["dists"] == {"demo": {"modified": ["demo/sub/m05.py"]}}
+    full = _check(site, tmp_path, aged.now_ns, read=False)
     assert full["dists"] == {} and full["hashed_files"] == 23
-    after = _check(site, tmp_path)
+    after = _check(site, tmp_path, aged.now_ns)
     assert after["dists"] == {} and after["hashed_files"] == 0
 
 
-def test_the_cache_is_bounded(aged: Callable[[str], Path], tmp_path: Path,
+def test_the_cache_is_bounded(aged: Aged, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     site = aged("bounded")
     for i in range(filehashes.MAX_ENVIRONMENTS + 5):  # files of environments checked earlier
         (tmp_path / f"filehashes-old{i:02d}.json").write_text("{}")
         os.utime(tmp_path / f"filehashes-old{i:02d}.json", (1000 + i, 1000 + i))
     monkeypatch.setattr(filehashes, "MAX_ENTRIES", 3)
-    _check(site, tmp_path)
+    _check(site, tmp_path, aged.now_ns)
     names = sorted(n for n in os.listdir(tmp_path) if n.startswith("filehashes-"))
     assert len(names) == filehashes.MAX_ENVIRONMENTS
     assert "filehashes-old00.json" not in names  # the oldest went, this one stayed
@@ -267,10 +280,10 @@ import json, sys
 from envlock.probe import deep
 from envlock.probe.filehashes import FileHashes
 
-site, cache = sys.argv[1], sys.argv[2]
+site, cache, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 found = []
 for n in range(6):
-    hashes = FileHashes([site], read=n % 2 == 0, directory=cache)
+    hashes = FileHashes([site], read=n % 2 == 0, directory=cache, now_ns=lambda: at)
     report = deep.check([("many", site, "demo-1.0.dist-info")], workers=2, processes=True,
                         stat_cache=hashes)
     hashes.save()
@@ -279,11 +292,12 @@ print(json.dumps(found))
 """
 
 
-def test_concurrent_checks_sharing_one_cache_all_succeed(aged: Callable[[str], Path],
+def test_concurrent_checks_sharing_one_cache_all_succeed(aged: Aged,
                                                          tmp_path: Path) -> None:
     site = aged("many")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(site), str(tmp_path)],
+    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(site), str(tmp_path),
+                               str(aged.at)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
              for _ in range(2)]
     for proc in procs:
@@ -307,7 +321,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 @given(junk=st.binary(max_size=300), entries=st.dictionaries(st.sampled_from(["a", "b", "c"]), _JSON),
        shaped=st.booleans())
 def test_fuzz_any_cache_file_is_loaded_without_raising(
-        aged: Callable[[str], Path], tmp_path: Path, junk: bytes, entries: dict[str, Any],
+        aged: Aged, tmp_path: Path, junk: bytes, entries: dict[str, Any],
         shaped: bool) -> None:
     site = aged("fuzz")
     files = [str(site / "demo" / "sub" / f"m0{i}.py") for i in range(3)]
@@ -321,7 +335,7 @@ def test_fuzz_any_cache_file_is_loaded_without_raising(
     path.write_bytes(data)
     loaded = filehashes.load(str(path), sys.prefix, [str(site)])
     assert isinstance(loaded, dict)
-    hashes = FileHashes([str(site)], directory=str(tmp_path))
+    hashes = FileHashes([str(site)], directory=str(tmp_path), now_ns=aged.now_ns)
     found = hashes.lookup(files)
     assert len(found) == 3 and all(h is None or h.startswith("sha256=") for h in found)
     hashes.store(range(3), [_rec((Path(f)).read_bytes()) for f in files])

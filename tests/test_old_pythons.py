@@ -113,7 +113,8 @@ def test_probe_runs_under_older_interpreters(version: str) -> None:
     assert str(REPO) not in json.dumps(doc.get("packages", []))
 
 
-# What the probe reads without importing platform and sysconfig, and what they say.
+# What platform and sysconfig say under that interpreter: the probe records their answers,
+# field by field, on every Python it supports.
 _REFERENCE = """
 import json, platform, sys, sysconfig
 print(json.dumps({"os": platform.system() or sys.platform, "machine": platform.machine(),

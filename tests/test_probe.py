@@ -269,8 +269,7 @@ def test_every_probe_file_is_python38_syntax_and_stdlib_only() -> None:
     files = sorted(PROBE_PATH.glob("*.py"))
     assert {f.name for f in files} >= {"__init__.py", "__main__.py", "rules.py", "collect.py",
                                        "kernels.py", "ospkgs.py", "deep.py"}
-    # _sha2 is the standard library's name for _sha256 from Python 3.12 on (files.sha256).
-    stdlib = set(sys.stdlib_module_names) | {"__future__", "_sha2"}
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
     own = {f.stem for f in files}
     third_party: set[str] = set()
     for f in files:

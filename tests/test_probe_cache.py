@@ -1,9 +1,10 @@
 """The probe's stat-keyed caches: the OS package database and what RECORD files yield.
 
 Each entry is keyed by (dev, inode, size, mtime_ns, ctime_ns) of the file it was read from and
-is written only for a file that last changed more than ``SETTLE_NS`` ago. Files written by a
-test have just changed, so the tests that want an entry stored set ``SETTLE_NS`` to 0; the
-probe's own document must be the same with and without every statcache.
+is written only for a file that last changed more than ``SETTLE_NS`` ago by the cache's clock.
+Files written by a test have just changed, so the tests that want an entry stored set
+``SETTLE_NS`` to 0; the tests of the window itself keep it and pass a clock. The probe's own
+document must be the same with and without every statcache.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,13 @@ from envlock.probe import cache, ospkgs, packages, statcache
 from envlock.probe.collect import collect, collect_os_packages
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
+SETTLE_NS = statcache.SETTLE_NS  # the real window, before a fixture sets it to 0
+
+
+def _changed(path: Path) -> int:
+    """When ``path`` last changed, as the racy rule reads it."""
+    st = path.stat()
+    return max(st.st_mtime_ns, st.st_ctime_ns)
 
 
 @pytest.fixture
@@ -54,10 +63,11 @@ class Parses:
 
         monkeypatch.setattr(ospkgs, "parse_dpkg_status", counted)
 
-    def load(self, root: Path) -> tuple[dict[str, object], bool]:
+    def load(self, root: Path, now_ns: statcache.Clock | None = None
+             ) -> tuple[dict[str, object], bool]:
         """(the document of a cached load, whether it parsed the file)."""
         before = self.calls
-        db = statcache.load_os_packages(str(root))
+        db = statcache.load_os_packages(str(root), now_ns=now_ns or time.time_ns)
         assert db is not None
         return db.document(), self.calls > before
 
@@ -137,11 +147,16 @@ def test_another_parser_or_root_is_another_key(cache_home: Path, dpkg_root: Path
 
 def test_a_file_that_just_changed_is_not_remembered(cache_home: Path, dpkg_root: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Within the settle time a second change could leave the same stat: read it every time."""
-    monkeypatch.setattr(statcache, "SETTLE_NS", 3600 * 10**9)
+    """Within the settle time a second change could leave the same stat: read it every time;
+    once it has passed, the file is remembered."""
+    monkeypatch.setattr(statcache, "SETTLE_NS", SETTLE_NS)
     parses = Parses(monkeypatch)
-    assert parses.load(dpkg_root)[1] and parses.load(dpkg_root)[1]
+    changed = _changed(dpkg_root / ospkgs.DPKG_STATUS)
+    within, past = (lambda: changed + SETTLE_NS), (lambda: changed + SETTLE_NS + 1)
+    assert parses.load(dpkg_root, within)[1] and parses.load(dpkg_root, within)[1]
     assert not list(cache_home.glob("ospkgs-*.json"))
+    assert parses.load(dpkg_root, past)[1] and not parses.load(dpkg_root, within)[1]
+    assert len(list(cache_home.glob("ospkgs-*.json"))) == 1
 
 
 def test_corrupt_and_foreign_entries_are_ignored_and_rewritten(cache_home: Path, dpkg_root: Path,
@@ -389,12 +404,18 @@ def test_records_of_removed_distributions_are_dropped(cache_home: Path, site: Pa
 
 def test_a_record_that_just_changed_is_not_remembered(cache_home: Path, site: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(statcache, "SETTLE_NS", 3600 * 10**9)
+    monkeypatch.setattr(statcache, "SETTLE_NS", SETTLE_NS)
     make_dist(site, "fresh", "1.0")
-    digests = statcache.RecordDigests()
-    digests(str(site / "fresh-1.0.dist-info" / "RECORD"))
+    record = site / "fresh-1.0.dist-info" / "RECORD"
+    changed = _changed(record)
+    digests = statcache.RecordDigests(now_ns=lambda: changed + SETTLE_NS)
+    digests(str(record))
     digests.save()
     assert not list(cache_home.glob("records-*.json"))
+    digests = statcache.RecordDigests(now_ns=lambda: changed + SETTLE_NS + 1)
+    digests(str(record))
+    digests.save()
+    assert list(statcache.RecordDigests().entries) == [str(record)]
 
 
 def _torch_site(site: Path) -> Path:

@@ -10,7 +10,8 @@ One module per concern, all importing each other relatively so the package works
 name: ``rules`` (allow-lists, the secret rule, names, the determinism knob table), ``scrub``,
 ``files``, ``procs``, ``git``, ``system`` (platform and Python), ``packages``, ``torchstack``,
 ``gpu``, ``image``, ``env``, ``cache`` (torch facts), ``statcache`` (files parsed once, by
-stat), ``source`` (the probe's own files), the canary ``kernels``, ``ospkgs``, ``deep`` and the
-orchestration in ``collect``. This file stays empty: the model and the runtime import ``rules``
-on hot paths without pulling in collectors.
+stat), ``source`` (the probe's own files), the canary ``kernels``, ``ospkgs``, ``deep``, the
+command line ``flags`` (which envlock writes from too) and the orchestration in ``collect``.
+This file stays empty: the model and the runtime import ``rules`` and ``flags`` without
+pulling in collectors.
 """

@@ -4,8 +4,11 @@ Run as a directory, this file is the top-level script and the package is not imp
 it is loaded here from this directory under a private name: its modules import each other
 relatively and need no envlock installed. The directory itself leaves sys.path first, so no
 module of the probe can shadow what the probed environment imports (``import platform``).
+It leaves without the interpreter's teardown, once its one output is flushed (see the end).
 """
 
+import importlib
+import importlib.util
 import os
 import sys
 
@@ -15,13 +18,8 @@ def _main() -> int:
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]
     if __package__:  # python -m envlock.probe
-        import importlib
-
         collect = importlib.import_module(__package__ + ".collect")
     else:
-        import importlib
-        import importlib.util
-
         spec = importlib.util.spec_from_file_location(
             "_envlock_probe", os.path.join(here, "__init__.py"), submodule_search_locations=[here])
         if spec is None or spec.loader is None:
@@ -35,9 +33,13 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    _code = _main()
+    code = _main()
+    # The probe is a program with one output, written and flushed here. Once torch is imported,
+    # the interpreter's teardown (torch's exit handlers, unloading thousands of modules) takes
+    # about as long as a cached probe run itself, while envlock waits on this process's exit;
+    # nothing the probe holds needs it: its cache files are written atomically and closed
+    # before collect returns, and its subprocesses have been waited for. A deliberate exit
+    # without teardown, in this one place: a program run by path, never imported.
     sys.stdout.flush()
     sys.stderr.flush()
-    # The document is out; skip the interpreter's teardown, which takes ~0.4 s once torch is
-    # loaded and sits on the critical path of every capture. Only when run as a program.
-    os._exit(_code)
+    os._exit(code)

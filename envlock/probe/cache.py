@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import source
 from .files import atomic_json, read_text, sha256
@@ -17,10 +18,6 @@ from .packages import path_entries
 from .rules import canonicalize_name
 from .statcache import RecordDigests, prune, scan_record
 from .statcache import cache_dir as cache_dir  # where restore and the tests look for it
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.

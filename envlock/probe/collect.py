@@ -9,13 +9,16 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
+from .flags import FLAGS, INT, REPEATED, SWITCH
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
@@ -23,15 +26,9 @@ from .packages import collect_conda, collect_packages, record_sha256
 from .procs import run_tool
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
-from .statcache import RecordDigests, load_os_packages
+from .statcache import Clock, RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    import argparse
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
 
 DEFAULT_GIT_TIMEOUT = 5.0
 
@@ -46,13 +43,16 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             cwd: Optional[str] = None, git_timeout: Optional[float] = None,
             nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
             deep: bool = False, cache: bool = False, progress: bool = False,
-            processes: bool = False, git_exclude: Sequence[str] = ()) -> Dict[str, Any]:
+            processes: bool = False, git_exclude: Sequence[str] = (),
+            now_ns: Clock = time.time_ns) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
 
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
     (see the ``cache`` module); only for a fresh interpreter, never a training process.
+
+    ``now_ns``: the clock the stat-keyed caches judge a file's age by (``statcache``).
     """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
@@ -74,16 +74,16 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["python"] = guard("python", collect_python)
     locations: Dict[str, str] = {}
     deep_locations: List[Tuple[str, str, str]] = []
-    records = guard("cache", RecordDigests) if cache else None
+    records = guard("cache", lambda: RecordDigests(now_ns)) if cache else None
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or record_sha256))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
-    os_packages = guard("os_packages", lambda: collect_os_packages(doc["packages"], locations,
-                                                                   cache=cache))
+    os_packages = guard("os_packages", lambda: collect_os_packages(
+        doc["packages"], locations, cache=cache, now_ns=now_ns))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
-        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache))
+        guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache, now_ns))
     conda = guard("conda", collect_conda)
     if conda is not None:
         doc["conda"] = conda
@@ -142,14 +142,15 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
-                        root: str = "/", cache: bool = False) -> Optional[Dict[str, Any]]:
+                        root: str = "/", cache: bool = False, now_ns: Clock = time.time_ns
+                        ) -> Optional[Dict[str, Any]]:
     """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
 
     ``cache``: reuse the parsed database while its file is unchanged (``statcache.load_os_packages``).
     """
     from . import ospkgs
 
-    db = load_os_packages(root, run_tool) if cache else ospkgs.load(root, run_tool)
+    db = load_os_packages(root, run_tool, now_ns) if cache else ospkgs.load(root, run_tool)
     if db is None:
         return None
     ospkgs.mark_system(packages, locations, db)
@@ -158,7 +159,7 @@ def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str
 
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
-                processes: bool, cache: bool) -> None:
+                processes: bool, cache: bool, now_ns: Clock = time.time_ns) -> None:
     """``--deep``: every file of every active distribution against its RECORD (deep.py).
 
     Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
@@ -176,7 +177,7 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
             sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
                              % (files, total_files, nbytes, total_bytes))
             sys.stderr.flush()
-    hashes = FileHashes([site for _, site, _ in locations], read=cache)
+    hashes = FileHashes([site for _, site, _ in locations], read=cache, now_ns=now_ns)
     report = deep.check(locations, progress=cb, processes=processes, stat_cache=hashes)
     hashes.save()
     report["stat_cache"] = hashes.state
@@ -202,67 +203,21 @@ def run_canary(torch_mod: Any) -> Optional[Dict[str, Any]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    import argparse
-
+    """The probe's argument parser, built from the one table envlock writes them from."""
     parser = argparse.ArgumentParser(
         prog="probe", description="The envlock probe: prints what it knows about this environment as JSON.")
-    parser.add_argument("--no-torch", action="store_true")
-    parser.add_argument("--canary", action="store_true")
-    parser.add_argument("--image")
-    parser.add_argument("--cwd")
-    parser.add_argument("--indent", type=int)
-    parser.add_argument("--deep", action="store_true", help="hash every installed file")
-    parser.add_argument("--progress", action="store_true", help="deep progress on stderr")
-    parser.add_argument("--no-cache", action="store_true", help="always import torch")
-    parser.add_argument("--git-exclude", action="append", default=[],
-                        help="a file to leave out of the git state (the lock being written)")
+    for flag in FLAGS:
+        if flag.kind == SWITCH:
+            parser.add_argument(flag.name, action="store_true", help=flag.help)
+        elif flag.kind == REPEATED:
+            parser.add_argument(flag.name, action="append", default=flag.default(), help=flag.help)
+        else:
+            parser.add_argument(flag.name, type=int if flag.kind == INT else str, help=flag.help)
     return parser
 
 
-_FLAGS = ("--no-torch", "--canary", "--deep", "--progress", "--no-cache")
-_OPTIONS = ("--image", "--cwd", "--indent", "--git-exclude")
-
-
-def parse_args(argv: List[str]) -> Optional[Dict[str, Any]]:
-    """What ``parser().parse_args(argv)`` returns, for the spellings envlock itself passes
-    (every flag and option in full, a value after a space or "="); None for anything else,
-    which argparse reads (help, errors, abbreviations). argparse, with the shutil and gettext
-    it pulls in, costs ~4 ms of a ~40 ms probe run without torch."""
-    args: Dict[str, Any] = {name[2:].replace("-", "_"): False for name in _FLAGS}
-    args.update(image=None, cwd=None, indent=None, git_exclude=[])
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg in _FLAGS:
-            args[arg[2:].replace("-", "_")] = True
-            continue
-        name, eq, value = arg.partition("=")
-        if name not in _OPTIONS:
-            return None
-        if not eq:
-            if i == len(argv) or argv[i].startswith("-"):
-                return None  # argparse decides what a value that looks like an option means
-            value = argv[i]
-            i += 1
-        key = name[2:].replace("-", "_")
-        if key == "git_exclude":
-            args[key].append(value)
-        elif key == "indent":
-            try:
-                args[key] = int(value)
-            except ValueError:
-                return None
-        else:
-            args[key] = value
-    return args
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args is None:
-        args = vars(parser().parse_args(argv))
+    args = vars(parser().parse_args(sys.argv[1:] if argv is None else argv))
     here = os.path.dirname(os.path.abspath(__file__))  # never a distribution of its own
     # Run as a program, this is a fresh interpreter of our own: its torch state is a fresh
     # import's (cacheable) and it may fork hashing workers.

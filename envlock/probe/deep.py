@@ -246,6 +246,8 @@ def _fork_shards(paths: List[str], sizes: List[int], nproc: int, counter: _Count
                         out.write(_safe_hash(paths[i]).encode("utf-8", "surrogateescape") + b"\n")
                 code = 0
             finally:
+                # A forked child leaves without the parent's teardown: sys.exit would run the
+                # parent's atexit handlers and flush its copied stdio buffers a second time.
                 os._exit(code)
         os.close(wfd)
         collectors.append(_reader(pid, rfd, paths, sizes, idx, counter))

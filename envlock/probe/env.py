@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Dict, List
 
 from .files import read_bytes
 from .rules import env_allowed, recorded_name
 from .scrub import env_value
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Dict, List
 
 
 def process_set_env() -> List[str]:

@@ -6,35 +6,13 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from typing import Any, Optional
 
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from hashlib import _Hash
-    from typing import Any, Callable, Optional
-
-
-def _sha256_constructor() -> Callable[..., _Hash]:
-    """CPython's own sha256 (``_sha256``, ``_sha2`` from 3.12), else hashlib's.
-
-    ``import hashlib`` loads OpenSSL, ~3 ms of a ~40 ms probe run without torch; what the probe
-    hashes on every run is small (RECORD lines, a git diff, its own files), where the built-in
-    implementation is as good. Both compute the same function; hashlib stays the fallback for
-    builds without the built-in modules.
-    """
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found]  # Python 3.8-3.11
-    except ImportError:
-        try:
-            from _sha2 import sha256  # type: ignore[import-not-found]  # 3.12+
-        except ImportError:
-            from hashlib import sha256
-    constructor: Callable[..., _Hash] = sha256
-    return constructor
-
-
-sha256 = _sha256_constructor()
+# The one hash of the probe and of the lock seal (``envlock.lockcore`` imports it from here).
+sha256 = hashlib.sha256
 
 
 def read_text(path: str, limit: int = 1 << 20) -> Optional[str]:

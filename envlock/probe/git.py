@@ -7,14 +7,11 @@ overlap with the torch import. Stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .files import sha256
 from .procs import Proc
 from .scrub import strip_url
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 def _git_env() -> Dict[str, str]:

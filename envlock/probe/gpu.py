@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any, Dict, Optional, Tuple
 
 from .files import sha256
 from .rules import quiet
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
 
 DEFAULT_NVML_TIMEOUT = 10.0
 
@@ -130,24 +127,12 @@ class _PyNvml:
         self.m.nvmlShutdown()
 
 
-def _loadable(name: str) -> None:
-    """Raise what ``ctypes.CDLL(name)`` raises when the library cannot be loaded, without
-    importing ctypes (~2 ms of a probe run without torch, on every machine without a GPU).
-    ``CDLL`` calls this very ``dlopen`` with this mode, so the error reads the same."""
-    import _ctypes
-
-    dlopen = getattr(_ctypes, "dlopen", None)
-    if dlopen is not None:
-        dlopen(name, _ctypes.RTLD_LOCAL)
-
-
 def _nvml_query() -> Dict[str, Any]:
     try:
         import pynvml  # nvidia-ml-py
 
         nvml: Any = _PyNvml(pynvml)
     except ImportError:
-        _loadable("libnvidia-ml.so.1")
         nvml = _CtypesNvml()
     try:
         info: Dict[str, Any] = {"source": "nvml", "driver": nvml.driver()}

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any, Dict, Optional, Tuple
 
 from .files import read_text
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
 
 _CID_RE = re.compile(r"(?:docker|libpod|containers|crio|cri-containerd)[-/]([0-9a-f]{64})")
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .files import read_text, sha256
 from .rules import canonicalize_name
 from .scrub import strip_url
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:

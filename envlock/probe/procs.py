@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 
 class Proc:

@@ -3,22 +3,15 @@ hold a secret, how distribution names normalise, and the determinism knobs.
 
 The probe applies them while collecting, the model enforces them on every value it accepts,
 and the runtime sets the knobs the probe reads; a rule written twice drifts apart, so each
-lives here once. Stdlib only and Python >= 3.8 like the rest of the probe, and cheap to
-import: the model and the runtime import it on their hot paths, so it imports no collector.
+lives here once. Stdlib only and Python >= 3.8 like the rest of the probe; the model and the
+runtime import it too, so it imports no collector.
 """
 
 from __future__ import annotations
 
 import re
-from collections import namedtuple
 from functools import partial
-
-# No module of the probe imports typing at run time (a few milliseconds of every probe run,
-# which without torch takes a few dozen): annotations are strings (``from __future__ import
-# annotations``) and the names they use are imported for the type checker only.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 # What a redacted value reads as, in the probe's document and in a lock.
 REDACTED = "<redacted>"
@@ -144,26 +137,22 @@ def quiet(fn: Callable[[], Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-if TYPE_CHECKING:
-    class Knob(NamedTuple):
-        """One torch setting that changes numerics.
+class Knob(NamedTuple):
+    """One torch setting that changes numerics.
 
-        ``read(torch)`` and ``write(torch, value)`` may raise (a knob this torch lacks, a legacy
-        TF32 getter while the two TF32 APIs disagree); callers go through ``quiet`` or catch.
-        ``strict`` is what ``deterministic()`` sets it to, None for a knob it leaves alone (only
-        ``apply(lock)`` writes those). ``fp32_api`` marks the knobs of the ``fp32_precision`` tree,
-        which exist only where torch has it (torch >= 2.9).
-        """
+    ``read(torch)`` and ``write(torch, value)`` may raise (a knob this torch lacks, a legacy
+    TF32 getter while the two TF32 APIs disagree); callers go through ``quiet`` or catch.
+    ``strict`` is what ``deterministic()`` sets it to, None for a knob it leaves alone (only
+    ``apply(lock)`` writes those). ``fp32_api`` marks the knobs of the ``fp32_precision`` tree,
+    which exist only where torch has it (torch >= 2.9).
+    """
 
-        name: str
-        kind: type  # bool, int or str: its value's type in a lock
-        read: Callable[[Any], Any]
-        write: Callable[[Any, Any], None]
-        strict: Any = None
-        fp32_api: bool = False
-else:  # the same tuple, without typing
-    Knob = namedtuple("Knob", ("name", "kind", "read", "write", "strict", "fp32_api"),
-                      defaults=(None, False))
+    name: str
+    kind: type  # bool, int or str: its value's type in a lock
+    read: Callable[[Any], Any]
+    write: Callable[[Any, Any], None]
+    strict: Any = None
+    fp32_api: bool = False
 
 
 def _set(path: str, attr: str) -> Callable[[Any, Any], None]:

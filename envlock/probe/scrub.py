@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any, Dict, List, Optional, Tuple
 
 from .rules import MIN_SECRET_LEN, REDACTED, looks_secret
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.

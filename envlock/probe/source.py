@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import List, Optional
 
 from .files import sha256
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import List, Optional
 
 PROBE_VERSION = 1
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -12,14 +12,11 @@ import os
 import re
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import ospkgs
 from .files import atomic_json, sha256
 from .packages import record_sha256
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Set, Tuple
 
 RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
 
@@ -86,14 +83,18 @@ def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
 
 SETTLE_NS = 3 * 10**9  # above the coarsest timestamp granularity in use (FAT: 2 s)
 
+# "Now" in nanoseconds since the epoch, the scale of st_mtime_ns and st_ctime_ns. Each stat-keyed
+# cache takes its clock as a parameter, so a test can run the racy rule at any instant.
+Clock = Callable[[], int]
+
 
 def stat_key(st: os.stat_result) -> List[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def settled(st: os.stat_result) -> bool:
+def settled(st: os.stat_result, now_ns: Clock = time.time_ns) -> bool:
     """True when the file last changed long enough ago that its stat identifies its content."""
-    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS
+    return now_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS
 
 
 def _valid_key(value: Any) -> bool:
@@ -115,15 +116,16 @@ def _read_entry(path: str, limit: int) -> Any:
 class RecordDigests:
     """What the probe derives from RECORD files, remembered by their stat (see above).
 
-    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, ~60 ms to
-    digest; the digests of a small venv together cost more than the lookups), and for the
+    ``record_sha256`` of every distribution (torch's RECORD alone is ~15,000 lines, read and
+    sorted on every run otherwise; reading a stat is far less than reading the file), and for the
     torch-facts key the raw sha256 and the shared libraries a RECORD lists (``scan``).
-    One file per interpreter.
+    One file per interpreter. ``now_ns``: the clock of the racy rule (see above).
     """
 
     MAX_BYTES = 1 << 24
 
-    def __init__(self) -> None:
+    def __init__(self, now_ns: Clock = time.time_ns) -> None:
+        self.now_ns = now_ns
         h = sha256(("%s\0%s" % (sys.prefix, sys.executable)).encode("utf-8", "surrogateescape"))
         self.path = os.path.join(cache_dir(), "records-%s.json" % h.hexdigest()[:32])
         self.entries: Dict[str, List[Any]] = {}
@@ -157,7 +159,7 @@ class RecordDigests:
         if hit is not None and isinstance(hit[0], str):
             return hit[0]
         digest = record_sha256(path)
-        if digest is not None and settled(st):
+        if digest is not None and settled(st, self.now_ns):
             self.entries[path] = [stat_key(st), digest]
             self.dirty = True
         return digest
@@ -171,7 +173,7 @@ class RecordDigests:
                 and all(isinstance(x, str) for x in hit[1]):
             return hit[0], hit[1]
         found = scan_record(path)
-        if found is not None and settled(st):
+        if found is not None and settled(st, self.now_ns):
             self.scans[path] = [stat_key(st), found[0], found[1]]
             self.dirty = True
         return found
@@ -190,7 +192,7 @@ class RecordDigests:
 
 
 # ---------------------------------------------------------------------------------------------
-# OS package database: dpkg's status file (~12 ms to parse with 800 packages) or apk's
+# OS package database: dpkg's status file (one stanza per package, hundreds of them) or apk's
 # installed file, remembered by its stat (see above). rpm has no such file (a BerkeleyDB or
 # SQLite database with a journal, read through ``rpm -qa``) and is always asked.
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +244,10 @@ def database_from_entry(entry: Any, key: List[Any], root: str) -> Optional[ospkg
     return ospkgs.Database(manager, packages, root, dirs, specs)
 
 
-def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Optional[ospkgs.Database]:
-    """``ospkgs.load(root, run)``, remembered by the stat of the file it reads.
+def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None,
+                     now_ns: Clock = time.time_ns) -> Optional[ospkgs.Database]:
+    """``ospkgs.load(root, run)``, remembered by the stat of the file it reads; ``now_ns`` is
+    the clock of the racy rule, for this file and for the owners (``dpkg_owners``).
 
     Both database files are keyed (present or absent): ``load`` reads dpkg's when there is one,
     else apk's, so the pair decides what it reads.
@@ -263,12 +267,12 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None) -> Op
     if db is None:
         db = ospkgs.load(root, run)
         if db is not None and db.manager in ("dpkg", "apk") \
-                and all(settled(st) for st in stats if st is not None):
+                and all(settled(st, now_ns) for st in stats if st is not None):
             atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
                                "packages": db.packages, "apk_dirs": db.apk_dirs,
                                "specs": db.specs()})
     if db is not None:
-        db.dpkg_owners = dpkg_owners
+        db.dpkg_owners = lambda info_dir, wanted: dpkg_owners(info_dir, wanted, now_ns)
     return db
 
 
@@ -303,11 +307,11 @@ def owners_from_entry(entry: Any, key: List[Any], info_dir: str) -> Optional[Dic
     return found
 
 
-def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
+def dpkg_owners(info_dir: str, wanted: Set[str], now_ns: Clock = time.time_ns) -> Dict[str, str]:
     """``ospkgs.dpkg_owners``, remembered by the stat of dpkg's info directory (a list added or
     removed changes it) and of every list the scan read (the scan stops at the last one it
     needs, so the lists after it cannot change the answer). A system Python's capture on a
-    desktop-sized Debian reads a few hundred lists, ~20 ms."""
+    desktop-sized Debian would otherwise read a few hundred lists on every run."""
     path, key = _owners_key(info_dir, wanted)
     found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
     if found is not None:
@@ -319,7 +323,8 @@ def dpkg_owners(info_dir: str, wanted: Set[str]) -> Dict[str, str]:
     reads: List[Tuple[str, Optional[os.stat_result]]] = []
     found = ospkgs.dpkg_owners(info_dir, wanted, reads)
     done = [(name, st) for name, st in reads if st is not None]
-    if len(done) == len(reads) and settled(listing) and all(settled(st) for _, st in done) \
+    if len(done) == len(reads) and settled(listing, now_ns) \
+            and all(settled(st, now_ns) for _, st in done) \
             and atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
                                    "reads": [[name, stat_key(st)] for name, st in done],
                                    "found": found}):

@@ -9,15 +9,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Any, Dict, Optional, Tuple
 
 from .env import process_set_env
 from .files import sha256
 from .rules import NUMERICS_ENV, quiet, read_knobs
 from .scrub import env_value
-
-TYPE_CHECKING = False  # typing is imported by the type checker only, see rules.py
-if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
 
 
 def _cudnn_str(v: Optional[int]) -> Optional[str]:
