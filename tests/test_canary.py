@@ -175,6 +175,7 @@ def _envlock(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: Path) -> None:
     """ATEN_CPU_CAPABILITY picks torch's vectorised kernels, as a host with another CPU would."""
     lock = lockfile.load(canary_lock)
@@ -201,6 +202,7 @@ def test_cli_verify_reports_numeric_drift_from_a_cpu_isa_override(canary_lock: P
     assert "env.ATEN_CPU_CAPABILITY - -> default" in numeric[0]["message"]
 
 
+@pytest.mark.slow
 def test_cli_canary_against_a_lock(canary_lock: Path, tmp_path: Path) -> None:
     drift = _envlock("canary", "--against", str(canary_lock), "--json", cwd=tmp_path,
                      ATEN_CPU_CAPABILITY="default")

@@ -102,6 +102,7 @@ def test_the_walk_finds_the_free_text_fields() -> None:
     assert ("gpu", "devices", 0, "name") in paths and ("env",) in paths
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edited_lock())
 def test_every_string_a_field_can_hold_round_trips(doc: dict[str, Any]) -> None:
@@ -167,6 +168,7 @@ def lock_file() -> Iterator[Path]:
         yield Path(tmp) / "env.lock"
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(VALUE_LINES), hostile, st.booleans(), st.binary(max_size=64))

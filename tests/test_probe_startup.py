@@ -32,6 +32,7 @@ def _argparse(argv: list[str]) -> dict[str, Any] | None:
             return None
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
 @given(st.lists(_TOKENS, max_size=6))
 def test_own_argument_reading_agrees_with_argparse(argv: list[str]) -> None:

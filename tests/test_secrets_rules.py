@@ -310,6 +310,7 @@ _DOC = st.recursive(_TEXT | st.integers() | st.booleans() | st.none(),
                     max_leaves=25)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(_DOC, st.lists(_TEXT.filter(lambda s: len(s) >= 8), max_size=3))
 def test_precheck_equals_the_per_string_scrub(doc: object, secrets: list[str]) -> None:

@@ -101,6 +101,7 @@ def _probe_torch(capability: str | None) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.slow
 def test_same_torch_on_another_cpu_isa_has_the_same_fingerprint() -> None:
     """The dispatcher's ISA is a host fact: AVX2 and AVX512 hosts must share one id."""
     import torch  # noqa: F401 - a pinned dev dependency: without it this test would check nothing, so fail
