@@ -136,6 +136,7 @@ def test_floats_beyond_json_are_written_as_toml() -> None:
     assert doc["x"] == [float("inf"), -float("inf"), 1e300, 0.1]
 
 
+@pytest.mark.slow
 def test_writer_is_linear_in_table_size() -> None:
     # 20,000 [env] keys took over 100 s with tomlkit; here the whole dump is one join.
     env = {f"CUDA_X{i}": "v" for i in range(20000)}

@@ -220,6 +220,7 @@ def _check(db: ospkgs.Database | None) -> None:
     db.owners([])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_json)
 def test_loader_fuzz_arbitrary_json(entry: Any) -> None:

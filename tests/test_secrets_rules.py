@@ -157,6 +157,7 @@ def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
     return url, mark
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(_secret_urls(), st.sampled_from(["{u}", "see {u} now", "--index-url={u}", "a\n{u}\nb", "({u})"]))
 def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], context: str) -> None:
@@ -171,6 +172,7 @@ def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], cont
         assert scrub.strip_url(stripped) == stripped
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_SCHEME, _HOST, _PORT, _PATH, _SAFE_QUERY, _SAFE_FRAGMENT)
 def test_a_url_without_credentials_is_kept_verbatim(scheme: str, host: str, port: str, path: str,
@@ -213,6 +215,7 @@ def test_url_examples_from_the_issues() -> None:
 # -- issue: the working directory was treated as a secret ------------------------------------
 
 
+@pytest.mark.slow
 def test_project_venv_lock_keeps_real_paths_same_fingerprint_and_restores(tmp_path: Path) -> None:
     project = tmp_path / "paper"
     sub = project / "src" / "model"
