@@ -52,7 +52,7 @@ RICH: dict[str, Any] = {
         {"name": "numpy", "version": "2.1.0", "installer": "pip", "requested": True,
          "hashes": ["sha256:" + "f" * 64], "record_sha256": "1" * 64, "files_sha256": "2" * 64},
         {"name": "torch", "version": "2.13.0+cu126", "source": "url",
-         "url": "https://download.pytorch.org/whl/torch.whl", "record_sha256": "3" * 64},
+         "url": "https://torch-index.example/whl/torch.whl", "record_sha256": "3" * 64},
     ],
     "duplicates": [{"name": "numpy", "version": "1.26.0", "active_version": "2.1.0", "path_index": 3}],
     "probe": {"version": 1, "errors": {"git": "not a repository"}, "torch_facts": "cached"},

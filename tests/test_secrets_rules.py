@@ -141,7 +141,7 @@ def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
         url = f"{base}{host}{port}{path}{query}#{draw(st.sampled_from(['', 'token=', 'access_token=', 'x=']))}{mark}"
     elif where == 5:  # token-in-path index hosts
         url = draw(st.sampled_from([
-            "https://pypi.fury.io/{m}/acme/", "https://conda.anaconda.org/t/{m}/lab/noarch",
+            "https://pypi.fury.io/{m}/acme/", "https://conda.example/t/{m}/lab/noarch",
             "https://dl.cloudsmith.io/{m}/org/repo/python/simple/",
             "https://packagecloud.io/priv/{m}/org/repo/pypi/simple",
             "https://{h}/t/{m}/channel", "https://hooks.slack.com/services/T0/B0/{m}",
@@ -189,7 +189,7 @@ def test_url_examples_from_the_issues() -> None:
         "https://alice:p#SECRET@host/simple": "https://host/simple",
         "https://pypi.fury.io/SECRET/acme/": "https://pypi.fury.io/<redacted>/acme/",
         "https://pypi.fury.io/acme/x-1.0.whl": "https://pypi.fury.io/acme/x-1.0.whl",
-        "https://conda.anaconda.org/t/SECRET/lab": "https://conda.anaconda.org/t/<redacted>/lab",
+        "https://conda.example/t/SECRET/lab": "https://conda.example/t/<redacted>/lab",
         "https://h/x-1.0.whl#token=SECRET": "https://h/x-1.0.whl",
         "https://h/x-1.0.whl#sha256=abc": "https://h/x-1.0.whl#sha256=abc",
         "git+https://github.com/o/r.git@v1.0#egg=r": "git+https://github.com/o/r.git@v1.0#egg=r",
