@@ -114,10 +114,17 @@ apt_source_uris() {  # apt_source_uris SUITE_REGEX: the URIs of apt entries with
             }' "$f"
     done
 }
-os_codename() { (. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}"); }
-# Debian: the entry that serves this machine's own release (bookworm on the test hosts).
-DEBIAN_RELEASE="$(os_codename)"
-DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-$(apt_source_uris "${DEBIAN_RELEASE:-bookworm}" | head -n1)}"
+debian_codename() {  # this machine's Debian release (trixie), empty on other distributions
+    # shellcheck disable=SC1091  # the machine's own file
+    (. /etc/os-release 2>/dev/null && [[ "${ID:-}" == debian ]] && echo "${VERSION_CODENAME:-}")
+}
+# Debian: the entry serving bookworm (the release bootstrapped below), else, on a Debian
+# machine of another release, the entry serving that one (one archive serves every release).
+DEBIAN_RELEASE="bookworm"
+DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-$(apt_source_uris "$DEBIAN_RELEASE" | head -n1)}"
+if [[ -z "$DEBIAN_MIRROR" && -n "$(debian_codename)" ]]; then
+    DEBIAN_MIRROR="$(apt_source_uris "$(debian_codename)" | head -n1)"
+fi
 DEBIAN_MIRROR="${DEBIAN_MIRROR%/}"
 # Ubuntu (focal and jammy, for Python 3.8 and 3.10): an Ubuntu entry of the apt sources, if the
 # machine has one (any Ubuntu release's; the archive serves them all).
@@ -126,7 +133,7 @@ UBUNTU_MIRROR="${ENVLOCK_TEST_UBUNTU_MIRROR:-$(apt_source_uris "$UBUNTU_SUITES" 
 UBUNTU_MIRROR="${UBUNTU_MIRROR%/}"
 need_debian_mirror() {
     if [[ -z "$DEBIAN_MIRROR" ]]; then
-        log "no Debian mirror: no apt source serves ${DEBIAN_RELEASE:-bookworm}; set ENVLOCK_TEST_DEBIAN_MIRROR"
+        log "no Debian mirror: no apt source of this machine serves Debian; set ENVLOCK_TEST_DEBIAN_MIRROR"
         false
     fi
 }
