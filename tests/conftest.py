@@ -222,6 +222,23 @@ def _no_activated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+# PyTorch's wheel index is configuration (ENVLOCK_TORCH_INDEX_URL): unset unless a test asks
+# for one, and then an address under .example, never a real registry's.
+TORCH_INDEX = "https://torch-index.example/whl"
+
+
+@pytest.fixture(autouse=True)
+def _no_configured_torch_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENVLOCK_TORCH_INDEX_URL", raising=False)
+
+
+@pytest.fixture
+def torch_index(monkeypatch: pytest.MonkeyPatch) -> str:
+    """ENVLOCK_TORCH_INDEX_URL set to a stand-in base; the value."""
+    monkeypatch.setenv("ENVLOCK_TORCH_INDEX_URL", TORCH_INDEX)
+    return TORCH_INDEX
+
+
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated sys.path holding only the fake distributions a test writes."""

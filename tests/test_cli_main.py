@@ -122,6 +122,7 @@ def test_the_program_is_console_main() -> None:
     assert "console_main()" in (REPO / "envlock" / "__main__.py").read_text()
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     """A real SIGINT while the probe runs: one line on stderr, exit 130, no lock written."""
     started = tmp_path / "started"

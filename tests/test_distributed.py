@@ -65,6 +65,7 @@ def _differences(report: dict[str, object]) -> dict[int, list[str]]:
     return {m["rank"]: [d["path"] for d in m["differences"]] for m in mismatches}
 
 
+@pytest.mark.slow
 def test_check_names_exactly_the_rank_and_field_that_differ(tmp_path: Path) -> None:
     import torch.distributed as dist
 

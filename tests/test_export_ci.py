@@ -27,6 +27,7 @@ def tool(name: str) -> str:
     return shutil.which(name, path=str(BIN)) or name
 
 
+@pytest.mark.slow
 def test_action_metadata_validates(tmp_path: Path) -> None:
     ok = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-actions",
                          str(ROOT / "action.yml")], capture_output=True, text=True, check=False)
@@ -39,6 +40,7 @@ def test_action_metadata_validates(tmp_path: Path) -> None:
     assert bad.returncode != 0  # twin: the schema really checks
 
 
+@pytest.mark.slow
 def test_example_workflow_lints(tmp_path: Path) -> None:
     wf = ROOT / "examples" / "envlock-pr.yml"
     ok = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(wf)],
@@ -149,6 +151,7 @@ def _git(repo: Path, *args: str) -> None:
                     *args], check=True, capture_output=True)
 
 
+@pytest.mark.slow
 def test_pre_commit_hooks_with_try_repo(tmp_path: Path, restore_lock: LockFactory) -> None:
     """The real pre-commit runs the hooks of this checkout against a fresh repository."""
     repo = tmp_path / "project"

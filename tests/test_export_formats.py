@@ -52,6 +52,7 @@ def export(lock: Path, fmt: str, *extra: str) -> str:
     return r.stdout
 
 
+@pytest.mark.slow
 def test_cyclonedx_is_valid_1_6_with_purls_and_stack(gpu_lock: Path) -> None:
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
@@ -96,6 +97,7 @@ def _kubernetes_validate(path: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, check=False)
 
 
+@pytest.mark.slow
 def test_k8s_job_validates_strictly(gpu_lock: Path, tmp_path: Path) -> None:
     import yaml  # kubernetes-validate's own dependency
 
@@ -124,6 +126,7 @@ def test_k8s_job_validates_strictly(gpu_lock: Path, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "not pinned by digest" in bad.stderr
 
 
+@pytest.mark.slow
 def test_k8s_validator_rejects_a_broken_job(gpu_lock: Path, tmp_path: Path) -> None:
     """Twin of the test above: the validator really checks (a typo'd field fails)."""
     out = tmp_path / "job.yaml"
@@ -132,6 +135,7 @@ def test_k8s_validator_rejects_a_broken_job(gpu_lock: Path, tmp_path: Path) -> N
     assert _kubernetes_validate(out).returncode != 0
 
 
+@pytest.mark.slow
 def test_values_cannot_break_out_of_yaml_or_shell(restore_lock: LockFactory, tmp_path: Path) -> None:
     import yaml
 
@@ -225,6 +229,7 @@ def test_apptainer_definition(gpu_lock: Path) -> None:
     assert subprocess.run(["bash", "-n"], input=env, text=True, check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_cluster_exports_need_a_pinned_image(restore_lock: LockFactory, tmp_path: Path) -> None:
     lock = save(restore_lock(), tmp_path / "env.lock")  # captured outside any container
     for fmt in ("apptainer", "k8s", "slurm"):
@@ -246,6 +251,7 @@ def test_output_file_and_refusals(gpu_lock: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_an_existing_file_of_the_user_is_never_replaced(gpu_lock: Path, tmp_path: Path) -> None:
     notes = tmp_path / "job.yaml"
     notes.write_text("my own notes\n")

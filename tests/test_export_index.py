@@ -151,6 +151,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
                            max_leaves=20)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["files", "meta", "name"]), json_values | st.lists(
     st.dictionaries(st.sampled_from(["filename", "url", "hashes", "size", "yanked"]), json_values),

@@ -141,6 +141,7 @@ def test_missing_files_are_named_and_exit_3(isolated: Path, index: str, restore_
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_unreachable_index_exit_3_and_bad_url_exit_2(isolated: Path, restore_lock: LockFactory) -> None:
     from envlock.lock import save
 

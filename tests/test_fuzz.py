@@ -129,6 +129,7 @@ random_documents = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=300)
 @given(data=random_documents)
 def test_random_bytes(lock_file: Path, data: bytes) -> None:
@@ -146,6 +147,7 @@ def test_invalid_utf8_is_lock_invalid_not_unicode_error(tmp_path: Path) -> None:
         lockio.load(path)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(ALL_PATHS), values, st.sampled_from(["set", "delete", "add"]))
 def test_structural_mutations(path: tuple[Any, ...], value: Any, action: str) -> None:
@@ -165,6 +167,7 @@ def test_structural_mutations(path: tuple[Any, ...], value: Any, action: str) ->
     _answer(lambda: lockio.from_dict(doc))
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=300)
 @given(pos=st.integers(min_value=0, max_value=len(VALID_TEXT) - 1), insert=st.text(max_size=6),
        delete=st.integers(0, 6))
@@ -216,6 +219,7 @@ def sealed_edit(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return "edit " + (path[0] if path[0] != "envlock" else ".".join(map(str, path[:2]))), doc
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=200)
 @given(sealed_edit())
 def test_any_content_edit_breaks_the_seal(lock_file: Path, edit: tuple[str, dict[str, Any]]) -> None:

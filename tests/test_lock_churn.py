@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+import pytest
 from helpers import run_cli
 
 from envlock import lock as lockio
@@ -13,6 +14,7 @@ from envlock import lock as lockio
 ALLOWED = ("created_at = ", "integrity = ", "fingerprint = ")
 
 
+@pytest.mark.slow
 def test_two_captures_differ_only_in_time_and_seal(tmp_path: Path) -> None:
     import torch  # noqa: F401 - a pinned dev dependency: without it this test would check nothing, so fail
 

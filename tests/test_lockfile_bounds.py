@@ -102,6 +102,7 @@ def test_the_walk_finds_the_free_text_fields() -> None:
     assert ("gpu", "devices", 0, "name") in paths and ("env",) in paths
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edited_lock())
 def test_every_string_a_field_can_hold_round_trips(doc: dict[str, Any]) -> None:
@@ -135,6 +136,7 @@ def test_floats_beyond_json_are_written_as_toml() -> None:
     assert doc["x"] == [float("inf"), -float("inf"), 1e300, 0.1]
 
 
+@pytest.mark.slow
 def test_writer_is_linear_in_table_size() -> None:
     # 20,000 [env] keys took over 100 s with tomlkit; here the whole dump is one join.
     env = {f"CUDA_X{i}": "v" for i in range(20000)}
@@ -167,6 +169,7 @@ def lock_file() -> Iterator[Path]:
         yield Path(tmp) / "env.lock"
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(VALUE_LINES), hostile, st.booleans(), st.binary(max_size=64))

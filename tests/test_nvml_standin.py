@@ -62,6 +62,7 @@ def test_a_failing_init_is_reported_in_nvmls_words(env: dict[str, str]) -> None:
     assert out["error"] == "NVML unavailable: nvmlInit: Driver Not Loaded (NVML error 9)"
 
 
+@pytest.mark.slow
 def test_a_hanging_init_is_cut_off_at_the_timeout(env: dict[str, str]) -> None:
     out = _query(env, timeout=1, driver=True, STANDIN_NVML_MODE="hang")
     assert out["info"] is None and out["error"] == "NVML did not answer within 1s"

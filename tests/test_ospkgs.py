@@ -167,6 +167,7 @@ def test_parsers_never_raise_and_emit_only_valid_pins(text: str) -> None:
             assert s is None or re.fullmatch(SPEC_RE, s)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(_name, _version, _arch, st.booleans()), max_size=20, unique_by=lambda t: t[0]),
        st.text(alphabet=" abc.\n", max_size=80))
@@ -178,6 +179,7 @@ def test_dpkg_stanzas_round_trip(rows: list[tuple[str, str, str, bool]], descrip
     assert [(p["name"], p["version"], p["arch"]) for p in parsed] == [(n, v, a) for n, v, a, ok in rows if ok]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(_name, _version), max_size=20, unique_by=lambda t: t[0]))
 def test_apk_stanzas_round_trip(rows: list[tuple[str, str]]) -> None:

@@ -319,13 +319,13 @@ def test_conda_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     meta.mkdir()
     (meta / "cudatoolkit-11.8.0-h6a678d5_0.json").write_text(json.dumps({
         "name": "cudatoolkit", "version": "11.8.0", "build": "h6a678d5_0",
-        "channel": "https://user:pw@conda.anaconda.org/nvidia", "files": ["lib/libcudart.so"]}))
+        "channel": "https://user:pw@conda.example/nvidia", "files": ["lib/libcudart.so"]}))
     (meta / "history").write_text("")
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     assert system.prefix_kind() == "conda"
     conda = packages.collect_conda()
     assert conda == {"packages": [{"name": "cudatoolkit", "version": "11.8.0", "build": "h6a678d5_0",
-                                   "channel": "https://conda.anaconda.org/nvidia"}]}
+                                   "channel": "https://conda.example/nvidia"}]}
 
 
 def test_conda_built_wheel_is_not_a_local_file(site: Path) -> None:

@@ -235,12 +235,14 @@ def _check(db: ospkgs.Database | None) -> None:
     db.owners([])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_json)
 def test_loader_fuzz_arbitrary_json(entry: Any) -> None:
     _check(statcache.database_from_entry(entry, KEY, "/"))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["dpkg", "apk", "rpm", 3]), st.lists(_pkg | _json, max_size=5),
        st.lists(_spec | st.text(max_size=12), max_size=5),
@@ -347,6 +349,7 @@ def test_corrupt_or_foreign_owner_entries_are_ignored_and_rewritten(cache_home: 
         assert json.loads(entry.read_text()) == good
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_json)
 def test_owner_entry_fuzz(dpkg_root: Path, entry: Any) -> None:
@@ -445,6 +448,7 @@ def test_torch_key_is_the_same_with_remembered_scans(cache_home: Path, site: Pat
     assert cache.torch_cache_key(statcache.RecordDigests()) == cache.torch_cache_key() != live
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_json)
 def test_records_file_fuzz(tmp_path: Path, entry: Any) -> None:
@@ -483,6 +487,7 @@ def test_probe_document_is_the_same_with_and_without_the_caches(cache_home: Path
     assert first == live and doc(True) == live
 
 
+@pytest.mark.slow
 def test_concurrent_probes_share_one_cache(tmp_path: Path) -> None:
     """Four probes filling one empty cache at once: every document is the live one, and what
     is left is whole entries (written through a temp file and a rename), no temp files."""

@@ -8,6 +8,7 @@ import warnings
 from functools import partial
 from typing import Any
 
+import pytest
 import torch
 
 from envlock.lock import Determinism
@@ -65,6 +66,7 @@ def _write(target: dict[str, Any]) -> None:
                 return
 
 
+@pytest.mark.slow
 def test_every_knob_is_set_and_read_back_through_the_table() -> None:
     before = read_knobs(torch)
     # torch fixes the interop pool at the first parallel operation; the rest must take.

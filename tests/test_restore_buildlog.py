@@ -120,6 +120,7 @@ _chunk = st.dictionaries(st.sampled_from(["stream", "status", "aux", "error", "e
                          _value, max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_chunk, max_size=30))
 def test_any_stream_is_read_without_crashing_and_keeps_its_promises(chunks: list[dict[str, Any]]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.errors import NotRestorable, UnsafeValue, UsageError
+from envlock.errors import IndexUnavailable, NotRestorable, UnsafeValue, UsageError
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
 from envlock.restore.context import Options
@@ -95,7 +95,7 @@ TORCH_PKGS = [("nvidia-cublas-cu12", "12.1.3.1"), ("pip", "24.0"), ("six", "1.16
               ("torch", "2.4.1+cu121"), ("triton", "3.0.0"), ("zipp", "3.20.0")]
 
 
-def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockFactory) -> None:
+def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockFactory, torch_index: str) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
     plan = ctx.plan(lock, Options())
@@ -109,9 +109,10 @@ def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockF
     assert pos["torch"] < pos["packages"] < pos["tooling"]
     torch_run = next(line for line in df.splitlines() if line.startswith("RUN") and "torch.txt" in line)
     args = json.loads(torch_run[4:])
-    i = args.index("--index-url")
-    assert args[i + 1] == "https://download.pytorch.org/whl/cu121"
-    assert args[args.index("--extra-index-url") + 1] == "https://pypi.org/simple"
+    # PyTorch's index (configured) for the +cu121 build, beside the installer's own default
+    # index, which envlock leaves to pip's configuration.
+    assert args[args.index("--extra-index-url") + 1] == f"{torch_index}/cu121"
+    assert "--index-url" not in args
     assert "--no-deps" in args
     # Values that change often come last, so they never invalidate the torch layer.
     last_pip = max(m.start() for m in re.finditer(r"^RUN \[\"env\"", df, re.M))
@@ -119,12 +120,29 @@ def test_torch_and_nvidia_wheels_get_their_own_earlier_layer(restore_lock: LockF
     assert df.index('ENV NVIDIA_VISIBLE_DEVICES') > last_pip
 
 
-def test_every_run_with_lock_values_is_exec_form(restore_lock: LockFactory) -> None:
+def test_the_default_index_is_left_to_pip_and_pytorchs_must_be_configured(
+        restore_lock: LockFactory) -> None:
+    plain = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("six", "1.16.0")])
+    # No index of envlock's own: pip in the image uses its configured default.
+    assert "index-url" not in render(plain)
+    assert '"--index-url", "https://pypi.lab.example/simple"' in render(
+        plain, index_url="https://pypi.lab.example/simple")
+    cuda = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
+                        torch={"version": "2.4.1+cu121", "cuda": "12.1"})
+    # A +cu121 build is on no default index: without ENVLOCK_TORCH_INDEX_URL, a clear error
+    # before any build, rather than pip failing to find it inside one.
+    with pytest.raises(IndexUnavailable, match=r"\+cu121 come from PyTorch's wheel index"):
+        render(cuda)
+
+
+def test_every_run_with_lock_values_is_exec_form(restore_lock: LockFactory, torch_index: str) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
-    for line in render(lock).splitlines():
-        if line.startswith("RUN ") and "useradd" not in line:
-            assert isinstance(json.loads(line[4:]), list), line
+    runs = [line for line in render(lock).splitlines() if line.startswith("RUN ") and "useradd" not in line]
+    # One pip RUN per layer (torch, packages, tooling) at least: an empty list would check nothing.
+    assert len(runs) >= 3, runs
+    for line in runs:
+        assert isinstance(json.loads(line[4:]), list), line
 
 
 def test_determinism_env_user_workdir_and_labels(restore_lock: LockFactory) -> None:

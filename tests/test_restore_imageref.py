@@ -99,6 +99,7 @@ def _valid(draw: st.DrawFn) -> tuple[str, str | None, str | None]:
     return repo, draw(st.one_of(st.none(), _tag)), draw(st.one_of(st.none(), _digest))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(_valid())
 def test_every_reference_of_the_grammar_parses_into_its_parts(parts: tuple[str, str | None, str | None]) -> None:

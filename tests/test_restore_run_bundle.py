@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.errors import HashMismatch, HostIncompatible, NotRestorable, UsageError
+from envlock.errors import (
+    HashMismatch,
+    HostIncompatible,
+    IndexUnavailable,
+    NotRestorable,
+    UsageError,
+)
 from envlock.restore.run import parse_env, parse_ports, resolve_gpus
 from envlock.restore.tables import bases, driver_older, driver_requirement
 from envlock.restore.wheelhouse import MANIFEST, bundle, read_manifest, select
@@ -28,13 +34,29 @@ def test_driver_table_has_minor_version_compatibility_minima() -> None:
     assert driver_older("470.82.01", "525.60.13") and not driver_older("550.54.14", "525.60.13")
 
 
-def test_torch_index_follows_the_local_label() -> None:
+def test_torch_index_follows_the_local_label(torch_index: str) -> None:
     t = bases().torch
-    assert t.index_for("cu121") == "https://download.pytorch.org/whl/cu121"
-    assert t.index_for("cpu") == "https://download.pytorch.org/whl/cpu"
-    assert t.index_for("rocm6.2") == "https://download.pytorch.org/whl/rocm6.2"
+    assert t.index_for("cu121") == f"{torch_index}/cu121"
+    assert t.index_for("cpu") == f"{torch_index}/cpu"
+    assert t.index_for("rocm6.2") == f"{torch_index}/rocm6.2"
     assert t.index_for("dev") is None and t.index_for(None) is None
+    # An explicit base wins; {label} is replaced, a trailing slash does not double.
+    assert t.index_for("cu121", "https://mirror.example/torch/{label}/simple") == (
+        "https://mirror.example/torch/cu121/simple")
+    assert t.index_for("cpu", "https://mirror.example/whl/") == "https://mirror.example/whl/cpu"
     assert t.in_layer("nvidia-cudnn-cu12") and t.in_layer("torch") and not t.in_layer("numpy")
+
+
+def test_no_torch_index_configured_is_a_clear_error_only_when_a_label_needs_one() -> None:
+    t = bases().torch
+    # Versions without one of PyTorch's labels need no index of PyTorch's: the default serves them.
+    assert t.index_for("dev") is None and t.index_for(None) is None
+    with pytest.raises(IndexUnavailable) as exc:
+        t.index_for("cu121", hint="or restore with --wheelhouse")
+    assert exc.value.exit_code == 3
+    assert "+cu121" in exc.value.message and "PyTorch's wheel index" in exc.value.message
+    assert exc.value.hint is not None and "ENVLOCK_TORCH_INDEX_URL" in exc.value.hint
+    assert "--wheelhouse" in exc.value.hint
 
 
 def cuda_lock(restore_lock: LockFactory, cuda: str = "12.1") -> Any:

@@ -359,6 +359,7 @@ def test_apply_unsets_a_seed_the_lock_does_not_have(isolated: Path) -> None:
     assert "ENVLOCK_SEED" not in os.environ
 
 
+@pytest.mark.slow
 def test_interop_threads_fixed_at_start_are_reported(tmp_path: Path) -> None:
     script = """
 import json, warnings, torch, envlock
@@ -394,6 +395,7 @@ _STEPS = st.lists(st.sampled_from(sorted(_PUBLIC_SETTERS)), max_size=6, unique=T
     lambda names: st.tuples(*[st.tuples(st.just(n), _PUBLIC_SETTERS[n][0]) for n in names]))
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_STEPS, _STEPS)
 def test_apply_reproduces_a_recorded_flag_state_from_any_other(

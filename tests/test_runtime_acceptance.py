@@ -16,10 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO
 
 from envlock import lock as lockio
+
+# Each test runs training scripts in fresh interpreters that import torch: tens of seconds.
+pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "train_mnist_like.py"
 

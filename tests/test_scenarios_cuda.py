@@ -86,10 +86,11 @@ def test_f_cuda_torch_on_a_cpu_host(cuda_venv: Path, tmp_path: Path, capsys: pyt
     assert torch_layer["torch"] == "2.13.0" and {"triton", "cuda-toolkit"} <= set(torch_layer)
     assert not [n for n in others if n.startswith(("nvidia-", "cuda-"))], others
     dockerfile = (context / "Dockerfile").read_text()
-    # The torch layer comes first (cached apart from the rest) and from PyPI, where this CUDA
-    # build is the default: no download.pytorch.org index for a version without a local label.
+    # The torch layer comes first (cached apart from the rest) and from the installer's default
+    # index (PyPI), where this CUDA build is the default: no index of PyTorch's for a version
+    # without a local label, and no index written at all.
     assert dockerfile.index("requirements/torch.txt") < dockerfile.index("requirements/packages.txt")
-    assert "download.pytorch.org" not in dockerfile
+    assert "index-url" not in dockerfile
     why = ("the CUDA image is rendered, not built: ~4.8 GB of wheels, and no GPU here to run it "
            "(scenario g covers run --gpus with a stand-in driver)")
     steps.not_applicable("verify inside", why)

@@ -174,6 +174,7 @@ def rendered(world: World) -> dict[str, dict[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_leak_corpus_in_every_output(world: World, rendered: dict[str, dict[str, str]]) -> None:
     assert len(LEAKS) >= 70
     git_labels = iter(sorted(label for label in world.locks if label.startswith("git-")))
@@ -231,6 +232,7 @@ def _shown(case: Case, world: World, fmt: str, text: str) -> bool | None:
     return None
 
 
+@pytest.mark.slow
 def test_over_redaction_corpus_in_every_output(world: World, rendered: dict[str, dict[str, str]]) -> None:
     git_first = next(i for i, c in enumerate(ORDINARY) if c.where == "git")
     git_labels = iter(sorted(label for label in world.locks if label.startswith("git-"))[-2:])

@@ -141,7 +141,7 @@ def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
         url = f"{base}{host}{port}{path}{query}#{draw(st.sampled_from(['', 'token=', 'access_token=', 'x=']))}{mark}"
     elif where == 5:  # token-in-path index hosts
         url = draw(st.sampled_from([
-            "https://pypi.fury.io/{m}/acme/", "https://conda.anaconda.org/t/{m}/lab/noarch",
+            "https://pypi.fury.io/{m}/acme/", "https://conda.example/t/{m}/lab/noarch",
             "https://dl.cloudsmith.io/{m}/org/repo/python/simple/",
             "https://packagecloud.io/priv/{m}/org/repo/pypi/simple",
             "https://{h}/t/{m}/channel", "https://hooks.slack.com/services/T0/B0/{m}",
@@ -157,6 +157,7 @@ def _secret_urls(draw: st.DrawFn) -> tuple[str, str]:
     return url, mark
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(_secret_urls(), st.sampled_from(["{u}", "see {u} now", "--index-url={u}", "a\n{u}\nb", "({u})"]))
 def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], context: str) -> None:
@@ -171,6 +172,7 @@ def test_a_secret_in_any_url_position_never_survives(case: tuple[str, str], cont
         assert scrub.strip_url(stripped) == stripped
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_SCHEME, _HOST, _PORT, _PATH, _SAFE_QUERY, _SAFE_FRAGMENT)
 def test_a_url_without_credentials_is_kept_verbatim(scheme: str, host: str, port: str, path: str,
@@ -187,7 +189,7 @@ def test_url_examples_from_the_issues() -> None:
         "https://alice:p#SECRET@host/simple": "https://host/simple",
         "https://pypi.fury.io/SECRET/acme/": "https://pypi.fury.io/<redacted>/acme/",
         "https://pypi.fury.io/acme/x-1.0.whl": "https://pypi.fury.io/acme/x-1.0.whl",
-        "https://conda.anaconda.org/t/SECRET/lab": "https://conda.anaconda.org/t/<redacted>/lab",
+        "https://conda.example/t/SECRET/lab": "https://conda.example/t/<redacted>/lab",
         "https://h/x-1.0.whl#token=SECRET": "https://h/x-1.0.whl",
         "https://h/x-1.0.whl#sha256=abc": "https://h/x-1.0.whl#sha256=abc",
         "git+https://github.com/o/r.git@v1.0#egg=r": "git+https://github.com/o/r.git@v1.0#egg=r",
@@ -213,6 +215,7 @@ def test_url_examples_from_the_issues() -> None:
 # -- issue: the working directory was treated as a secret ------------------------------------
 
 
+@pytest.mark.slow
 def test_project_venv_lock_keeps_real_paths_same_fingerprint_and_restores(tmp_path: Path) -> None:
     project = tmp_path / "paper"
     sub = project / "src" / "model"
@@ -310,6 +313,7 @@ _DOC = st.recursive(_TEXT | st.integers() | st.booleans() | st.none(),
                     max_leaves=25)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(_DOC, st.lists(_TEXT.filter(lambda s: len(s) >= 8), max_size=3))
 def test_precheck_equals_the_per_string_scrub(doc: object, secrets: list[str]) -> None:

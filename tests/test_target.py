@@ -198,6 +198,7 @@ def _display_path_with_pathlib(path: str, cwd: Path) -> str:
 _PARTS = st.sampled_from(["", ".", "..", "a", "b", ".venv", "x y", "~"])
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(_PARTS, max_size=5), st.lists(_PARTS, max_size=4),
        st.sampled_from(["/", "//", "///", ""]), st.sampled_from(["/", "//", ""]),

@@ -101,6 +101,7 @@ def _probe_torch(capability: str | None) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.slow
 def test_same_torch_on_another_cpu_isa_has_the_same_fingerprint() -> None:
     """The dispatcher's ISA is a host fact: AVX2 and AVX512 hosts must share one id."""
     import torch  # noqa: F401 - a pinned dev dependency: without it this test would check nothing, so fail
@@ -146,6 +147,7 @@ lines = st.one_of(st.sampled_from(KNOWN_LINES), st.text(max_size=80),
                   st.builds(lambda k, v: f"  - {k}: {v}", st.text(max_size=20), st.text(max_size=40)))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(lines, max_size=25), st.text(max_size=200))
 def test_fuzz_parser_never_raises_and_output_validates(show_lines: list[str], parallel: str) -> None:

@@ -9,10 +9,14 @@ are looked up on the PyTorch index that serves that label first.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -20,7 +24,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from envlock.errors import ArtifactsMissing
+from envlock.errors import ArtifactsMissing, IndexUnavailable
 from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, redact, resolve
 from envlock.lock import Lock, Package
 
@@ -65,18 +69,49 @@ class Sources:
     skip: frozenset[str] = field(default_factory=frozenset)  # normalised names
 
 
-def main_index(lock: Lock, override: str | None) -> str:
-    """``--index-url``, else the index the lock's environment was told to use, else PyPI."""
-    from envlock.restore.tables import bases
-
+def main_index(lock: Lock, override: str | None) -> str | None:
+    """``--index-url``, else the index the lock's environment was told to use; None when
+    neither names one, and the installer's own default applies (``default_index``)."""
     if override:
         return override
     for var in INDEX_ENV:
         value = lock.env.get(var, "")
-        # A redacted or credential-stripped value cannot be used; fall through to PyPI.
+        # A redacted or credential-stripped value cannot be used; fall through to the default.
         if value.startswith(("http://", "https://")) and "<" not in value:
             return value
-    return bases().pypi
+    return None
+
+
+@lru_cache(maxsize=1)
+def default_index() -> str:
+    """The index pip would use here, to resolve hashes from when nothing else names one.
+
+    envlock keeps no registry address of its own: pip's and uv's variables, then pip's
+    configuration files (``pip config list``), then pip's built-in default, read from pip.
+    """
+    for var in INDEX_ENV:
+        value = os.environ.get(var, "").strip()
+        if value.startswith(("http://", "https://")):
+            return value
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+        listed = proc.stdout if proc.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        listed = ""
+    for section in ("download", "install", "global"):
+        m = re.search(rf"^{section}\.index-url='([^']+)'$", listed, re.M)
+        if m:
+            return m.group(1)
+    try:
+        models = importlib.import_module("pip._internal.models.index")
+        url = getattr(getattr(models, "PyPI"), "simple_url")  # noqa: B009 - pip has no public API
+    except (ImportError, AttributeError):
+        url = None
+    if not isinstance(url, str) or not url:
+        raise IndexUnavailable("no package index is configured and pip is not installed to say its "
+                               "default", hint="pass --index-url URL or set PIP_INDEX_URL")
+    return url
 
 
 def torch_index(pkg: Package, override: str | None) -> str | None:
@@ -89,7 +124,7 @@ def torch_index(pkg: Package, override: str | None) -> str | None:
     label = str(local)
     if override:
         return override.replace("{label}", label)
-    return bases().torch.index_for(label)
+    return bases().torch.index_for(label, hint="or pass --torch-index-url")
 
 
 def lock_tags(lock: Lock) -> frozenset[Tag] | None:
@@ -222,7 +257,7 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
                 pool[url] = SimpleIndex(url, cache=cache, refresh=sources.refresh)
             return pool[url]
 
-        main = main_index(lock, sources.index_url)
+        main = main_index(lock, sources.index_url) or default_index()
         queries = []
         for pkg in by_index:
             t = torch_index(pkg, sources.torch_index_url)

@@ -136,9 +136,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing -o file of any origin")
     g = p.add_argument_group("package files (pylock, requirements)")
     g.add_argument("--index-url", help="simple-API index for packages (default: the index the "
-                                       "lock's environment used, else PyPI)")
-    g.add_argument("--torch-index-url", help="index for +cpu/+cuXXX builds ({label} is replaced "
-                                             "by the label; default: the PyTorch index)")
+                                       "lock's environment used, else pip's configured index)")
+    g.add_argument("--torch-index-url", help="PyTorch's wheel index for +cpu/+cuXXX builds ({label} "
+                                             "is replaced by the label, or it is appended; default: "
+                                             "$ENVLOCK_TORCH_INDEX_URL)")
     g.add_argument("--wheelhouse", help="offline: take files from this `envlock bundle` directory")
     g.add_argument("--skip", action="append", metavar="NAME", help="leave this package out")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the index cache")

@@ -1,18 +1,18 @@
 """``export --to requirements``: exact pins with hashes for ``pip install --require-hashes -r``.
 
 pip reads one index per file (plus extras), so the PyTorch index that serves ``+cuXXX`` builds
-goes in an ``--extra-index-url`` line; hashes keep pip from taking any other file from it.
+goes in an ``--extra-index-url`` line; hashes keep pip from taking any other file from it. The
+main index is written only when the lock or ``--index-url`` names one: otherwise it is left to
+the installer's own configuration, as the user's pip or uv would pick it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from envlock.export.artifacts import Resolved
+from envlock.export.artifacts import Resolved, default_index
 from envlock.export.index import redact
 from envlock.lock import Lock
-
-_PYPI = "https://pypi.org/simple"
 
 
 def _hashes(r: Resolved) -> list[str]:
@@ -28,11 +28,12 @@ def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = Non
     if wheelhouse is not None:
         opts += ["--no-index", f"--find-links {wheelhouse}"]
     else:
-        if main_index and main_index.rstrip("/") != _PYPI:
+        if main_index:
             opts.append(f"--index-url {redact(main_index)}")
-        for extra in dict.fromkeys(r.index for r in resolved if r.kind == "index" and r.index):
-            if extra != (main_index or _PYPI).rstrip("/"):
-                opts.append(f"--extra-index-url {redact(extra)}")
+        extras = dict.fromkeys(r.index for r in resolved if r.kind == "index" and r.index)
+        if extras:
+            main = (main_index or default_index()).rstrip("/")
+            opts += [f"--extra-index-url {redact(extra)}" for extra in extras if extra.rstrip("/") != main]
     body: list[str] = []
     unhashed: list[str] = []
     for r in resolved:

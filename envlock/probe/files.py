@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Optional
 
-# The one hash of the probe and of the lock seal (``envlock.lockcore`` imports it from here).
+# The one hash function of the probe (its cache keys, RECORD digests, source digest).
 sha256 = hashlib.sha256
 
 

@@ -47,7 +47,7 @@ _SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha38
 # Users that name a service account, not a person or a token (git@github.com:org/repo.git).
 _SERVICE_USERS = ("git", "hg")
 # Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
-# the token. Gemfury, anaconda.org and conda's own rule for
+# the token. Gemfury, Anaconda's channel host and conda's own rule for
 # any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
 # (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
 # webhooks, Telegram bots.

@@ -307,15 +307,18 @@ def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: 
                 ) -> tuple[str, ...]:
     if offline:
         return ("--no-index", "--find-links", f"{WHEELS_IN_IMAGE}/{layer}")
+    # The default index is the installer's own (pip's configuration inside the image): only
+    # what the user or the lock's torch build asks for is written.
+    main = ("--index-url", options.index_url) if options.index_url else ()
     if layer == "torch" and torch_index:
-        return ("--index-url", torch_index, "--extra-index-url", options.index_url or bases().pypi)
-    if options.index_url:
-        return ("--index-url", options.index_url)
-    return ()
+        return (*main, "--extra-index-url", torch_index)
+    return main
 
 
 def _layers(sorted_: _Sorted, options: Options, offline: bool, lock: Lock) -> list[Layer]:
-    torch_index = bases().torch.index_for(torch_label(lock))
+    torch_index = None
+    if not offline and sorted_.layers["torch"]:
+        torch_index = bases().torch.index_for(torch_label(lock), hint="or restore with --wheelhouse")
     return [Layer(name, tuple(sorted_.layers[name]), _index_args(name, options, offline, torch_index))
             for name in LAYERS if sorted_.layers[name]]
 

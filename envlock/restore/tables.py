@@ -7,6 +7,7 @@ code change.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from importlib import resources
 from typing import Any
 
 from packaging.version import Version
+
+from envlock.errors import IndexUnavailable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,18 +31,44 @@ def _load(name: str) -> dict[str, Any]:
     return data
 
 
+# PyTorch's wheel index is configuration: envlock writes no registry address of its own, and
+# a mirror or proxy is the usual setup where builds cannot reach the internet.
+TORCH_INDEX_ENV = "ENVLOCK_TORCH_INDEX_URL"
+
+
+def torch_index_base() -> str | None:
+    """``ENVLOCK_TORCH_INDEX_URL``, if set: the base of PyTorch's wheel index."""
+    return os.environ.get(TORCH_INDEX_ENV, "").strip() or None
+
+
 @dataclass(frozen=True)
 class TorchIndex:
-    index: str
     labels: tuple[re.Pattern[str], ...]
     layer: frozenset[str]
     layer_prefixes: tuple[str, ...]
 
-    def index_for(self, label: str | None) -> str | None:
-        """The PyTorch index serving wheels with local label ``label`` (``cu121``), if any."""
-        if label and any(p.match(label) for p in self.labels):
-            return f"{self.index}/{label}"
-        return None
+    def has_index(self, label: str | None) -> bool:
+        """Whether wheels with local label ``label`` (``cu121``) live on PyTorch's own index."""
+        return bool(label) and any(p.match(label or "") for p in self.labels)
+
+    def index_for(self, label: str | None, base: str | None = None, *, hint: str = "") -> str | None:
+        """The PyTorch index serving wheels with local label ``label``, if the label is one of
+        PyTorch's: ``base`` (else ``ENVLOCK_TORCH_INDEX_URL``) with ``{label}`` replaced by the
+        label, or the label appended. Raises ``IndexUnavailable`` when none is configured:
+        such a wheel is on no default index, so installing without it fails later, in a build.
+        """
+        if not label or not self.has_index(label):
+            return None
+        base = base or torch_index_base()
+        if not base:
+            raise IndexUnavailable(
+                f"torch builds with the local label +{label} come from PyTorch's wheel index, and "
+                "none is configured",
+                hint=f"set {TORCH_INDEX_ENV} to its base URL (the label is appended, or replaces "
+                     "{label})" + (f", {hint}" if hint else ""))
+        if "{label}" in base:
+            return base.replace("{label}", label)
+        return f"{base.rstrip('/')}/{label}"
 
     def in_layer(self, name: str) -> bool:
         return name in self.layer or name.startswith(self.layer_prefixes)
@@ -50,7 +79,6 @@ class Bases:
     python_image: str
     python_minors: tuple[str, ...]
     torch: TorchIndex
-    pypi: str
 
     def python_base(self, minor: str) -> str | None:
         if minor not in self.python_minors:
@@ -65,9 +93,8 @@ def bases() -> Bases:
     return Bases(
         python_image=data["python"]["image"],
         python_minors=tuple(data["python"]["minors"]),
-        torch=TorchIndex(index=t["index"], labels=tuple(re.compile(p) for p in t["labels"]),
+        torch=TorchIndex(labels=tuple(re.compile(p) for p in t["labels"]),
                          layer=frozenset(t["layer"]), layer_prefixes=tuple(t["layer_prefixes"])),
-        pypi=data["pypi"]["index"],
     )
 
 

@@ -317,8 +317,9 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     """Collect every wheel of ``lock`` into ``out`` (hash-checked) and write the manifest.
 
     ``source``: a local wheelhouse to copy from; otherwise ``pip download`` fetches the exact
-    pins for the lock's platform from ``index_url`` (PyPI by default, plus the PyPI-compatible
-    PyTorch index for local labels such as +cu121), or from ``pip_find_links`` with no index.
+    pins for the lock's platform from ``index_url`` (pip's own configured index by default,
+    plus PyTorch's wheel index, ``ENVLOCK_TORCH_INDEX_URL``, for local labels such as +cu121), or
+    from ``pip_find_links`` with no index.
     """
     wanted, skipped = _wanted(lock, skip_local)
     out = Path(out)
@@ -330,7 +331,9 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
                 for f in files:
                     shutil.copy2(f, staging / f.name)
         else:
-            torch_index = bases().torch.index_for(torch_label(lock))
+            torch_index = None
+            if pip_find_links is None:
+                torch_index = bases().torch.index_for(torch_label(lock), hint="or bundle with --wheelhouse")
             _download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
                       torch_index=torch_index, allow_http=allow_http)
         have = select(staging, wanted)
