@@ -112,7 +112,7 @@ def check(
     import torch
     import torch.distributed as dist
 
-    from envlock.capturing import build_lock
+    from envlock._capture import build_lock
     from envlock.drift import Difference, compare
     from envlock.probe.collect import collect
 

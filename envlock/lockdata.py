@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any, cast
 from envlock import __version__
 from envlock.errors import LockInvalid
 from envlock.lockcore import REQUIRED, ROOT, SCHEMA_VERSION, os_versions, seal_matches, short_id
-from envlock.lockscan import MAX_LOCK_BYTES as MAX_LOCK_BYTES  # where callers imported it from
 from envlock.lockshape import SHAPES
+
+# A lock is at most this big: far above any real one, and small enough that a wrong file (a
+# dataset, a checkpoint) is refused before it is read into memory.
+MAX_LOCK_BYTES = 16 * 1024 * 1024
 
 if sys.version_info >= (3, 11):
     import tomllib

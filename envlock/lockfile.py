@@ -66,7 +66,7 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
         )
     from pydantic import ValidationError
 
-    from envlock.building import import_models
+    from envlock._capture import import_models
 
     import_models()
     from envlock.model import Lock

@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
-
-# `envlock verify` chooses its target before it starts the probe (envlock.early): what runs
-# until then uses os.path, and this module imports neither pathlib, typing nor dataclasses at
-# import time (mypy treats any name TYPE_CHECKING as typing's).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")

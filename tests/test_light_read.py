@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envlock import shapegen
-from envlock.building import current_lock
-from envlock.capturing import build_lock, check, judge
-from envlock.cli import main
+from envlock._capture import build_lock
+from envlock._verify import check, current_lock, judge
+from envlock.commands import main
 from envlock.errors import LockInvalid, LockTampered
 from envlock.lockdata import is_view, light_data, light_load
 from envlock.lockfile import dumps, load, save, seal
@@ -203,7 +203,7 @@ def test_older_schema_version_is_read_by_the_models_and_verifies_the_same(tmp_pa
         update={"schema_version": 0})})
     older = _write(tmp_path, older_lock, "older.lock")
     assert light_load(older) is None and light_load(current) is not None
-    results = [check(p, python=sys.executable, torch=False, in_process=False, early=True, limit=10)
+    results = [check(p, python=sys.executable, torch=False, in_process=False, limit=10)
                for p in (current, older)]
     assert [r.light for r in results] == [True, False]
     assert results[0].comparison.to_dict() == results[1].comparison.to_dict()

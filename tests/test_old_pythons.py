@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from envlock.capturing import build_lock
+from envlock._capture import build_lock
 
 OLD_VERSIONS = ("3.8", "3.9", "3.10")
 

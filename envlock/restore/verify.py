@@ -12,10 +12,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import PROBE_PATH
 from envlock.drift import Comparison, as_info
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
-from envlock.probeproc import probe_args
+from envlock.probeproc import PROBE_PATH, probe_args
 from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 
@@ -70,7 +69,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     packages restored from a wheel of the same version (``from_wheel``) is info, not drift:
     their version and files are still compared.
     """
-    from envlock.capturing import build_lock
+    from envlock._capture import build_lock
     from envlock.drift import compare, os_packages_from_base
 
     env = {"ENVLOCK_IMAGE_ID": image_id}

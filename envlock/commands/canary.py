@@ -1,8 +1,4 @@
-"""``envlock canary``: run the numeric canary here, print its hashes, optionally check a lock's.
-
-Registered by ``envlock.cli`` through ``register(subparsers)``; torch is imported only inside
-the handler, so ``envlock --help`` stays instant.
-"""
+"""``envlock canary``: run the numeric canary here, print its hashes, optionally check a lock's."""
 
 from __future__ import annotations
 
@@ -47,7 +43,7 @@ def _check_text(cmp: Comparison, name: str) -> str:
     return body + verdict
 
 
-def cmd_canary(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     expected = None
     if args.against:  # read the lock before the (slow) canary, so a bad path fails at once
         from envlock.lockfile import load
@@ -62,7 +58,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
     # envlock's own interpreter has no torch, the project's .venv or active venv has.
     target = choose(args.python)
     if not same_path(target.prefix, sys.prefix):
-        from envlock.capturing import capture
+        from envlock._capture import capture
 
         probed = capture(python=target.python, canary=True, in_process=False)
         current = probed.canary
@@ -91,19 +87,3 @@ def cmd_canary(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     return result
 
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "canary",
-        help="hash a fixed set of seeded torch kernels: numeric drift that versions miss",
-        description="Run fp32/bf16 matmul, conv, softmax, layer_norm and reductions on fixed "
-                    "inputs, on the CPU and each visible CUDA device, and print the sha256 of "
-                    "every output. Exit 1 with --against when the bytes differ from the lock's.",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--device", action="append", metavar="DEV",
-                   help="run on DEV only (cpu, cuda:0, ...); repeatable")
-    p.add_argument("--against", metavar="LOCK", help="compare with the [canary] of LOCK")
-    p.add_argument("--python", help="run the canary under this interpreter (default: chosen as "
-                                    "capture does: $VIRTUAL_ENV, $CONDA_PREFIX, a .venv here or above)")
-    p.set_defaults(func=cmd_canary)
