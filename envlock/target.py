@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
 
@@ -29,8 +29,7 @@ from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """The interpreter to probe, the environment directory it belongs to, and why."""
 
     python: str
@@ -46,7 +45,7 @@ class Target:
         be a launcher (a pyenv shim, a wrapper script) whose directory is not the environment."""
         if self.reason != "--python" or not prefix:
             return self
-        return replace(self, prefix=prefix)
+        return self._replace(prefix=prefix)
 
 
 def display_path(path: str, cwd: str | os.PathLike[str] | None = None) -> str:
