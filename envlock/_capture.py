@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +139,8 @@ def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
 def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
     """Validate a probe document as a lock (sealed, ready to save): the gate every value the
     probe reports passes before anything is written or compared."""
+    from datetime import datetime, timezone
+
     from pydantic import ValidationError
 
     from envlock.lockwrite import seal
