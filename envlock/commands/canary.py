@@ -3,44 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import TYPE_CHECKING
 
+from envlock.commands._output import out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, LockInvalid, TorchMissing
-
-if TYPE_CHECKING:
-    from envlock.drift import Comparison
-    from envlock.model import Canary
-
-
-def _text(canary: Canary) -> str:
-    devices = sorted({r.device for r in canary.results})
-    duration = f" in {canary.duration_ms:.0f} ms" if canary.duration_ms is not None else ""
-    lines = [f"canary v{canary.version}, torch {canary.torch or '-'}: {len(canary.results)} "
-             f"results on {', '.join(devices) or 'no device'}{duration}"]
-    if canary.results:
-        wn = max(len(r.name) for r in canary.results)
-        wd = max(len(r.device) for r in canary.results)
-        wt = max(len(r.dtype) for r in canary.results)
-        lines += [f"  {r.name.ljust(wn)}  {r.device.ljust(wd)}  {r.dtype.ljust(wt)}  {r.sha256[:16]}"
-                  for r in canary.results]
-    for key, why in sorted(canary.errors.items()):
-        lines.append(f"  failed: {key}: {why}")
-    if canary.settings:
-        lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in canary.settings.items()))
-    return "\n".join(lines) + "\n"
-
-
-def _check_text(cmp: Comparison, name: str) -> str:
-    shown = [d for d in cmp.differences if d.severity != "info"]
-    if not shown:
-        return f"OK: same bytes as the canary in {name}\n"
-    body = "".join(f"  {d.severity.upper() if d.severity == 'breaking' else d.severity}  "
-                   f"{d.describe()}\n" for d in shown)
-    verdict = (f"NUMERIC DRIFT: {len(cmp.breaking)} kernel(s) differ from {name}\n"
-               if cmp.breaking else "OK: no breaking difference\n")
-    return body + verdict
+from envlock.render import canary_check_text, canary_json, canary_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,21 +36,15 @@ def run(args: argparse.Namespace) -> int:
         from envlock.runtime import canary
 
         current = canary(args.device or None)
-    result = EXIT_OK
-    payload: dict[str, object] = {"canary": current.model_dump(mode="json", exclude_none=True)}
-    text = _text(current)
+    cmp = None
     if expected is not None:
         from envlock.drift import compare
 
         # Same lock, only the canary replaced: every difference compare() finds is numeric.
         cmp = compare(expected, expected.model_copy(update={"canary": current}))
-        payload["comparison"] = cmp.to_dict()
-        text += _check_text(cmp, str(args.against))
-        result = EXIT_OK if cmp.ok else EXIT_DRIFT
     if args.json:
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        out(canary_json(current, cmp))
     else:
-        sys.stdout.write(text)
-    sys.stdout.flush()
-    return result
+        out(canary_text(current) + (canary_check_text(cmp, str(args.against)) if cmp is not None else ""))
+    return EXIT_OK if cmp is None or cmp.ok else EXIT_DRIFT
 
