@@ -66,6 +66,12 @@ def probe_wanted(tables: Collection[str], torch: bool | None) -> tuple[bool, boo
     return want_torch, want_torch and "canary" in tables
 
 
+def probe_wanted_for(lock: Lock, torch: bool | None = None) -> tuple[bool, bool]:
+    """``probe_wanted`` for a lock already read (its tables are the sections it has)."""
+    return probe_wanted([name for name in ("torch", "canary") if getattr(lock, name) is not None],
+                        torch)
+
+
 def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
           torch: bool | None = None, in_process: bool | None = None, strict: bool = False,
           deep: bool = False, cache: bool = False, limit: int | None = None) -> Verification:
@@ -87,11 +93,10 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
         # was not there when it was captured.
         exclude = [os.fspath(lock)]
         data = read_data(lock)  # an unreadable file is reported before anything starts
-        tables: Collection[str] = data.keys()
+        want_torch, want_canary = probe_wanted(data.keys(), torch)
     else:
         exclude = []
-        tables = {name for name in ("torch", "canary") if getattr(lock, name) is not None}
-    want_torch, want_canary = probe_wanted(tables, torch)
+        want_torch, want_canary = probe_wanted_for(lock, torch)
 
     def expected_lock() -> Lock:
         if data is None:

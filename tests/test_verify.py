@@ -18,7 +18,7 @@ import pytest
 
 from envlock import probeproc
 from envlock._capture import StartedProbe
-from envlock._verify import probe_wanted
+from envlock._verify import probe_wanted, probe_wanted_for
 from envlock.commands import main
 from envlock.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from envlock.probe.procs import pid_alive
@@ -63,6 +63,16 @@ def lock_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_lock_s_tables_choose_the_probe(tables: set[str], torch: bool | None,
                                             wanted: tuple[bool, bool]) -> None:
     assert probe_wanted(tables, torch) == wanted
+
+
+def test_a_lock_already_read_chooses_by_the_sections_it_has() -> None:
+    from helpers import full_lock, make_lock
+
+    lock = full_lock()  # torch and canary both recorded
+    assert probe_wanted_for(lock) == (True, True)
+    assert probe_wanted_for(lock.model_copy(update={"canary": None})) == (True, False)
+    assert probe_wanted_for(lock, torch=False) == (False, False)
+    assert probe_wanted_for(make_lock()) == (False, False)
 
 
 def test_verify_starts_one_probe(lock_path: Path, spawned: list[probeproc.ProbeProcess],

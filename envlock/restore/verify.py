@@ -70,14 +70,15 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     their version and files are still compared.
     """
     from envlock._capture import build_lock
+    from envlock._verify import probe_wanted_for
     from envlock.drift import compare, os_packages_from_base
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
         env["ENVLOCK_IMAGE"] = reference
-    want_torch = lock.torch is not None
-    doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
-                         canary=lock.canary is not None and want_torch, env=env)
+    want_torch, want_canary = probe_wanted_for(lock)
+    doc = probe_in_image(engine, image_id, python=python, torch=want_torch, canary=want_canary,
+                         env=env)
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
     # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
     # envlock.apply(), not expected here.
