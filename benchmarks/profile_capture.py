@@ -5,7 +5,7 @@
 Why this exists: the targets compare capture with ``import torch`` and ``pip freeze``, and a
 ratio alone does not say what to change. Four views, each answering a different question:
 
-1. **timeline** of the real CLI (``envlock.cli.main(["capture", ...])``) with timers wrapped
+1. **timeline** of the real CLI (``envlock.commands.main(["capture", ...])``) with timers wrapped
    around the functions it calls (probe spawn, wait, ``build_lock``, ``seal``, ``dumps``,
    ``atomic_write``): what is on the critical path, and does the parent's pydantic import
    really overlap the probe's torch import?
@@ -60,11 +60,11 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
     import builtins
     import importlib
 
-    import envlock.cli
+    import envlock.commands
 
     t_cli = time.perf_counter()
     cap: Any = None
-    for modname in ("envlock.capturing", "envlock.capture"):  # renamed during 0.1 development
+    for modname in ("envlock._capture", "envlock.capturing"):  # renamed during 0.1 development
         try:
             cap = importlib.import_module(modname)
             break
@@ -120,7 +120,7 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
     devnull = open(os.devnull, "w")  # noqa: SIM115 - stdout of the CLI is not part of this
     saved, sys.stdout = sys.stdout, devnull
     try:
-        rc = envlock.cli.main(argv)
+        rc = envlock.commands.main(argv)
     finally:
         sys.stdout = saved
         builtins.__import__ = real_import
@@ -223,8 +223,8 @@ def _child(mode: str, args: list[str], cwd: str | None) -> dict[str, Any]:
 def _timeline_stages(doc: dict[str, Any]) -> dict[str, float]:
     """Turn the events of one run into consecutive stages (ms) on the parent's critical path."""
     ev = {lbl: (a, b) for lbl, a, b in doc["events"]}
-    # The profiler has already imported the stdlib modules envlock.cli shares with it.
-    st: dict[str, float] = {"import envlock.cli (after interpreter start)": doc["cli_import_ms"]}
+    # The profiler has already imported the stdlib modules envlock.commands shares with it.
+    st: dict[str, float] = {"import envlock.commands (after interpreter start)": doc["cli_import_ms"]}
     spawn = ev.get("spawn probe")
     wait = ev.get("wait for probe")
     imported = ev.get("envlock.lock imported")
@@ -315,7 +315,7 @@ def profile(repeats: int, cwd: str | None) -> dict[str, Any]:
                       "python -c 'import torch'": run_bare(["-c", "import torch"], repeats, cwd)}
     out["cprofile_probe"] = _child("cprofile", [], cwd)
     out["importtime_parent"] = importtime(
-        "import envlock.cli, envlock.lock, tomlkit")
+        "import envlock.commands, envlock.lock, tomlkit")
     out["importtime_torch"] = importtime("import torch")
     out["markdown"] = render(out)
     return out

@@ -1,14 +1,15 @@
 """envlock: make deep-learning experiments replayable.
 
-The package import is kept light (no pydantic, docker or torch, not even ``typing``) so that
-``envlock --help`` and the probe stay instant; the public API and the public submodules are
-resolved lazily on first use (PEP 562), and ``dir(envlock)`` lists them for tab completion.
+The package import is kept light (no pydantic, docker or torch): a training script that only
+seeds pays for nothing else, and the command line imports what each command uses. The public
+API and the public submodules are resolved lazily on first use (PEP 562), and ``dir(envlock)``
+lists them for tab completion.
 """
 
 from __future__ import annotations
 
-# typing costs a few ms at import; mypy treats any name TYPE_CHECKING as the typing constant.
-TYPE_CHECKING = False
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -29,8 +30,8 @@ __all__ = [
 
 _LAZY = {
     "Lock": ("envlock.lock", "Lock"),
-    "capture": ("envlock.capturing", "capture"),
-    "verify": ("envlock.capturing", "verify"),
+    "capture": ("envlock._capture", "capture"),
+    "verify": ("envlock._verify", "verify"),
     "load": ("envlock.lock", "load"),
     "compare": ("envlock.drift", "compare"),
     "seed_everything": ("envlock.runtime", "seed_everything"),
@@ -44,7 +45,6 @@ _LAZY = {
 # Submodules users reach as ``envlock.X`` after a plain ``import envlock`` (the README's
 # ``envlock.distributed.check()``); each is imported on first attribute access.
 _SUBMODULES = (
-    "capturing",
     "distributed",
     "drift",
     "errors",
@@ -54,16 +54,14 @@ _SUBMODULES = (
 )
 
 if TYPE_CHECKING:
-    from typing import Any
-
-    from envlock import capturing as capturing
     from envlock import distributed as distributed
     from envlock import drift as drift
     from envlock import errors as errors
     from envlock import lock as lock
     from envlock import restore as restore
     from envlock import runtime as runtime
-    from envlock.capturing import capture, verify
+    from envlock._capture import capture
+    from envlock._verify import verify
     from envlock.drift import compare
     from envlock.lock import Lock, load
     from envlock.runtime import (
@@ -78,20 +76,16 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        import importlib
-
         # import_module binds the submodule on this package, so __getattr__ runs once per name.
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'envlock' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    hidden = {"TYPE_CHECKING", "annotations"}
+    hidden = {"TYPE_CHECKING", "Any", "annotations", "importlib"}
     return sorted((set(globals()) - hidden) | set(__all__) | set(_SUBMODULES))

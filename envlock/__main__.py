@@ -1,3 +1,3 @@
-from envlock.cli import console_main
+from envlock.commands import console_main
 
 console_main()

@@ -15,9 +15,8 @@ ProcessState = Literal["compare", "report"]
 SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
 
 
-# NamedTuples, not dataclasses: verify imports this module on every run, and ``dataclasses``
-# costs ~7 ms there (it imports ``inspect``). They are immutable all the same, and ``_replace``
-# is ``dataclasses.replace``.
+# NamedTuples: immutable values, equal when their fields are, changed only through
+# ``_replace`` (a filter or a re-grading makes a new result); that is all a result needs.
 class Difference(NamedTuple):
     category: str
     path: str

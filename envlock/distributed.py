@@ -112,7 +112,7 @@ def check(
     import torch
     import torch.distributed as dist
 
-    from envlock.building import build_lock
+    from envlock._capture import build_lock
     from envlock.comparison import Difference
     from envlock.drift import compare
     from envlock.probe.collect import collect

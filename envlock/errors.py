@@ -15,11 +15,10 @@ Every exception envlock raises for a user to read lives here, so the mapping is 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-# The typing module costs milliseconds at import, and this module is on every path; mypy
-# treats any name TYPE_CHECKING as the typing constant.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from envlock.distributed import CheckResult
 

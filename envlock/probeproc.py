@@ -1,30 +1,30 @@
 """Start the probe in another interpreter and read its JSON document.
 
-Kept apart from ``capturing`` and light to import (no pydantic, no dataclasses, no lock code):
-``envlock verify`` starts the probe from here before anything else is imported or parsed, so
-the probe's run overlaps everything the command imports afterwards (``early``).
+Where the probe lives and how it runs as a program; nothing here knows about locks, so capture,
+verify and restore (which copies the same directory into images) share it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import selectors
+import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
 from envlock.probe.flags import command_line
 
-# pathlib, subprocess, selectors, typing, json and shutil are imported where used, after the
-# probe is started (mypy treats any name TYPE_CHECKING as typing's).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import subprocess
-    from collections.abc import Callable, Sequence
-    from typing import Any
-
-# The probe is a package directory run as a program (``python PROBE_DIR``): on the host with
+# The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
 # another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
-PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe")
+PROBE_PATH = Path(os.path.abspath(__file__)).parent / "probe"
+# Its stdlib-only OS package reader, which restore also copies alone into system-Python builds.
+OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
 # The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with
 # --canary, initialises CUDA and runs a few small kernels; its own subprocesses (git, ldconfig)
 # have their own deadlines. Two minutes is several times the slowest cold start measured, and
@@ -70,8 +70,6 @@ def resolve_python(python: str) -> str:
 
 
 def _which(name: str) -> str | None:
-    import shutil
-
     return shutil.which(name)
 
 
@@ -117,18 +115,16 @@ class ProbeProcess:
         self.on_stderr = on_stderr
         self._pending = bytearray()
         self._finished = False
-        # The whole command line: a probe started early is adopted only for the same one.
-        self.argv = argv = self.command(self.python, args)
+        self.argv = [self.python, str(PROBE_PATH), *args]
         try:
-            self.proc = _spawn(argv)
+            # Its own session: the terminal's Ctrl-C reaches envlock, which stops the whole
+            # group (the interpreter may be a wrapper with children); nothing to read on stdin.
+            # Popen restores SIGPIPE and SIGXFSZ to their defaults in the child, as a shell would.
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
         self.deadline = time.monotonic() + self.timeout
-
-    @staticmethod
-    def command(python: str, args: list[str]) -> list[str]:
-        """The command line that runs the probe in ``python`` with ``args``."""
-        return [resolve_python(python), PROBE_DIR, *args]
 
     def _kill_group(self) -> None:
         try:
@@ -154,8 +150,6 @@ class ProbeProcess:
         """stdout and (the tail of) stderr, until both close, the deadline or the cap."""
         out, err = bytearray(), bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        import selectors
-
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ, out)
         sel.register(self.proc.stderr, selectors.EVENT_READ, err)
@@ -204,8 +198,6 @@ class ProbeProcess:
         return b"".join(line + b"\n" for line in kept)
 
     def result(self) -> dict[str, Any]:
-        import json
-
         out, err = self._collect()
         if self.proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
@@ -220,62 +212,3 @@ class ProbeProcess:
             raise ProbeFailed("the probe returned something other than a JSON object")
         return doc
 
-
-class _Child:
-    """The part of ``subprocess.Popen`` a probe needs, started with ``os.posix_spawn``.
-
-    Importing ``subprocess`` (and the ``re`` and ``locale`` it brings) costs more than starting
-    the probe does, and a verify starts its probe before anything else (``envlock.early``).
-    Like ``Popen(..., start_new_session=True)``: stdin from /dev/null, stdout and stderr to
-    pipes, its own session, SIGPIPE and SIGXFSZ back at their defaults.
-    """
-
-    def __init__(self, argv: list[str]) -> None:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            if min(out_r, out_w, err_r, err_w) < 3:
-                raise NotImplementedError("a standard stream is closed")  # let Popen sort it out
-            self.pid = os.posix_spawn(
-                argv[0], argv, os.environ, setsid=True,
-                setsigdef=[sig for sig in (getattr(signal, "SIGPIPE", None),
-                                           getattr(signal, "SIGXFSZ", None)) if sig is not None],
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                              (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        self.stdout = open(out_r, "rb", buffering=0)  # noqa: SIM115 - closed by ProbeProcess
-        self.stderr = open(err_r, "rb", buffering=0)  # noqa: SIM115
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-def _spawn(argv: list[str]) -> _Child | subprocess.Popen[bytes]:
-    """The probe's process: posix_spawn where the platform can start it in its own session
-    (glibc >= 2.26, recent macOS), else ``subprocess``."""
-    if hasattr(os, "posix_spawn"):
-        try:
-            return _Child(argv)
-        except NotImplementedError:
-            pass
-    import subprocess
-
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)

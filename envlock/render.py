@@ -14,7 +14,7 @@ from envlock.textsafe import safe as safe
 
 if TYPE_CHECKING:
     from envlock.comparison import Comparison, Difference
-    from envlock.lock import Lock
+    from envlock.lock import Canary, Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
 def _flag(value: bool | None) -> str:
@@ -249,3 +249,42 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
 
 def comparison_json(cmp: Comparison, **extra: Any) -> str:
     return json.dumps({**extra, **cmp.to_dict()}, indent=2, default=str) + "\n"
+
+
+def canary_text(canary: Canary) -> str:
+    """``envlock canary``: one line per kernel result, then failures and settings."""
+    devices = sorted({r.device for r in canary.results})
+    duration = f" in {canary.duration_ms:.0f} ms" if canary.duration_ms is not None else ""
+    lines = [f"canary v{canary.version}, torch {canary.torch or '-'}: {len(canary.results)} "
+             f"results on {', '.join(devices) or 'no device'}{duration}"]
+    if canary.results:
+        wn = max(len(r.name) for r in canary.results)
+        wd = max(len(r.device) for r in canary.results)
+        wt = max(len(r.dtype) for r in canary.results)
+        lines += [f"  {r.name.ljust(wn)}  {r.device.ljust(wd)}  {r.dtype.ljust(wt)}  {r.sha256[:16]}"
+                  for r in canary.results]
+    for key, why in sorted(canary.errors.items()):
+        lines.append(f"  failed: {key}: {why}")
+    if canary.settings:
+        lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in canary.settings.items()))
+    return "\n".join(lines) + "\n"
+
+
+def canary_check_text(cmp: Comparison, name: str) -> str:
+    """``envlock canary --against``: the differences from the lock's canary, and the verdict."""
+    shown = [d for d in cmp.differences if d.severity != "info"]
+    if not shown:
+        return f"OK: same bytes as the canary in {name}\n"
+    body = "".join(f"  {d.severity.upper() if d.severity == 'breaking' else d.severity}  "
+                   f"{d.describe()}\n" for d in shown)
+    verdict = (f"NUMERIC DRIFT: {len(cmp.breaking)} kernel(s) differ from {name}\n"
+               if cmp.breaking else "OK: no breaking difference\n")
+    return body + verdict
+
+
+def canary_json(canary: Canary, cmp: Comparison | None) -> str:
+    """``envlock canary --json``: the canary, and the comparison with a lock's when asked for."""
+    payload: dict[str, object] = {"canary": canary.model_dump(mode="json", exclude_none=True)}
+    if cmp is not None:
+        payload["comparison"] = cmp.to_dict()
+    return json.dumps(payload, indent=2, default=str) + "\n"

@@ -19,43 +19,23 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from envlock.probeproc import PREFIX_INTERPRETERS, resolve_python
-
-# `envlock verify` chooses its target before it starts the probe (envlock.early): what runs
-# until then uses os.path, and this module imports neither pathlib, typing nor dataclasses at
-# import time (mypy treats any name TYPE_CHECKING as typing's).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")
 
 
-class Target:
+class Target(NamedTuple):
     """The interpreter to probe, the environment directory it belongs to, and why."""
 
-    __slots__ = ("prefix", "python", "reason", "warning")
-
-    def __init__(self, python: str, prefix: str, reason: str, warning: str | None = None) -> None:
-        self.python = python
-        self.prefix = prefix
-        self.reason = reason
-        self.warning = warning
-
-    def _fields(self) -> tuple[str, str, str, str | None]:
-        return self.python, self.prefix, self.reason, self.warning
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Target) and self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
-    def __repr__(self) -> str:
-        python, prefix, reason, warning = self._fields()
-        return f"Target(python={python!r}, prefix={prefix!r}, reason={reason!r}, warning={warning!r})"
+    python: str
+    prefix: str
+    reason: str
+    warning: str | None = None
 
     def describe(self, cwd: str | os.PathLike[str] | None = None) -> str:
         return f"{display_path(self.prefix, cwd)} ({self.reason})"
@@ -65,44 +45,21 @@ class Target:
         be a launcher (a pyenv shim, a wrapper script) whose directory is not the environment."""
         if self.reason != "--python" or not prefix:
             return self
-        return Target(self.python, prefix, self.reason, self.warning)
-
-
-def _split(path: str) -> tuple[str, list[str]]:
-    """The root and the parts of ``PurePosixPath(path)``: empty and ``.`` parts dropped, ``..``
-    kept (no file system look-up), a leading ``//`` kept as POSIX allows. Lexical, as pathlib
-    is, without importing it (verify never needs it)."""
-    root = "//" if path.startswith("//") and not path.startswith("///") else "/" if path.startswith("/") else ""
-    return root, [part for part in path.split("/") if part not in ("", ".")]
-
-
-def _lexical(path: str) -> str:
-    """``str(PurePosixPath(path))``."""
-    root, parts = _split(path)
-    return root + "/".join(parts) if root or parts else "."
-
-
-def _relative(path: str, base: str) -> str | None:
-    """``str(PurePosixPath(path).relative_to(base))``, or None where it raises ValueError."""
-    (root, parts), (base_root, base_parts) = _split(path), _split(base)
-    if root != base_root or parts[:len(base_parts)] != base_parts:
-        return None
-    return "/".join(parts[len(base_parts):]) or "."
+        return self._replace(prefix=prefix)
 
 
 def display_path(path: str, cwd: str | os.PathLike[str] | None = None) -> str:
     """``./.venv`` under the working directory, ``~/…`` under home, else the absolute path."""
-    here = os.fspath(cwd) if cwd is not None else os.getcwd()
-    rel = _relative(path, here)
+    here = PurePosixPath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    p = PurePosixPath(path)
     # From "/" every path is "relative": "./tmp/proj/.venv" reads like a typo.
-    if rel is not None and _split(here)[1]:
-        return "." if rel == "." else f"./{rel}"
+    if here != PurePosixPath(here.anchor) and p.is_relative_to(here):
+        rel = p.relative_to(here)
+        return "." if str(rel) == "." else f"./{rel}"
     home = os.path.expanduser("~")
-    if home not in ("", "/"):
-        rel = _relative(path, home)
-        if rel is not None:
-            return f"~/{rel}"
-    return _lexical(path)
+    if home not in ("", "/") and p.is_relative_to(home):
+        return f"~/{p.relative_to(home)}"
+    return str(p)
 
 
 def _interpreter(prefix: str | os.PathLike[str]) -> str | None:

@@ -86,7 +86,7 @@ def make_lock(*, packages: Sequence[PackageSpec] | None = None, envlock: dict[st
     the same lock). ``construct=True`` skips model validation of the package rows
     (``model_construct``), to hand restore values the model itself would have refused.
     """
-    from envlock.building import build_lock
+    from envlock._capture import build_lock
     from envlock.lock import Meta, Package, seal
 
     if packages is not None:

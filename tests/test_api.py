@@ -21,7 +21,7 @@ def test_public_names_stay_callable_after_importing_every_submodule() -> None:
 
 
 def test_import_is_light() -> None:
-    code = ("import sys, envlock, envlock.cli; "
+    code = ("import sys, envlock, envlock.commands; "
             "heavy = [m for m in ('pydantic', 'tomlkit', 'docker', 'rich', 'torch') if m in sys.modules]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

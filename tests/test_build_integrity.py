@@ -140,7 +140,7 @@ def test_plain_http_needs_an_explicit_opt_in(restore_lock: LockFactory) -> None:
 
 
 def test_cli_refuses_http_with_exit_2(restore_lock: LockFactory, tmp_path: Path) -> None:
-    from envlock.cli import main
+    from envlock.commands import main
     from envlock.lock import save
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("alpha", "1.0")])

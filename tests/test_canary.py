@@ -19,7 +19,8 @@ from helpers import run_cli
 
 from envlock import lock as lockio
 from envlock import runtime
-from envlock.capturing import capture, verify
+from envlock._capture import capture
+from envlock._verify import verify
 from envlock.drift import compare
 from envlock.lock import Canary, Lock, seal
 from envlock.probe import kernels

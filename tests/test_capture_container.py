@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlock.building import build_lock
+from envlock._capture import build_lock
 from envlock.drift import compare
 from envlock.restore.verify import PROBE_DIR, probe_files
 

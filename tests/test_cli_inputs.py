@@ -43,7 +43,7 @@ def _run_without_torch(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str
     # torch stays installed on this machine; blocking its import is how a process without it
     # looks to envlock (find_spec answers None, as for an absent package).
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from envlock.cli import main\n"
+            "from envlock.commands import main\n"
             f"sys.exit(main({list(argv)!r}))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,

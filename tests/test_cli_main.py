@@ -1,4 +1,4 @@
-"""``envlock.cli.main`` called in-process, as tests and other programs call it: it returns the
+"""``envlock.commands.main`` called in-process, as tests and other programs call it: it returns the
 exit code (argparse's exits included) and leaves the interpreter running."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from helpers import REPO, make_lock
 
 from envlock import __version__
 from envlock import lock as lockio
-from envlock.cli import main
+from envlock.commands import main
 from envlock.errors import EXIT_DRIFT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from envlock.probe.procs import pid_alive
 
@@ -118,7 +118,7 @@ def test_the_program_is_console_main() -> None:
     """The console script and ``python -m envlock`` run the same wrapper."""
     with open(REPO / "pyproject.toml", "rb") as fh:
         scripts = tomllib.load(fh)["project"]["scripts"]
-    assert scripts == {"envlock": "envlock.cli:console_main"}
+    assert scripts == {"envlock": "envlock.commands:console_main"}
     assert "console_main()" in (REPO / "envlock" / "__main__.py").read_text()
 
 

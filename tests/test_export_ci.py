@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -159,8 +160,14 @@ def test_pre_commit_hooks_with_try_repo(tmp_path: Path, restore_lock: LockFactor
     _git(repo, "init", "-q")
     save(restore_lock(), repo / "env.lock")
     _git(repo, "add", "env.lock")
+    # The hooks run `envlock` from PATH: this checkout's, whatever entry point the venv's own
+    # console script was generated with when it was installed.
+    shim = tmp_path / "bin" / "envlock"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m envlock "$@"\n')
+    shim.chmod(0o755)
     env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pc-home"),
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
+           "PATH": f"{shim.parent}:{BIN}:{os.environ['PATH']}"}
 
     def try_repo(hook: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([tool("pre-commit"), "try-repo", str(ROOT), hook, "--all-files"],

@@ -19,7 +19,7 @@ import pytest
 from helpers import LockFactory
 from test_restore_integration import cache_home, capture, small_source  # noqa: F401 (fixtures)
 
-from envlock.cli import main
+from envlock.commands import main
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from envlock.building import build_lock
+from envlock._capture import build_lock
 
 # The interpreters come from scripts/test.sh's setup, which the unit phase does not need.
 pytestmark = pytest.mark.slow

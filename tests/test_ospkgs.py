@@ -274,7 +274,7 @@ def test_ospkgs_file_is_python38_syntax_and_stdlib_only() -> None:
     import ast
     import sys
 
-    from envlock.capturing import OSPKGS_PATH
+    from envlock.probeproc import OSPKGS_PATH
 
     tree = ast.parse(OSPKGS_PATH.read_text(), feature_version=(3, 8))
     imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
@@ -289,7 +289,7 @@ def test_ospkgs_check_runs_as_a_lone_file(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envlock.capturing import OSPKGS_PATH
+    from envlock.probeproc import OSPKGS_PATH
 
     alone = tmp_path / "ospkgs.py"
     alone.write_bytes(OSPKGS_PATH.read_bytes())
@@ -303,8 +303,8 @@ def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envlock.building import build_lock
-    from envlock.capturing import PROBE_PATH
+    from envlock._capture import build_lock
+    from envlock.probeproc import PROBE_PATH
 
     out = subprocess.run([sys.executable, str(PROBE_PATH), "--no-torch"], capture_output=True,
                          timeout=120, cwd=tmp_path, check=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -98,3 +100,18 @@ def test_the_real_probe_still_runs() -> None:
 
     doc = ProbeProcess(sys.executable, ["--no-torch"]).result()
     assert doc["python"]["version"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def test_the_probe_runs_in_its_own_session_with_stdin_from_dev_null(tmp_path: Path) -> None:
+    """Its own session: the terminal's Ctrl-C reaches envlock, which stops the group; stdin
+    closed to it, and SIGPIPE at its default (a probe writing to a closed pipe just ends)."""
+    wrapper = script(tmp_path / "python",
+                     "printf '{\"sid\": %s, \"stdin\": \"%s\", \"pipe\": \"%s\"}' "
+                     "\"$(ps -o sid= -p $$)\" \"$(readlink /proc/self/fd/0)\" "
+                     "\"$(grep SigIgn /proc/self/status | tr -d '\\t ')\"\n")
+    proc = ProbeProcess(str(wrapper), [])
+    doc = proc.result()
+    assert doc["sid"] == proc.proc.pid and doc["sid"] != os.getsid(0)
+    assert doc["stdin"] == os.devnull
+    ignored = int(doc["pipe"].partition(":")[2], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), "SIGPIPE must be back at its default"

@@ -358,7 +358,7 @@ def test_crafted_venv_path_is_refused(restore_lock: LockFactory, prefix: str) ->
 
 def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: LockFactory, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from envlock.cli import main
+    from envlock.commands import main
     from envlock.lock import atomic_write, dumps
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
@@ -372,7 +372,7 @@ def test_cli_refuses_a_crafted_lock_with_exit_2(restore_lock: LockFactory, tmp_p
 
 
 def test_dockerfile_only_writes_a_complete_context(restore_lock: LockFactory, tmp_path: Path) -> None:
-    from envlock.cli import main
+    from envlock.commands import main
     from envlock.lock import save
 
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})

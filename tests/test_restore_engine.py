@@ -245,11 +245,11 @@ def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.Monkey
 def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> None:
     from docker.errors import ImageNotFound
 
+    from envlock.commands.restore import hint_earlier_image
     from envlock.errors import EngineUnavailable, UsageError
-    from envlock.restore.cli import _hint_earlier_image
 
     exc = EngineUnavailable("cannot pull python:3.11-slim-bookworm", hint="check the network")
-    _hint_earlier_image(exc, engine(FakeAPI()), "envlock/proj:0123456789ab")
+    hint_earlier_image(exc, engine(FakeAPI()), "envlock/proj:0123456789ab")
     assert exc.hint is not None and exc.hint.startswith("check the network; envlock/proj:0123456789ab exists")
     assert "same --base/--wheelhouse" in exc.hint
 
@@ -258,10 +258,10 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
             raise ImageNotFound(ref)
 
     quiet = EngineUnavailable("cannot pull x", hint="check the network")
-    _hint_earlier_image(quiet, engine(NoImages()), "envlock/proj:0123456789ab")
+    hint_earlier_image(quiet, engine(NoImages()), "envlock/proj:0123456789ab")
     assert quiet.hint == "check the network"  # no image of the lock: nothing to point at
     usage = UsageError("bad option")
-    _hint_earlier_image(usage, engine(FakeAPI()), "envlock/proj:0123456789ab")
+    hint_earlier_image(usage, engine(FakeAPI()), "envlock/proj:0123456789ab")
     assert usage.hint is None
 
 

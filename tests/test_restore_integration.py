@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from envlock.cli import main
+from envlock.commands import main
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers import LockFactory
 
-from envlock.cli import main
+from envlock.commands import main
 from envlock.lock import save
 from envlock.restore import outdir
 

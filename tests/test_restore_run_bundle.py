@@ -98,29 +98,29 @@ def test_env_and_port_options() -> None:
 
 
 def test_run_options_after_the_lock_are_parsed_and_the_command_kept_verbatim() -> None:
-    from envlock.cli import build_parser
-    from envlock.restore.cli import _split_run_args
+    from envlock.commands._parser import build_parser
+    from envlock.commands.run import split_run_args
 
     args = build_parser().parse_args(["run", "env.lock", "--gpus", "none", "-e", "A=1", "--",
                                       "python", "-c", "print(1)", "--gpus", "all"])
-    assert _split_run_args(args) == ["python", "-c", "print(1)", "--gpus", "all"]
+    assert split_run_args(args) == ["python", "-c", "print(1)", "--gpus", "all"]
     assert args.gpus == "none" and args.env == ["A=1"]
     args = build_parser().parse_args(["run", "--base", "x@sha256:" + "a" * 64, "env.lock", "python", "t.py"])
-    assert _split_run_args(args) == ["python", "t.py"]
+    assert split_run_args(args) == ["python", "t.py"]
     assert isinstance(args, argparse.Namespace) and args.base.startswith("x@")
 
 
 def test_run_options_without_a_command_or_double_dash_are_options() -> None:
-    from envlock.cli import build_parser
-    from envlock.restore.cli import _split_run_args
+    from envlock.commands._parser import build_parser
+    from envlock.commands.run import split_run_args
 
     # The README's notebook line: no command, so nothing may be taken for one.
     args = build_parser().parse_args(["run", "env.lock", "--jupyter", "--workspace", "ws", "-p", "127.0.0.1:9000:8888"])
-    assert _split_run_args(args) == []
+    assert split_run_args(args) == []
     assert args.jupyter is True and args.workspace == "ws" and args.publish == ["127.0.0.1:9000:8888"]
     # Leading options, then the command verbatim (its own options included).
     args = build_parser().parse_args(["run", "env.lock", "--gpus", "none", "python", "t.py", "--gpus", "all"])
-    assert _split_run_args(args) == ["python", "t.py", "--gpus", "all"]
+    assert split_run_args(args) == ["python", "t.py", "--gpus", "all"]
     assert args.gpus == "none"
 
 

@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import envlock
 from envlock import runtime
-from envlock.capturing import capture, verify
+from envlock._capture import capture
+from envlock._verify import verify
 from envlock.errors import UsageError
 from envlock.lock import Lock, seal
 from envlock.probe import torchstack
@@ -385,7 +386,7 @@ def test_public_api_is_lazy_and_torch_free_to_import() -> None:
     assert envlock.apply is runtime.apply
     out = subprocess.run(
         [sys.executable, "-c", "import sys, envlock, envlock.runtime, envlock.distributed, "
-                               "envlock.runtime_cli; print(callable(envlock.canary), "
+                               "envlock.commands.canary; print(callable(envlock.canary), "
                                "'torch' in sys.modules, 'numpy' in sys.modules)"],
         capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["True", "False", "False"]

@@ -26,7 +26,7 @@ import tomllib
 from helpers import make_dist, run_cli
 from secret_corpus import LEAKS, ORDINARY, Case
 
-from envlock.cli import main
+from envlock.commands import main
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.org"}

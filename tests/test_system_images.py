@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from envlock.cli import main
+from envlock.commands import main
 from envlock.lock import load, save
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, make_dist, run_cli
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from envlock.target import choose, display_path, recorded_prefix_hint
 
@@ -175,37 +173,3 @@ def test_python_launcher_is_described_by_the_environment_it_runs(tmp_path: Path)
     assert "locked ./real-env (--python)" in res.stdout, res.stdout
     res = run_cli("verify", "--no-torch", "--python", str(launcher), cwd=tmp_path)
     assert res.returncode == 0 and "against ./real-env (--python)" in res.stdout, res.stdout
-
-
-def _display_path_with_pathlib(path: str, cwd: Path) -> str:
-    """What display_path did with pathlib: the oracle for the lexical version."""
-    p = Path(path)
-    try:
-        rel = p.relative_to(cwd)
-        if cwd != Path(cwd.anchor):
-            return "." if str(rel) == "." else f"./{rel}"
-    except ValueError:
-        pass
-    home = os.path.expanduser("~")
-    if home not in ("", "/"):
-        try:
-            return f"~/{p.relative_to(home)}"
-        except ValueError:
-            pass
-    return str(p)
-
-
-_PARTS = st.sampled_from(["", ".", "..", "a", "b", ".venv", "x y", "~"])
-
-
-@pytest.mark.slow
-@settings(max_examples=500, deadline=None)
-@given(st.lists(_PARTS, max_size=5), st.lists(_PARTS, max_size=4),
-       st.sampled_from(["/", "//", "///", ""]), st.sampled_from(["/", "//", ""]),
-       st.booleans())
-def test_display_path_is_what_pathlib_says(path: list[str], cwd: list[str], root: str,
-                                           cwd_root: str, under_home: bool) -> None:
-    home = os.path.expanduser("~")
-    text = (home + "/" if under_home else root) + "/".join(path)
-    here = cwd_root + "/".join(cwd) if cwd_root else "/" + "/".join(cwd)
-    assert display_path(text, here) == _display_path_with_pathlib(text, Path(here)), (text, here)

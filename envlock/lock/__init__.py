@@ -1,12 +1,15 @@
 """The lock and nothing else: its models, each field's policy, the seal, the reader, the writer
-and the JSON Schema. Callers import from here; the ``_`` modules are its inside.
+and the JSON Schema. Callers import from here; the ``_`` modules are its inside. Names are
+resolved on first use, so that ``verify`` can read a lock's tables (``read_data``) and start
+its probe before pydantic and the models are imported.
 
 =============  ====================================================================
 ``_model``     the typed, frozen models, with each field's policy beside its type
 ``_values``    the character rules for strings that may come from outside
 ``_policy``    what a policy is, and what is derived from the policies
 ``_seal``      fingerprint and integrity over the canonical form
-``_read``      the one reader (tomllib, then the models, then the seal)
+``_text``      the reader's first stage: the file's bytes to its TOML table (no pydantic)
+``_read``      the one reader (``_text``, then the models, then the seal)
 ``_write``     the TOML text of a lock and its atomic write
 ``_toml``      a linear-time TOML writer for the shapes a lock has
 ``_schema``    the JSON Schema generated from the models (``python -m envlock.lock``)
@@ -15,14 +18,11 @@ and the JSON Schema. Callers import from here; the ``_`` modules are its inside.
 
 from __future__ import annotations
 
-import os as _os
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
 
-# Pydantic scans every installed distribution's entry points for plugins when the first model
-# class is built; envlock's models need none, so the scan is skipped while they are built, and
-# the setting put back so that models a training script defines later get their plugins.
-_previous = _os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-_os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-try:
+if TYPE_CHECKING:
     from envlock.lock._model import (
         SCHEMA_VERSION,
         Canary,
@@ -47,10 +47,34 @@ try:
         TorchInfo,
         split_os_spec,
     )
-    from envlock.lock._policy import Policy, Severity, policies, severities
-    from envlock.lock._read import from_dict, load, loads, read_text
-    from envlock.lock._schema import json_schema, schema_json
-    from envlock.lock._seal import FINGERPRINT_EXCLUDE, check_seal, fingerprint, integrity, seal
+    from envlock.lock._policy import (
+        Policy,
+        Severity,
+        policies,
+        severities,
+    )
+    from envlock.lock._read import (
+        from_dict,
+        load,
+        loads,
+    )
+    from envlock.lock._schema import (
+        json_schema,
+        schema_json,
+    )
+    from envlock.lock._seal import (
+        FINGERPRINT_EXCLUDE,
+        check_seal,
+        fingerprint,
+        integrity,
+        seal,
+    )
+    from envlock.lock._text import (
+        MAX_LOCK_BYTES,
+        parse_toml,
+        read_data,
+        read_text,
+    )
     from envlock.lock._toml import document as toml_document
     from envlock.lock._write import (
         STALE_TMP_SECONDS,
@@ -61,19 +85,128 @@ try:
         save,
         write_target,
     )
-finally:
-    if _previous is None:
-        del _os.environ["PYDANTIC_DISABLE_PLUGINS"]
-    else:
-        _os.environ["PYDANTIC_DISABLE_PLUGINS"] = _previous
-    del _previous
 
+_WHERE = {
+    "SCHEMA_VERSION": ("_model", "SCHEMA_VERSION"),
+    "Canary": ("_model", "Canary"),
+    "CanaryResult": ("_model", "CanaryResult"),
+    "Conda": ("_model", "Conda"),
+    "CondaPackage": ("_model", "CondaPackage"),
+    "Determinism": ("_model", "Determinism"),
+    "Duplicate": ("_model", "Duplicate"),
+    "GitInfo": ("_model", "GitInfo"),
+    "GpuDevice": ("_model", "GpuDevice"),
+    "GpuInfo": ("_model", "GpuInfo"),
+    "Image": ("_model", "Image"),
+    "Lock": ("_model", "Lock"),
+    "Meta": ("_model", "Meta"),
+    "OsPackages": ("_model", "OsPackages"),
+    "Package": ("_model", "Package"),
+    "Platform": ("_model", "Platform"),
+    "ProbeInfo": ("_model", "ProbeInfo"),
+    "PythonInfo": ("_model", "PythonInfo"),
+    "Seeds": ("_model", "Seeds"),
+    "TorchBuild": ("_model", "TorchBuild"),
+    "TorchInfo": ("_model", "TorchInfo"),
+    "split_os_spec": ("_model", "split_os_spec"),
+    "Policy": ("_policy", "Policy"),
+    "Severity": ("_policy", "Severity"),
+    "policies": ("_policy", "policies"),
+    "severities": ("_policy", "severities"),
+    "MAX_LOCK_BYTES": ("_text", "MAX_LOCK_BYTES"),
+    "parse_toml": ("_text", "parse_toml"),
+    "read_data": ("_text", "read_data"),
+    "read_text": ("_text", "read_text"),
+    "from_dict": ("_read", "from_dict"),
+    "load": ("_read", "load"),
+    "loads": ("_read", "loads"),
+    "json_schema": ("_schema", "json_schema"),
+    "schema_json": ("_schema", "schema_json"),
+    "FINGERPRINT_EXCLUDE": ("_seal", "FINGERPRINT_EXCLUDE"),
+    "check_seal": ("_seal", "check_seal"),
+    "fingerprint": ("_seal", "fingerprint"),
+    "integrity": ("_seal", "integrity"),
+    "seal": ("_seal", "seal"),
+    "toml_document": ("_toml", "document"),
+    "STALE_TMP_SECONDS": ("_write", "STALE_TMP_SECONDS"),
+    "TMP_SUFFIX": ("_write", "TMP_SUFFIX"),
+    "atomic_write": ("_write", "atomic_write"),
+    "dumps": ("_write", "dumps"),
+    "remove_stale_temps": ("_write", "remove_stale_temps"),
+    "save": ("_write", "save"),
+    "write_target": ("_write", "write_target"),
+}
 __all__ = [
-    "FINGERPRINT_EXCLUDE", "SCHEMA_VERSION", "STALE_TMP_SECONDS", "TMP_SUFFIX", "Canary",
-    "CanaryResult", "Conda", "CondaPackage", "Determinism", "Duplicate", "GitInfo", "GpuDevice",
-    "GpuInfo", "Image", "Lock", "Meta", "OsPackages", "Package", "Platform", "Policy", "ProbeInfo",
-    "PythonInfo", "Seeds", "Severity", "TorchBuild", "TorchInfo", "atomic_write", "check_seal",
-    "dumps", "fingerprint", "from_dict", "integrity", "json_schema", "load", "loads", "policies",
-    "read_text", "remove_stale_temps", "save", "schema_json", "seal", "severities",
-    "split_os_spec", "toml_document", "write_target",
+    "FINGERPRINT_EXCLUDE",
+    "MAX_LOCK_BYTES",
+    "SCHEMA_VERSION",
+    "STALE_TMP_SECONDS",
+    "TMP_SUFFIX",
+    "Canary",
+    "CanaryResult",
+    "Conda",
+    "CondaPackage",
+    "Determinism",
+    "Duplicate",
+    "GitInfo",
+    "GpuDevice",
+    "GpuInfo",
+    "Image",
+    "Lock",
+    "Meta",
+    "OsPackages",
+    "Package",
+    "Platform",
+    "Policy",
+    "ProbeInfo",
+    "PythonInfo",
+    "Seeds",
+    "Severity",
+    "TorchBuild",
+    "TorchInfo",
+    "atomic_write",
+    "check_seal",
+    "dumps",
+    "fingerprint",
+    "from_dict",
+    "integrity",
+    "json_schema",
+    "load",
+    "loads",
+    "parse_toml",
+    "policies",
+    "read_data",
+    "read_text",
+    "remove_stale_temps",
+    "save",
+    "schema_json",
+    "seal",
+    "severities",
+    "split_os_spec",
+    "toml_document",
+    "write_target",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Pydantic scans every installed distribution's entry points for plugins when the first
+    # model class is built; envlock's models need none, so the scan is skipped while they are
+    # built, and the setting put back so that models a training script defines later get theirs.
+    previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    try:
+        value = getattr(importlib.import_module(f"{__name__}.{where[0]}"), where[1])
+    finally:
+        if previous is None:
+            del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+        else:
+            os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,6 @@
 ``dockerengine`` its Docker/Podman implementation (``endpoint`` connects, ``buildlog`` reads the
 build output); ``verify`` runs the stdlib probe inside the built image (copied in, never
 installed); ``inimage`` locks an existing image; ``wheelhouse`` collects wheels for offline
-replays; ``restore`` and ``run`` tie them together for the CLI (``cli``).
-
-Nothing here is imported by ``envlock --help``: the CLI module imports the rest lazily.
+replays; ``restore`` and ``run`` tie them together for the commands
+(``envlock.commands.restore``, ``run``, ``bundle``), which import them when they run.
 """

@@ -12,11 +12,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from envlock.capturing import PROBE_PATH
 from envlock.comparison import Comparison
 from envlock.drift import as_info
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
-from envlock.probeproc import probe_args
+from envlock.probeproc import PROBE_PATH, probe_args
 from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 
@@ -71,15 +70,16 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     packages restored from a wheel of the same version (``from_wheel``) is info, not drift:
     their version and files are still compared.
     """
-    from envlock.building import build_lock
+    from envlock._capture import build_lock
+    from envlock._verify import probe_wanted_for
     from envlock.drift import compare, os_packages_from_base
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
         env["ENVLOCK_IMAGE"] = reference
-    want_torch = lock.torch is not None
-    doc = probe_in_image(engine, image_id, python=python, torch=want_torch,
-                         canary=lock.canary is not None and want_torch, env=env)
+    want_torch, want_canary = probe_wanted_for(lock)
+    doc = probe_in_image(engine, image_id, python=python, torch=want_torch, canary=want_canary,
+                         env=env)
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
     # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
     # envlock.apply(), not expected here.

@@ -1,7 +1,6 @@
-"""``envlock export LOCK --to FORMAT``: argument parsing and output only.
+"""``envlock export LOCK --to FORMAT``: write the lock in a format other tools read.
 
-Registered by ``envlock.cli`` through ``register(subparsers)``. Each format lives in its own
-module and is imported only when asked for, so ``envlock --help`` stays instant.
+Each format lives in its own module under ``envlock.export`` and is imported only when asked for.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from envlock.export.artifacts import Sources
 
-FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
 NEEDS_ARTIFACTS = ("pylock", "requirements")
 
 
@@ -89,7 +87,7 @@ def _written_by_envlock(path: Path) -> bool:
         return False
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from envlock.errors import EXIT_OK, EnvlockError, UsageError
     from envlock.lock import atomic_write
 
@@ -125,32 +123,3 @@ def cmd_export(args: argparse.Namespace) -> int:
     sys.stderr.write(f"wrote {out} ({args.to}, {len(text.encode())} bytes)\n")
     return EXIT_OK
 
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("export", help="write the lock in a format other tools read "
-                                      "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs)")
-    p.add_argument("lock", nargs="?", default="env.lock")
-    p.add_argument("--to", required=True, choices=FORMATS, help="output format")
-    p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file is "
-                                          "replaced only if envlock export wrote it")
-    p.add_argument("--force", action="store_true", help="replace an existing -o file of any origin")
-    g = p.add_argument_group("package files (pylock, requirements)")
-    g.add_argument("--index-url", help="simple-API index for packages (default: the index the "
-                                       "lock's environment used, else pip's configured index)")
-    g.add_argument("--torch-index-url", help="PyTorch's wheel index for +cpu/+cuXXX builds ({label} "
-                                             "is replaced by the label, or it is appended; default: "
-                                             "$ENVLOCK_TORCH_INDEX_URL)")
-    g.add_argument("--wheelhouse", help="offline: take files from this `envlock bundle` directory")
-    g.add_argument("--skip", action="append", metavar="NAME", help="leave this package out")
-    g.add_argument("--no-cache", action="store_true", help="do not read or write the index cache")
-    g.add_argument("--refresh", action="store_true", help="refetch index pages even when cached")
-    g.add_argument("--hashes", action="store_true",
-                   help="cyclonedx: also resolve and list each package's artifact hashes")
-    g = p.add_argument_group("images and jobs (intoto, apptainer, k8s, slurm)")
-    g.add_argument("--image", metavar="REF@sha256:...",
-                   help="the image by digest (default: the lock's own image, when it has a digest)")
-    g.add_argument("--command", help="what the job runs, e.g. 'python train.py --epochs 3'")
-    g.add_argument("--gpus", type=int, help="GPUs to request (default: as many as the lock recorded)")
-    g.add_argument("--workspace-claim", metavar="PVC",
-                   help="k8s: mount this PersistentVolumeClaim at /workspace (default: emptyDir)")
-    p.set_defaults(func=cmd_export)

@@ -1,0 +1,170 @@
+"""Capture: run the probe and build the lock from its document.
+
+Nothing here chooses an environment (``target`` does, for the command line) or decides what a
+lock means; it runs the probe where it is told to and validates what comes back.
+
+The probe runs in-process for ``envlock.capture()`` inside a training script, because seeds and
+determinism flags are live state that only that process knows. Anywhere else it runs in the
+chosen interpreter (``probeproc``), started *before* pydantic and the models are imported, so
+that the probe's own work (importing torch, above all) overlaps envlock's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from envlock import __version__
+from envlock.errors import ProbeFailed, UnsafeValue, UsageError
+from envlock.probeproc import ProbeProcess, probe_args
+
+if TYPE_CHECKING:
+    from envlock.deepreport import Progress
+    from envlock.lock import Lock
+
+
+def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
+                         cwd: str | None = None, deep: bool = False,
+                         git_exclude: Sequence[str] = ()) -> dict[str, Any]:
+    from envlock.probe.collect import collect
+
+    return collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
+                   deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude])
+
+
+class StartedProbe:
+    """The probe running in another interpreter, with ``--deep`` progress drawn on a terminal.
+
+    A context manager: leaving the block stops the probe (a no-op once ``result`` has read its
+    document). It runs in a session of its own, so the terminal's Ctrl-C never reaches it; an
+    error or an interrupt while envlock works beside it must stop it here, or it outlives envlock.
+    """
+
+    def __init__(self, python: str | None, *, deep: bool = False, **options: Any) -> None:
+        self.progress: Progress | None = None
+        if deep:
+            from envlock.deepreport import Progress
+
+            self.progress = Progress()
+        args = probe_args(deep=deep, progress=self.progress is not None and self.progress.enabled,
+                          **options)
+        self.process = ProbeProcess(python or sys.executable, args,
+                                    on_stderr=self.progress.feed if self.progress is not None else None)
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the probe's document."""
+        try:
+            return self.process.result()
+        finally:
+            self._close_progress()
+
+    def cancel(self) -> None:
+        self.process.cancel()
+        self._close_progress()
+
+    def _close_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+    def __enter__(self) -> StartedProbe:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cancel()
+
+
+def capture(
+    *,
+    python: str | None = None,
+    torch: bool = True,
+    canary: bool = False,
+    image: str | None = None,
+    note: str | None = None,
+    cwd: str | None = None,
+    in_process: bool | None = None,
+    deep: bool = False,
+    cache: bool = False,
+    git_exclude: Sequence[str] = (),
+) -> Lock:
+    """Capture the environment as a sealed ``Lock``.
+
+    With no ``python``, this process is probed in-process (its live seeds and flags are what
+    get recorded); with ``python``, that interpreter runs the probe. ``deep`` adds each
+    distribution's on-disk digest (``files_sha256``); ``cache`` lets a probe in another
+    interpreter reuse cached torch facts (never in-process: flags there are live state).
+    ``git_exclude``: files kept out of ``[git]`` (the lock about to be written over).
+    """
+    if image is not None:
+        check_image_option(image)
+    if in_process is None:
+        in_process = python is None
+    if in_process:
+        doc = run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                                   git_exclude=git_exclude)
+    else:
+        with StartedProbe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                          cache=cache, git_exclude=git_exclude) as probe:
+            import_heavy_modules()  # while the probe runs
+            doc = probe.result()
+    doc.pop("deep", None)
+    return build_lock(doc, note=note)
+
+
+def check_image_option(image: str) -> None:
+    """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
+    something the probe found wrong with the environment."""
+    from envlock.restore.values import image_ref
+
+    try:
+        image_ref(image)
+    except UnsafeValue as exc:
+        why = exc.message.removeprefix("refusing ")
+        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+                         hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
+
+
+def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
+    """Timings differ on every run: in a committed lock they would be churn in every diff of
+    an unchanged environment, so they stay out (the model still reads older locks with them)."""
+    doc = {**doc, "probe": {k: v for k, v in (doc.get("probe") or {}).items() if k != "duration_ms"}}
+    if isinstance(doc.get("canary"), dict):
+        doc["canary"] = {k: v for k, v in doc["canary"].items() if k != "duration_ms"}
+    return doc
+
+
+def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
+    """Validate a probe document as a lock (sealed, ready to save): the gate every value the
+    probe reports passes before anything is written or compared."""
+    from datetime import datetime, timezone
+
+    from pydantic import ValidationError
+
+    from envlock.lock import Lock, Meta, seal
+    from envlock.probe.scrub import scrub_string, secret_values
+
+    if note:
+        # The note comes from the user, not the probe: the same scrub, with this process's
+        # secrets (`HF_TOKEN=... envlock capture --note "run with $HF_TOKEN"`).
+        note = scrub_string(note, secret_values())
+    doc = without_timings(doc)
+    try:
+        meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
+                    note=note)
+    except ValidationError as exc:
+        raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
+    try:
+        lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ProbeFailed(f"the probe reported a value envlock cannot lock: {where}: {err['msg']}") from None
+    return seal(lock)
+
+
+def import_heavy_modules() -> None:
+    """Import pydantic, the models, the reader and the writer: called while a probe runs."""
+    from envlock.lock import Lock, save  # noqa: F401  (resolving them imports their modules)

@@ -1,0 +1,66 @@
+"""The ``envlock`` program: one module per subcommand, the grammar in ``_parser``.
+
+The core raises typed exceptions (``envlock.errors``); ``main`` turns them into one line on
+stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see one):
+
+    0  ok / no drift          1  drift or differences found
+    2  usage error, invalid or tampered lock
+    3  environment problem (no container engine, interpreter not found, build failed)
+    130  interrupted
+
+Each handler (``envlock.commands.<name>.run``) prints what ``render`` builds and returns its
+exit code; it imports what it runs, so a command pays only for what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from envlock.commands._output import err
+from envlock.commands._parser import build_parser
+from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvlockError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command (``argv`` None: ``sys.argv[1:]``) and return its exit code.
+
+    Never exits, so tests and other programs call it in-process; argparse's own exits (usage
+    errors 2, ``--help`` 0) become return values too.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Callable[..., int] = importlib.import_module(f"envlock.commands.{args.handler}").run
+    try:
+        return handler(args)
+    except EnvlockError as exc:
+        err(f"envlock: error: {exc.message}\n")
+        if exc.hint:
+            err(f"  hint: {exc.hint}\n")
+        if os.environ.get("ENVLOCK_DEBUG"):
+            raise
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err("envlock: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        if os.environ.get("ENVLOCK_DEBUG"):
+            raise
+        err(f"envlock: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with ENVLOCK_DEBUG=1 for a traceback, and please report it)\n")
+        return EXIT_ENV
+
+
+def console_main() -> NoReturn:
+    """The ``envlock`` program (console script, ``python -m envlock``)."""
+    sys.exit(main())
+
+
+__all__ = ["console_main", "main"]

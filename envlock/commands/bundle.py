@@ -1,0 +1,27 @@
+"""``envlock bundle``: collect every wheel of a lock for offline replay."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from envlock.commands._output import say
+from envlock.errors import EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    from envlock.lock import load
+    from envlock.restore.wheelhouse import bundle
+
+    lock = load(args.lock)
+    result = bundle(lock, Path(args.output), source=Path(args.wheelhouse) if args.wheelhouse else None,
+                    index_url=args.index_url, pip_find_links=Path(args.find_links) if args.find_links else None,
+                    skip_local=args.skip_local, allow_http=args.allow_http)
+    for name in result.missing_tooling:
+        say(f"note: no wheel for {name}; a restore takes it from the base image's ensurepip")
+    if result.skipped:
+        say(f"note: not bundled: {', '.join(result.skipped)}")
+    sys.stdout.write(f"bundled {len(result.files)} files for {lock.short_id} into {result.directory}; "
+                     f"replay offline with: envlock restore {args.lock} --wheelhouse {result.directory}\n")
+    return EXIT_OK

@@ -1,0 +1,57 @@
+"""``envlock capture``: record an environment into a lock file (or stdout)."""
+
+from __future__ import annotations
+
+import argparse
+
+from envlock.commands._output import err, out, say_link
+from envlock.errors import EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    # Nothing heavy is imported before capture(): it starts the probe first and imports
+    # pydantic and the models while the probe runs.
+    from envlock._capture import capture
+
+    if args.in_image:
+        # Lock an image that is not running: the probe runs in a throwaway container.
+        from envlock.restore.inimage import capture_in_image
+
+        lock = capture_in_image(args.in_image, python=args.python, torch=not args.no_torch,
+                                canary=args.canary, note=args.note, engine=args.engine)
+        locked = None
+    else:
+        from envlock.target import choose
+
+        target = choose(args.python)
+        if target.warning:
+            err(f"envlock: warning: {target.warning}\n")
+        lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
+                       image=args.image, note=args.note, in_process=False, deep=args.deep,
+                       cache=not args.no_cache,
+                       git_exclude=[] if args.output == "-" else [args.output])
+        locked = f"locked {target.probed(lock.python.prefix).describe()}"
+    from envlock.lock import dumps, save
+
+    if args.output != "-":
+        path = save(lock, args.output, force=args.force, reseal=False)
+        say_link(path)
+        if not args.json:
+            from envlock.render import capture_summary
+
+            summary, notes = capture_summary(lock, str(path), locked, verbose=args.verbose)
+            out(summary)
+            if notes:
+                err(notes)
+            return EXIT_OK
+    # The one document on stdout is the lock: as JSON with --json, which with -o - is all that
+    # is written (nothing goes to disk).
+    if args.json:
+        from envlock.render import show_json
+
+        out(show_json(lock))
+    else:
+        out(dumps(lock))
+    if locked:
+        err(f"envlock: {locked}\n")
+    return EXIT_OK

@@ -1,0 +1,25 @@
+"""``envlock diff``: compare two locks."""
+
+from __future__ import annotations
+
+import argparse
+
+from envlock.commands._output import out
+from envlock.errors import EXIT_DRIFT, EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    from envlock.drift import compare
+    from envlock.lock import load
+    from envlock.render import comparison_json, diff_markdown, diff_text
+
+    a, b = load(args.a), load(args.b)
+    cmp = compare(a, b, names=(str(args.a), str(args.b)))
+    if args.format == "json":
+        out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
+    elif args.format == "markdown":
+        out(diff_markdown(cmp, a, b, str(args.a), str(args.b)))
+    else:
+        out(diff_text(cmp, str(args.a), str(args.b)))
+    significant = any(d.severity != "info" for d in cmp.differences)
+    return EXIT_DRIFT if significant else EXIT_OK

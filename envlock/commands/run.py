@@ -1,0 +1,64 @@
+"""``envlock run``: run a command in the lock's image, restoring it first when needed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from envlock.commands._output import say
+from envlock.commands._parser import run_options_parser
+from envlock.commands.restore import options, restore_image
+from envlock.errors import EXIT_DRIFT, UsageError
+
+
+def run(args: argparse.Namespace) -> int:
+    from envlock.lock import load
+    from envlock.restore.endpoint import connect
+    from envlock.restore.run import RunOptions, parse_env, parse_ports, run_in_image
+
+    command = split_run_args(args)
+    if not command and not args.jupyter:
+        raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
+    env = parse_env(args.env or [])
+    parse_ports(args.publish or [])
+    opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
+                      env=env, ports=args.publish or [], jupyter=args.jupyter)
+    lock = load(args.lock)
+    with connect(args.engine) as engine:
+        # Verify only what was just built: a cache hit was verified when it was built, and a
+        # replay should start fast.
+        result = restore_image(args, lock, options(args), engine, verify=False)
+        if not result.cached and not args.no_verify:
+            from envlock.restore.restore import verify_image_for
+
+            _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
+            if not cmp.ok:
+                from envlock.render import verify_text
+
+                sys.stderr.write(verify_text(cmp, lock, f"{args.lock} inside {result.tag}"))
+                say("refusing to run in an image that does not match the lock (--no-verify overrides)")
+                return EXIT_DRIFT
+        return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
+                            os_packages_restored=result.plan.os_packages_restored)
+
+
+def split_run_args(args: argparse.Namespace) -> list[str]:
+    """The command after ``--``; options between the lock and ``--`` are parsed here.
+
+    argparse hands everything after the lock to REMAINDER, so ``envlock run env.lock --gpus all
+    -- python train.py`` arrives as one list. Without ``--``, leading options are envlock's and
+    the command starts at the first other word (``envlock run env.lock --jupyter --workspace
+    DIR`` has no command at all).
+    """
+    rest = list(args.cmd or [])
+    if "--" not in rest:
+        if not rest or not rest[0].startswith("-"):
+            return rest
+        run_options_parser(command=True).parse_args(rest, namespace=args)
+        return list(args.cmd or [])
+    cut = rest.index("--")
+    before, command = rest[:cut], rest[cut + 1:]
+    if before:
+        run_options_parser(command=False).parse_args(before, namespace=args)
+    return command

@@ -1,0 +1,64 @@
+"""A lock file's bytes to its TOML table: the first stage of the one reader.
+
+Apart from the models (``_read``) so that ``verify`` can read a lock's tables, and choose and
+start its probe from them, before pydantic is imported; the models then validate this same
+table. Nothing here imports pydantic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from envlock.errors import LockInvalid
+
+# One limit for every command that reads a lock, and for capture, which writes none larger.
+MAX_LOCK_BYTES = 16 * 1024 * 1024
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The text of the lock at ``path``, refused (LockInvalid) when it cannot be a lock."""
+    p = os.fspath(path)
+    try:
+        size = os.stat(p).st_size
+        if size > MAX_LOCK_BYTES:
+            raise LockInvalid(
+                f"{p} is {size / 1e6:.1f} MB; a lock is at most {MAX_LOCK_BYTES // (1 << 20)} MiB"
+            )
+        with open(p, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise LockInvalid(f"{p} not found", hint="create one with `envlock capture`") from None
+    except IsADirectoryError:
+        raise LockInvalid(f"{p} is a directory, not a lock file") from None
+    except PermissionError:
+        raise LockInvalid(f"{p} cannot be read: permission denied") from None
+    if b"\0" in raw[:8192]:
+        raise LockInvalid(f"{p} is a binary file, not an env.lock")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LockInvalid(f"{p} is not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_toml(text: str, name: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LockInvalid(f"{name} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise LockInvalid(f"{name} is not a lock: its arrays or tables nest too deeply") from None
+    except ValueError as exc:
+        # int() refuses integers of more than 4,300 digits (CVE-2020-10735 guard).
+        raise LockInvalid(f"{name} is not a lock: {exc}") from None
+
+
+def read_data(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML table of the lock at ``path`` (LockInvalid when it cannot be one)."""
+    return parse_toml(read_text(path), os.fspath(path))
