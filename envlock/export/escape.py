@@ -148,7 +148,7 @@ def apptainer_shell(value: str, *, what: str = "value") -> str:
 
 # -- YAML ----------------------------------------------------------------------------------------
 
-_YAML_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9./-]*$")
+_YAML_KEY = re.compile(r"[A-Za-z][A-Za-z0-9./-]*")
 
 
 def yaml_scalar(value: object) -> str:
@@ -186,7 +186,7 @@ def yaml_key(key: str) -> str:
 
     YAML allows an implicit key of at most 1024 characters; a longer one would need the
     explicit ``? key`` form, which no key envlock writes needs, so it is refused."""
-    text = key if _YAML_KEY.match(key) else yaml_scalar(key)
+    text = key if _YAML_KEY.fullmatch(key) else yaml_scalar(key)
     if len(text) > YAML_KEY_MAX:
         raise _refuse("YAML mapping key", key, f"longer than YAML's {YAML_KEY_MAX} characters")
     return text

@@ -149,7 +149,7 @@ def parse_html(text: str, page_url: str) -> list[IndexFile]:
         url, fragment = urldefrag(urljoin(page_url, href))
         name = label or url.rsplit("/", 1)[-1]
         algo, _, value = fragment.partition("=")
-        sha = value.lower() if algo == "sha256" and _HEX64.match(value) else None
+        sha = value.lower() if algo == "sha256" and _HEX64.fullmatch(value) else None
         out.append(IndexFile(name, url, sha, None, "data-yanked" in attrs))
     return out
 
@@ -164,7 +164,7 @@ def parse_json(data: Any, page_url: str) -> list[IndexFile]:
             continue
         hashes = row.get("hashes")
         sha = hashes.get("sha256") if isinstance(hashes, dict) else None
-        sha = sha if isinstance(sha, str) and _HEX64.match(sha) else None
+        sha = sha if isinstance(sha, str) and _HEX64.fullmatch(sha) else None
         size = row.get("size") if isinstance(row.get("size"), int) else None
         url = urldefrag(urljoin(page_url, str(row.get("url", ""))))[0]
         out.append(IndexFile(row["filename"], url, sha.lower() if sha else None, size,
