@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from envlock._version import __version__
 
 __all__ = [
     "Lock",
@@ -33,7 +33,7 @@ _LAZY = {
     "capture": ("envlock._capture", "capture"),
     "verify": ("envlock._verify", "verify"),
     "load": ("envlock.lock", "load"),
-    "compare": ("envlock.drift", "compare"),
+    "compare": ("envlock._compare", "compare"),
     "seed_everything": ("envlock.runtime", "seed_everything"),
     "deterministic": ("envlock.runtime", "deterministic"),
     "apply": ("envlock.runtime", "apply"),
@@ -46,7 +46,6 @@ _LAZY = {
 # ``envlock.distributed.check()``); each is imported on first attribute access.
 _SUBMODULES = (
     "distributed",
-    "drift",
     "errors",
     "lock",
     "restore",
@@ -55,14 +54,13 @@ _SUBMODULES = (
 
 if TYPE_CHECKING:
     from envlock import distributed as distributed
-    from envlock import drift as drift
     from envlock import errors as errors
     from envlock import lock as lock
     from envlock import restore as restore
     from envlock import runtime as runtime
     from envlock._capture import capture
+    from envlock._compare import compare
     from envlock._verify import verify
-    from envlock.drift import compare
     from envlock.lock import Lock, load
     from envlock.runtime import (
         apply,

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from envlock import __version__
-from envlock.errors import ProbeFailed, UnsafeValue, UsageError
-from envlock.probeproc import ProbeProcess, probe_args
+from envlock._probeproc import ProbeProcess, probe_args
+from envlock._version import __version__
+from envlock.errors import ProbeFailed, UsageError
 
 if TYPE_CHECKING:
-    from envlock.deepreport import Progress
+    from envlock._deepreport import Progress
     from envlock.lock import Lock
 
 
@@ -46,7 +46,7 @@ class StartedProbe:
     def __init__(self, python: str | None, *, deep: bool = False, **options: Any) -> None:
         self.progress: Progress | None = None
         if deep:
-            from envlock.deepreport import Progress
+            from envlock._deepreport import Progress
 
             self.progress = Progress()
         args = probe_args(deep=deep, progress=self.progress is not None and self.progress.enabled,
@@ -117,13 +117,12 @@ def capture(
 def check_image_option(image: str) -> None:
     """Refuse a malformed ``--image`` before probing: it is the user's input (exit 2), not
     something the probe found wrong with the environment."""
-    from envlock.restore.values import image_ref
+    from envlock.probe import imageref
 
     try:
-        image_ref(image)
-    except UnsafeValue as exc:
-        why = exc.message.removeprefix("refusing ")
-        raise UsageError(f"--image {image!r} is not an image reference: {why}",
+        imageref.parse(image)
+    except imageref.InvalidReference as exc:
+        raise UsageError(f"--image {image!r} is not an image reference: {exc.reason}",
                          hint="use REF[:TAG][@sha256:<64 hex digits>]") from None
 
 

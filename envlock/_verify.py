@@ -19,7 +19,7 @@ from envlock._capture import (
 )
 
 if TYPE_CHECKING:
-    from envlock.comparison import Comparison
+    from envlock._comparison import Comparison
     from envlock.lock import Lock
 
 
@@ -114,8 +114,6 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
         with StartedProbe(python, torch=want_torch, canary=want_canary, deep=deep, cache=cache,
                           git_exclude=exclude) as probe:
             expected = expected_lock()
-            import envlock.deepreport  # what judge() needs, imported while the probe still runs
-            import envlock.drift  # noqa: F401
             doc = probe.result()
     report = doc.pop("deep", None)
     current = build_lock(doc)
@@ -129,8 +127,8 @@ def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, stric
     """The verdict ``verify()`` and ``envlock verify`` both give: the comparison of the two
     locks, OS packages judged as restore's check does inside an image `envlock run` started
     on another base, and the ``--deep`` findings (``report``) merged in."""
-    from envlock.deepreport import align, merge
-    from envlock.drift import compare, os_packages_come_from_base, os_packages_from_base
+    from envlock._compare import compare, os_packages_come_from_base, os_packages_from_base
+    from envlock._deepreport import align, merge
 
     cmp = compare(*align(expected, current), strict=strict, process_state=process_state)
     if os_packages_come_from_base():

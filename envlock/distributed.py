@@ -21,10 +21,10 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import RankMismatch, UsageError
+from envlock.errors import EXIT_DRIFT, EnvlockError, UsageError
 
 if TYPE_CHECKING:
-    from envlock.comparison import Difference
+    from envlock._comparison import Difference
     from envlock.lock import Lock
 
 log = logging.getLogger("envlock.distributed")
@@ -93,6 +93,18 @@ def _canary(torch: Any, label_cuda: bool) -> dict[str, Any]:
     return doc
 
 
+
+class RankMismatch(EnvlockError):
+    """Raised on every rank by ``distributed.check(raise_on_mismatch=True)``; ``result`` has
+    the report. Exit code 1, like any drift: the ranks run different stacks."""
+
+    exit_code = EXIT_DRIFT
+
+    def __init__(self, result: CheckResult) -> None:
+        super().__init__(result.describe())
+        self.result = result
+
+
 def check(
     lock: Lock | str | os.PathLike[str] | None = None,
     *,
@@ -113,8 +125,8 @@ def check(
     import torch.distributed as dist
 
     from envlock._capture import build_lock
-    from envlock.comparison import Difference
-    from envlock.drift import compare
+    from envlock._compare import compare
+    from envlock._comparison import Difference
     from envlock.probe.collect import collect
 
     if not (dist.is_available() and dist.is_initialized()):

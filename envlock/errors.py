@@ -4,7 +4,7 @@ The core never prints or exits; it raises an ``EnvlockError`` subclass, and the 
 one-line ``message`` (and ``hint``) and returns its ``exit_code``. The codes are the contract
 scripts and CI jobs rely on, documented in the README:
 
-    0  ok / no drift               1  drift or differences found (raised: distributed.RankMismatch)
+    0  ok / no drift               1  drift or differences found (raised: envlock.distributed.RankMismatch)
     2  the input is wrong: usage, an invalid, tampered or unsafe lock (the user fixes the input)
     3  the environment around envlock is wrong: no engine, interpreter or torch, a failed probe
        or build, an unreachable index (the same input can succeed elsewhere)
@@ -15,12 +15,8 @@ Every exception envlock raises for a user to read lives here, so the mapping is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-if TYPE_CHECKING:
-    from envlock.distributed import CheckResult
 
 
 class EnvlockError(Exception):
@@ -145,17 +141,6 @@ class NotRestorable(EnvlockError):
     is valid and records faithfully what this environment cannot provide."""
 
     exit_code = EXIT_ENV
-
-
-class RankMismatch(EnvlockError):
-    """Raised on every rank by ``distributed.check(raise_on_mismatch=True)``; ``result`` has
-    the report. Exit code 1, like any drift: the ranks run different stacks."""
-
-    exit_code = EXIT_DRIFT
-
-    def __init__(self, result: CheckResult) -> None:
-        super().__init__(result.describe())
-        self.result = result
 
 
 class HostIncompatible(EnvlockError):

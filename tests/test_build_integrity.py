@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.drift import compare
+from envlock._compare import compare
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
 from envlock.lock import Lock
 from envlock.probe.packages import record_sha256

@@ -20,8 +20,8 @@ from helpers import run_cli
 from envlock import lock as lockio
 from envlock import runtime
 from envlock._capture import capture
+from envlock._compare import compare
 from envlock._verify import verify
-from envlock.drift import compare
 from envlock.lock import Canary, Lock, seal
 from envlock.probe import kernels
 from envlock.probe.collect import run_canary

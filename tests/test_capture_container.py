@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from envlock._capture import build_lock
-from envlock.drift import compare
+from envlock._compare import compare
 from envlock.restore.verify import PROBE_DIR, probe_files
 
 pytestmark = pytest.mark.integration

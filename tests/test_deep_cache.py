@@ -24,7 +24,7 @@ from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock.deepreport import summary
+from envlock._deepreport import summary
 from envlock.probe import deep, filehashes
 from envlock.probe.filehashes import FileHashes
 

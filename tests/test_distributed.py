@@ -118,15 +118,13 @@ def test_check_outside_a_process_group_is_a_usage_error() -> None:
 
 def test_rank_mismatch_is_an_envlock_error_with_the_drift_exit_code() -> None:
     from envlock import distributed, errors
-    from envlock.comparison import Difference
+    from envlock._comparison import Difference
 
     diff = Difference("determinism", "determinism.cudnn_benchmark", False, True, "breaking")
     result = distributed.CheckResult(
         world_size=2, reference="rank 0", hosts=("a", "b"), fingerprints=("", ""),
         mismatches=(distributed.RankReport(1, "b", (diff,)),))
-    exc = errors.RankMismatch(result)
-    # Still reachable where the README and rank programs catch it.
-    assert distributed.RankMismatch is errors.RankMismatch
+    exc = distributed.RankMismatch(result)
     assert isinstance(exc, errors.EnvlockError)
     assert exc.exit_code == errors.EXIT_DRIFT == 1
     assert exc.result is result

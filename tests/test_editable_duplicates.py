@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import make_dist
 
+from envlock._probeproc import PROBE_PATH
 from envlock.probe import packages
-from envlock.probeproc import PROBE_PATH
 
 
 def _project(tmp_path: Path) -> Path:

@@ -1,5 +1,5 @@
 """Every export writes values through the escaping function of its output language
-(``envlock.export.escape``), checked by the language's own reader: bash reads the shell words
+(``envlock._escape``), checked by the language's own reader: bash reads the shell words
 back, PyYAML the YAML scalars, a CommonMark parser the markdown; Apptainer is not packaged for
 this machine, so its definitions are checked for the line structure Apptainer reads.
 
@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
+from envlock import _escape as escape
+from envlock._textsafe import safe
 from envlock.errors import EnvlockError, UnsafeValue
-from envlock.export import apptainer, escape, k8s, slurm
+from envlock.export import apptainer, k8s, slurm
 from envlock.export.latex import show_latex
 from envlock.lock import Lock, save
-from envlock.textsafe import safe
+from envlock.restore.dockerfile import dockerfile_env, dockerfile_exec
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = {"in_container": True, "source": "env", "reference": "r.example/x", "digest": DIGEST}
@@ -308,10 +310,10 @@ def test_markdown_link_image_and_mention_are_dead() -> None:
 def test_property_dockerfile_words(value: str) -> None:
     import json
 
-    word = escape.dockerfile_exec([value])
+    word = dockerfile_exec([value])
     assert "\n" not in word and json.loads(word) == [value]
     try:
-        line = escape.dockerfile_env("XLA_FLAGS", value)
+        line = dockerfile_env("XLA_FLAGS", value)
     except EnvlockError as exc:
         _refused(exc)
         return

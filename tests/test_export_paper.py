@@ -13,10 +13,10 @@ from helpers import LockFactory, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock.export.escape import latex as escape
+from envlock._escape import latex as escape
+from envlock._render import show_markdown
 from envlock.export.latex import show_latex
 from envlock.lock import Lock, save
-from envlock.render import show_markdown
 
 NASTY_NOTE = r"50% of runs & $x_1$ {#2} ~ ^ \textbf{no} <b>|</b> `tick`"
 

@@ -15,10 +15,10 @@ import pytest
 from helpers import REPO, make_dist
 
 from envlock._capture import build_lock
+from envlock._probeproc import PROBE_PATH
 from envlock.probe import git, image, packages, rules, scrub, system
 from envlock.probe.collect import collect
 from envlock.probe.env import collect_env
-from envlock.probeproc import PROBE_PATH
 
 # `site` (conftest.py): an isolated sys.path holding only the fake distributions a test writes.
 

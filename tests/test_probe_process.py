@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from envlock._probeproc import DEFAULT_PROBE_TIMEOUT, ProbeProcess, probe_timeout, resolve_python
 from envlock.errors import ProbeFailed, UsageError
-from envlock.probeproc import DEFAULT_PROBE_TIMEOUT, ProbeProcess, probe_timeout, resolve_python
 
 
 def script(path: Path, body: str) -> Path:

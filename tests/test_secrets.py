@@ -374,7 +374,7 @@ def test_terminal_escapes_never_reach_a_terminal_raw(tmp_path: Path) -> None:
 
 
 def test_safe_escapes_every_control_character() -> None:
-    from envlock.render import safe
+    from envlock._render import safe
 
     controls = [chr(c) for c in [*range(0x20), *range(0x7f, 0xa0), 0x202e, 0x2066, 0x2028]]
     for c in controls:

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envlock._capture import build_lock
-from envlock.drift import compare
+from envlock._compare import compare
+from envlock._probeproc import PROBE_PATH
 from envlock.lock import TorchBuild, fingerprint
 from envlock.probe import torchstack
 from envlock.probe.collect import collect
-from envlock.probeproc import PROBE_PATH
 
 # The shape of a CUDA wheel's torch.__config__.show() (torch 2.x on Linux).
 CUDA_SHOW = """PyTorch built with:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from envlock import probeproc
+from envlock import _probeproc as probeproc
 from envlock._capture import StartedProbe
 from envlock._verify import probe_wanted, probe_wanted_for
 from envlock.commands import main
@@ -126,11 +126,11 @@ def test_the_probe_starts_before_the_models_and_the_comparator_are_imported(lock
     from helpers import REPO
 
     code = ("import sys\n"
-            "from envlock import probeproc\n"
+            "from envlock import _probeproc as probeproc\n"
             "seen = []\n"
             "real = probeproc.ProbeProcess.__init__\n"
             "def init(self, *args, **kwargs):\n"
-            "    seen.append(sorted(m for m in ('pydantic', 'envlock.model', 'envlock.drift')\n"
+            "    seen.append(sorted(m for m in ('pydantic', 'envlock.model', 'envlock._compare')\n"
             "                       if m in sys.modules))\n"
             "    real(self, *args, **kwargs)\n"
             "probeproc.ProbeProcess.__init__ = init\n"

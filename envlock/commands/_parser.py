@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TypeAlias
 
-from envlock import __version__
+from envlock._version import __version__
 
 FORMATS = ("text", "json", "markdown")
 EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")

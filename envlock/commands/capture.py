@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
                                 canary=args.canary, note=args.note, engine=args.engine)
         locked = None
     else:
-        from envlock.target import choose
+        from envlock._target import choose
 
         target = choose(args.python)
         if target.warning:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         path = save(lock, args.output, force=args.force, reseal=False)
         say_link(path)
         if not args.json:
-            from envlock.render import capture_summary
+            from envlock._render import capture_summary
 
             summary, notes = capture_summary(lock, str(path), locked, verbose=args.verbose)
             out(summary)
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     # The one document on stdout is the lock: as JSON with --json, which with -o - is all that
     # is written (nothing goes to disk).
     if args.json:
-        from envlock.render import show_json
+        from envlock._render import show_json
 
         out(show_json(lock))
     else:

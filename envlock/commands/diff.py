@@ -9,9 +9,9 @@ from envlock.errors import EXIT_DRIFT, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock.drift import compare
+    from envlock._compare import compare
+    from envlock._render import comparison_json, diff_markdown, diff_text
     from envlock.lock import load
-    from envlock.render import comparison_json, diff_markdown, diff_text
 
     a, b = load(args.a), load(args.b)
     cmp = compare(a, b, names=(str(args.a), str(args.b)))

@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
                          f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")
         return EXIT_OK
+    from envlock._render import verify_text
     from envlock.lock import load
-    from envlock.render import verify_text
     from envlock.restore.endpoint import connect
 
     lock = load(args.lock)

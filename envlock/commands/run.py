@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
             _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
             if not cmp.ok:
-                from envlock.render import verify_text
+                from envlock._render import verify_text
 
                 sys.stderr.write(verify_text(cmp, lock, f"{args.lock} inside {result.tag}"))
                 say("refusing to run in an image that does not match the lock (--no-verify overrides)")

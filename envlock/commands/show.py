@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
 
     lock = load(args.lock)
-    from envlock.render import show_json, show_markdown, show_text
+    from envlock._render import show_json, show_markdown, show_text
 
     name = Path(args.lock).name
     if args.format == "json":

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from envlock._deepreport import summary, torch_facts_line
+from envlock._render import comparison_json, verify_text
+from envlock._target import choose, recorded_prefix_hint
 from envlock._verify import check
 from envlock.commands._output import err, out
-from envlock.deepreport import summary, torch_facts_line
 from envlock.errors import EXIT_DRIFT, EXIT_OK
-from envlock.render import comparison_json, verify_text
-from envlock.target import choose, recorded_prefix_hint
 
 
 def run(args: argparse.Namespace) -> int:

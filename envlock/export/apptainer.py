@@ -10,7 +10,7 @@ value on one line, shell-quoted where a shell reads it, or the export is refused
 
 from __future__ import annotations
 
-from envlock.export import escape
+from envlock import _escape as escape
 from envlock.export.common import environment, pinned_image
 from envlock.lock import Lock
 

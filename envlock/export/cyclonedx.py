@@ -131,7 +131,7 @@ def render(lock: Lock, resolved: list[Resolved] | None = None) -> str:
     from cyclonedx.model.component import Component, ComponentType
     from cyclonedx.output.json import JsonV1Dot6
 
-    from envlock import __version__
+    from envlock._version import __version__
 
     by_name = {r.package.name: r for r in resolved or ()}
     root = Component(name=f"envlock-{lock.short_id}", version=lock.short_id, bom_ref="environment",

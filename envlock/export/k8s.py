@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envlock.export import escape
+from envlock import _escape as escape
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
 from envlock.lock import Lock
 

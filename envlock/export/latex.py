@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-from envlock.export.escape import latex as escape
-from envlock.export.escape import latex_tt as tt
+from envlock._escape import latex as escape
+from envlock._escape import latex_tt as tt
+from envlock._render import replay_lines
 from envlock.lock import Lock
-from envlock.render import replay_lines
 
 
 def _flag(value: bool | None) -> str:

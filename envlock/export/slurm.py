@@ -13,7 +13,7 @@ when the job was submitted with ``sbatch --export=NONE``.
 
 from __future__ import annotations
 
-from envlock.export import escape
+from envlock import _escape as escape
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
 from envlock.lock import Lock
 

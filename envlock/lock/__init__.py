@@ -5,6 +5,7 @@ its probe before pydantic and the models are imported.
 
 =============  ====================================================================
 ``_model``     the typed, frozen models, with each field's policy beside its type
+``_lock``      ``Lock``: the models' root with the method that writes it (``save``)
 ``_values``    the character rules for strings that may come from outside
 ``_policy``    what a policy is, and what is derived from the policies
 ``_seal``      fingerprint and integrity over the canonical form
@@ -23,6 +24,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from envlock.lock._lock import Lock
     from envlock.lock._model import (
         SCHEMA_VERSION,
         Canary,
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
         GpuDevice,
         GpuInfo,
         Image,
-        Lock,
         Meta,
         OsPackages,
         Package,
@@ -98,7 +99,7 @@ _WHERE = {
     "GpuDevice": ("_model", "GpuDevice"),
     "GpuInfo": ("_model", "GpuInfo"),
     "Image": ("_model", "Image"),
-    "Lock": ("_model", "Lock"),
+    "Lock": ("_lock", "Lock"),
     "Meta": ("_model", "Meta"),
     "OsPackages": ("_model", "OsPackages"),
     "Package": ("_model", "Package"),

@@ -13,7 +13,7 @@ fingerprint covers it, and a table's comment in the written file.
 # annotation from its string again when it builds the models, on every run of every command.
 from datetime import datetime
 from itertools import pairwise
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -362,8 +362,8 @@ class ProbeInfo(_Model):
     torch_facts: Annotated[Literal["live", "cached"] | None, NOT_COMPARED] = None
 
 
-class Lock(_Model):
-    """The whole ``env.lock``."""
+class LockData(_Model):
+    """Every table of ``env.lock``, as data; ``_lock.Lock`` adds the method that writes it."""
 
     # Every table is compared by a function of its own in drift (the fields inside by their
     # own policies); ``comment`` is the line written under the table's header.
@@ -424,14 +424,6 @@ class Lock(_Model):
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
         fingerprint = self.envlock.fingerprint
         return fingerprint.split(":", 1)[1][:12] if fingerprint else "unsealed"
-
-    def save(self, path: Any) -> Any:
-        """Seal (fingerprint) and write atomically; returns the path written."""
-        # The writer seals with the policies declared here, so it imports this module; a
-        # method that writes can only reach it at call time.
-        from envlock.lock._write import save
-
-        return save(self, path)
 
 
 def split_os_spec(spec: str) -> tuple[str, str, str]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envlock.lock._model import SCHEMA_VERSION, Lock
+from envlock.lock._lock import Lock
+from envlock.lock._model import SCHEMA_VERSION
 
 
 def json_schema() -> dict[str, Any]:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from envlock.errors import LockTampered
-from envlock.lock._model import Lock
+from envlock.lock._model import LockData
 from envlock.lock._policy import fingerprint_exclude
 
 # What the fingerprint leaves out, in the shape pydantic's ``exclude`` takes (True drops a key,
 # a dict recurses, ``"__all__"`` applies to every item of an array), derived from the policies.
-FINGERPRINT_EXCLUDE: dict[str, Any] = fingerprint_exclude(Lock)
+_L = TypeVar("_L", bound=LockData)
+
+FINGERPRINT_EXCLUDE: dict[str, Any] = fingerprint_exclude(LockData)
 
 
 def canonical_json(data: Any) -> bytes:
@@ -51,7 +53,7 @@ def _sha256(data: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
 
 
-def canonical_form(lock: Lock) -> dict[str, Any]:
+def canonical_form(lock: LockData) -> dict[str, Any]:
     """What both hashes are computed over."""
     return dict(lock.model_dump(mode="json", exclude_none=True))
 
@@ -65,17 +67,17 @@ def _integrity_of(form: dict[str, Any]) -> str:
     return _sha256({**form, "envlock": meta})
 
 
-def fingerprint(lock: Lock) -> str:
+def fingerprint(lock: LockData) -> str:
     """The identity hash: what identifies the environment (the [envlock] table is left out)."""
     return _fingerprint_of(canonical_form(lock))
 
 
-def integrity(lock: Lock) -> str:
+def integrity(lock: LockData) -> str:
     """The tamper hash: everything but the two hashes themselves."""
     return _integrity_of(canonical_form(lock))
 
 
-def seal(lock: Lock) -> Lock:
+def seal(lock: _L) -> _L:
     """Return ``lock`` with both hashes recomputed for its current content."""
     form = canonical_form(lock)  # neither hash covers the hashes, so the old ones may stay
     meta = lock.envlock.model_copy(update={"fingerprint": _fingerprint_of(form),
@@ -83,7 +85,7 @@ def seal(lock: Lock) -> Lock:
     return lock.model_copy(update={"envlock": meta})
 
 
-def check_seal(lock: Lock, name: str = "env.lock") -> None:
+def check_seal(lock: LockData, name: str = "env.lock") -> None:
     """Raise LockTampered when the content no longer matches the hashes written with it."""
     meta = lock.envlock
     if meta.fingerprint is None or meta.integrity is None:

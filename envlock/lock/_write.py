@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import envlock.lock._toml as _toml
-from envlock import __version__
+from envlock._version import __version__
 from envlock.errors import EnvlockError, UsageError
-from envlock.lock._model import SCHEMA_VERSION, Lock
+from envlock.lock._model import SCHEMA_VERSION, LockData
 from envlock.lock._policy import policies
 from envlock.lock._seal import seal
 from envlock.probe.procs import pid_alive
@@ -32,7 +32,7 @@ env.lock - a replayable environment, written by envlock {version}.
 Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
 # The comment under each top-level table's header, as the model declares it.
-_SECTION_COMMENTS = {name: p.comment for name, p in policies(Lock).items() if p.comment is not None}
+_SECTION_COMMENTS = {name: p.comment for name, p in policies(LockData).items() if p.comment is not None}
 
 
 
@@ -49,7 +49,7 @@ def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
     out.append("\n]\n" if specs else "]\n")
 
 
-def dumps(lock: Lock, name: str = "env.lock") -> str:
+def dumps(lock: LockData, name: str = "env.lock") -> str:
     """Render a lock as TOML: stable order (model field order, packages by name), linear time."""
     data = lock.model_dump(mode="json", exclude_none=True)
     data["envlock"]["created_at"] = lock.envlock.created_at  # a native TOML datetime
@@ -192,7 +192,7 @@ def atomic_write(path: Path, text: str) -> Path:
     return target
 
 
-def save(lock: Lock, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
+def save(lock: LockData, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
     """Seal and write ``lock`` atomically.
 
     An existing file that is not an env.lock is never overwritten without ``force``: one typo

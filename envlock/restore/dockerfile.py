@@ -13,8 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from envlock import __version__
-from envlock.export import escape
+from envlock._version import __version__
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Plan
@@ -31,8 +30,16 @@ LABEL_SHORT_ID = "org.envlock.short-id"
 LABEL_CONTEXT = "org.envlock.context"
 
 
-def _exec(argv: Iterable[str]) -> str:
-    return escape.dockerfile_exec(argv)
+def dockerfile_exec(argv: Iterable[str]) -> str:
+    """An exec-form (JSON array) argument list: no shell parses it, a newline stays ``\\n``."""
+    return json.dumps(list(argv))
+
+
+def dockerfile_env(name: str, value: str) -> str:
+    """``NAME="VALUE"`` for an ``ENV`` line. A Dockerfile has no complete quoting for ENV (``$``
+    expands, ``\\`` escapes, a newline ends the instruction), so the value must pass the
+    allowlist of ``values.env_value``, the one rule for what an image's ENV may hold."""
+    return f'{values.env_name(name)}="{values.env_value(value, name=name)}"'
 
 
 def _pip(plan: Plan, *args: str) -> str:
@@ -41,7 +48,7 @@ def _pip(plan: Plan, *args: str) -> str:
         # Debian/Ubuntu mark their python externally managed (PEP 668); older pips ignore the
         # variable, where a command-line flag would be an error.
         env.append("PIP_BREAK_SYSTEM_PACKAGES=1")
-    return "RUN " + _exec([*env, plan.python, "-m", "pip", *args])
+    return "RUN " + dockerfile_exec([*env, plan.python, "-m", "pip", *args])
 
 
 _PIP_INSTALL = ("install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--no-input")
@@ -52,7 +59,7 @@ def _version_check(plan: Plan) -> str:
     code = (f"import sys; v = sys.version_info[:2]; sys.exit(0 if v == ({major}, {minor}) else "
             f"'envlock: the base image python is %d.%d, the lock needs {major}.{minor}; "
             f"pass --base with a python {major}.{minor} image' % v)")
-    return "RUN " + _exec([plan.base_python, "-c", code])
+    return "RUN " + dockerfile_exec([plan.base_python, "-c", code])
 
 
 def _label(key: str, value: str) -> str:
@@ -91,7 +98,7 @@ def dockerfile(plan: Plan) -> str:
     ]
     if plan.venv:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
-                  "RUN " + _exec([plan.base_python, "-m", "venv", plan.venv]),
+                  "RUN " + dockerfile_exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
     if plan.os_install:
         lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
@@ -106,9 +113,9 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", f"# {comments[layer.name]}"]
         files = layer.files()
         for fname in files:
-            lines.append(f"COPY {_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
+            lines.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
         if plan.offline:
-            lines.append(f"COPY {_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+            lines.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
         for fname in files:
             hashed = fname.endswith("-hashed.txt")
             lines.append(_pip(plan, *_PIP_INSTALL, *(("--require-hashes",) if hashed else ()),
@@ -120,8 +127,8 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", "# The image itself: the base plus the venv built above, without the wheels.",
                   f"FROM {plan.base.ref}",
                   "USER root",
-                  f"COPY --from={BUILD_STAGE} {_exec([plan.venv or '', plan.venv or ''])}",
-                  f"COPY --from={BUILD_STAGE} {_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
+                  f"COPY --from={BUILD_STAGE} {dockerfile_exec([plan.venv or '', plan.venv or ''])}",
+                  f"COPY --from={BUILD_STAGE} {dockerfile_exec([REQ_DIR_IN_IMAGE, REQ_DIR_IN_IMAGE])}",
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
     lines += [
         "",
@@ -133,7 +140,7 @@ def dockerfile(plan: Plan) -> str:
     ]
     if plan.env:
         lines += ["", "# Variables that change numerics, as captured."]
-        lines.append("ENV " + " ".join(escape.dockerfile_env(k, v) for k, v in plan.env))
+        lines.append("ENV " + " ".join(dockerfile_env(k, v) for k, v in plan.env))
     lines += ["", "LABEL " + " \\\n      ".join(_label(k, v) for k, v in sorted(labels(plan).items())),
               f"USER {DEFAULT_UID}:{DEFAULT_UID}", f"WORKDIR {WORKDIR}", ""]
     return "\n".join(lines)

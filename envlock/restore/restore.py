@@ -23,7 +23,7 @@ from envlock.restore import context as ctx
 from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
-    from envlock.comparison import Comparison
+    from envlock._comparison import Comparison
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.progress import Progress
 

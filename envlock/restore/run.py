@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envlock.drift import OS_FROM_BASE_ENV
+from envlock._compare import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
 from envlock.lock import Lock
 from envlock.restore.context import WORKDIR, numerics_env

@@ -12,15 +12,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from envlock.comparison import Comparison
-from envlock.drift import as_info
+from envlock._compare import as_info
+from envlock._comparison import Comparison
+from envlock._probeproc import PROBE_PATH, probe_args
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
-from envlock.probeproc import PROBE_PATH, probe_args
 from envlock.restore.context import TOOLING
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
-    from envlock.comparison import Difference
+    from envlock._comparison import Difference
     from envlock.lock import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
@@ -71,8 +71,8 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     their version and files are still compared.
     """
     from envlock._capture import build_lock
+    from envlock._compare import compare, os_packages_from_base
     from envlock._verify import probe_wanted_for
-    from envlock.drift import compare, os_packages_from_base
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:

@@ -9,11 +9,11 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock.textsafe import dash as dash  # where callers always imported them from
-from envlock.textsafe import safe as safe
+from envlock._textsafe import dash as dash  # where callers always imported them from
+from envlock._textsafe import safe as safe
 
 if TYPE_CHECKING:
-    from envlock.comparison import Comparison, Difference
+    from envlock._comparison import Comparison, Difference
     from envlock.lock import Canary, Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
@@ -191,7 +191,7 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
     """The verify report. ``environment`` says what was checked and why ("./.venv
     (VIRTUAL_ENV)"); ``captured_from`` is the lock's own environment when it exists here but
     another one was checked: the one line that explains a wall of drift."""
-    from envlock.verify_report import (
+    from envlock._verify_report import (
         DETAIL_LINES,
         SUMMARY_AFTER,
         image_hint,

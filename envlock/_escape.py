@@ -3,12 +3,13 @@
 A lock is data from elsewhere (a paper's artifact, a colleague's branch) and ``envlock fmt``
 reseals whatever was edited into it, so no export may trust a value's characters. The model's
 character rules say what a value may *be*; these functions say how a value is *written* into a
-given output language so that it reads back as the same value and nothing else:
+given output language so that it reads back as the same value and nothing else (the
+Dockerfile, restore's own language, is written by ``restore/dockerfile``: exec-form JSON, and
+ENV values held to restore's allowlist):
 
 =================  =======================================================================
 language           function(s)
 =================  =======================================================================
-Dockerfile         ``dockerfile_exec`` (exec-form JSON), ``dockerfile_env`` (checked ENV)
 Apptainer def      ``apptainer_line``, ``apptainer_label``, ``apptainer_shell``
 shell / sbatch     ``shell``, ``shell_export``, ``comment`` (also YAML and definitions)
 Slurm/Apptainer    ``apptainer_env_export``: never ``--env K=V`` (both split it on commas)
@@ -28,10 +29,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterable
 
+from envlock._textsafe import safe
 from envlock.errors import EnvlockError, UnsafeValue, UsageError
-from envlock.textsafe import safe
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -44,23 +44,6 @@ def _refuse(what: str, value: str, why: str) -> EnvlockError:
         return UsageError(f"{what} {shown}: {why}")
     return UnsafeValue(f"refusing {what} {shown}: {why}",
                        hint="the lock was edited or crafted; exports write only values that read back as written")
-
-
-# -- Dockerfile ----------------------------------------------------------------------------------
-
-
-def dockerfile_exec(argv: Iterable[str]) -> str:
-    """An exec-form (JSON array) argument list: no shell parses it, a newline stays ``\\n``."""
-    return json.dumps(list(argv))
-
-
-def dockerfile_env(name: str, value: str) -> str:
-    """``NAME="VALUE"`` for an ``ENV`` line. A Dockerfile has no complete quoting for ENV (``$``
-    expands, ``\\`` escapes, a newline ends the instruction), so the value must pass restore's
-    allowlist (``restore.values.env_value``), the one rule for what an image's ENV may hold."""
-    from envlock.restore import values
-
-    return f'{values.env_name(name)}="{values.env_value(value, name=name)}"'
 
 
 # -- comments (any line-oriented language: shell, YAML, definition files) -------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock.comparison import Comparison, Difference
-from envlock.textsafe import dash, safe
+from envlock._comparison import Comparison, Difference
+from envlock._textsafe import dash, safe
 
 if TYPE_CHECKING:
     from envlock.lock import Lock

@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from envlock import driftpkgs
-from envlock.comparison import (
+from envlock import _compare_packages as driftpkgs
+from envlock._comparison import (
     SEVERITY_RANK,
     Collector,
     Comparison,

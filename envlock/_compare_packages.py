@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from envlock.comparison import Collector, Severity, dump
+from envlock._comparison import Collector, Severity, dump
 
 if TYPE_CHECKING:
     from envlock.lock import Lock

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from envlock.comparison import Comparison, Difference
+    from envlock._comparison import Comparison, Difference
     from envlock.lock import Lock
 
 DEFAULT_FILES_SHOWN = 10
@@ -25,7 +25,7 @@ _PROGRESS_TAG = "\x1eenvlock-progress "
 
 def differences(report: dict[str, Any], limit: int | None = DEFAULT_FILES_SHOWN) -> list[Difference]:
     """One breaking difference per file found (``limit`` per distribution, None for all)."""
-    from envlock.comparison import Difference
+    from envlock._comparison import Difference
 
     out: list[Difference] = []
     for name, kinds in sorted(report.get("dists", {}).items()):
@@ -44,7 +44,7 @@ def differences(report: dict[str, Any], limit: int | None = DEFAULT_FILES_SHOWN)
 def merge(cmp: Comparison, report: dict[str, Any] | None,
           limit: int | None = DEFAULT_FILES_SHOWN) -> Comparison:
     """``cmp`` plus the deep findings, most severe first as ``compare`` orders them."""
-    from envlock.comparison import SEVERITY_RANK, Comparison
+    from envlock._comparison import SEVERITY_RANK, Comparison
 
     if not report:
         return cmp
