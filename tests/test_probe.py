@@ -294,7 +294,7 @@ def test_importing_the_rules_imports_no_collector() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('envlock')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert out.stdout.split() == ["['envlock',", "'envlock.probe',", "'envlock.probe.rules',",
+    assert out.stdout.split() == ["['envlock',", "'envlock._version',", "'envlock.probe',", "'envlock.probe.rules',",
                                   "'envlock.probe.scrub']"]
 
 
