@@ -132,6 +132,8 @@ def apptainer_shell(value: str, *, what: str = "value") -> str:
 # -- YAML ----------------------------------------------------------------------------------------
 
 _YAML_KEY = re.compile(r"[A-Za-z][A-Za-z0-9./-]*")
+# Plain words a YAML 1.1 reader (PyYAML, many others) takes for a boolean or null, not a string.
+_YAML_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "null"})
 
 
 def yaml_scalar(value: object) -> str:
@@ -169,7 +171,8 @@ def yaml_key(key: str) -> str:
 
     YAML allows an implicit key of at most 1024 characters; a longer one would need the
     explicit ``? key`` form, which no key envlock writes needs, so it is refused."""
-    text = key if _YAML_KEY.fullmatch(key) else yaml_scalar(key)
+    bare = _YAML_KEY.fullmatch(key) and key.lower() not in _YAML_WORDS
+    text = key if bare else yaml_scalar(key)
     if len(text) > YAML_KEY_MAX:
         raise _refuse("YAML mapping key", key, f"longer than YAML's {YAML_KEY_MAX} characters")
     return text

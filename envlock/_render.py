@@ -9,8 +9,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock._textsafe import dash as dash  # where callers always imported them from
-from envlock._textsafe import safe as safe
+from envlock._textsafe import dash, safe
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison, Difference

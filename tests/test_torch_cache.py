@@ -20,8 +20,9 @@ import torch  # noqa: F401 - a pinned dev dependency: without it these tests wou
 from helpers import REPO, run_cli
 
 from envlock.probe import source
-from envlock.probe.cache import cache_dir, torch_cache_key
+from envlock.probe.cache import torch_cache_key
 from envlock.probe.collect import collect
+from envlock.probe.statcache import cache_dir
 
 pytestmark = pytest.mark.slow  # each live run imports torch in a fresh interpreter
 PROBE = str(REPO / "envlock" / "probe")

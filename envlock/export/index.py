@@ -111,7 +111,7 @@ def redact(url: str) -> str:
 
 
 def cache_root() -> Path:
-    from envlock.probe.cache import cache_dir
+    from envlock.probe.statcache import cache_dir
 
     return Path(cache_dir())
 

@@ -16,8 +16,7 @@ from . import source
 from .files import atomic_json, read_text, sha256
 from .packages import path_entries
 from .rules import canonicalize_name
-from .statcache import RecordDigests, prune, scan_record
-from .statcache import cache_dir as cache_dir  # where restore and the tests look for it
+from .statcache import RecordDigests, cache_dir, prune, scan_record
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.

@@ -48,7 +48,7 @@ def image_name(lock_path: Path | None, name: str | None = None) -> str:
 
 def cache_dir() -> Path:
     """Restore's part of envlock's one cache directory (``probe.cache_dir``)."""
-    from envlock.probe.cache import cache_dir as envlock_cache
+    from envlock.probe.statcache import cache_dir as envlock_cache
 
     return Path(envlock_cache()) / "restore"
 
