@@ -7,7 +7,9 @@
   this machine for a full re-hash (single-core sha256 throughput x cores).
 * warm ``envlock verify`` (torch facts cached) and ``--no-cache`` (torch imported) against
   ``python -c "import torch"``; ``verify --no-torch`` and ``show`` against ``uv pip freeze``;
-  cold ``capture --no-cache`` against ``import torch``.
+  ``verify --no-torch`` against ``uv pip sync --dry-run --offline`` of the venv's own pins (a
+  check of an environment against pins, as verify is; issue 17); cold ``capture --no-cache``
+  against ``import torch``.
 
 Stdlib only, like ``run.py``; the commands and the measuring loop are ``run.py``'s.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,6 +47,58 @@ def site_packages(py: str, env: dict[str, str]) -> str:
                           env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def write_pins(uv: str, py: str, env: dict[str, str], cwd: Path, out: Path) -> None:
+    """The venv's pins, as ``uv pip freeze`` writes them, into ``out`` (once per run).
+
+    A direct reference (``name @ file:///...``) becomes ``name==version``: run.py installs
+    envlock from a temporary copy of the checkout that is gone by now, and ``uv pip sync``
+    fails on a source path that no longer exists ("Distribution not found") instead of
+    checking anything. A plain pin is what a requirements file of a released envlock holds;
+    uv takes the installed distribution as satisfying it.
+    """
+    def run_uv(*args: str) -> str:
+        return subprocess.run([uv, "pip", *args, "--python", py], env=env, cwd=cwd,
+                              capture_output=True, text=True, check=True).stdout
+
+    def canon(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    versions = {canon(d["name"]): d["version"] for d in json.loads(run_uv("list", "--format", "json"))}
+    pins = []
+    for line in run_uv("freeze").splitlines():
+        name, ref, _ = line.partition(" @ ")
+        pins.append(f"{name.strip()}=={versions[canon(name)]}" if ref else line)
+    out.write_text("\n".join(pins) + "\n")
+
+
+def uv_sync_command(run: Any, uv: str, py: str, env: dict[str, str], project: Path,
+                    pins: Path) -> Any:
+    """``uv pip sync --dry-run --offline`` of the venv against its own pins (``write_pins``
+    writes them to ``pins`` first): uv reads the installed distributions, resolves the pins
+    and reports what it would install or remove.
+
+    Nothing else is needed offline: every pin is already installed, so uv fetches nothing (no
+    ``--no-index`` or ``--find-links``); it uses its own cache only for the interpreter's
+    facts, as a user's uv does. The check must say "Would make no changes": ``--dry-run``
+    exits 0 even when it would change the venv, and a sync that would change something does
+    other work than verify, so then it is not timed.
+    """
+    argv = [uv, "pip", "sync", "--dry-run", "--offline", "--python", py, str(pins)]
+    cmd = run.Command("uv_sync", "uv pip sync --dry-run --offline (the venv's pins)", argv,
+                      env, project)
+    try:
+        write_pins(uv, py, env, project, pins)
+    except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
+        cmd.error = f"writing the pins failed: {exc}"
+        return cmd
+    proc = subprocess.run(argv, env=env, cwd=project, capture_output=True, text=True,
+                          check=False)
+    said = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0 or "Would make no changes" not in said:
+        cmd.error = f"exit {proc.returncode}: " + " | ".join(said.splitlines()[-3:])
+    return cmd
+
+
 def venv_commands(run: Any, venv: Path, tmp: Path, project: Path, env: dict[str, str],
                   ref: Path) -> list[Any]:
     """Commands for run.py's venv group (all interleaved with import torch and friends)."""
@@ -61,6 +116,7 @@ def venv_commands(run: Any, venv: Path, tmp: Path, project: Path, env: dict[str,
     if uv:
         cmds.append(run.Command("uv_freeze", "uv pip freeze", [uv, "pip", "freeze", "--python", py],
                                 env, project))
+        cmds.append(uv_sync_command(run, uv, py, env, project, tmp / "pins.txt"))
     return cmds
 
 
@@ -121,6 +177,8 @@ def targets(run: Any, main: dict[str, Any], deep: dict[str, Any] | None) -> list
         ratio("warm verify (torch facts cached) <= 0.1 x import torch", "verify", "import_torch", 0.1),
         ratio("capture --no-cache (cold) <= 1.15 x import torch", "capture_cold", "import_torch", 1.15),
         ratio("verify --no-torch <= 5 x uv pip freeze", "verify_no_torch", "uv_freeze", 5.0),
+        ratio("verify --no-torch <= 4 x uv pip sync --dry-run --offline", "verify_no_torch",
+              "uv_sync", 4.0),
         ratio("show <= 5 x uv pip freeze", "show_venv", "uv_freeze", 5.0),
         ratio("(info) verify --no-cache / import torch", "verify_no_cache", "import_torch", 1.0),
     ]

@@ -140,7 +140,8 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
     deepbench = _load("deepbench")
     main = {k: _cmd(k, v) for k, v in {
         "import_torch": [1.0], "verify": [0.09], "capture_cold": [1.2], "verify_no_torch": [0.2],
-        "show_venv": [0.1], "uv_freeze": [0.03], "verify_no_cache": [1.1]}.items()}
+        "show_venv": [0.1], "uv_freeze": [0.03], "verify_no_cache": [1.1],
+        "uv_sync": [0.06]}.items()}
     deep = {"commands": {"sha256sum": _cmd("s", [4.0]), "verify_deep": _cmd("d", [1.0]),
                          "verify_deep_full": _cmd("f", [2.0])},
             "files": 37000, "bytes": 1_000_000_000, "site_bytes": 1_100_000_000,
@@ -151,6 +152,7 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
         "warm verify (torch facts cached) <= 0.1 x import torch": "PASS",
         "capture --no-cache (cold) <= 1.15 x import torch": "MISS",
         "verify --no-torch <= 5 x uv pip freeze": "MISS",
+        "verify --no-torch <= 4 x uv pip sync --dry-run --offline": "PASS",
         "show <= 5 x uv pip freeze": "PASS",
         "(info) verify --no-cache / import torch": "info",
         "verify --deep <= 0.2 x sha256sum": "MISS",
@@ -163,6 +165,41 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
     assert "0.25x sha256sum" in text and "1.00 GB/s" in text.replace("| 1.00 |", "1.00 GB/s")
     assert "re-hashed 12 and took 36988 on their stat" in text and "full re-hash is 0.50x" in text
     assert deepbench.as_json(deep)["commands"]["verify_deep"]["median_s"] == 1.0
+
+
+FAKE_UV = """#!/bin/sh
+case "$2" in
+  freeze) printf 'numpy==2.4.6\\nEnvlock_ML @ file:///gone/src\\n' ;;
+  list) printf '[{"name": "numpy", "version": "2.4.6"}, {"name": "envlock-ml", "version": "0.1.0"}]' ;;
+  sync) printf 'Resolved 2 packages in 1ms\\n%s\\n' "$FAKE_UV_SAYS" >&2 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("says", "timed"), [("Would make no changes", True),
+                                             ("Would uninstall 1 package", False)])
+def test_uv_sync_is_measured_against_the_venvs_pins(tmp_path: Path, says: str,
+                                                     timed: bool) -> None:
+    """verify --no-torch is measured beside ``uv pip sync --dry-run --offline`` of pins written
+    from the venv itself, a direct reference pinned by version (its source is gone), and only
+    while uv finds nothing to change: otherwise it would time other work than a check."""
+    import os
+
+    deepbench = _load("deepbench")
+    venv, tmp = tmp_path / "venv", tmp_path / "run"
+    (venv / "bin").mkdir(parents=True)
+    tmp.mkdir()
+    uv = venv / "bin" / "uv"
+    uv.write_text(FAKE_UV)
+    uv.chmod(0o755)
+    env = {**os.environ, "FAKE_UV_SAYS": says}
+    cmds = {c.key: c for c in deepbench.venv_commands(run, venv, tmp, tmp, env, tmp / "ref.lock")}
+    sync = cmds["uv_sync"]
+    assert {"verify_no_torch", "uv_freeze"} <= set(cmds)
+    assert sync.argv == [str(uv), "pip", "sync", "--dry-run", "--offline", "--python",
+                         str(venv / "bin" / "python"), str(tmp / "pins.txt")]
+    assert (tmp / "pins.txt").read_text() == "numpy==2.4.6\nEnvlock_ML==0.1.0\n"
+    assert (sync.error is None) is timed
 
 
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
