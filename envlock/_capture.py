@@ -12,9 +12,11 @@ that the probe's own work (importing torch, above all) overlaps envlock's.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from envlock._probeproc import ProbeProcess, probe_args
@@ -38,31 +40,58 @@ def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str
 class StartedProbe:
     """The probe running in another interpreter, with ``--deep`` progress drawn on a terminal.
 
-    A context manager: leaving the block stops the probe (a no-op once ``result`` has read its
-    document). It runs in a session of its own, so the terminal's Ctrl-C never reaches it; an
-    error or an interrupt while envlock works beside it must stop it here, or it outlives envlock.
+    A context manager: entering starts the probe, leaving stops it (a no-op once ``result`` has
+    read its document). It runs in a session of its own, so the terminal's Ctrl-C never reaches
+    it; envlock must stop it, or it outlives envlock.
+
+    While it runs, Ctrl-C stops the probe at once and is answered as ``KeyboardInterrupt`` when
+    envlock next waits on it (``result``) or leaves the block, not wherever the signal lands.
+    The work done beside the probe is mostly importing pydantic and the models, and an exception
+    raised in the middle of a third-party import can be swallowed there (a bare ``except``) or
+    leave a half-imported module: the command then went on waiting for a probe that was never
+    stopped. Deferring the exception to a point of envlock's own makes the outcome the same
+    wherever the key is pressed. In the main thread only (Python delivers signals there).
     """
 
     def __init__(self, python: str | None, *, deep: bool = False, **options: Any) -> None:
+        self.python = python or sys.executable
         self.progress: Progress | None = None
         if deep:
             from envlock._deepreport import Progress
 
             self.progress = Progress()
-        args = probe_args(deep=deep, progress=self.progress is not None and self.progress.enabled,
-                          **options)
-        self.process = ProbeProcess(python or sys.executable, args,
-                                    on_stderr=self.progress.feed if self.progress is not None else None)
+        self.args = probe_args(deep=deep, progress=self.progress is not None and self.progress.enabled,
+                               **options)
+        self.interrupted = False
+        self._previous: Any = None
+        self.process: ProbeProcess | None = None
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.interrupted = True
+        if self.process is not None:
+            self.process.kill()
+        previous = self._previous
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)  # a handler of the program's own (a training script's)
 
     def result(self) -> dict[str, Any]:
         """Wait for the probe's document."""
+        assert self.process is not None, "StartedProbe is used as a context manager"
         try:
-            return self.process.result()
+            doc = self.process.result()
+        except ProbeFailed:
+            if self.interrupted:
+                raise KeyboardInterrupt from None
+            raise
         finally:
             self._close_progress()
+        if self.interrupted:
+            raise KeyboardInterrupt
+        return doc
 
     def cancel(self) -> None:
-        self.process.cancel()
+        if self.process is not None:
+            self.process.cancel()
         self._close_progress()
 
     def _close_progress(self) -> None:
@@ -70,11 +99,27 @@ class StartedProbe:
             self.progress.close()
 
     def __enter__(self) -> StartedProbe:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            self.process = ProbeProcess(self.python, self.args,
+                                        on_stderr=self.progress.feed if self.progress is not None else None)
+        except BaseException:
+            self._restore()
+            raise
         return self
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.cancel()
+        self._restore()
+        if self.interrupted and kind is None:
+            raise KeyboardInterrupt
 
 
 def capture(

@@ -132,6 +132,12 @@ class ProbeProcess:
         except (ProcessLookupError, PermissionError):
             pass  # the group is gone already
 
+    def kill(self) -> None:
+        """Kill the probe's whole group now, from anywhere (a signal handler included): its
+        pipes then close, and whoever waits on it sees it end."""
+        if not self._finished:
+            self._kill_group()
+
     def _finish(self) -> None:
         if self._finished:
             return  # reaped already: its pid, and so its group id, may belong to another now

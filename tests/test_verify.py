@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -164,3 +165,27 @@ def test_the_lock_being_verified_is_not_an_untracked_file_of_the_project(
     (tmp_path / "notes.txt").write_text("x")
     assert main(["verify", "--all", "--python", sys.executable, "../env.lock"]) == EXIT_OK
     assert re.search(r"info +git\.untracked +0 -> 1\n", capsys.readouterr().out)
+
+
+def test_ctrl_c_beside_the_probe_stops_it_and_is_answered_when_envlock_waits(tmp_path: Path) -> None:
+    """Wherever Ctrl-C lands while the probe runs (inside a third-party import, say), the probe
+    is killed at once and the interrupt is raised where envlock waits on it."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")  # a probe that would hang
+    fake.chmod(0o755)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), StartedProbe(str(fake), torch=False) as probe:
+        os.kill(os.getpid(), signal.SIGINT)
+        busy = sum(range(10_000))  # work beside the probe goes on: nothing is raised here
+        assert busy and probe.interrupted and probe.process is not None
+        assert probe.process.proc.wait(timeout=10) == -signal.SIGKILL
+        probe.result()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupt_after_the_document_is_still_an_interrupt(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt), StartedProbe(sys.executable, torch=False) as probe:
+        doc = probe.result()
+        assert doc["packages"]
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(10_000))
