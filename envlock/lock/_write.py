@@ -217,8 +217,8 @@ def save(lock: LockData, path: str | os.PathLike[str], *, force: bool = False, r
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"cannot write {p}: directory {parent} does not exist")
-    # reseal=False is for a lock that was sealed a moment ago (capture): hashing twice costs
-    # ~25 ms on a 5,000-package environment.
+    # reseal=False is for a lock sealed a moment ago (capture): the seal hashes the whole
+    # canonical form, which grows with the environment, and would only be computed again.
     sealed = seal(lock) if reseal or lock.envlock.fingerprint is None else lock
     try:
         text = dumps(sealed, p.name)
