@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.errors import BuildFailed, EngineUnavailable, UsageError
+from envlock.errors import BuildFailed, ContainerFailed, EngineUnavailable, UsageError
 from envlock.restore.dockerengine import DockerEngine, tar_files
 from envlock.restore.endpoint import connect
 from envlock.restore.engine import RunSpec
@@ -137,6 +137,37 @@ def test_run_streams_demuxed_output_and_always_removes_the_container() -> None:
     assert api.archives[0][1] == "/tmp"
     assert api.host_config["network_mode"] == "none"
     assert "org.envlock.owner" in api.created["labels"]
+
+
+class FlakyCopyAPI(FakeAPI):
+    """Podman's archive copy failing ``fails`` times, as it does now and then."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__(frames=[(1, b"{}")], exit_code=0)
+        self.fails = fails
+
+    def put_archive(self, cid: str, path: str, data: bytes) -> None:
+        from docker.errors import APIError
+
+        if self.fails:
+            self.fails -= 1
+            raise APIError("500 Server Error: passing bulk input to subprocess: write |1: broken pipe")
+        super().put_archive(cid, path, data)
+
+
+def test_a_copy_the_engine_drops_once_is_tried_again() -> None:
+    api = FlakyCopyAPI(fails=1)
+    spec = RunSpec(image=IMAGE_ID, command=["python3", "/tmp/p"], files={"/tmp/p": b"print(1)"})
+    assert engine(api, podman=True).run(spec).exit_code == 0
+    assert len(api.archives) == 1 and api.removed == ["c" * 64]
+
+
+def test_a_copy_that_keeps_failing_is_the_engines_failure_in_one_line() -> None:
+    api = FlakyCopyAPI(fails=2)
+    spec = RunSpec(image=IMAGE_ID, command=["python3", "/tmp/p"], files={"/tmp/p": b"print(1)"})
+    with pytest.raises(ContainerFailed, match=r"cannot copy envlock's probe into a container .*broken pipe"):
+        engine(api, podman=True).run(spec)
+    assert api.archives == [] and api.removed == ["c" * 64]
 
 
 def test_interrupt_during_a_run_still_removes_the_container() -> None:
@@ -276,7 +307,7 @@ def test_engine_failures_are_typed_and_the_container_still_goes() -> None:
     from docker.errors import APIError
     from docker.errors import ImageNotFound as NoSuchImage
 
-    from envlock.errors import CommandNotFound, ContainerFailed, ImageNotFound
+    from envlock.errors import CommandNotFound, ImageNotFound
 
     class Start(FakeAPI):
         def __init__(self, explanation: str) -> None:

@@ -325,6 +325,25 @@ class DockerEngine(ContainerEngine):
             raise ContainerFailed(f"cannot create a container from {spec.image}: {_short(exc)}") from None
         return str(created["Id"])
 
+    def _put_files(self, cid: str, spec: RunSpec) -> None:
+        """Copy ``spec.files`` into the created container's /tmp.
+
+        Podman copies through a helper process that now and then stops reading before the end
+        of the archive (HTTP 500, "passing bulk input to subprocess: write |1: broken pipe");
+        the container has not started and the copy replaces the same files, so it is tried once
+        more before it is reported as a failure of the engine, with the engine's words."""
+        from docker.errors import APIError
+
+        data = tar_files(spec.files, "/tmp")
+        for attempt in (1, 2):
+            try:
+                self.api.put_archive(cid, "/tmp", data)
+                return
+            except APIError as exc:
+                if attempt == 2:
+                    raise ContainerFailed(f"cannot copy envlock's probe into a container of "
+                                          f"{spec.image}: {_short(exc)}") from None
+
     def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
             on_stderr: Callable[[bytes], None] | None = None) -> RunResult:
         from docker.errors import APIError
@@ -335,7 +354,7 @@ class DockerEngine(ContainerEngine):
         out, err = bytearray(), bytearray()
         try:
             if spec.files:
-                api.put_archive(cid, "/tmp", tar_files(spec.files, "/tmp"))
+                self._put_files(cid, spec)
             # Attach before start (as `docker run` does), so no early output is lost.
             sock = api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
             try:
