@@ -120,6 +120,13 @@ def _browser(shot: Path, url: str, notebook: str, expect: str) -> str:
                                                               StaleElementReferenceException))
 
         def click_editor(d: Any) -> bool:
+            # On a loaded machine the kernel can attach after the first Shift+Enter, and
+            # JupyterLab then asks which kernel to use in a modal dialog that takes every click:
+            # accept its default (the notebook's own kernel) and try again.
+            for accept in d.find_elements(By.CSS_SELECTOR, ".jp-Dialog .jp-mod-accept"):
+                if accept.is_displayed():
+                    accept.click()
+                    return False
             editor = d.find_element(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell .cm-content")
             if not (editor.is_displayed() and editor.is_enabled()):
                 return False
