@@ -49,7 +49,7 @@ slurm_stop() {  # slurm_stop DIR
 }
 
 slurm_setup() {  # slurm_setup DIR
-    local dir="$1" host ports ctld_port d_port n1 n2 n3 n4 i
+    local dir="$1" host ctld_port d_port n1 n2 n3 n4 i
     if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 \
             || ! command -v srun >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
         _engine_apt_install slurmctld slurmd slurm-client munge
