@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from envlock._comparison import Difference
+from envlock._comparison import SEVERITY_RANK, Difference
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, EnvlockError, UsageError
 
 # The marker of the node side's lines; any other line of a task is its log.
@@ -193,10 +193,16 @@ def compress_names(names: Sequence[str]) -> str:
 def _verdict(node: str, doc: dict[str, Any]) -> NodeVerdict:
     """A node's verdict from its ``verify --json`` document: the differences that are not info
     (nodes on different hosts differ by kernel or CPU model), and ``ok`` as verify decided it."""
-    diffs = tuple(Difference(d["category"], d["path"], d.get("old"), d.get("new"), d["severity"],
-                             d.get("message", "")) for d in doc.get("differences", ())
-                  if d.get("severity") != "info")
-    return NodeVerdict(node, "ok" if doc.get("ok") else "drift", diffs)
+    diffs: tuple[Difference, ...] | None
+    try:
+        diffs = tuple(Difference(str(d["category"]), str(d["path"]), d.get("old"), d.get("new"),
+                                 d["severity"], str(d.get("message", "")))
+                      for d in doc.get("differences", ()) if d.get("severity") != "info")
+    except (KeyError, TypeError, AttributeError):
+        diffs = None
+    if diffs is None or any(d.severity not in SEVERITY_RANK for d in diffs):
+        return NodeVerdict(node, "error", message="its verdict is not a verify --json document")
+    return NodeVerdict(node, "ok" if doc.get("ok") is True else "drift", diffs)
 
 
 def gather(lines: Iterable[str], tasks: int, *, timed_out: bool, timeout: float,
@@ -221,6 +227,9 @@ def gather(lines: Iterable[str], tasks: int, *, timed_out: bool, timeout: float,
             own.append(line)
             continue
         task, text = int(m.group(1)), m.group(2)
+        if task >= tasks:  # srun labels tasks 0..tasks-1; anything else is not a task's line
+            own.append(line)
+            continue
         if text.startswith(_START):
             pending[task] = text
         elif task in pending:
@@ -231,10 +240,12 @@ def gather(lines: Iterable[str], tasks: int, *, timed_out: bool, timeout: float,
         if len(pending[task]) > _MAX_MESSAGE:
             logs.setdefault(task, []).append(pending.pop(task)[:200] + "...")
             continue
+        if not text.endswith("}"):
+            continue  # not whole yet: a message ends with its object's brace
         try:
             msg = json.loads(pending[task])
         except ValueError:
-            continue  # not whole yet
+            continue  # a brace inside the message; not whole yet
         del pending[task]
         if not isinstance(msg, dict) or MARKER not in msg:
             continue
@@ -247,7 +258,7 @@ def gather(lines: Iterable[str], tasks: int, *, timed_out: bool, timeout: float,
             verdicts[task] = NodeVerdict(node, "timeout" if msg.get("timeout") is True else "error",
                                          message=str(msg.get("message", "")))
     result = []
-    for task in range(max([tasks, *(t + 1 for t in names), *(t + 1 for t in logs)])):
+    for task in range(tasks):
         if task in verdicts:
             result.append(verdicts[task])
             continue

@@ -88,6 +88,13 @@ def test_node_error_and_probe_timeout_are_told_apart() -> None:
     assert verdicts[0].message == "interpreter not found: /v/bin/python"
 
 
+def test_a_verdict_that_is_not_verifys_is_an_error_not_a_crash() -> None:
+    bad = {"ok": False, "differences": [{"category": "x", "path": "p", "severity": 5}]}
+    (verdict,), _ = gather([_line(0, "verdict", "n1", result=bad)], 1, timed_out=False, timeout=1)
+    assert verdict.status == "error" and "not a verify --json document" in verdict.message
+    FleetResult("env.lock", "abc", (verdict,), 1).describe()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(
     st.text(max_size=80),
@@ -96,10 +103,20 @@ def test_node_error_and_probe_timeout_are_told_apart() -> None:
     st.builds(lambda t, k, n, r: _line(t, k, n, result=r), st.integers(0, 5),
               st.sampled_from(["hello", "verdict", "error", "other"]), st.text(max_size=10),
               st.one_of(st.none(), st.integers(), st.dictionaries(st.text(max_size=5), st.integers()))),
+    # verdicts whose differences are malformed in every way a JSON value can be
+    st.builds(lambda t, ok, diffs: _line(t, "verdict", "n", result={"ok": ok, "differences": diffs}),
+              st.integers(0, 5), st.one_of(st.booleans(), st.none(), st.text(max_size=3)),
+              st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.one_of(
+                  st.none(), st.integers(), st.text(max_size=5),
+                  st.dictionaries(st.sampled_from(["category", "path", "old", "new", "severity",
+                                                   "message"]),
+                                  st.one_of(st.none(), st.integers(), st.text(max_size=8),
+                                            st.sampled_from(["breaking", "warning", "info"]))),
+              ), max_size=3))),
 ), max_size=30), st.booleans())
 def test_fuzz_gather_never_raises(lines: list[str], timed_out: bool) -> None:
     verdicts, _ = gather(lines, 3, timed_out=timed_out, timeout=1)
-    assert len(verdicts) >= 3
+    assert len(verdicts) == 3
     assert all(isinstance(v, NodeVerdict) for v in verdicts)
     FleetResult("env.lock", "abc", verdicts, 1).describe()
 
