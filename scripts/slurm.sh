@@ -27,13 +27,6 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
-_slurm_pid_alive() {  # _slurm_pid_alive PIDFILE
-    local pid
-    [[ -f "$1" ]] || return 1
-    pid="$(cat "$1" 2>/dev/null)"
-    [[ "$pid" =~ ^[0-9]+$ && -d "/proc/$pid" ]]
-}
-
 slurm_stop() {  # slurm_stop DIR
     local dir="$1" f pid i
     [[ -n "$dir" && -d "$dir" ]] || return 0

@@ -7,6 +7,7 @@ The same paths on a real four-node Slurm are in test_fleet_slurm.py.
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -200,6 +201,12 @@ def test_venv_job_runs_preflight_then_records_each_node(tmp_path: Path) -> None:
     script = slurm.render(lock, argv=["sh", "-c", 'echo "ran in $VIRTUAL_ENV"; exit 4'],
                           venv="/shared/venvs/train", lock_path="/shared/env.lock", nodes=3)
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    (tmp_path / "lint.sh").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "lint.sh")], check=False).returncode == 0
+    if shutil.which("shellcheck"):  # test.sh installs it
+        sc = subprocess.run(["shellcheck", "-s", "bash", str(tmp_path / "lint.sh")],
+                            capture_output=True, text=True, check=False)
+        assert sc.returncode == 0, sc.stdout
     r, calls = _run_job(tmp_path, script, preflight_rc=0)
     assert (calls / "envlock").read_text().splitlines()[:3] == ["verify", "/shared/env.lock", "--fleet"]
     assert "ran in /shared/venvs/train" in r.stdout
