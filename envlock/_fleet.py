@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from envlock._comparison import SEVERITY_RANK, Difference
+from envlock._textsafe import safe
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, EnvlockError, UsageError
 
 # The marker of the node side's lines; any other line of a task is its log.
@@ -42,6 +43,9 @@ GRACE = 10.0
 # srun cancels a step on a second interrupt within a second; then it waits for the step to end.
 _CANCEL_WAIT = 30.0
 _LOG_KEEP = 5
+# A node whose environment is not the lock's at all differs in every package: a group shows the
+# first ones, as verify does, and --json has them all.
+_ROWS_PER_GROUP = 10
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 _START = '{"' + MARKER + '"'
 # A verdict line carries the node's non-info differences: far below this, unless the node's
@@ -118,9 +122,9 @@ class FleetResult:
         total = len(self.nodes)
         drift = sum(1 for n in self.nodes if n.status == "drift")
         silent = sum(1 for n in self.nodes if n.status in ("timeout", "error"))
-        head = f"envlock: preflight of {self.lock} ({self.short_id}) on {total} node(s): "
+        head = f"envlock: preflight of {safe(self.lock)} ({self.short_id}) on {total} node(s): "
         if not total:
-            lines = [head + "no node answered"] + [f"  {line}" for line in self.log]
+            lines = [head + "no node answered"] + [f"  {safe(line)}" for line in self.log]
             return "\n".join(lines) + "\n"
         if self.ok:
             head += "all match"
@@ -131,18 +135,20 @@ class FleetResult:
             if silent:
                 parts.append(f"{silent} gave no verdict")
             head += ", ".join(parts)
+        # Every name, path and message came from another machine's process: shown literally.
         rows: list[tuple[str, str, str]] = []
         for names, verdict, _ in self.groups():
-            if verdict.status == "drift":
-                for i, d in enumerate(verdict.differences):
-                    rows.append((names if i == 0 else "", "drift" if i == 0 else "",
-                                 f"{d.severity:8s} {d.path}: {d.describe()}"))
-            elif verdict.status == "ok":
-                extra = [f"{d.severity:8s} {d.path}: {d.describe()}" for d in verdict.differences]
-                rows.append((names, "ok", extra[0] if extra else ""))
-                rows += [("", "", e) for e in extra[1:]]
-            else:
-                rows.append((names, verdict.status, verdict.message))
+            lines = [safe(f"{d.severity:8s} {d.path}: {d.describe()}")
+                     for d in verdict.differences[:_ROWS_PER_GROUP]]
+            if len(verdict.differences) > _ROWS_PER_GROUP:
+                lines.append(f"... and {len(verdict.differences) - _ROWS_PER_GROUP} more "
+                             "(--json lists every one)")
+            if verdict.status not in ("ok", "drift"):
+                lines = [safe(verdict.message)]
+            elif verdict.message:  # what the node's verify warned about, e.g. the environment it chose
+                lines.insert(0, f"note: {safe(verdict.message)}")
+            rows.append((safe(names), verdict.status, lines[0] if lines else ""))
+            rows += [("", "", line) for line in lines[1:]]
         w0 = max(len("NODES"), *(len(r[0]) for r in rows))
         w1 = max(len("VERDICT"), *(len(r[1]) for r in rows))
         lines = [head, f"  {'NODES'.ljust(w0)}  {'VERDICT'.ljust(w1)}  DIFFERENCE"]
@@ -202,7 +208,9 @@ def _verdict(node: str, doc: dict[str, Any]) -> NodeVerdict:
         diffs = None
     if diffs is None or any(d.severity not in SEVERITY_RANK for d in diffs):
         return NodeVerdict(node, "error", message="its verdict is not a verify --json document")
-    return NodeVerdict(node, "ok" if doc.get("ok") is True else "drift", diffs)
+    note = doc.get("warning")
+    return NodeVerdict(node, "ok" if doc.get("ok") is True else "drift", diffs,
+                       message=str(note) if note else "")
 
 
 def gather(lines: Iterable[str], tasks: int, *, timed_out: bool, timeout: float,

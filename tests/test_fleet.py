@@ -52,6 +52,18 @@ def test_gather_groups_nodes_with_the_same_difference() -> None:
     assert doc["groups"][0]["nodes"] == ["n2", "n4"] and doc["groups"][0]["status"] == "drift"
 
 
+def test_a_group_shows_its_first_differences_and_the_nodes_note() -> None:
+    diffs = [{"category": "packages", "path": f"packages.p{i:02d}", "old": None, "new": "1",
+              "severity": "breaking", "message": ""} for i in range(25)]
+    line = _line(0, "verdict", "n1", result={"ok": False, "differences": diffs,
+                                            "warning": "VIRTUAL_ENV=/gone has no python; ignored"})
+    verdicts, _ = gather([line], 1, timed_out=False, timeout=1)
+    text = FleetResult("env.lock", "abc", verdicts, 1).describe().splitlines()
+    assert text[2].split()[:3] == ["n1", "drift", "note:"] and "VIRTUAL_ENV=/gone" in text[2]
+    assert "packages.p09" in text[12] and "... and 15 more (--json lists every one)" in text[13]
+    assert len(text) == 14
+
+
 def test_gather_rejoins_a_line_srun_cut_in_pieces() -> None:
     whole = _verdict(0, "n3", SIX)[len("0: "):]
     pieces = [whole[i:i + 37] for i in range(0, len(whole), 37)]
@@ -87,6 +99,24 @@ def test_node_error_and_probe_timeout_are_told_apart() -> None:
     verdicts, _ = gather(lines, 2, timed_out=False, timeout=5)
     assert [(v.node, v.status) for v in verdicts] == [("n1", "error"), ("n2", "timeout")]
     assert verdicts[0].message == "interpreter not found: /v/bin/python"
+
+
+def test_what_nodes_send_reaches_the_terminal_literally() -> None:
+    evil = "x\x1b]0;owned\x07\nn9        ok"
+    lines = [_line(0, "error", evil, message=f"failed: {evil}"), "1: \x1b[2Jlog",
+             _line(1, "hello", "n2")]
+    verdicts, _ = gather(lines, 2, timed_out=True, timeout=1)
+    text = FleetResult("env.lock", "abc", verdicts, 1).describe()
+    assert "\x1b" not in text and "\x07" not in text
+    assert len(text.splitlines()) == 4  # head, column names, one row per node: no forged row
+    assert "\\x1b]0;owned\\x07\\n" in text
+
+
+def test_plain_text_from_nodes_is_not_escaped() -> None:
+    lines = [_line(0, "error", "nœud-ñ1", message="interpréteur absent: /opt/vénv/bin/python")]
+    verdicts, _ = gather(lines, 1, timed_out=False, timeout=1)
+    text = FleetResult("env.lock", "abc", verdicts, 1).describe()
+    assert "nœud-ñ1" in text and "interpréteur absent: /opt/vénv/bin/python" in text
 
 
 def test_a_verdict_that_is_not_verifys_is_an_error_not_a_crash() -> None:

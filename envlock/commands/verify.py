@@ -25,8 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     target = choose(args.python)
-    if target.warning and not node:
-        err(f"envlock: warning: {target.warning}\n")
+    warning = target.warning
+    if warning and not node:  # a node's goes into its verdict, to be shown in its row
+        err(f"envlock: warning: {warning}\n")
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    limit=None if args.all else 10)
@@ -42,7 +43,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
 
         # Only what decides a node's row travels: nodes differ by kernel or CPU model (info).
         kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info"))
-        out(node_line("verdict", result=comparison_payload(kept, **extra)))
+        out(node_line("verdict", result=comparison_payload(kept, **extra, warning=warning)))
     elif args.json:
         out(comparison_json(cmp, **extra))
     else:
