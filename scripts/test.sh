@@ -502,7 +502,7 @@ if [[ "${ENVLOCK_TEST_NO_SLURM:-0}" == "1" ]]; then
 elif [[ "$(id -u)" -ne 0 ]]; then
     step_done "skipped (slurmd runs as root here); its tests will skip"
 else
-    SLURM_DIR="$(mktemp -d "${TMPDIR:-/tmp}/envlock-slurm.XXXXXX")"
+    SLURM_DIR="$(mktemp -d -t envlock-slurm.XXXXXX)"
     chmod 755 "$SLURM_DIR"  # munged (user munge) reaches its own directory inside
     trap 'slurm_stop "$SLURM_DIR"; rm -rf "$SLURM_DIR"' EXIT
     slurm_setup "$SLURM_DIR"
