@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
+from envlock.errors import InterpreterNotFound, ProbeFailed, ProbeTimeout, UsageError
 from envlock.probe.flags import command_line
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
@@ -164,7 +164,7 @@ class ProbeProcess:
             while sel.get_map():
                 now = time.monotonic()
                 if now >= self.deadline:
-                    raise ProbeFailed(f"the probe did not finish within {self.timeout:g}s",
+                    raise ProbeTimeout(f"the probe did not finish within {self.timeout:g}s",
                                       hint="raise ENVLOCK_PROBE_TIMEOUT (seconds) if the interpreter "
                                            "is just slow to start")
                 if exited_at is None and self.proc.poll() is not None:

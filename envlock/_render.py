@@ -246,8 +246,13 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
     return "\n".join(out)
 
 
+def comparison_payload(cmp: Comparison, **extra: Any) -> dict[str, Any]:
+    """``verify --json``'s document; also each node's verdict under ``verify --fleet``."""
+    return {**extra, **cmp.to_dict()}
+
+
 def comparison_json(cmp: Comparison, **extra: Any) -> str:
-    return json.dumps({**extra, **cmp.to_dict()}, indent=2, default=str) + "\n"
+    return json.dumps(comparison_payload(cmp, **extra), indent=2, default=str) + "\n"
 
 
 def canary_text(canary: Canary) -> str:

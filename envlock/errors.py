@@ -67,6 +67,11 @@ class ProbeFailed(EnvlockError):
     exit_code = EXIT_ENV
 
 
+class ProbeTimeout(ProbeFailed):
+    """The probe did not finish within its deadline (3): a hung interpreter, import or driver
+    call. ``verify --fleet`` names such a node as timed out rather than failed."""
+
+
 class InterpreterNotFound(ProbeFailed):
     """The interpreter asked for (``--python``, or one tried inside an image) is not there or
     does not run (3, like the probe failing: the path may well be right on another machine)."""

@@ -25,6 +25,9 @@
 #      jammy ship them), tarballs cached in $ENVLOCK_TEST_CACHE, run with chroot.
 #      The Ubuntu ones need an Ubuntu mirror (below); without one they are
 #      skipped, with a log line, unless their tarballs are cached.
+#   7. a real Slurm cluster of four nodes on this machine (scripts/slurm.sh: apt
+#      slurmctld, slurmd, slurm-client, munge once), started into a private
+#      directory by pid files and stopped when this script exits.
 #
 # Mirrors: none is written in this repository. The Debian mirror is the URI of
 # the machine's apt source that serves its own release (deb822 `URIs:` in
@@ -48,10 +51,13 @@
 #   ENVLOCK_TEST_OLD_PYTHONS     "3.8=ROOT 3.9=ROOT 3.10=ROOT": chroot dirs holding pythonX.Y
 #   ENVLOCK_REQUIRE_OLD_PYTHONS  "3.8 3.9 3.10": the versions provided above; the old-interpreter
 #                                probe test fails (not skips) when one of them is missing
+#   ENVLOCK_TEST_SLURM_CONF      slurm.conf of the four-node test cluster (scripts/slurm.sh)
+#   ENVLOCK_REQUIRE_SLURM=1      the Slurm tests fail instead of skipping without it
 #
 # Knobs (environment):
 #   ENVLOCK_TEST_SKIP_LINT=1     skip ruff and mypy (e.g. while envlock/ is in flux)
 #   ENVLOCK_TEST_NO_PODMAN=1     do not set up Podman
+#   ENVLOCK_TEST_NO_SLURM=1      do not start the Slurm cluster (its tests skip)
 #   ENVLOCK_TEST_REBUILD=1       rebuild the venv install, tarball, images and wheelhouse
 #   ENVLOCK_TEST_CACHE=DIR       cache dir (default /var/cache/envlock-test)
 #   ENVLOCK_TEST_DEBIAN_MIRROR=URL  Debian archive (default: from the apt sources)
@@ -483,6 +489,26 @@ if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 
     _engine_apt_install texlive-latex-base texlive-latex-recommended
 fi
 step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p')"
+
+# --- 4c. a Slurm cluster (scripts/slurm.sh) -----------------------------------
+# Four nodes n1..n4 on this machine (munged, slurmctld, one slurmd per node), for verify
+# --fleet and the exported Slurm job. Each run starts its own, on free ports in a private
+# directory, and stops it when the script exits.
+step "slurm"
+# shellcheck source=scripts/slurm.sh
+source "$ROOT/scripts/slurm.sh"
+if [[ "${ENVLOCK_TEST_NO_SLURM:-0}" == "1" ]]; then
+    step_done "skipped (ENVLOCK_TEST_NO_SLURM=1); its tests will skip"
+elif [[ "$(id -u)" -ne 0 ]]; then
+    step_done "skipped (slurmd runs as root here); its tests will skip"
+else
+    SLURM_DIR="$(mktemp -d -t envlock-slurm.XXXXXX)"
+    chmod 755 "$SLURM_DIR"  # munged (user munge) reaches its own directory inside
+    trap 'slurm_stop "$SLURM_DIR"; rm -rf "$SLURM_DIR"' EXIT
+    slurm_setup "$SLURM_DIR"
+    export ENVLOCK_REQUIRE_SLURM=1
+    step_done "4 nodes, SLURM_CONF $ENVLOCK_TEST_SLURM_CONF"
+fi
 
 flock -u 9
 exec 9>&-

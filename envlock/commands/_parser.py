@@ -74,6 +74,17 @@ def _verify(sub: Subparsers) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="ignore every cache: import torch even when its cached facts are still "
                         "valid, and with --deep re-hash every file, not only those whose stat changed")
+    g = p.add_argument_group("every node of a cluster (Slurm)")
+    g.add_argument("--fleet", action="store_true",
+                   help="run this verify once on every node of the allocation through srun and "
+                        "print one table of the nodes that differ, grouped by difference")
+    g.add_argument("--nodes", type=int, metavar="N",
+                   help="with --fleet outside an allocation: check N nodes (srun allocates them)")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="with --fleet: a node without a verdict by then is named as timed out "
+                        "(default: 120)")
+    # The node side of --fleet: one JSON line per message on stdout, the verdict included.
+    p.add_argument("--fleet-node", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler="verify")
 
 
@@ -234,6 +245,10 @@ def _export(sub: Subparsers) -> None:
                    help="the image by digest (default: the lock's own image, when it has a digest)")
     g.add_argument("--command", help="what the job runs, e.g. 'python train.py --epochs 3'")
     g.add_argument("--gpus", type=int, help="GPUs to request (default: as many as the lock recorded)")
+    g.add_argument("--venv", metavar="PATH",
+                   help="slurm: run in this restored venv (on a filesystem every node mounts) "
+                        "instead of an image, after an `envlock verify --fleet` preflight")
+    g.add_argument("--nodes", type=int, metavar="N", help="slurm --venv: nodes to run on (default 1)")
     g.add_argument("--workspace-claim", metavar="PVC",
                    help="k8s: mount this PersistentVolumeClaim at /workspace (default: emptyDir)")
     p.set_defaults(handler="export")

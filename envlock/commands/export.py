@@ -75,7 +75,8 @@ def render(args: argparse.Namespace) -> str:
                           workspace_claim=args.workspace_claim)
     from envlock.export import slurm
 
-    return slurm.render(lock, argv=argv, image=args.image, gpus=args.gpus)
+    return slurm.render(lock, argv=argv, image=args.image, gpus=args.gpus, venv=args.venv,
+                        lock_path=str(Path(args.lock).resolve()), nodes=args.nodes)
 
 
 def _written_by_envlock(path: Path) -> bool:
@@ -93,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output not in (None, "-") and Path(args.output).resolve() == Path(args.lock).resolve():
         raise UsageError(f"-o {args.output} would overwrite the lock itself")
+    if (args.venv is not None or args.nodes is not None) and args.to != "slurm":
+        raise UsageError("--venv and --nodes go with --to slurm")
+    if args.nodes is not None and (args.venv is None or args.nodes < 1):
+        raise UsageError("--nodes N (at least 1) goes with --venv")
+    if args.venv is not None and not Path(args.venv).is_absolute():
+        # The job runs it on every node, from wherever sbatch was called.
+        raise UsageError(f"--venv {args.venv} must be an absolute path on a shared filesystem")
     if args.wheelhouse and not Path(args.wheelhouse).is_dir():
         raise UsageError(f"--wheelhouse {args.wheelhouse} is not a directory")
     out = Path(args.output) if args.output not in (None, "-") else None

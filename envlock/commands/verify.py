@@ -1,21 +1,33 @@
-"""``envlock verify``: does this environment match the lock?"""
+"""``envlock verify``: does this environment match the lock? With ``--fleet``: every node's."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from envlock._deepreport import summary, torch_facts_line
-from envlock._render import comparison_json, verify_text
+from envlock._render import comparison_json, comparison_payload, verify_text
 from envlock._target import choose, recorded_prefix_hint
 from envlock._verify import check
 from envlock.commands._output import err, out
-from envlock.errors import EXIT_DRIFT, EXIT_OK
+from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fleet_node:
+        return _node(args)
+    if args.fleet:
+        return _fleet(args)
+    if args.nodes is not None or args.timeout is not None:
+        raise UsageError("--nodes and --timeout go with --fleet")
+    return _verify(args)
+
+
+def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     target = choose(args.python)
-    if target.warning:
-        err(f"envlock: warning: {target.warning}\n")
+    warning = target.warning
+    if warning and not node:  # a node's goes into its verdict, to be shown in its row
+        err(f"envlock: warning: {warning}\n")
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    limit=None if args.all else 10)
@@ -23,13 +35,56 @@ def run(args: argparse.Namespace) -> int:
 
     target = target.probed(current.python.prefix)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
-    if args.json:
-        out(comparison_json(cmp, lock=str(args.lock), id=expected.short_id,
-                            environment={"prefix": target.prefix, "reason": target.reason},
-                            captured_from=captured_from,
-                            torch_facts=current.probe.torch_facts, deep=report))
+    extra = dict(lock=str(args.lock), id=expected.short_id,
+                 environment={"prefix": target.prefix, "reason": target.reason},
+                 captured_from=captured_from, torch_facts=current.probe.torch_facts, deep=report)
+    if node:
+        from envlock._fleet import node_line
+
+        # Only what decides a node's row travels: nodes differ by kernel or CPU model (info).
+        kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info"))
+        out(node_line("verdict", result=comparison_payload(kept, **extra, warning=warning)))
+    elif args.json:
+        out(comparison_json(cmp, **extra))
     else:
         out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
                         environment=target.describe(), captured_from=captured_from)
             + summary(report) + torch_facts_line(current))
     return EXIT_OK if cmp.ok else EXIT_DRIFT
+
+
+def _node(args: argparse.Namespace) -> int:
+    """One node's part of ``--fleet``: hello first (so a node that hangs later is still named),
+    then its verdict or its error as one JSON line. Exit 0 either way: the verdict is in the line,
+    and a non-zero exit would only add srun's noise."""
+    from envlock._fleet import node_line
+
+    out(node_line("hello"))
+    try:
+        _verify(args, node=True)
+    except EnvlockError as exc:
+        out(node_line("error", message=exc.message, exit_code=exc.exit_code,
+                      timeout=isinstance(exc, ProbeTimeout)))
+    return EXIT_OK
+
+
+def _node_args(args: argparse.Namespace) -> list[str]:
+    """The options every node's verify runs with: those of this command that judge a node."""
+    argv = ["--python", args.python] if args.python else []
+    argv += [flag for flag, on in (("--no-torch", args.no_torch), ("--strict", args.strict),
+                                   ("--deep", args.deep), ("--no-cache", args.no_cache)) if on]
+    return argv
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from envlock import _fleet
+    from envlock.lock import load
+
+    lock = load(args.lock)  # an invalid or tampered lock is reported here, once, not per node
+    result = _fleet.run(str(args.lock), lock.short_id, nodes=args.nodes, timeout=args.timeout,
+                        node_args=_node_args(args))
+    if args.json:
+        out(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    else:
+        out(result.describe())
+    return result.exit_code
