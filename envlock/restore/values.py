@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from envlock.errors import EnvlockError, PlainHttp, UnsafeValue, UsageError
 from envlock.probe import imageref
-from envlock.probe.scrub import strip_url
+from envlock.probe.scrub import scrub_index_text, strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -45,7 +45,9 @@ FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/l
 
 
 def _refuse(what: str, value: object, why: str) -> EnvlockError:
-    shown = repr(value)
+    # A refused value is shown without what made it refused when that is a credential
+    # ("--index-url 'https://u:<redacted>...': carries credentials" must not print the password).
+    shown = repr(scrub_index_text(value) if isinstance(value, str) else value)
     if len(shown) > 120:
         shown = shown[:117] + "..."
     if what.startswith("--"):
