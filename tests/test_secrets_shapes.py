@@ -105,7 +105,7 @@ def test_forum_topics_keep_their_path_and_conda_tokens_go() -> None:
             "https://forum.example/t/123456", "https://shop.example/t/2024/report"]
     for url in kept:
         assert scrub.strip_url(url) == url
-    gone = {"https://conda.anaconda.org/t/ab-12345678-1234/lab": f"https://conda.anaconda.org/t/{R}/lab",
+    gone = {"https://conda.lab.example/t/ab-12345678-1234/lab": f"https://conda.lab.example/t/{R}/lab",
             "https://repo.conda.example/t/mytoken/main": f"https://repo.conda.example/t/{R}/main",
             "https://artifacts.lab.example/t/ab-1234abcd-ef56/main/noarch":
                 f"https://artifacts.lab.example/t/{R}/main/noarch"}

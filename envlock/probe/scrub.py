@@ -67,22 +67,21 @@ _PATH_TOKENS = (
 # Credentials recognisable by their own shape, wherever they appear in text: each provider's
 # published prefix and alphabet, with a length floor below the real one, so a word that merely
 # starts the same way (a run directory "sk-learn-baseline-2024", "pk_live_demo", "AIzawesome")
-# is no token. Where the alphabet holds "-" or "_", the body must also hold a capital, or be one
-# unbroken run of lowercase letters and digits (a hex body): a slug of lowercase words and
-# numbers ("dckr_pat_rotation-2024-notes") is neither, and a random body of 20 such characters
-# lacks a capital once in 30,000 draws. Provider by provider:
+# is no token. Where the alphabet holds "-" or "_", the body must also hold a capital or a run of
+# 16 lowercase letters and digits (a hex part): a slug of lowercase words and numbers
+# ("dckr_pat_rotation-2024-notes", "xoxb-eval-loss-amp") has neither, and a random body of 20
+# such characters lacks both once in 30,000 draws. Provider by provider:
 
 
 def _body(alphabet: str, length: str) -> str:
-    return (rf"(?:(?={alphabet}*[A-Z]){alphabet}{{{length}}}"
-            rf"|[a-z0-9]{{{length}}}(?![A-Za-z0-9_-]))")
+    return rf"(?={alphabet}*(?:[A-Z]|[a-z0-9]{{16}})){alphabet}{{{length}}}"
 
 
 _TOKEN_SHAPES = (
     r"gh[pousr]_[A-Za-z0-9]{20,}", r"github_pat_" + _body("[A-Za-z0-9_]", "20,"),  # GitHub
     r"gl(?:pat|dt|rt|ptt|ft|soat|oas|cbt|imt|agent)-" + _body("[A-Za-z0-9_-]", "20,"),  # GitLab
     r"hf_[A-Za-z0-9]{30,}",  # Hugging Face
-    r"xox[abeprs]-[A-Za-z0-9-]{10,}", r"xapp-[0-9]-[A-Za-z0-9-]{20,}",  # Slack
+    r"xox[abeprs]-" + _body("[A-Za-z0-9-]", "10,"), r"xapp-[0-9]-" + _body("[A-Za-z0-9-]", "20,"),  # Slack
     r"(?:AKIA|ASIA)[0-9A-Z]{16}",  # AWS access key id
     # OpenAI (sk-proj-, sk-svcacct-, sk-admin-, and the older sk- + one run of 32+ letters and
     # digits), Anthropic (sk-ant-api03-...), OpenRouter (sk-or-v1-<hex>).
