@@ -327,3 +327,31 @@ def test_an_unreachable_index_is_one_line_without_its_token(shape: str, isolated
             assert token not in r.stderr + r.stdout
         if shape != "invalid-ipv6":
             assert f"127.0.0.1:{port}" in r.stderr  # twin: the message still names the index
+
+
+# -- restore: a refused index URL is named without its credential, and a path token is refused --
+
+
+@pytest.mark.parametrize(("url", "secret"), [
+    (f"https://idx.lab.example/{INDEX_TOKEN}/acme/simple", INDEX_TOKEN),
+    ("http://alice:Hunter2Secret99@idx.lab.example/simple", "Hunter2Secret99"),
+    ("https://alice:Hunter2Secret99@idx.lab.example/simple", "Hunter2Secret99"),
+    ("https://idx.lab.example/simple?token=Hunter2Secret99", "Hunter2Secret99"),
+])
+def test_restore_refuses_index_credentials_without_printing_them(url: str, secret: str, tmp_path: Path,
+                                                                 restore_lock: LockFactory) -> None:
+    from envlock.lock import save
+
+    path = save(restore_lock(packages=[("six", "1.17.0")]), tmp_path / "env.lock")
+    r = run_cli("restore", str(path), "--dockerfile-only", str(tmp_path / "out"), "--allow-unpinned-base",
+                "--index-url", url)
+    assert r.returncode == 2, r.stderr
+    assert secret not in r.stdout + r.stderr and "idx.lab.example" in r.stderr
+    assert not (tmp_path / "out" / "Dockerfile").exists()
+    # twin: the same index without the credential is written as it is
+    clean = "https://idx.lab.example/acme/simple"
+    r = run_cli("restore", str(path), "--dockerfile-only", str(tmp_path / "ok"), "--allow-unpinned-base",
+                "--index-url", clean)
+    assert r.returncode == 0, r.stderr
+    assert clean in (tmp_path / "ok" / "Dockerfile").read_text() + "".join(
+        p.read_text() for p in (tmp_path / "ok").rglob("*.txt"))
