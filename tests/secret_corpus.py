@@ -43,7 +43,30 @@ _NAME_SECRETS = [
     "MLFLOW_TRACKING_TOKEN", "COMET_API_KEY", "NEPTUNE_API_TOKEN", "DB_PASSWD", "MYSQL_PWD",
     "PGPASSWORD", "TWINE_PASSWORD", "CUDA_PRIVATE_KEY", "TORCH_AUTH", "HF_COOKIE", "SENTRY_DSN",
     "NVIDIA_API_KEY", "TRITON_CREDENTIALS", "HF_hubAuthToken", "ACCELERATE_CLIENTSECRET",
-    "KAGGLE_KEY",
+    "KAGGLE_KEY", "HF_HUB_AUTHORIZATION", "HF_PASSCODE", "TORCH_HMAC", "HF_PW",
+]
+
+
+def _jwt(s: str) -> str:
+    """A JSON Web Token holding the marker ``s`` in its payload and its signature."""
+    return f"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ{s}In0.{s}-_Sig0"
+
+
+# Shapes recognised wherever they appear (a note, a URL's path, any variable): (template, where).
+# {s} is the unique marker; each value is a credential of the provider's real format.
+_SHAPED = [
+    ("note", "", "logged in with {jwt} for the run"),
+    ("note", "", "maps key AIzaSy{s}abcdefghij0123456789 in the config"),
+    ("note", "", "billing via sk_live_{s}0123456789AB"),
+    ("note", "", "pushed with dckr_pat_{s}-_abc0123456"),
+    ("note", "", "openai sk-proj-{s}_-abcDEF0123456789xyz"),
+    ("env-value", "HF_ENDPOINT", "https://hf-mirror.lab.example/?jwt_hint=1&t={jwt}"),
+    ("env-value", "HF_MIRROR_ENDPOINT", "https://hf-mirror.lab.example/{jwt}/api"),
+    ("env-value", "ENVLOCK_TORCH_INDEX_URL", "http://127.0.0.1:8080/{s}Ab12/acme/simple"),
+    ("git", "", "https://git.lab.example/{jwt}/lab/paper.git"),
+    ("direct-url", "", "https://storage.googleapis.com/b/x-1.0-py3-none-any.whl?X-Goog-Algorithm=GOOG4-RSA-SHA256"
+                       "&X-Goog-Expires=600&X-Goog-Signature={s}"),
+    ("direct-url", "", "https://h.example/wheels;token={s}/x-1.0-py3-none-any.whl"),
 ]
 
 _ENV_VALUES = [
@@ -171,6 +194,10 @@ def _build_leaks() -> list[Case]:
         add("git", "", template)
     for template in _NOTES:
         add("note", "", template)
+    for where, name, template in _SHAPED:
+        i += 1
+        s = _s(i)
+        out.append(Case(where, name, template.format(s=s, jwt=_jwt(s)), s))
     return out
 
 
@@ -238,4 +265,19 @@ ORDINARY = [
     Case("git", "", "ssh://git@host.example:22/o/r.git", ""),
     Case("note", "", "lr=0.1, batch 64: https://wandb.ai/lab/proj/runs/abc123", ""),
     Case("note", "", "mail alice@example.org; code at git@github.com:org/repo.git", ""),
+    # near misses of the shapes above: each must come out verbatim
+    Case("env-echo", "PRIVATE_REGISTRY", "registry.lab.example", ""),
+    Case("env-value", "HF_HUB_AUTHORIZATION_MODE", "bearer", ""),
+    Case("env-value", "TORCH_HMAC_ALGORITHM", "sha256-hmac", ""),
+    Case("env-value", "HF_PASSCODE_PROMPT", "1", ""),
+    Case("env-value", "HF_PWR_PROFILE", "balanced", ""),
+    Case("env-value", "UV_EXTRA_INDEX_URL",
+         "https://pkgs.example/org/0f3c2d1e-aaaa-bbbb-cccc-123456789abc/_packaging/feed-2024-v2/pypi/simple/"
+         " https://gitlab.example/api/v4/projects/123456789012345678/packages/pypi/simple", ""),
+    Case("env-value", "TORCH_CORPUS_OK_09", "https://h.example/search?author=alice&keyword=amp&signal=on", ""),
+    Case("env-value", "TORCH_CORPUS_OK_10", "{project}/runs/sk-learn-baseline-2024-01-15-seed0-0123456789abcdef01234567", ""),
+    Case("env-value", "HF_INFERENCE_ENDPOINT", "https://hf-mirror.lab.example/eyJhbGciOiJIUzI1NiJ9/api", ""),
+    Case("note", "", "see https://discuss.pytorch.org/t/nan-loss-with-amp/123456 and /t/cuda-12-1-fails/98765", ""),
+    Case("note", "", "demo keys sk_live_demo pk_live_0123456789abcdefghijABCD AIzawesome dckr_pat_x", ""),
+    Case("note", "", "pypi-mirror-snapshot-2024-01-15-for-the-whole-cluster and sk-learn-0123456789abcdefABCDEF0123456789-x", ""),
 ]

@@ -25,7 +25,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from envlock.errors import ArtifactsMissing, IndexUnavailable
-from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, redact, resolve
+from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, resolve
 from envlock.lock import Lock, Package
 
 # Variables a lock may carry (probe allow-list) that name the index the environment used.
@@ -271,15 +271,16 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
                 continue
             index, files = hit
             keep = set(pick(files, tags))
-            # URLs lose user:password: an export is a file people commit and attach, and the
+            # URLs lose their credentials (user:password, the index's path token, a presigned
+            # URL's signature): an export is a file people commit and attach, and the
             # installer brings its own credentials (keyring, netrc, UV_INDEX_* variables).
-            arts = _allowed(pkg, [Artifact(f.filename, f.sha256 or "", url=redact(f.url), size=f.size)
+            arts = _allowed(pkg, [Artifact(f.filename, f.sha256 or "", url=index.public_file(f.url), size=f.size)
                                   for f in files if f.filename in keep])
             if not arts:
-                missing.append(f"{pkg.name}=={pkg.version} (no file on {redact(index.url)} fits "
+                missing.append(f"{pkg.name}=={pkg.version} (no file on {index.public} fits "
                                f"{lock.python.version} {lock.platform.machine} or the lock's hashes)")
                 continue
-            out.append(Resolved(pkg, "index", index=redact(index.url.rstrip("/")), artifacts=tuple(arts)))
+            out.append(Resolved(pkg, "index", index=index.public.rstrip("/"), artifacts=tuple(arts)))
     if missing:
         raise ArtifactsMissing(
             f"no installable file found for {len(missing)} package(s): " + "; ".join(missing),

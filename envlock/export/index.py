@@ -35,6 +35,8 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envlock.errors import IndexUnavailable, UsageError
+from envlock.probe.rules import REDACTED
+from envlock.probe.scrub import strip_index_url, strip_url, url_tokens
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 TIMEOUT = 60.0
@@ -93,11 +95,19 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_SameOriginRedirects)
 
 
+def public(url: str) -> str:
+    """An index URL as an output may carry it (requirements.txt, pylock.toml): no user:password,
+    no secret query value or fragment, no token in the path (``/<TOKEN>/acme/``, on any host);
+    what was a credential reads ``<redacted>``. The installer brings its own (keyring, netrc,
+    PIP_INDEX_URL), as it does for a password."""
+    return strip_index_url(url)
+
+
 def shown(url: str) -> str:
-    """``url`` for an error message or a log: no user:password, and no query or fragment, where
+    """``url`` for an error message or a log: ``public``, and no query or fragment at all, where
     index tokens travel (``?token=...``); a message never needs them to say which index."""
-    parts = urlsplit(redact(url))
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")) + ("?..." if parts.query else "")
+    base, query, _ = public(url).partition("#")[0].partition("?")
+    return base + ("?..." if query else "")
 
 
 def redact(url: str) -> str:
@@ -188,18 +198,36 @@ class SimpleIndex:
     """One simple-API index, read over HTTP(S) or ``file:``, with an on-disk listing cache."""
 
     def __init__(self, url: str, *, cache: Path | None = None, refresh: bool = False) -> None:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            username, password = parts.username, parts.password
+            self.url = redact(url).rstrip("/") + "/"
+        except ValueError as exc:  # "Invalid IPv6 URL", a port out of range
+            raise UsageError(f"index URL {shown(url)!r} is not a valid URL: {exc}") from None
         if parts.scheme not in ("http", "https", "file"):
             raise UsageError(f"index URL {shown(url)!r} is not http(s):// or file://")
         # user:password in the URL becomes a Basic header, sent only to the index's own host;
-        # the URL kept (for messages, the cache key and the export) has none.
+        # the URL kept (for requests and the cache key) has none. A token in the path or the
+        # query is part of the address and stays in ``url``; ``public`` is what outputs show.
         self._auth: tuple[tuple[str, str, int | None], str] | None = None
-        if parts.username is not None:
-            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
+        if username is not None:
+            token = base64.b64encode(f"{unquote(username)}:{unquote(password or '')}".encode())
             self._auth = (_origin(url), "Basic " + token.decode())
-        self.url = redact(url).rstrip("/") + "/"
+        self.public = public(self.url)
+        # The index's own credentials, to take out of the file URLs it lists (relative links
+        # carry its path token along).
+        self._tokens = sorted(set(url_tokens(url, index=True)), key=len, reverse=True)
         self.cache = cache
         self.refresh = refresh
+
+    def public_file(self, url: str) -> str:
+        """The URL of a file this index lists, as an output may carry it: ``strip_url`` (a
+        presigned ``X-Amz-Signature``, ``X-Goog-Signature`` or SAS ``sig`` goes) and the
+        index's own tokens replaced. Not ``public``: a file's path holds content hashes."""
+        url = strip_url(url)
+        for token in self._tokens:
+            url = url.replace(token, REDACTED)
+        return url
 
     def _cache_path(self, name: str) -> Path | None:
         if self.cache is None:

@@ -27,6 +27,7 @@ from envlock.errors import LockInvalid
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
 from envlock.lock import Lock, toml_document
+from envlock.probe.rules import REDACTED
 
 _SYS_PLATFORM = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
 
@@ -86,4 +87,9 @@ def render(lock: Lock, resolved: list[Resolved]) -> str:
     doc = build(lock, resolved).to_dict()
     head = (f"# PEP 751 lock exported from envlock {lock.short_id} ({lock.envlock.fingerprint}).\n"
             "# Install without envlock: uv pip install -r pylock.toml   (or pip >= 26.1)\n")
+    if REDACTED in str(doc.get("packages")):
+        # Index and file URLs lost their credentials in artifacts.py (a path token, a presigned
+        # URL's signature); say so rather than leave a URL that fails without a word.
+        head += (f"# {REDACTED}: a credential of an index or file URL, never written here; "
+                 "the installer needs its own\n")
     return head + toml_document(doc)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from envlock.export.artifacts import Resolved, default_index
-from envlock.export.index import redact
+from envlock.export.index import public
 from envlock.lock import Lock
+from envlock.probe.rules import REDACTED
 
 
 def _hashes(r: Resolved) -> list[str]:
@@ -29,11 +30,15 @@ def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = Non
         opts += ["--no-index", f"--find-links {wheelhouse}"]
     else:
         if main_index:
-            opts.append(f"--index-url {redact(main_index)}")
+            opts.append(f"--index-url {public(main_index)}")
+        # Resolved indexes are already public (artifacts.py); the main one is compared as such.
         extras = dict.fromkeys(r.index for r in resolved if r.kind == "index" and r.index)
         if extras:
-            main = (main_index or default_index()).rstrip("/")
-            opts += [f"--extra-index-url {redact(extra)}" for extra in extras if extra.rstrip("/") != main]
+            main = public(main_index or default_index()).rstrip("/")
+            opts += [f"--extra-index-url {public(extra)}" for extra in extras if extra.rstrip("/") != main]
+    if any(REDACTED in line for line in opts):
+        head.append(f"# {REDACTED}: a credential of the index URL, never written here; "
+                    "give pip yours (keyring, netrc or PIP_INDEX_URL)")
     body: list[str] = []
     unhashed: list[str] = []
     for r in resolved:

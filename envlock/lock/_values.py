@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from envlock.probe.rules import REDACTED, looks_secret
-from envlock.probe.scrub import scrub_text, strip_url
+from envlock.probe.scrub import env_value, scrub_text, strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
@@ -48,6 +48,6 @@ def check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
         if looks_secret(name):
             if value != REDACTED:
                 raise ValueError(f"{table}.{name} looks like a secret; a lock only stores it as {REDACTED!r}")
-        elif scrub_text(value) != value:
+        elif env_value(name, value) != value:  # the capture rule (an index URL's path token too)
             raise ValueError(f"{table}.{name} {_CREDENTIALS}")
     return dict(sorted(env.items()))

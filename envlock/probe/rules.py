@@ -27,6 +27,12 @@ ENV_NAMES = (
     "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
     "CONDA_DEFAULT_ENV", "TOKENIZERS_PARALLELISM", "CC", "CXX", "MAX_JOBS",
 )
+# The variables that name a package index: their URLs also lose any path segment shaped like a
+# token (an index path is a few words, ``/acme/simple``; a token there is the credential).
+INDEX_VARIABLES = (
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS", "ENVLOCK_TORCH_INDEX_URL",
+)
 # The variables that change numerics on their own; they are sealed in the fingerprint.
 NUMERICS_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE",
@@ -43,11 +49,14 @@ NUMERICS_ENV = (
 # A name is split into words (on "_", ".", "-" and camelCase), and it is a secret when one of
 # its words says so. Whole words, not substrings: TOKENIZERS_PARALLELISM, DESKTOP_SESSION,
 # KMP_AFFINITY and XAUTHORITY hold settings, not credentials.
+# "PRIVATE" alone is not one: PRIVATE_REGISTRY and PRIVATE_INDEX name a place, and scrubbing
+# their value from the whole document cut the registry out of an image reference (a private
+# key is still caught by KEY or PRIVKEY).
 _SECRET_WORDS = frozenset((
     "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
-    "PASSPHRASE", "PWD", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "APIKEY", "KEY", "KEYS",
-    "PRIVATE", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT", "BEARER", "WEBHOOK", "DSN",
-    "SAS", "OTP", "SIGNATURE", "CONNSTR",
+    "PASSPHRASE", "PASSCODE", "PWD", "PW", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH",
+    "AUTHORIZATION", "APIKEY", "KEY", "KEYS", "PRIVKEY", "COOKIE", "COOKIES", "PAT", "JWT",
+    "BEARER", "WEBHOOK", "DSN", "SAS", "OTP", "SIGNATURE", "HMAC", "CONNSTR",
 ))
 # Words glued to a secret noun in one segment (DBPASSWORD, AUTHTOKEN, CLIENTSECRET).
 _SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "SECRETKEY",
@@ -60,7 +69,7 @@ _SWITCH_WORDS = frozenset(("DISABLE", "DISABLED", "ENABLE", "ENABLED", "NO", "SK
 _PROPERTY_WORDS = frozenset((
     "TIMEOUT", "TTL", "EXPIRY", "EXPIRES", "LENGTH", "LEN", "TYPE", "MODE", "METHOD", "BACKEND",
     "PROVIDER", "HELPER", "URL", "URI", "ENDPOINT", "HOST", "PORT", "SERVER", "REGION", "NAME",
-    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES",
+    "USER", "USERNAME", "VERSION", "FORMAT", "SCOPE", "SCOPES", "ALGORITHM",
 ))
 # Not a property: _ID (AWS_ACCESS_KEY_ID names half of a key pair and is treated as a secret).
 # Variables that hold a location, never a credential: the shell's and the desktop's own, and
@@ -88,15 +97,35 @@ def is_path_variable(name: str) -> bool:
     return name.upper() in _PATH_NAMES or bool(words and words[-1] in _PATH_WORDS)
 
 
-def looks_secret(name: str) -> bool:
-    """True for environment variable names whose values must never reach a lock."""
-    if is_path_variable(name):
-        return False
-    words = _name_words(name)
+def _names_a_secret(words: List[str]) -> bool:
     nouns = [i for i, w in enumerate(words) if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES)]
     if not nouns or any(w in _SWITCH_WORDS for w in words):
         return False
     return not any(w in _PROPERTY_WORDS for w in words[nouns[-1] + 1:])
+
+
+def looks_secret(name: str) -> bool:
+    """True for environment variable names whose values must never reach a lock."""
+    if is_path_variable(name):
+        return False
+    return _names_a_secret(_name_words(name))
+
+
+# Query keys that carry a credential beyond the names above: an Azure SAS signature ("sig"),
+# session ids and tickets. Whole words again: ?author=, ?keyword=, ?design= are not credentials.
+_QUERY_SECRET_WORDS = frozenset(("SIG", "SESSION", "SESSIONID", "JSESSIONID", "TICKET"))
+
+
+def secret_query_key(key: str) -> bool:
+    """True for a URL query (or path parameter) key whose value is a credential: ``token``,
+    ``access_token``, ``X-Amz-Signature``, ``sig``, ``api_key``, ``pwd``, OAuth's bare ``code``.
+
+    The rule of variable names, on the key's words, without the path exemption (``?pwd=`` is a
+    password, not a directory)."""
+    words = _name_words(key)
+    if words == ["CODE"]:
+        return True
+    return _names_a_secret(words) or any(w in _QUERY_SECRET_WORDS for w in words)
 
 
 def canonicalize_name(name: str) -> str:

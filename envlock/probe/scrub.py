@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from .rules import MIN_SECRET_LEN, REDACTED, looks_secret
+from .rules import INDEX_VARIABLES, MIN_SECRET_LEN, REDACTED, looks_secret, secret_query_key
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
@@ -39,36 +39,74 @@ _SCP_WORD = r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*"
 _SCP_KEEP = r"[^:@/=(,;]*[=(,;]"
 _SCP_HOST = r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)"
 _SCHEME = r"([A-Za-z][A-Za-z0-9+.-]*)://"
-# Query keys whose value is a credential (GitLab private_token, S3 X-Amz-Signature, SAS sig).
-_SECRET_QUERY = (
-    r"(?i)(token|secret|passw|pass$|pwd|key|sig|auth|credential|session|cookie|jwt|otp|ticket|code$)")
+# Which query keys hold a credential is ``rules.secret_query_key`` (whole words of the key:
+# ?token=, ?X-Amz-Signature=, ?sig=, but not ?author= or ?keyword=).
 # Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
 _SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
 # Users that name a service account, not a person or a token (git@github.com:org/repo.git).
 _SERVICE_USERS = ("git", "hg")
 # Index hosts that carry a token as a path segment: (host pattern, path pattern); the group is
-# the token. Gemfury, Anaconda's channel host and conda's own rule for
-# any channel (/t/TOKEN/), packagecloud /priv/TOKEN/, Cloudsmith entitlement tokens
-# (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
+# the token. Gemfury, conda's /t/TOKEN/ (any segment on a host named for conda; elsewhere only
+# a segment with a digit, 8 characters or more, followed by a channel name: a forum's
+# /t/<topic-slug>/<number> is no token), packagecloud /priv/TOKEN/, Cloudsmith entitlement
+# tokens (dl.cloudsmith.io/TOKEN/...; "public" and "basic" are not tokens), Slack and Discord
 # webhooks, Telegram bots.
 _PATH_TOKENS = (
     # Gemfury: /TOKEN/ACCOUNT/ or /ACCOUNT/file; a segment before another directory, or one
     # with capitals (tokens are mixed case, account names are lowercase), is the token.
     (r"(?i)(^|\.)fury\.io$",
      r"^/((?=[^/]*[A-Z])[^/]+(?=/)|[^/]+(?=/[^/]+/))"),
-    (r".", r"(?:^|/)t/([^/]+)"),
+    (r"(?i)conda", r"(?:^|/)t/([^/]+)"),
+    (r".", r"(?:^|/)t/((?=[^/]*[0-9])[^/]{8,})(?=/(?![0-9]+(?:/|$))[^/])"),
     (r"(?i)(^|\.)packagecloud\.io$", r"^/priv/([^/]+)"),
     (r"(?i)^dl\.cloudsmith\.io$", r"^/(?!public/|basic/)([^/]+)/"),
     (r"(?i)^hooks\.slack\.com$", r"^/services/(.+)"),
     (r"(?i)(^|\.)discord(app)?\.com$", r"^/api/webhooks/(.+)"),
     (r"(?i)^api\.telegram\.org$", r"^/(?:file/)?bot([^/]+)"),
 )
-# Credentials recognisable by their own shape, wherever they appear in text.
-_TOKEN_SHAPES_RE = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
-    r"|hf_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
-    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{32,}|pypi-[A-Za-z0-9_-]{40,}|npm_[A-Za-z0-9]{36})"
+# Credentials recognisable by their own shape, wherever they appear in text: each provider's
+# published prefix and alphabet, with a length floor below the real one, so a word that merely
+# starts the same way (a run directory "sk-learn-baseline-2024", "pk_live_demo", "AIzawesome")
+# is no token. Where the alphabet holds "-" or "_", the body must also hold a capital or a run of
+# 16 lowercase letters and digits (a hex part): a slug of lowercase words and numbers
+# ("dckr_pat_rotation-2024-notes", "xoxb-eval-loss-amp") has neither, and a random body of 20
+# such characters lacks both once in 30,000 draws. Provider by provider:
+
+
+def _body(alphabet: str, length: str) -> str:
+    return rf"(?={alphabet}*(?:[A-Z]|[a-z0-9]{{16}})){alphabet}{{{length}}}"
+
+
+_TOKEN_SHAPES = (
+    r"gh[pousr]_[A-Za-z0-9]{20,}", r"github_pat_" + _body("[A-Za-z0-9_]", "20,"),  # GitHub
+    r"gl(?:pat|dt|rt|ptt|ft|soat|oas|cbt|imt|agent)-" + _body("[A-Za-z0-9_-]", "20,"),  # GitLab
+    r"hf_[A-Za-z0-9]{30,}",  # Hugging Face
+    r"xox[abeprs]-" + _body("[A-Za-z0-9-]", "10,"), r"xapp-[0-9]-" + _body("[A-Za-z0-9-]", "20,"),  # Slack
+    r"(?:AKIA|ASIA)[0-9A-Z]{16}",  # AWS access key id
+    # OpenAI (sk-proj-, sk-svcacct-, sk-admin-, and the older sk- + one run of 32+ letters and
+    # digits), Anthropic (sk-ant-api03-...), OpenRouter (sk-or-v1-<hex>).
+    r"sk-(?:proj|svcacct|admin|None)-" + _body("[A-Za-z0-9_-]", "20,"),
+    r"sk-ant-[a-z]+[0-9]{2}-" + _body("[A-Za-z0-9_-]", "20,"),
+    r"sk-or-v1-[0-9a-f]{32,}", r"sk-(?=[A-Za-z]*[0-9])[A-Za-z0-9]{32,}(?![A-Za-z0-9_-])",
+    r"pypi-AgE[A-Za-z0-9_-]{40,}",  # PyPI API tokens are macaroons: "AgE" is their first byte
+    r"npm_[A-Za-z0-9]{36}",  # npm
+    # A JSON Web Token: base64url of a JSON header ('{"' is "eyJ"), a payload and a signature.
+    r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*",
+    r"AIza" + _body("[0-9A-Za-z_-]", "35"),  # Google API key
+    r"ya29\." + _body("[0-9A-Za-z_-]", "20,"),  # Google OAuth access token
+    r"[rs]k_(?:live|test)_[0-9A-Za-z]{20,}",  # Stripe secret and restricted keys (pk_ is public)
+    r"dckr_(?:pat|oat)_" + _body("[A-Za-z0-9_-]", "20,"),  # Docker Hub access tokens
+    r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{30,}",  # SendGrid
+    r"do[opr]_v1_[0-9a-f]{64}",  # DigitalOcean
+    r"dapi[0-9a-f]{32}(?:-[0-9]+)?",  # Databricks
+    r"r8_[A-Za-z0-9]{30,}",  # Replicate
+    r"gsk_[A-Za-z0-9]{40,}",  # Groq
+    r"glsa_[A-Za-z0-9]{32}_[0-9a-fA-F]{8}",  # Grafana service account
+    r"shp(?:at|ca|pa|ss)_[0-9a-fA-F]{32}",  # Shopify
+    r"lin_api_[A-Za-z0-9]{40}",  # Linear
+    r"PMAK-[0-9a-f]{24}-[0-9a-f]{34}",  # Postman
 )
+_TOKEN_SHAPES_RE = re.compile(r"\b(?:" + "|".join(_TOKEN_SHAPES) + ")")
 
 
 def _strip_query(query: str) -> str:
@@ -78,11 +116,25 @@ def _strip_query(query: str) -> str:
         if not eq:
             # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
             out.append(REDACTED if key and key != REDACTED else key)
-        elif value and value != REDACTED and re.search(_SECRET_QUERY, _unquote(key)):
+        elif value and value != REDACTED and secret_query_key(_unquote(key)):
             out.append(key + "=" + REDACTED)
         else:
             out.append(item)
     return "&".join(out)
+
+
+def _path_params(path: str) -> str:
+    """Path parameters (``/simple;token=...``, ``;jsessionid=...``) judged as query items are."""
+    if ";" not in path:
+        return path
+
+    def one(m: "re.Match[str]") -> str:
+        key, value = m.group(1), m.group(2)
+        if value and value != REDACTED and secret_query_key(_unquote(key)):
+            return ";" + key + "=" + REDACTED
+        return m.group(0)
+
+    return re.sub(r";([^;/=]*)=([^;/]*)", one, path)
 
 
 def _unquote(text: str) -> str:
@@ -144,7 +196,7 @@ def strip_url(url: str) -> str:
     rest, qmark, query = rest.partition("?")
     slash = rest.find("/")
     host, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
-    path = _path_tokens(host, path)
+    path = _path_params(_path_tokens(host, path))
     out = url[:m.end()] + keep_user + host + path
     if qmark:
         out += "?" + _strip_query(query)
@@ -182,9 +234,50 @@ def scrub_text(text: str) -> str:
     return _TOKEN_SHAPES_RE.sub(REDACTED, text)
 
 
+# A path segment of an index URL that is a token, not a name: 16 characters or more of a
+# token alphabet, letters and digits, and either both cases or one unbroken run of 16 letters
+# and digits. Index paths are a few words (/acme/simple, /api/pypi/pypi-remote-2024/simple,
+# /projects/12345/packages/pypi); a GUID's runs are 12 long at most.
+_INDEX_SEGMENT = r"(?<=/)[A-Za-z0-9_-]{16,}(?=/|$)"
+
+
+def _token_segment(segment: str) -> bool:
+    if not (re.search(r"[0-9]", segment) and re.search(r"[A-Za-z]", segment)):
+        return False
+    if re.search(r"[a-z]", segment) and re.search(r"[A-Z]", segment):
+        return True
+    return any(re.search(r"[0-9]", run) and re.search(r"[A-Za-z]", run)
+               for run in re.findall(r"[A-Za-z0-9]{16,}", segment))
+
+
+def strip_index_url(url: str) -> str:
+    """``strip_url`` for the URL of a package index, which also loses every path segment shaped
+    like a token (``http://127.0.0.1:8080/<TOKEN>/acme/simple``), on any host.
+
+    Only for index URLs: a file's URL has content hashes in its path, which are no secret."""
+    url = strip_url(url)
+    m = re.match(r"(?i)https?://[^/?#]*", url)
+    if not m:
+        return url
+    cut = m.end() + len(re.split(r"[?#]", url[m.end():], maxsplit=1)[0])
+    path = re.sub(_INDEX_SEGMENT, lambda s: REDACTED if _token_segment(s.group(0)) else s.group(0),
+                  url[m.end():cut])
+    return url[:m.end()] + path + url[cut:]
+
+
+def scrub_index_text(text: str) -> str:
+    """``scrub_text`` for a value that holds index URLs (``PIP_EXTRA_INDEX_URL="a b"``)."""
+    if "://" in text:
+        text = re.sub(_URL, lambda m: strip_index_url(m.group(0)), text)
+    return scrub_text(text)
+
+
 def env_value(name: str, value: str) -> str:
-    """What a lock may keep of one variable: nothing of a secret, a URL without credentials."""
-    return REDACTED if looks_secret(name) else scrub_text(value)
+    """What a lock may keep of one variable: nothing of a secret, a URL without credentials
+    (an index URL also without a token in its path)."""
+    if looks_secret(name):
+        return REDACTED
+    return scrub_index_text(value) if name in INDEX_VARIABLES else scrub_text(value)
 
 
 def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
@@ -197,6 +290,7 @@ def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
     values = set()
     for name, value in (os.environ if environ is None else environ).items():
         values.update(_url_passwords(value))
+        values.update(url_tokens(value, name in INDEX_VARIABLES))
         if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
             continue
         if os.path.isabs(value) and os.path.exists(value):
@@ -223,6 +317,32 @@ def _url_passwords(value: str) -> List[str]:
         for candidate in (password, _unquote(password)):
             if len(candidate.strip()) >= MIN_SECRET_LEN and not (candidate.isalpha() and len(candidate) < 16):
                 out.append(candidate)
+    return out
+
+
+def url_tokens(value: str, index: bool) -> List[str]:
+    """The tokens the URLs of a variable carry in their path or query (``HF_ENDPOINT=
+    https://h/?token=T``, ``PIP_INDEX_URL=https://pypi.fury.io/T/acme/``): the URL is stripped
+    wherever it goes, and the token alone, pasted into ``--note``, goes too. Only what the URL
+    rules remove, and only as long as a credential (MIN_SECRET_LEN)."""
+    if "://" not in value:
+        return []
+    out = []
+    for m in re.finditer(_URL, value):
+        url = m.group(0).partition("#")[0]
+        kept = strip_index_url(url) if index else strip_url(url)
+        if kept == url:
+            continue
+        # What was removed: the pieces of the URL that are not in what was kept.
+        pieces = re.split(r"[/?&;=]", url.partition("://")[2])
+        left = set(re.split(r"[/?&;=]", kept.partition("://")[2]))
+        for piece in pieces:
+            # A plain word or a number is more likely to stand elsewhere in the lock as
+            # something else (?download, /t/12345678/) than to be a credential: kept.
+            if piece in left or "@" in piece or len(piece) < MIN_SECRET_LEN or piece.isdigit() \
+                    or (piece.isalpha() and len(piece) < 16):
+                continue
+            out += [piece, _unquote(piece)]
     return out
 
 
@@ -326,4 +446,23 @@ def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, An
                     out[table][i][k] = _scrub_leaf(row[k], [], check)
     if isinstance(pins, list):
         out["os_packages"]["packages"] = _scrub_tree(pins, [], check)
+    _keep_image_whole(doc, out)
     return out
+
+
+# Image identity: a reference or digest with a word replaced is another image (or no valid
+# reference at all, and the capture failed). A field the scrub would change is left out of the
+# lock, with the reason in [probe].errors; it is never recorded half-redacted.
+_IMAGE_KEYS = ("reference", "digest", "id", "container_id")
+
+
+def _keep_image_whole(doc: Dict[str, Any], out: Dict[str, Any]) -> None:
+    image, scrubbed = doc.get("image"), out.get("image")
+    if not isinstance(image, dict) or not isinstance(scrubbed, dict):
+        return
+    for key in _IMAGE_KEYS:
+        if isinstance(image.get(key), str) and scrubbed.get(key) != image[key]:
+            del scrubbed[key]
+            probe = out.setdefault("probe", {})
+            if isinstance(probe, dict) and isinstance(probe.setdefault("errors", {}), dict):
+                probe["errors"][f"image.{key}"] = "it holds a secret variable's value or a token"

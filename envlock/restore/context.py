@@ -220,7 +220,7 @@ def _check_options(base: BaseChoice, options: Options) -> None:
     values.image_ref(base.ref)
     require_pinned(base, options)
     if options.index_url:
-        values.url(options.index_url, what="--index-url", allow_http=options.allow_http)
+        values.url(options.index_url, what="--index-url", allow_http=options.allow_http, index=True)
 
 
 def _venv(lock: Lock, options: Options, base: BaseChoice) -> str | None:

@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from envlock.errors import EnvlockError, PlainHttp, UnsafeValue, UsageError
 from envlock.probe import imageref
-from envlock.probe.scrub import strip_url
+from envlock.probe.scrub import scrub_index_text, strip_index_url, strip_url
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,126}[a-z0-9])?$")
 _VERSION_CHARS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}$")
@@ -45,7 +45,9 @@ FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/l
 
 
 def _refuse(what: str, value: object, why: str) -> EnvlockError:
-    shown = repr(value)
+    # A refused value is shown without what made it refused when that is a credential
+    # ("--index-url 'https://u:<redacted>...': carries credentials" must not print the password).
+    shown = repr(scrub_index_text(value) if isinstance(value, str) else value)
     if len(shown) > 120:
         shown = shown[:117] + "..."
     if what.startswith("--"):
@@ -175,11 +177,13 @@ def abs_path(value: str, *, what: str = "path") -> str:
 
 
 def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "URL",
-        allow_http: bool = False) -> str:
+        allow_http: bool = False, index: bool = False) -> str:
     """A URL with an allowed scheme, a host, no credentials and only inert characters.
 
     Plain ``http`` needs ``allow_http``. An ``ssh`` URL keeps its user name (``git@host``): it
     names the account, not a secret, and without it the clone logs in as the wrong user.
+    ``index``: a package index's URL, which also may not carry a token-shaped path segment
+    (``https://host/<TOKEN>/acme/simple``, the capture rule for index variables).
     """
     if not isinstance(value, str) or not _URL_CHARS_RE.fullmatch(value):
         raise _refuse(what, value, "contains characters that are not allowed in a restorable URL")
@@ -187,12 +191,12 @@ def url(value: str, *, schemes: frozenset[str] = ARCHIVE_SCHEMES, what: str = "U
     if parts.scheme not in schemes:
         raise _refuse(what, value, f"scheme must be one of {', '.join(sorted(schemes))}")
     if parts.scheme == "http" and not allow_http:
-        raise PlainHttp(f"refusing {what} {value!r}: plain http can be tampered with in transit",
+        raise PlainHttp(f"refusing {what} {scrub_index_text(value)!r}: plain http can be tampered with in transit",
                         hint="use https, or pass --allow-http to accept the risk")
     if not parts.hostname:
         raise _refuse(what, value, "has no host")
     # The capture rule, not a stricter copy: ssh's service user (git@host) is no credential.
-    if strip_url(value) != value:
+    if (strip_index_url(value) if index else strip_url(value)) != value:
         raise _refuse(what, value, "carries credentials")
     return value
 
