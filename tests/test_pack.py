@@ -328,3 +328,35 @@ def test_the_tar_reader_takes_only_files_and_directories(tmp_path: Path) -> None
     with pytest.raises(UsageError, match="not a pack"):
         packdir.open_pack(archive, tmp_path / "work")
     assert not (tmp_path / "escape.txt").exists()
+
+
+# -- the .debs of a system-Python lock ---------------------------------------------------------------
+
+
+def test_debs_of_the_os_pins_are_downloaded_and_the_unreachable_ones_named(
+        restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """apt-get (a stand-in on PATH) downloads what its sources still offer; the rest is listed,
+    never silently dropped."""
+    from envlock.export.pack import collect_debs
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apt-get"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = download ] || exit 2\nshift; [ \"$1\" = -q ] && shift\n"
+                    "for pin in \"$@\"; do case \"$pin\" in libfoo*) exit 100;; esac; done\n"
+                    "for pin in \"$@\"; do n=${pin%%=*}; v=${pin#*=}; touch \"${n%%:*}_${v}_amd64.deb\"; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
+                        python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",
+                                "executable": "/usr/bin/python3"},
+                        os_packages={"manager": "dpkg", "packages": [
+                            "libc6:amd64=2.36-9+deb12u14", "python3-six:all=1.16.0-4", "libfoo:i386=1:2.0-1"]},
+                        packages=[{"name": "six", "version": "1.16.0", "source": "system",
+                                   "os_package": "python3-six", "os_package_version": "1.16.0-4"}])
+    debs, missing = collect_debs(lock, tmp_path / "debs", lambda s: None)
+    assert debs == ["libc6_2.36-9+deb12u14_amd64.deb", "python3-six_1.16.0-4_amd64.deb"]
+    assert missing == ["libfoo:i386=1:2.0-1"]
+    # A venv lock's OS packages are its base image's: nothing to download.
+    venv_lock = restore_lock(os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9+deb12u14"]})
+    assert collect_debs(venv_lock, tmp_path / "none", lambda s: None) == ([], [])
