@@ -3,7 +3,8 @@
 # after scripts/engine.sh (it uses _engine_apt, _engine_apt_install and $CACHE, $REBUILD, log).
 # Every function is idempotent and cached; each exports what the tests read:
 #
-#   matrix_tools       gcc (the NVML stand-in), git, Debian's chromium + chromium-driver
+#   matrix_tools       gcc (the NVML stand-in), git, Debian's chromium + chromium-driver, skopeo
+#                      (the OCI archive of `envlock pack`)
 #   matrix_debs        ENVLOCK_TEST_DEBS: .debs of python3-six, python3-yaml (+ libyaml) for the
 #                      Debian system-python scenario (containers cannot reach apt)
 #   matrix_torch_cuda  ENVLOCK_TEST_TORCH_CUDA_VENV: a venv with PyPI's default torch==2.13.0
@@ -20,6 +21,7 @@ matrix_tools() {
     command -v git >/dev/null 2>&1 || missing+=(git)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+    command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
     if [[ ${#missing[@]} -gt 0 ]]; then
         local t0=$SECONDS
         _engine_apt_install "${missing[@]}"

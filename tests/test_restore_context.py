@@ -389,3 +389,50 @@ def test_context_key_is_stable_and_content_sensitive(restore_lock: LockFactory) 
     a = dockerfile.context_key(ctx.plan(lock, Options()))
     assert a == dockerfile.context_key(ctx.plan(lock, Options()))
     assert a != dockerfile.context_key(ctx.plan(lock, Options(index_url="https://pypi.lab.example/simple")))
+
+
+def _through_torch_layer(dockerfile_text: str) -> list[str]:
+    """The Dockerfile's instructions up to the torch layer's last RUN, comments left out (the
+    builder's cache ignores them; the first one names the lock)."""
+    lines = [line for line in dockerfile_text.splitlines() if line and not line.startswith("#")]
+    last = max(i for i, line in enumerate(lines) if line.startswith("RUN") and "/torch" in line)
+    return lines[:last + 1]
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_the_torch_layer_depends_only_on_its_own_pins(restore_lock: LockFactory, torch_index: str,
+                                                       tmp_path: Path, offline: bool) -> None:
+    """Two locks that differ by one small package: everything the engine's cache keys the torch
+    layer on (its requirement files, its wheels, every instruction up to its RUN) is the same
+    bytes, so the second restore reuses the torch layer (docs/restore.md)."""
+    base = dict(image={"reference": "a/b", "digest": DIGEST},
+                torch={"version": "2.4.1+cu121", "cuda": "12.1"})
+    one = restore_lock(packages=TORCH_PKGS, **base)
+    other = restore_lock(packages=[p if p[0] != "six" else ("six", "1.17.0") for p in TORCH_PKGS],
+                         **base)
+    assert one.short_id != other.short_id
+    opts: dict[str, Any] = {}
+    wheels_for: dict[str, tuple[Path, ...]] = {}
+    if offline:
+        for name, version in [*TORCH_PKGS, ("six", "1.17.0")]:
+            wheel = tmp_path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+            wheel.write_bytes(f"{name} {version}".encode())
+            wheels_for.setdefault(name, ())
+            wheels_for[name] = (*wheels_for[name], wheel)
+        opts["wheelhouse"] = tmp_path
+
+    def files(lock: Any) -> tuple[dict[str, str], ctx.Plan]:
+        pins = {p.name: p.version for p in lock.packages}
+        mine = {n: tuple(w for w in ws if f"-{pins.get(n)}-" in w.name) for n, ws in wheels_for.items()}
+        plan = ctx.plan(lock, Options(**opts), wheels_for=mine if offline else None)
+        return dockerfile.render(plan), plan
+
+    (a, plan_a), (b, plan_b) = files(one), files(other)
+    torch_files = sorted(k for k in a if k.startswith("requirements/torch"))
+    assert torch_files
+    for rel in torch_files:
+        assert a[rel].encode() == b[rel].encode(), rel
+    assert _through_torch_layer(a["Dockerfile"]) == _through_torch_layer(b["Dockerfile"])
+    assert plan_a.wheels.get("torch") == plan_b.wheels.get("torch")
+    # The small package's own layer does change.
+    assert a["requirements/packages.txt"] != b["requirements/packages.txt"]

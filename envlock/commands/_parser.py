@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"envlock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle,
+    for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
                 _canary, _export):
         add(sub)
     return parser
@@ -120,8 +120,13 @@ def _schema(sub: Subparsers) -> None:
 
 
 def _restore(sub: Subparsers) -> None:
-    p = sub.add_parser("restore", help="rebuild the lock's environment as a container image and verify it")
+    p = sub.add_parser("restore", help="rebuild the lock's environment as a container image and verify it",
+                       description="envlock restore env.lock|PACK [options]: PACK is a directory or "
+                                   ".tar that `envlock pack` wrote, restored with no network")
     _build_options(p)
+    p.add_argument("--target", nargs="+", metavar="KIND [DIR]", default=["image"],
+                   help="image (default): a container image; venv DIR: a plain virtual environment "
+                        "on this host from the pack's (or --wheelhouse's) wheels, verified in place")
     p.add_argument("--dockerfile-only", metavar="DIR",
                    help="only write the build context (Dockerfile, requirements) to DIR; no engine")
     p.add_argument("--force", action="store_true",
@@ -198,6 +203,27 @@ def _bundle(sub: Subparsers) -> None:
     p.add_argument("--skip-local", action="store_true", help="leave out editable/local packages")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.set_defaults(handler="bundle")
+
+
+def _pack(sub: Subparsers) -> None:
+    p = sub.add_parser("pack", help="one self-contained artifact: lock, wheels, .debs, base image, "
+                                    "checksums and a README; restores with no network")
+    p.add_argument("lock")
+    p.add_argument("-o", "--output", required=True, metavar="DIR|FILE.tar",
+                   help="a new or empty directory, or a .tar file to create")
+    p.add_argument("--wheelhouse", action="append", metavar="DIR",
+                   help="look for wheels here first (repeatable); then pip's find-links, pip's cache, the index")
+    p.add_argument("--python", help="the locked environment, to rebuild wheels that exist nowhere "
+                                    "from its installed files (default: chosen as capture does)")
+    p.add_argument("--base", metavar="REF", help="pack this base image instead of the lock's own")
+    p.add_argument("--engine", help="docker (default), podman, or an API URL")
+    p.add_argument("--no-image", action="store_true", help="leave the base image out (no engine needed)")
+    p.add_argument("--no-oci", action="store_true", help="no OCI archive beside the docker-archive")
+    p.add_argument("--no-download", action="store_true", help="never ask an index for a missing wheel")
+    p.add_argument("--index-url", metavar="URL", help="index for missing wheels (default: pip's configured index)")
+    p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
+    p.add_argument("--skip-local", action="store_true", help="leave out editable installs instead of refusing")
+    p.set_defaults(handler="pack")
 
 
 # -- canary, export ------------------------------------------------------------------------------

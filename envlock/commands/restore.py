@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from envlock.lock import Lock
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
+    from envlock.restore.packdir import Pack
     from envlock.restore.restore import RestoreResult
 
 
@@ -42,17 +43,17 @@ def _report_build_failure(exc: Any) -> None:
 
 
 def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine: ContainerEngine,
-                  *, verify: bool) -> RestoreResult:
+                  *, verify: bool, lock_path: Path | None = None, network: bool = True) -> RestoreResult:
     """The lock's image, built or found in the cache, with a build failure's log tail shown."""
     from envlock.errors import BuildFailed
     from envlock.restore.restore import image_name, restore
 
-    name = image_name(Path(args.lock), args.name)
+    name = image_name(lock_path or Path(args.lock), args.name)
     tag = f"envlock/{name}:{lock.short_id}"
     try:
         return restore(lock, options, engine=engine, name=name,
                        workdir=Path(args.context_dir) if args.context_dir else None,
-                       verify=verify, use_cache=not args.no_cache, say=say)
+                       verify=verify, use_cache=not args.no_cache, say=say, network=network)
     except EnvlockError as exc:
         hint_earlier_image(exc, engine, tag)
         if isinstance(exc, BuildFailed):
@@ -72,15 +73,52 @@ def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str) -> None:
             exc.hint = f"{exc.hint}; {also}" if exc.hint else also
 
 
+def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
+    kind, *rest = args.target
+    if kind == "image" and not rest:
+        return kind, None
+    if kind == "venv" and len(rest) == 1:
+        return kind, Path(rest[0])
+    raise UsageError(f"--target {' '.join(args.target)}: expected `image` or `venv DIR`")
+
+
+def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
+    """The pack's wheels and its base image (by id: it is loaded from the pack, never pulled)."""
+    import dataclasses
+
+    changes: dict[str, Any] = {}
+    if not args.wheelhouse:
+        changes["wheelhouse"] = pack.wheels
+    if not args.base and pack.base_id:
+        origin = pack.base.get("origin")
+        changes.update(base=pack.base_id, base_display=pack.base.get("display") or None,
+                       base_origin=origin if origin in ("lock", "--base", "table") else "--base")
+    return dataclasses.replace(opts, **changes)
+
+
 def run(args: argparse.Namespace) -> int:
+    kind, venv_dir = _target(args)
+    pack: Pack | None = None
+    lock_path = Path(args.lock)
+    from envlock.restore.packdir import is_pack
+
+    if is_pack(lock_path):
+        from envlock.restore.packdir import open_pack
+        from envlock.restore.restore import cache_dir
+
+        pack = open_pack(lock_path, cache_dir() / "packs")
+        lock_path = pack.lock
+    if kind == "venv":
+        return _venv(args, lock_path, pack, venv_dir)
     if args.dockerfile_only:
         import shlex
 
         from envlock.lock import load
         from envlock.restore.restore import image_name, write_dockerfile_only
 
-        lock = load(args.lock)
-        plan = write_dockerfile_only(lock, options(args), Path(args.dockerfile_only), force=args.force)
+        lock = load(lock_path)
+        opts = _pack_options(args, pack, options(args)) if pack else options(args)
+        plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
             say(f"note: {note}")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
@@ -91,15 +129,28 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
     from envlock.restore.endpoint import connect
 
-    lock = load(args.lock)
+    lock = load(lock_path)
+    opts = options(args)
+    network = True
     with connect(args.engine) as engine:
-        result = restore_image(args, lock, options(args), engine, verify=not args.no_verify)
+        if pack is not None:
+            from envlock.restore.packdir import ensure_base
+
+            opts = _pack_options(args, pack, opts)
+            if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
+                say(f"loaded the base image {pack.base.get('display', '')} from the pack")
+            # Everything the build needs is in the context; apt's OS packages are the exception.
+            network = not (lock.python.prefix_kind == "system" and lock.os_packages)
+            if network:
+                say("note: the lock's OS packages are installed with apt, which needs the network")
+        result = restore_image(args, lock, opts, engine, verify=not args.no_verify,
+                               lock_path=lock_path, network=network)
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")
         ok = True
         if result.comparison is not None:
-            sys.stdout.write(verify_text(result.comparison, lock, f"{args.lock} inside {result.tag}",
+            sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} inside {result.tag}",
                                          show_info=args.all))
             ok = result.comparison.ok
         if args.push and not ok:
@@ -111,3 +162,24 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(f"pushed {ref}\n  replay on a cluster: envlock export {args.lock} "
                              f"--to k8s|slurm|apptainer --image {ref}\n")
     return EXIT_OK if ok else EXIT_DRIFT
+
+
+def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
+    """``--target venv DIR``: a venv on this host from the pack's or --wheelhouse's wheels."""
+    from envlock._render import verify_text
+    from envlock.lock import load
+    from envlock.restore.venvtarget import restore_venv
+
+    assert directory is not None
+    lock = load(lock_path)
+    opts = options(args)
+    wheels = Path(args.wheelhouse) if args.wheelhouse else (pack.wheels if pack else None)
+    if wheels is None:
+        raise UsageError("--target venv installs offline: give a pack or --wheelhouse DIR")
+    result = restore_venv(lock, wheels, directory, opts, verify=not args.no_verify, say=say)
+    sys.stdout.write(f"venv {result.directory} ({result.installer}): installed in {result.seconds:.1f}s\n")
+    if result.comparison is None:
+        return EXIT_OK
+    sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
+                                 show_info=args.all))
+    return EXIT_OK if result.comparison.ok else EXIT_DRIFT

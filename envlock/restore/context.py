@@ -58,6 +58,13 @@ class Options:
     extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
     allow_http: bool = False
+    # Local (sdist or directory) packages whose wheel, rebuilt from the installed files and
+    # proven equal to the lock's record_sha256, is in the wheelhouse (an `envlock pack`).
+    local_wheels: frozenset[str] = frozenset()
+    # Where ``base`` came from when envlock chose it (a pack restores the image it saved of the
+    # lock's own base by its id): the comparison then treats it as that origin.
+    base_origin: BaseOrigin | None = None
+    base_display: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,8 @@ def choose_base(lock: Lock, options: Options) -> BaseChoice:
     """The base named by --base, the lock's image, or the data table (in that order)."""
     if options.base:
         ref = values.image_ref(options.base, what="--base")
-        return BaseChoice(ref, "--base", values.is_pinned(ref), ref)
+        display = values.image_ref(options.base_display) if options.base_display else ref
+        return BaseChoice(ref, options.base_origin or "--base", values.is_pinned(ref), display)
     img = lock.image
     if img.digest:
         dig = values.digest(img.digest)
@@ -281,8 +289,14 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
             if _skipped_by_pip(pkg, pkg.name in from_os, os_install, base):
                 out.skipped.append(pkg.name)
             continue
-        req, note = requirement(pkg, offline=offline, allow_http=options.allow_http,
-                                extra_hashes=options.extra_hashes.get(pkg.name, ()))
+        if offline and pkg.source == "local" and pkg.name in options.local_wheels:
+            # Its wheel was rebuilt from the installed files and proven to be the lock's build.
+            req, note = requirement(pkg.model_copy(update={"source": "index", "url": None}),
+                                    offline=True, extra_hashes=options.extra_hashes.get(pkg.name, ()))
+            out.from_wheel.append(pkg.name)
+        else:
+            req, note = requirement(pkg, offline=offline, allow_http=options.allow_http,
+                                    extra_hashes=options.extra_hashes.get(pkg.name, ()))
         if note:
             notes.append(note)
         if req is None:

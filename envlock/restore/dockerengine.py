@@ -250,22 +250,51 @@ class DockerEngine(ContainerEngine):
             raise EngineUnavailable(f"pushed {repo}:{tag}, but the engine did not report its digest")
         return str(digest)
 
-    def build_stream(self, context: Path, *, tag: str, labels: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+    def save(self, ref: str, dest: Path) -> None:
+        from docker.errors import APIError, NotFound
+
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                for chunk in self.api.get_image(ref):
+                    fh.write(chunk)
+            os.replace(tmp, dest)
+        except NotFound as exc:
+            raise ImageNotFound(f"cannot save {ref}: {_short(exc)}") from None
+        except APIError as exc:
+            raise EngineUnavailable(f"cannot save {ref}: {_short(exc)}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def load(self, archive: Path) -> None:
+        from docker.errors import APIError
+
+        try:
+            with open(archive, "rb") as fh:
+                # A file object streams: an image of several GB never sits in memory.
+                for _ in self.api.load_image(fh):
+                    pass
+        except APIError as exc:
+            raise EngineUnavailable(f"cannot load {archive.name}: {_short(exc)}") from None
+
+    def build_stream(self, context: Path, *, tag: str, labels: Mapping[str, str],
+                     network: bool = True) -> Iterator[dict[str, Any]]:
         """The engine's build output as the SDK decodes it: what ``buildlog`` reads."""
+        extra: dict[str, Any] = {} if network else {"network_mode": "none"}
         chunks: Iterator[dict[str, Any]] = self.api.build(
             path=str(context), tag=tag, rm=True, forcerm=True, decode=True, labels=dict(labels),
-            pull=False)
+            pull=False, **extra)
         return chunks
 
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
-              progress: Progress) -> str:
+              progress: Progress, network: bool = True) -> str:
         from docker.errors import APIError, BuildError
 
         parsed = BuildLog()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log:
             try:
-                for chunk in self.build_stream(context, tag=tag, labels=labels):
+                for chunk in self.build_stream(context, tag=tag, labels=labels, network=network):
                     fed = parsed.feed(chunk)
                     log.write(fed.log)
                     for event in fed.events:

@@ -151,8 +151,10 @@ def render(plan: Plan) -> dict[str, str]:
     out = {"Dockerfile": dockerfile(plan)}
     for layer in plan.layers:
         for fname, reqs in layer.files().items():
-            head = (f"# {layer.name} layer of envlock lock {plan.short_id}: exact pins, installed "
-                    "with --no-deps\n")
+            # No lock id here: COPY caches on the file's bytes, so the torch layer's file must
+            # depend only on the torch layer's pins, or a lock that differs by one small
+            # package would rebuild (and re-download) torch.
+            head = f"# {layer.name} layer of an envlock restore: exact pins, installed with --no-deps\n"
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
     if plan.os_install:
         out.update(ospackages.files(plan.os_install))

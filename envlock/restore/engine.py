@@ -102,7 +102,7 @@ class ContainerEngine(ABC):
 
     @abstractmethod
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
-              progress: Progress) -> str: ...
+              progress: Progress, network: bool = True) -> str: ...
 
     @abstractmethod
     def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
@@ -110,6 +110,14 @@ class ContainerEngine(ABC):
 
     @abstractmethod
     def remove_stale(self) -> int: ...
+
+    def save(self, ref: str, dest: Path) -> None:
+        """Write ``ref`` as a ``docker load`` archive (docker-archive: manifest.json, layers)."""
+        raise EngineUnavailable(f"the {self.name} engine cannot save images")
+
+    def load(self, archive: Path) -> None:
+        """Load a docker-archive into the engine: no registry involved."""
+        raise EngineUnavailable(f"the {self.name} engine cannot load images")
 
     def push(self, image_id: str, repo: str, tag: str) -> str:
         """Push ``image_id`` as ``repo:tag``; returns the registry's manifest digest."""

@@ -79,15 +79,19 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
     """The validated plan and the rendered files, ready to write or build."""
     base = resolve_base(engine, lock, options)
     wheels_for = None
-    if options.wheelhouse is not None:
+    house = options.wheelhouse
+    if house is not None:
         from envlock.restore import wheelhouse
 
-        wheels_for = wheelhouse.select(options.wheelhouse, lock.packages)
+        wheels_for = wheelhouse.select(house, lock.packages)
         # Prove each build before it is installed: a swapped wheel fails here, naming its package.
         wheelhouse.check_builds(lock.packages, wheels_for)
-        manifest = wheelhouse.read_manifest(options.wheelhouse)
+        manifest = wheelhouse.read_manifest(house)
         if manifest and not options.extra_hashes:
             options = dataclasses.replace(options, extra_hashes=manifest)
+        local_wheels = wheelhouse.read_local_wheels(house)
+        if local_wheels:
+            options = dataclasses.replace(options, local_wheels=options.local_wheels | local_wheels)
     plan = ctx.plan(lock, options, base, wheels_for)
     return plan, dockerfile.render(plan)
 
@@ -111,8 +115,12 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
 
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
             workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
-            use_cache: bool = True, say: Callable[[str], None] = lambda s: None) -> RestoreResult:
-    """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside."""
+            use_cache: bool = True, say: Callable[[str], None] = lambda s: None,
+            network: bool = True) -> RestoreResult:
+    """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside.
+
+    ``network=False`` builds with the engine's network ``none`` (a pack: everything the build
+    needs is in the context)."""
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
@@ -139,8 +147,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         dockerfile.write_context(plan, context_dir, rendered, force=True)
         log_path = workdir / "build.log"
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
+        build_kw = {} if network else {"network": False}
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                progress=progress or make_progress())
+                                progress=progress or make_progress(), **build_kw)
         cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)

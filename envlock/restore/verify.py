@@ -71,7 +71,6 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     their version and files are still compared.
     """
     from envlock._capture import build_lock
-    from envlock._compare import compare, os_packages_from_base
     from envlock._verify import probe_wanted_for
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
@@ -81,7 +80,18 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch, canary=want_canary,
                          env=env)
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
-    # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
+    return inside, judge_restored(lock, inside, skipped=skipped, from_wheel=from_wheel,
+                                  os_packages_restored=os_packages_restored,
+                                  base_tooling=base_tooling)
+
+
+def judge_restored(lock: Lock, inside: Lock, *, skipped: Sequence[str] = (),
+                   from_wheel: Sequence[str] = (), os_packages_restored: bool = True,
+                   base_tooling: Sequence[str] = ()) -> Comparison:
+    """A restored environment (an image, or a venv on a host) against the lock it restores."""
+    from envlock._compare import compare, os_packages_from_base
+
+    # A fresh process: the lock's seeds and flags are replayed by `envlock run` /
     # envlock.apply(), not expected here.
     cmp = compare(lock, inside, expected_image_change=True, process_state="report")
     if skipped:
@@ -96,7 +106,7 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
         cmp = as_info(cmp, lambda d: d.path in origin,
                       "restored from a wheel of the same version: the vcs source is out of reach offline")
     cmp = base_tooling_info(cmp, base_tooling)
-    return inside, cmp._replace(differences=tuple(_restore_severity(d) for d in cmp.differences))
+    return cmp._replace(differences=tuple(_restore_severity(d) for d in cmp.differences))
 
 
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore

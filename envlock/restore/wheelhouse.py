@@ -125,6 +125,35 @@ def read_manifest(directory: Path) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def read_local_wheels(directory: Path) -> frozenset[str]:
+    """Names of the packages installed from a local sdist or directory whose wheel ``envlock
+    pack`` put here (found, or rebuilt from the installed files), proven equal to the lock's
+    ``record_sha256``: a restore installs them by name from it."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return frozenset()
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["files"]
+        return frozenset(values.dist_name(str(r["name"])) for r in rows if r.get("local_source") is True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise UsageError(f"{path} is not a valid bundle manifest") from None
+
+
+def write_manifest(out: Path, lock: Lock, rows: Iterable[Mapping[str, object]]) -> None:
+    """``out/envlock-bundle.json``: each file's name, version, filename and sha256."""
+    manifest = {
+        "envlock_bundle": 1,
+        "lock_fingerprint": lock.envlock.fingerprint,
+        "lock_id": lock.short_id,
+        "files": list(rows),
+    }
+    # Replaced, never written through: a link planted at the manifest's name stays untouched.
+    tmp_manifest = out / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp_manifest.unlink(missing_ok=True)
+    tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp_manifest, out / MANIFEST)
+
+
 def allowed_hashes(pkg: Package) -> tuple[str, ...]:
     """``algo:hex`` hashes the lock allows for ``pkg``'s file, whatever the algorithm.
 
@@ -279,7 +308,7 @@ def _platform_args(lock: Lock) -> list[str]:
     return args
 
 
-def _download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | None,
+def download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | None,
               find_links: Path | None, torch_index: str | None, allow_http: bool = False) -> None:
     lines = []
     for pkg in pkgs:
@@ -334,7 +363,7 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
             torch_index = None
             if pip_find_links is None:
                 torch_index = bases().torch.index_for(torch_label(lock), hint="or bundle with --wheelhouse")
-            _download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
+            download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
                       torch_index=torch_index, allow_http=allow_http)
         have = select(staging, wanted)
         rows: list[tuple[str, str, str, str]] = []
@@ -353,15 +382,6 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
             raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
         for _, _, fname, _ in rows:
             shutil.move(str(staging / fname), str(out / fname))
-    manifest = {
-        "envlock_bundle": 1,
-        "lock_fingerprint": lock.envlock.fingerprint,
-        "lock_id": lock.short_id,
-        "files": [{"name": n, "version": v, "filename": f, "sha256": h} for n, v, f, h in rows],
-    }
-    # Replaced, never written through: a link planted at the manifest's name stays untouched.
-    tmp_manifest = out / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp_manifest.unlink(missing_ok=True)
-    tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp_manifest, out / MANIFEST)
+    write_manifest(out, lock, [{"name": n, "version": v, "filename": f, "sha256": h}
+                               for n, v, f, h in rows])
     return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped))

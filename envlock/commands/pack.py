@@ -1,0 +1,38 @@
+"""``envlock pack``: the lock, its wheels, its .debs and its base image in one artifact."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from envlock.commands._output import say
+from envlock.errors import EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    from envlock.export.pack import PackOptions, pack
+    from envlock.lock import load
+
+    lock = load(args.lock)
+    options = PackOptions(wheelhouses=tuple(Path(w) for w in args.wheelhouse or ()), python=args.python,
+                          base=args.base, download=not args.no_download, index_url=args.index_url,
+                          allow_http=args.allow_http, skip_local=args.skip_local,
+                          image=not args.no_image, oci=not args.no_oci)
+    with contextlib.ExitStack() as stack:
+        engine = None
+        if options.image:
+            from envlock.restore.endpoint import connect
+
+            engine = stack.enter_context(connect(args.engine))
+        result = pack(lock, Path(args.lock), Path(args.output), options, engine=engine, say=say)
+    for note in result.notes:
+        say(f"note: {note}")
+    rebuilt = [r.name for r in result.wheels if r.origin == "rebuilt"]
+    extra = f", {len(rebuilt)} rebuilt from installed files ({', '.join(rebuilt)})" if rebuilt else ""
+    image = f", base image {result.base['id'][7:19]}" if result.base else ", no base image"
+    sys.stdout.write(f"packed {lock.short_id} into {result.directory}: {len(result.wheels)} wheels{extra}"
+                     f"{image}, {len(result.debs)} debs, {result.size / 1e6:.0f} MB in "
+                     f"{result.seconds:.1f}s; restore offline with: envlock restore {result.directory}\n")
+    return EXIT_OK

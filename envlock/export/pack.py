@@ -1,0 +1,456 @@
+"""``envlock pack``: one self-contained artifact that restores with no network at all.
+
+A pack is a directory (or one uncompressed tar of it)::
+
+    env.lock                  the lock, byte for byte
+    wheels/                   one wheel per locked distribution + envlock-bundle.json
+    debs/                     the .deb files behind the lock's OS package pins (system-Python locks)
+    image/base.docker.tar     the base image for `docker load` / `podman load` (docker-archive)
+    image/base.oci.tar        the same image as an OCI archive (when skopeo is installed)
+    pack.json                 what is where: base image id and origin, rebuilt wheels, missing debs
+    README.md                 an artifact-evaluation appendix generated from the lock
+    SHA256SUMS                every file above, checked by `envlock restore PACK` before use
+
+Wheels are taken from what is already on disk first (``--wheelhouse`` directories, pip's
+configured find-links, pip's wheel cache), then from the index (pip's configuration), and last,
+for a distribution whose wheel exists nowhere, rebuilt from its installed files
+(``export/rebuild``). Every wheel is checked against the lock before it enters the pack: its
+hashes where the lock has them, and its build (``record_sha256``) always.
+
+uv's cache keeps wheels unpacked, not as the archives that were downloaded; a wheel found only
+there is rebuilt from the installed environment like a local one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
+from envlock.export.artifacts import Artifact, lock_tags, pick
+from envlock.lock import Lock, Package
+from envlock.restore import wheelhouse
+from envlock.restore.context import TOOLING, Options, torch_label
+from envlock.restore.packdir import (
+    DEBS,
+    DOCKER_ARCHIVE,
+    LOCK_FILE,
+    OCI_ARCHIVE,
+    PACK_FORMAT,
+    PACK_MANIFEST,
+    README,
+    SUMS,
+    WHEELS,
+)
+
+if TYPE_CHECKING:
+    from packaging.tags import Tag
+
+    from envlock.restore.engine import ContainerEngine
+
+TOOL_TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    wheelhouses: tuple[Path, ...] = ()
+    python: str | None = None  # the environment to rebuild wheels from (default: chosen as capture does)
+    base: str | None = None
+    download: bool = True
+    index_url: str | None = None
+    allow_http: bool = False
+    skip_local: bool = False
+    image: bool = True
+    oci: bool = True
+
+
+@dataclass(frozen=True)
+class WheelRow:
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    origin: str  # "wheelhouse", "pip cache", "find-links", "index", "rebuilt"
+    local_source: bool = False
+
+    def manifest(self) -> dict[str, object]:
+        row: dict[str, object] = {"name": self.name, "version": self.version,
+                                  "filename": self.filename, "sha256": self.sha256,
+                                  "origin": self.origin}
+        if self.local_source:
+            row["local_source"] = True
+        return row
+
+
+@dataclass(frozen=True)
+class PackResult:
+    directory: Path
+    archive: Path | None
+    wheels: tuple[WheelRow, ...]
+    skipped: tuple[str, ...]
+    debs: tuple[str, ...]
+    missing_debs: tuple[str, ...]
+    base: dict[str, str] = field(default_factory=dict)
+    oci: bool = False
+    notes: tuple[str, ...] = ()
+    size: int = 0
+    seconds: float = 0.0
+
+
+# -- where wheels already are ---------------------------------------------------------------------
+
+
+def _pip_config(key: str) -> list[str]:
+    """Values of pip's ``key`` (``find-links``) from its variables and configuration files."""
+    out = os.environ.get("PIP_" + key.upper().replace("-", "_"), "").split()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+        listed = proc.stdout if proc.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        listed = ""
+    for m in re.finditer(rf"^[\w:.-]*\.{re.escape(key)}='([^']*)'$", listed, re.M):
+        out += m.group(1).split()
+    return list(dict.fromkeys(out))
+
+
+def _local_dir(entry: str) -> Path | None:
+    path = entry[len("file://"):] if entry.startswith("file://") else entry
+    if "://" in path or not path.startswith("/"):
+        return None
+    return Path(path) if Path(path).is_dir() else None
+
+
+def _pip_cache_wheels() -> list[Path]:
+    """Directories of pip's wheel cache (wheels pip built locally, one directory per source)."""
+    root = Path(os.environ.get("PIP_CACHE_DIR")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip") / "wheels"
+    found = []
+    for directory, _, files in os.walk(root):
+        if any(f.endswith(".whl") for f in files):
+            found.append(Path(directory))
+    return sorted(found)
+
+
+def wheel_sources(options: PackOptions) -> list[tuple[str, Path]]:
+    """(origin, directory) in the order they are searched: the user's first."""
+    sources = [("wheelhouse", Path(w)) for w in options.wheelhouses]
+    sources += [("find-links", d) for d in (_local_dir(e) for e in _pip_config("find-links")) if d]
+    sources += [("pip cache", d) for d in _pip_cache_wheels()]
+    seen: set[Path] = set()
+    out = []
+    for origin, directory in sources:
+        real = directory.resolve()
+        if real not in seen:
+            seen.add(real)
+            out.append((origin, directory))
+    return out
+
+
+# -- choosing and proving each wheel ------------------------------------------------------------------
+
+
+def _proven(pkg: Package, path: Path) -> str | None:
+    """None when ``path`` is the lock's build of ``pkg``; otherwise why not."""
+    try:
+        allowed = wheelhouse.allowed_hashes(pkg)
+        if allowed and not wheelhouse.file_matches(path, allowed):
+            return f"{path.name}: not a file the lock's hashes allow"
+        built = wheelhouse.wheel_record_sha256(path)
+    except HashMismatch as exc:
+        return exc.message
+    if pkg.record_sha256 and built != pkg.record_sha256:
+        return f"{path.name}: another build (record_sha256 {built[:12]}...)"
+    if pkg.source == "local" and not pkg.record_sha256:
+        return f"{path.name}: the lock has no record_sha256 to prove a local build against"
+    return None
+
+
+def _take(pkgs: list[Package], directory: Path, origin: str, tags: frozenset[Tag] | None, dest: Path,
+          rows: list[WheelRow], why: dict[str, list[str]]) -> list[Package]:
+    """Copy into ``dest`` the proven wheel of each package ``directory`` has; the rest remain."""
+    found = wheelhouse.select(directory, pkgs)
+    left: list[Package] = []
+    for pkg in pkgs:
+        files = [f for f in found.get(pkg.name, ()) if f.name.endswith(".whl")]
+        fitting = set(pick([Artifact(f.name, "") for f in files], tags))
+        taken = None
+        for f in files:
+            if f.name not in fitting:
+                continue
+            reason = _proven(pkg, f)
+            if reason is None:
+                taken = f
+                break
+            why.setdefault(pkg.name, []).append(f"{origin} {reason}")
+        if taken is None:
+            left.append(pkg)
+            continue
+        shutil.copy2(taken, dest / taken.name)
+        rows.append(WheelRow(pkg.name, pkg.version, taken.name, wheelhouse.sha256_file(dest / taken.name),
+                             origin, pkg.source == "local"))
+    return left
+
+
+def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
+    wanted: list[Package] = []
+    skipped: list[str] = []
+    editable: list[str] = []
+    for pkg in lock.packages:
+        if pkg.source == "system" or pkg.installer == "conda":
+            skipped.append(pkg.name)  # the OS package manager (or the image) brings it back
+        elif pkg.source == "editable":
+            (skipped if skip_local else editable).append(pkg.name)
+        else:
+            wanted.append(pkg)
+    if editable:
+        raise NotRestorable("cannot pack editable installs (their files live in a working tree): "
+                            + ", ".join(editable),
+                            hint="install them without -e and capture again, or pass --skip-local")
+    return wanted, skipped
+
+
+def collect_wheels(lock: Lock, dest: Path, options: PackOptions,
+                   say: Callable[[str], None]) -> tuple[list[WheelRow], list[str], list[str]]:
+    """Every wanted wheel into ``dest``: (rows, skipped names, notes); raises naming each gap."""
+    wanted, skipped = _wanted(lock, options.skip_local)
+    tags = lock_tags(lock)
+    rows: list[WheelRow] = []
+    why: dict[str, list[str]] = {}
+    notes: list[str] = []
+    left = wanted
+    for origin, directory in wheel_sources(options):
+        if not left:
+            break
+        left = _take(left, directory, origin, tags, dest, rows, why)
+    downloadable = [p for p in left if p.source != "local"]
+    if downloadable and options.download:
+        say(f"downloading {len(downloadable)} wheel(s) not found on disk")
+        with tempfile.TemporaryDirectory(prefix=".envlock-pack-dl-", dir=dest) as tmp:
+            try:
+                torch_index = None
+                if any(p.name == "torch" for p in downloadable):
+                    from envlock.restore.tables import bases
+
+                    torch_index = bases().torch.index_for(torch_label(lock), hint="or pass --wheelhouse")
+                wheelhouse.download(lock, downloadable, Path(tmp), index_url=options.index_url,
+                                    find_links=None, torch_index=torch_index,
+                                    allow_http=options.allow_http)
+            except EnvlockError as exc:
+                notes.append(f"the index could not provide {len(downloadable)} wheel(s): {exc.message}")
+            left = _take(left, Path(tmp), "index", tags, dest, rows, why)
+    if left:
+        left = _rebuild(lock, left, dest, options, rows, why, say)
+    missing = [p for p in left if p.name not in TOOLING]
+    for pkg in left:
+        if pkg.name in TOOLING:
+            notes.append(f"no wheel for {pkg.name}=={pkg.version}; a restore keeps the base's ensurepip copy")
+    if missing:
+        gaps = [f"{p.name}=={p.version}" + (f" ({'; '.join(why[p.name])})" if p.name in why else "")
+                for p in missing]
+        raise ArtifactsMissing(f"no wheel anywhere for {len(missing)} package(s): " + ", ".join(gaps),
+                               hint="pass --wheelhouse DIR with them, or run pack where the locked "
+                                    "environment is installed (--python), to rebuild them from its files")
+    return sorted(rows, key=lambda r: r.name), skipped, notes
+
+
+def _rebuild(lock: Lock, pkgs: list[Package], dest: Path, options: PackOptions, rows: list[WheelRow],
+             why: dict[str, list[str]], say: Callable[[str], None]) -> list[Package]:
+    from envlock._target import choose
+    from envlock.export.rebuild import find_dist_info, rebuild, site_dirs
+
+    python = choose(options.python).python
+    dirs = site_dirs(python)
+    left = []
+    for pkg in pkgs:
+        dist_info = find_dist_info(dirs, pkg.name, pkg.version)
+        if dist_info is None:
+            why.setdefault(pkg.name, []).append(f"not installed in the environment of {python}")
+            left.append(pkg)
+            continue
+        try:
+            built = rebuild(pkg, dist_info, dest)
+        except (HashMismatch, OSError) as exc:
+            why.setdefault(pkg.name, []).append(str(exc))
+            left.append(pkg)
+            continue
+        say(f"rebuilt {built.path.name} from the installed files (record_sha256 proven)")
+        rows.append(WheelRow(pkg.name, pkg.version, built.path.name, wheelhouse.sha256_file(built.path),
+                             "rebuilt", pkg.source == "local"))
+    return left
+
+
+# -- OS packages ----------------------------------------------------------------------------------
+
+
+def collect_debs(lock: Lock, dest: Path, say: Callable[[str], None]) -> tuple[list[str], list[str]]:
+    """(downloaded files, pins apt could not download) for a system-Python lock's dpkg pins."""
+    from envlock.restore.ospackages import plan_os
+
+    install = plan_os(lock, None, [])
+    if install is None or install.manager != "apt":
+        return [], []
+    if shutil.which("apt-get") is None:
+        return [], list(install.pins)
+    dest.mkdir(exist_ok=True)
+    say(f"downloading {len(install.pins)} .deb files with apt-get download")
+
+    def fetch(pins: Sequence[str]) -> bool:
+        try:
+            proc = subprocess.run(["apt-get", "download", "-q", *pins], cwd=dest, capture_output=True,
+                                  timeout=TOOL_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return proc.returncode == 0
+
+    missing: list[str] = []
+    if not fetch(install.pins):
+        missing = [pin for pin in install.pins if not fetch([pin])]
+    return sorted(p.name for p in dest.iterdir() if p.name.endswith(".deb")), missing
+
+
+# -- the base image -------------------------------------------------------------------------------
+
+
+def save_base(engine: ContainerEngine, lock: Lock, base: str | None, out: Path, oci: bool,
+              say: Callable[[str], None]) -> tuple[dict[str, str], bool, list[str]]:
+    """Save the restore's base image as a docker-archive (and OCI): (facts, oci written, notes)."""
+    from envlock.restore.restore import resolve_base
+
+    choice = resolve_base(engine, lock, Options(base=base))
+    info = engine.image(choice.ref)
+    if info is None:
+        raise NotRestorable(f"the engine has no image {choice.ref} to pack")
+    (out / "image").mkdir(exist_ok=True)
+    say(f"saving the base image {choice.display} ({info.id[7:19]})")
+    engine.save(info.id, out / DOCKER_ARCHIVE)
+    notes: list[str] = []
+    written = False
+    if oci and shutil.which("skopeo"):
+        with tempfile.TemporaryDirectory(prefix="envlock-skopeo-") as tmp:
+            # A local conversion of a file envlock just wrote: no signature to check.
+            policy = Path(tmp) / "policy.json"
+            policy.write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n', encoding="utf-8")
+            proc = subprocess.run(["skopeo", "--policy", str(policy), "copy", "--quiet",
+                                   f"docker-archive:{out / DOCKER_ARCHIVE}", f"oci-archive:{out / OCI_ARCHIVE}"],
+                                  capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False,
+                                  stdin=subprocess.DEVNULL)
+        written = proc.returncode == 0
+        if not written:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            notes.append(f"no OCI archive: skopeo failed ({tail[0]})")
+    elif oci:
+        notes.append("no OCI archive: skopeo is not installed (the docker-archive loads in Docker and Podman)")
+    facts = {"id": info.id, "ref": choice.ref, "display": choice.display, "origin": choice.origin}
+    return facts, written, notes
+
+
+# -- the pack itself ------------------------------------------------------------------------------
+
+
+def _sums(root: Path) -> str:
+    lines = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != SUMS):
+        rel = path.relative_to(root).as_posix()
+        lines.append(f"{wheelhouse.sha256_file(path)[7:]}  {rel}\n")
+    return "".join(lines)
+
+
+def _prepare_dir(directory: Path) -> None:
+    if os.path.lexists(directory) and (directory.is_symlink() or not directory.is_dir()):
+        raise UsageError(f"{directory} exists and is not a directory")
+    if directory.exists() and any(directory.iterdir()):
+        raise UsageError(f"refusing to write a pack into {directory}: it is not empty",
+                         hint="give a new or empty directory, or a path ending in .tar")
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def _size(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
+         engine: ContainerEngine | None, say: Callable[[str], None] = lambda s: None) -> PackResult:
+    """Write the pack of ``lock`` to ``out`` (a directory, or a ``.tar`` file)."""
+    from envlock.export.packreadme import readme
+
+    t0 = time.monotonic()
+    archive = Path(out) if str(out).endswith(".tar") else None
+    if archive is not None:
+        if os.path.lexists(archive):
+            raise UsageError(f"refusing to replace {archive}", hint="remove it or choose another name")
+        directory = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        directory = Path(out)
+    _prepare_dir(directory)
+    try:
+        shutil.copyfile(lock_path, directory / LOCK_FILE)
+        (directory / WHEELS).mkdir()
+        rows, skipped, notes = collect_wheels(lock, directory / WHEELS, options, say)
+        wheelhouse.write_manifest(directory / WHEELS, lock, [r.manifest() for r in rows])
+        debs, missing_debs = collect_debs(lock, directory / DEBS, say)
+        if missing_debs:
+            notes.append(f"{len(missing_debs)} OS package(s) could not be downloaded: "
+                         + ", ".join(missing_debs))
+        base: dict[str, str] = {}
+        oci = False
+        if options.image:
+            if engine is None:
+                raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
+            base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
+            notes += image_notes
+        manifest = {
+            "envlock_pack": PACK_FORMAT,
+            "lock_id": lock.short_id,
+            "lock_fingerprint": lock.envlock.fingerprint,
+            "base": base or None,
+            "docker_archive": DOCKER_ARCHIVE if base else None,
+            "oci_archive": OCI_ARCHIVE if oci else None,
+            "wheels": len(rows),
+            "local_wheels": sorted(r.name for r in rows if r.local_source),
+            "rebuilt": sorted(r.name for r in rows if r.origin == "rebuilt"),
+            "debs": debs,
+            "missing_debs": missing_debs,
+            "skipped": skipped,
+        }
+        (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        seconds = time.monotonic() - t0
+        (directory / README).write_text(
+            readme(lock, len(rows), [r.name for r in rows if r.origin == "rebuilt"], base=base, oci=oci, debs=debs, missing_debs=missing_debs,
+                   skipped=skipped, size=_size(directory), pack_seconds=seconds),
+            encoding="utf-8")
+        (directory / SUMS).write_text(_sums(directory), encoding="utf-8")
+        size = _size(directory)
+        if archive is not None:
+            _write_tar(directory, archive)
+            shutil.rmtree(directory)
+    except BaseException:
+        if archive is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return PackResult(directory=archive or directory, archive=archive, wheels=tuple(rows),
+                      skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
+                      base=base, oci=oci, notes=tuple(notes), size=size,
+                      seconds=time.monotonic() - t0)
+
+
+def _write_tar(directory: Path, archive: Path) -> None:
+    """An uncompressed tar (wheels and image layers are compressed already), members at its root."""
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(directory.rglob("*")):
+            tar.add(path, arcname=path.relative_to(directory).as_posix(), recursive=False)
+    os.replace(tmp, archive)
+

@@ -1,0 +1,154 @@
+"""``envlock restore PACK --target venv DIR``: the lock's environment as a plain venv on this host.
+
+For a cluster's login node or a shared filesystem, where there is no container engine. The
+plan is the container restore's (``context.plan``: the same layers, requirement files, hash
+checks and refusals), installed with this host's interpreter of the lock's Python version into
+a new venv with ``--no-index --find-links`` from the pack or wheelhouse, then verified in place
+with the same judgement as the check inside a restored image. The host's OS packages, kernel
+and CPU are the host's: the comparison reports them, as any ``verify`` on another machine does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envlock.errors import BuildFailed, HostIncompatible, InterpreterNotFound, UsageError
+from envlock.lock import Lock
+from envlock.restore import context as ctx
+from envlock.restore import dockerfile, wheelhouse
+
+if TYPE_CHECKING:
+    from envlock._comparison import Comparison
+
+INSTALL_TIMEOUT = 3600.0
+# Stands for "no image": the plan validates a base it never builds FROM here.
+_NO_IMAGE = ctx.BaseChoice("sha256:" + "0" * 64, "--base", True, "sha256:" + "0" * 64)
+
+
+@dataclass(frozen=True)
+class VenvResult:
+    directory: Path
+    python: str
+    installer: str
+    seconds: float
+    comparison: Comparison | None
+
+
+def _version_of(python: str) -> tuple[str, str] | None:
+    """(major.minor.micro, implementation) of ``python``, or None when it does not run."""
+    try:
+        proc = subprocess.run([python, "-c", "import sys, platform; print(platform.python_version(), "
+                               "sys.implementation.name)"], capture_output=True, text=True, timeout=60,
+                              check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    parts = proc.stdout.split()
+    return (parts[0], parts[1]) if proc.returncode == 0 and len(parts) == 2 else None
+
+
+def host_python(lock: Lock, python: str | None) -> str:
+    """``--python``, else ``pythonX.Y`` of the lock's version on PATH; refuses another minor."""
+    major_minor = ".".join(lock.python.version.split(".")[:2])
+    candidates = [python] if python else [f"python{major_minor}", "python3"]
+    seen = []
+    for cand in candidates:
+        exe = cand if os.sep in cand else shutil.which(cand)
+        if exe is None:
+            continue
+        found = _version_of(exe)
+        if found is None:
+            continue
+        version, impl = found
+        if ".".join(version.split(".")[:2]) == major_minor and impl == lock.python.implementation:
+            return exe
+        seen.append(f"{exe} is {impl} {version}")
+    if not seen:
+        raise InterpreterNotFound(f"no python{major_minor} on this host (the lock needs "
+                                  f"{lock.python.implementation} {major_minor})",
+                                  hint=f"install python{major_minor} or pass --python /path/to/python{major_minor}")
+    raise HostIncompatible(f"the lock needs {lock.python.implementation} {major_minor}, but "
+                           + "; ".join(seen),
+                           hint=f"pass --python with a python{major_minor} interpreter, or restore a container")
+
+
+def _installer(python: str) -> tuple[list[str], str]:
+    """uv when it is on PATH (much faster at unpacking large wheels), pip otherwise."""
+    uv = shutil.which("uv")
+    if uv:
+        return [uv, "pip", "install", "--python", python, "--no-deps", "--no-index"], "uv"
+    return [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-cache-dir",
+            "--disable-pip-version-check", "--no-input"], "pip"
+
+
+def _run(argv: list[str], what: str) -> None:
+    env = {**os.environ, "PIP_NO_WARN_SCRIPT_LOCATION": "1"}
+    env.pop("PIP_FIND_LINKS", None)  # only the pack's wheels
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False,
+                              stdin=subprocess.DEVNULL, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildFailed(f"{what} could not run: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+        raise BuildFailed(f"{what} failed (exit {proc.returncode})", log_tail=tail)
+
+
+def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, verify: bool = True,
+                 say: Callable[[str], None] = lambda s: None) -> VenvResult:
+    """Create the venv ``dest`` with the lock's packages from ``wheels``, then verify it."""
+    dest = Path(dest).absolute()
+    if os.path.lexists(dest) and not (dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())):
+        raise UsageError(f"refusing to create a venv at {dest}: it exists and is not an empty directory")
+    python = host_python(lock, options.python)
+    t0 = time.monotonic()
+    options = replace(options, wheelhouse=wheels, venv=str(dest), python=None, base=None)
+    files_for = wheelhouse.select(wheels, lock.packages)
+    wheelhouse.check_builds(lock.packages, files_for)
+    manifest = wheelhouse.read_manifest(wheels)
+    options = replace(options, extra_hashes=manifest or options.extra_hashes,
+                      local_wheels=options.local_wheels | wheelhouse.read_local_wheels(wheels))
+    plan = ctx.plan(lock, options, _NO_IMAGE, files_for)
+    for note in plan.notes:
+        say(f"note: {note}")
+    rendered = dockerfile.render(plan)
+    say(f"creating {dest} with {python}")
+    _run([python, "-m", "venv", str(dest)], "python -m venv")
+    venv_python = str(dest / "bin" / "python")
+    install, installer = _installer(venv_python)
+    with tempfile.TemporaryDirectory(prefix="envlock-venv-") as tmp:
+        for layer in plan.layers:
+            for fname in layer.files():
+                req = Path(tmp) / fname
+                req.write_text(rendered[f"requirements/{fname}"], encoding="utf-8")
+                hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+                say(f"installing the {layer.name} layer with {installer}")
+                _run([*install, *hashed, "--find-links", str(wheels), "-r", str(req)],
+                     f"{installer} install ({layer.name})")
+    if plan.remove:
+        _run([venv_python, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *plan.remove],
+             "pip uninstall (ensurepip's tools the lock does not have)")
+    seconds = time.monotonic() - t0
+    comparison = None
+    if verify:
+        say("verifying the venv in place")
+        comparison = verify_venv(lock, plan, venv_python)
+    return VenvResult(dest, venv_python, installer, seconds, comparison)
+
+
+def verify_venv(lock: Lock, plan: ctx.Plan, python: str) -> Comparison:
+    from envlock._capture import capture
+    from envlock._verify import probe_wanted_for
+    from envlock.restore.verify import judge_restored
+
+    want_torch, want_canary = probe_wanted_for(lock)
+    here = capture(python=python, torch=want_torch, canary=want_canary)
+    return judge_restored(lock, here, skipped=plan.skipped, from_wheel=plan.from_wheel,
+                          os_packages_restored=False, base_tooling=plan.base_tooling)
