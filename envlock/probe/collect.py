@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
-from .flags import FLAGS, INT, REPEATED, SWITCH
+from .flags import DOCUMENT_MARKER, FLAGS, INT, REPEATED, SWITCH
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
@@ -225,6 +225,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   image=args["image"], cwd=args["cwd"], skip_dir=here, deep=args["deep"],
                   cache=not args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
                   progress=args["progress"], processes=True, git_exclude=args["git_exclude"])
+    # A line of its own even after start-up output that did not end its line.
+    sys.stdout.write("\n%s\n" % DOCUMENT_MARKER)
     sys.stdout.write(json.dumps(doc, indent=args["indent"], sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()
