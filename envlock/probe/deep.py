@@ -87,6 +87,8 @@ def _read_upto(fh: io.FileIO, limit: int) -> bytes:
     total = 0
     while total <= limit:
         chunk = fh.read(limit + 1 - total)
+        if chunk is None:  # a regular file that answers like a device (/proc/kmsg)
+            raise OSError(0, "would block")
         if not chunk:
             break
         parts.append(chunk)
@@ -110,6 +112,8 @@ def record_hash(path: str, buf: Optional[bytearray] = None) -> str:
             total = 0
             while True:
                 n = fh.readinto(view)
+                if n is None:
+                    raise OSError(0, "would block")
                 if not n:
                     break
                 total += n

@@ -61,8 +61,7 @@ def _kind(mode: int) -> str:
 def read_regular(path: str, limit: int) -> bytes:
     """The whole of regular file ``path``; ``UnsafeFile`` when it is not one or holds more
     than ``limit`` bytes (a size that lies, as in /proc, is caught by the read itself)."""
-    with os.fdopen(open_regular(path), "rb") as fh:
-        data = fh.read(limit + 1)
+    data = read_head(path, limit + 1)
     if len(data) > limit:
         raise UnsafeFile("larger than %d MiB" % (limit >> 20) if limit >= 1 << 20
                          else "larger than %d bytes" % limit)
@@ -72,7 +71,10 @@ def read_regular(path: str, limit: int) -> bytes:
 def read_head(path: str, limit: int) -> bytes:
     """At most the first ``limit`` bytes of regular file ``path`` (``UnsafeFile`` otherwise)."""
     with os.fdopen(open_regular(path), "rb") as fh:
-        return fh.read(limit)
+        data = fh.read(limit)
+    if data is None:  # a regular file that answers like a device (/proc/kmsg): nothing yet
+        raise UnsafeFile("would block")
+    return data
 
 
 def read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
