@@ -200,13 +200,51 @@ def build_lock(doc: dict[str, Any], *, note: str | None = None) -> Lock:
                     note=note)
     except ValidationError as exc:
         raise UsageError(f"--note: {exc.errors()[0]['msg']}") from None
+    doc = {**doc, "envlock": meta.model_dump()}
     try:
-        lock = Lock.model_validate({**doc, "envlock": meta.model_dump()})
+        try:
+            lock = Lock.model_validate(doc)
+        except ValidationError as exc:
+            # One distribution with a value no lock may carry (a 300-character version, a shell
+            # expression, a name that is not UTF-8) is that distribution's [[unreadable]] entry,
+            # as a distribution whose files cannot be read is: never the whole capture's failure.
+            doc = set_aside_bad_packages(doc, exc)
+            lock = Lock.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ProbeFailed(f"the probe reported a value envlock cannot lock: {where}: {err['msg']}") from None
+    except RecursionError:
+        raise ProbeFailed("the probe reported values nested too deeply to be a lock") from None
     return seal(lock)
+
+
+def set_aside_bad_packages(doc: dict[str, Any], exc: Any) -> dict[str, Any]:
+    """``doc`` with the rows of ``packages`` and ``duplicates`` that ``exc`` (a pydantic
+    ValidationError) refused moved to ``unreadable``; ``exc`` is raised again when it refused
+    anything else, which is no single distribution's fault."""
+    from envlock.probe.rules import unreadable
+
+    bad: dict[tuple[str, int], str] = {}
+    for err in exc.errors():
+        loc = err["loc"]
+        if len(loc) < 2 or loc[0] not in ("packages", "duplicates") or not isinstance(loc[1], int):
+            raise exc
+        field = ".".join(str(p) for p in loc[2:]) or "entry"
+        # The kind of error, not its message: a validator's message may quote the value.
+        bad.setdefault((str(loc[0]), loc[1]), f"{field} ({err['type'].replace('_', ' ')})")
+    doc = dict(doc)
+    entries = list(doc.get("unreadable") or [])
+    for (table, index), why in sorted(bad.items()):
+        row = doc[table][index]
+        name = row.get("name") if isinstance(row, dict) else None
+        entries.append(unreadable("packages", f"a value no lock may carry: {why}",
+                                  name if isinstance(name, str) else f"{table}-{index}"))
+    for table in ("packages", "duplicates"):
+        if any(t == table for t, _ in bad):
+            doc[table] = [row for i, row in enumerate(doc[table]) if (table, i) not in bad]
+    doc["unreadable"] = entries
+    return doc
 
 
 def import_heavy_modules() -> None:

@@ -220,6 +220,30 @@ def _canary(c: Collector, old: Lock, new: Lock) -> None:
              {k: v for k, v in settings_b.items() if k not in elsewhere}, {}, default="info")
 
 
+def _unreadable(c: Collector, old: Lock, new: Lock) -> None:
+    """What a probe could not capture (``[[unreadable]]``) is breaking, on either side: the lock
+    cannot vouch for what it could not read, nor can this environment be said to match what it
+    cannot read now. Fail closed: a distribution whose files are a device or a FIFO must not
+    verify as an unnoticed addition. A diff reports only the entries the two files disagree on
+    (two identical files are no difference)."""
+    w = c.words
+    before = {(u.section, u.item or ""): u.error for u in old.unreadable}
+    now = {(u.section, u.item or ""): u.error for u in new.unreadable}
+    for section, item in sorted(set(before) | set(now)):
+        a, b = before.get((section, item)), now.get((section, item))
+        if w.is_diff and a == b:
+            continue
+        what = f"{section} {item}" if item else f"the {section} section"
+        if a is not None and b is not None:
+            message = f"{what} could not be captured in {w.old} nor {w.where_new()}: {b}"
+        elif a is not None:
+            message = f"{what} could not be captured in {w.old}: {a}"
+        else:
+            message = f"{what} cannot be read {w.where_new()}: {b}"
+        c.add("unreadable", f"unreadable.{section}" + (f".{item}" if item else ""), a, b,
+              "breaking", message)
+
+
 def _hash_seed_hint(c: Collector) -> None:
     """PYTHONHASHSEED is fixed when an interpreter starts, so a shell verify of a training run
     launched with it must be started with it too: say how, instead of "removed (was 1234)"."""
@@ -283,6 +307,7 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     driftpkgs.packages(c, old, new)
     driftpkgs.conda(c, old, new)
     driftpkgs.os_packages(c, old, new)
+    _unreadable(c, old, new)
     _canary(c, old, new)
     gold, gnew = dump(old.git), dump(new.git)
     c.fields("git", "git", gold, gnew, {}, default="info")

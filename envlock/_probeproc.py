@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envlock.errors import InterpreterNotFound, ProbeFailed, ProbeTimeout, UsageError
-from envlock.probe.flags import command_line
+from envlock.probe.flags import DOCUMENT_MARKER, command_line
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
 # another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
@@ -94,6 +94,29 @@ def probe_timeout() -> float:
     if not value > 0 or value == float("inf"):
         raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
     return value
+
+
+_MARKER = ("\n" + DOCUMENT_MARKER + "\n").encode("ascii")
+
+
+def parse_document(out: bytes, where: str) -> dict[str, Any]:
+    """The probe's JSON document in its stdout ``out`` (``where``: "under PYTHON", "inside
+    IMAGE"): what follows the last marker line, so start-up output printed before it by the
+    interpreter (a sitecustomize.py or .pth) cannot break it; ProbeFailed when there is none."""
+    at = out.rfind(_MARKER)
+    if at < 0:
+        raise ProbeFailed(f"the probe {where} printed no JSON document")
+    text = out[at + len(_MARKER):].decode("utf-8", "replace")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        raise ProbeFailed(f"the probe {where} printed no JSON document") from None
+    except RecursionError:
+        raise ProbeFailed(f"the probe {where} printed a document nested too deeply to be one "
+                          "of envlock's") from None
+    if not isinstance(doc, dict):
+        raise ProbeFailed("the probe returned something other than a JSON object")
+    return doc
 
 
 class ProbeProcess:
@@ -210,11 +233,5 @@ class ProbeProcess:
             if b"SyntaxError" in err:
                 tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
             raise ProbeFailed(f"the probe failed under {self.python}: {tail[0]}")
-        try:
-            doc = json.loads(out)
-        except ValueError:
-            raise ProbeFailed(f"the probe under {self.python} printed no JSON document") from None
-        if not isinstance(doc, dict):
-            raise ProbeFailed("the probe returned something other than a JSON object")
-        return doc
+        return parse_document(out, f"under {self.python}")
 

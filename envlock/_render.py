@@ -87,6 +87,11 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
         rows.append(("git", f"{dash(g.branch)} @ {(g.commit or '-')[:12]}" + (f" ({', '.join(state)})" if state else "")))
     if lock.probe.errors:
         rows.append(("not captured", "; ".join(f"{k}: {v}" for k, v in sorted(lock.probe.errors.items()))))
+    if lock.unreadable:
+        # Names and reasons are cut to inert characters when captured (probe.rules.unreadable).
+        rows.append(("unreadable", f"{len(lock.unreadable)} (verify fails): " + "; ".join(
+            f"{u.section} {u.item or ''}".strip() for u in lock.unreadable[:5])
+            + ("; ..." if len(lock.unreadable) > 5 else "")))
     if lock.envlock.note:
         rows.append(("note", lock.envlock.note))
     return rows
@@ -122,6 +127,12 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
     notes += [f"  note: {section} not captured: {reason}\n"
               for section, reason in sorted(lock.probe.errors.items())
               if section not in ("torch", "gpu", "git") or verbose]
+    if lock.unreadable:
+        items = [f"{u.section} {u.item}: {u.error}" if u.item else f"{u.section}: {u.error}"
+                 for u in lock.unreadable]
+        notes.append(f"  warning: {len(items)} thing(s) could not be captured, so verify fails "
+                     f"until they can ([[unreadable]]): {'; '.join(items[:3])}"
+                     f"{'; ...' if len(items) > 3 else ''}\n")
     return summary, "".join(notes)
 
 

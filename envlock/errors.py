@@ -72,6 +72,20 @@ class ProbeTimeout(ProbeFailed):
     call. ``verify --fleet`` names such a node as timed out rather than failed."""
 
 
+class CaptureIncomplete(EnvlockError):
+    """``capture --strict``: the probe could not capture everything (``[[unreadable]]``), so
+    no lock was written (3: the environment holds files the probe cannot read safely)."""
+
+    exit_code = EXIT_ENV
+
+
+class LockTooLarge(EnvlockError):
+    """The lock of this environment would be larger than any command reads (3): nothing was
+    written, since a lock that verify, show and diff refuse is no lock."""
+
+    exit_code = EXIT_ENV
+
+
 class InterpreterNotFound(ProbeFailed):
     """The interpreter asked for (``--python``, or one tried inside an image) is not there or
     does not run (3, like the probe failing: the path may well be right on another machine)."""

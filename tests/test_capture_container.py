@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 from envlock._capture import build_lock
 from envlock._compare import compare
+from envlock._probeproc import parse_document
 from envlock.restore.verify import PROBE_DIR, probe_files
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def _probe_in(client: Any, image: str, env: dict[str, str] | None = None) -> dic
         code, out = container.exec_run(["python3", PROBE_DIR], workdir="/tmp", demux=True)
         stdout, stderr = out
         assert code == 0, stderr
-        doc: dict[str, Any] = json.loads(stdout)
+        doc: dict[str, Any] = parse_document(stdout, "")
         # The Debian image's own package database is read by the shipped parsers.
         assert "os_packages" not in doc["probe"]["errors"], doc["probe"]["errors"]
         assert doc["os_packages"]["manager"] == "dpkg" and doc["os_packages"]["packages"]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import venv
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import make_dist
 
-from envlock._probeproc import PROBE_PATH
+from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.probe import packages
 
 
@@ -81,6 +80,6 @@ def test_pip_editable_src_layout_after_a_wheel_build(tmp_path: Path, wheelhouse:
     assert (proj / "src" / "mypkg.egg-info").is_dir()
     out = subprocess.run([py, str(PROBE_PATH), "--no-torch"], cwd=proj, capture_output=True, text=True,
                          check=True, timeout=300)
-    doc = json.loads(out.stdout)
+    doc = parse_document(out.stdout.encode(), "")
     assert doc["duplicates"] == []
     assert [p["source"] for p in doc["packages"] if p["name"] == "mypkg"] == ["editable"]

@@ -19,6 +19,7 @@ import json
 import string
 import tempfile
 from collections.abc import Callable, Iterator
+from datetime import timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,58 @@ def test_any_content_edit_breaks_the_seal(lock_file: Path, edit: tuple[str, dict
     lock_file.write_text(lockio.dumps(edited))  # the edited values under the old hashes
     with pytest.raises(LockTampered):
         lockio.load(lock_file)
+
+
+def _string_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(doc, str):
+        return [prefix]
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    return [p for k, v in items for p in _string_paths(v, (*prefix, k))]
+
+
+# Every string of a lock with every section filled; created_at is a date-time field of its own.
+STRING_PATHS = [p for p in _string_paths(FULL_DICT) if p != ("envlock", "created_at")]
+# TOML offsets are whole minutes (a zone's historical +02:35:20 has no TOML spelling).
+_offsets = st.integers(-1439, 1439).map(lambda m: timezone(timedelta(minutes=m)))
+toml_dates = st.one_of(st.datetimes(timezones=st.none() | _offsets), st.dates(), st.times())
+
+
+def _toml_text(doc: dict[str, Any]) -> str:
+    """``doc`` as TOML through the writer's own value rules (which write dates natively)."""
+    from envlock.lock import _toml
+
+    out: list[str] = []
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            _toml.table(out, key, value, None)
+        else:
+            _toml.array_of_tables(out, key, value)
+    return "".join(out)
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=400)
+@given(path=st.sampled_from(STRING_PATHS), value=toml_dates, sealed=st.booleans(),
+       command=st.sampled_from(["fmt", "show", "diff"]))
+def test_a_date_or_time_where_a_string_belongs_is_exit_2_naming_the_field(
+        lock_file: Path, path: tuple[Any, ...], value: Any, sealed: bool, command: str) -> None:
+    """A TOML date, time or date-time in any string field, sealed or not, through the reader
+    (``_text``: bytes and TOML; ``_read``: the models) of the commands that read a lock."""
+    import contextlib
+    import io
+
+    from envlock.commands import main
+
+    doc = copy.deepcopy(FULL_DICT)
+    if not sealed:
+        del doc["envlock"]["fingerprint"], doc["envlock"]["integrity"]
+    _get(doc, path[:-1])[path[-1]] = value
+    lock_file.write_text(_toml_text(doc), encoding="utf-8")
+    event(f"{command} {path[0]}")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([command, str(lock_file)] + ([str(lock_file)] if command == "diff" else []))
+    message = err.getvalue()
+    assert code == 2, message
+    assert "internal error" not in message
+    assert ".".join(str(p) for p in path) in message, message

@@ -62,5 +62,6 @@ def test_policies_stay_out_of_the_json_schema() -> None:
 
 def test_table_comments_are_declared_on_the_lock() -> None:
     comments = {name: p.comment for name, p in policies(Lock).items() if p.comment}
-    assert set(comments) == {"image", "torch", "gpu", "determinism", "env", "git", "canary", "probe"}
+    assert set(comments) == {"image", "torch", "gpu", "determinism", "env", "git", "canary", "unreadable",
+                             "probe"}
     assert all(isinstance(p, Policy) for p in policies(Lock).values())

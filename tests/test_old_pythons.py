@@ -29,6 +29,7 @@ import pytest
 from helpers import REPO
 
 from envlock._capture import build_lock
+from envlock._probeproc import parse_document
 
 # The interpreters come from scripts/test.sh's setup, which the unit phase does not need.
 pytestmark = pytest.mark.slow
@@ -121,7 +122,7 @@ def test_probe_runs_under_older_interpreters(version: str) -> None:
         pytest.skip(f"Python {version} not found in {where}; scripts/test.sh installs it")
     out = python.run_probe("--no-torch")
     assert out.returncode == 0, out.stderr.decode(errors="replace")
-    doc = json.loads(out.stdout)
+    doc = parse_document(out.stdout, "")
     lock = build_lock(doc)
     assert lock.python.version.startswith(version + ".")
     assert str(REPO) not in json.dumps(doc.get("packages", []))
@@ -146,7 +147,7 @@ def test_platform_facts_equal_platform_and_sysconfig(version: str) -> None:
         pytest.skip(f"Python {version} not found; scripts/test.sh installs it")
     out = python.run_probe("--no-torch", "--no-cache")
     assert out.returncode == 0, out.stderr.decode(errors="replace")
-    doc = json.loads(out.stdout)
+    doc = parse_document(out.stdout, "")
     ref = python.run_probe(script=_REFERENCE)
     assert ref.returncode == 0, ref.stderr.decode(errors="replace")
     expected = json.loads(ref.stdout)

@@ -299,16 +299,15 @@ def test_ospkgs_check_runs_as_a_lone_file(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/var/lib/dpkg/status").exists(), reason="needs a dpkg-based host")
 def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
-    import json
     import subprocess
     import sys
 
     from envlock._capture import build_lock
-    from envlock._probeproc import PROBE_PATH
+    from envlock._probeproc import PROBE_PATH, parse_document
 
     out = subprocess.run([sys.executable, str(PROBE_PATH), "--no-torch"], capture_output=True,
                          timeout=120, cwd=tmp_path, check=True)
-    doc = json.loads(out.stdout)
+    doc = parse_document(out.stdout, "")
     assert "os_packages" not in doc["probe"]["errors"]
     lock = build_lock(doc)
     assert lock.os_packages is not None and lock.os_packages.manager == "dpkg"

@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, make_dist
 
 from envlock._capture import build_lock
-from envlock._probeproc import PROBE_PATH
+from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.probe import git, image, packages, rules, scrub, system
 from envlock.probe.collect import collect
 from envlock.probe.env import collect_env
@@ -309,7 +309,7 @@ def test_the_probe_runs_as_a_directory_under_any_name(tmp_path: Path) -> None:
     assert sorted(p.name for p in shipped.iterdir()) == sorted(p.name for p in PROBE_PATH.glob("*.py"))
     out = subprocess.run([sys.executable, "-I", str(shipped), "--no-torch"], capture_output=True,
                          cwd=tmp_path, timeout=120, check=True)
-    doc = json.loads(out.stdout)
+    doc = parse_document(out.stdout, "")
     assert doc["probe"]["errors"].get("packages") is None and doc["packages"]
     assert build_lock(doc).python.version.startswith("3.")
 

@@ -22,6 +22,7 @@ from helpers import make_dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envlock._probeproc import parse_document
 from envlock.probe import cache, ospkgs, packages, statcache
 from envlock.probe.collect import collect, collect_os_packages
 
@@ -503,7 +504,7 @@ def test_concurrent_probes_share_one_cache(tmp_path: Path) -> None:
     def probe(*args: str) -> dict[str, Any]:
         out = subprocess.run([sys.executable, str(REPO / "envlock" / "probe"), "--no-torch", *args],
                              capture_output=True, check=True, cwd=tmp_path, env=env, timeout=300).stdout
-        doc: dict[str, Any] = json.loads(out)
+        doc: dict[str, Any] = parse_document(out, "")
         doc["probe"].pop("duration_ms")
         return doc
 

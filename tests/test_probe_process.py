@@ -13,6 +13,9 @@ import pytest
 from envlock._probeproc import DEFAULT_PROBE_TIMEOUT, ProbeProcess, probe_timeout, resolve_python
 from envlock.errors import ProbeFailed, UsageError
 
+# What the probe prints before its JSON document (see DOCUMENT_MARKER), for the fakes below.
+MARK = "printf '\\n\\036envlock-probe-document\\n'\n"
+
 
 def script(path: Path, body: str) -> Path:
     path.write_text("#!/bin/sh\n" + body)
@@ -21,7 +24,7 @@ def script(path: Path, body: str) -> Path:
 
 
 def test_a_relative_path_is_that_file_not_a_path_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script(tmp_path / "python3", "echo '{\"ran\": \"the local file\"}'\n")
+    script(tmp_path / "python3", MARK + "echo '{\"ran\": \"the local file\"}'\n")
     monkeypatch.chdir(tmp_path)
     assert resolve_python("./python3") == str(tmp_path / "python3")
     assert ProbeProcess("./python3", []).result() == {"ran": "the local file"}
@@ -66,7 +69,7 @@ def _running(pid: int) -> bool:
 
 
 def test_a_probe_that_exits_but_leaves_a_child_with_the_pipes_is_not_waited_for(tmp_path: Path) -> None:
-    wrapper = script(tmp_path / "python", "sleep 1000 &\necho '{\"ok\": true}'\n")
+    wrapper = script(tmp_path / "python", "sleep 1000 &\n" + MARK + "echo '{\"ok\": true}'\n")
     start = time.monotonic()
     assert ProbeProcess(str(wrapper), [], timeout=60).result() == {"ok": True}
     assert time.monotonic() - start < 10
@@ -105,7 +108,7 @@ def test_the_real_probe_still_runs() -> None:
 def test_the_probe_runs_in_its_own_session_with_stdin_from_dev_null(tmp_path: Path) -> None:
     """Its own session: the terminal's Ctrl-C reaches envlock, which stops the group; stdin
     closed to it, and SIGPIPE at its default (a probe writing to a closed pipe just ends)."""
-    wrapper = script(tmp_path / "python",
+    wrapper = script(tmp_path / "python", MARK +
                      "printf '{\"sid\": %s, \"stdin\": \"%s\", \"pipe\": \"%s\"}' "
                      "\"$(ps -o sid= -p $$)\" \"$(readlink /proc/self/fd/0)\" "
                      "\"$(grep SigIgn /proc/self/status | tr -d '\\t ')\"\n")

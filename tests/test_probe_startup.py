@@ -62,6 +62,8 @@ def test_the_probe_program_reads_its_arguments(tmp_path: Any, capsys: pytest.Cap
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
     assert collect.main(["--no-torch", "--no-cache", "--cwd", str(tmp_path), "--indent", "1"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("\n\x1eenvlock-probe-document\n")
+    out = out.split("\n", 2)[2]
     assert out.startswith("{\n ") and '"torch": "skipped (--no-torch)"' in out
     assert not (tmp_path / "cache").exists()
     with pytest.raises(SystemExit):

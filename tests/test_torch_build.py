@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 
 from envlock._capture import build_lock
 from envlock._compare import compare
-from envlock._probeproc import PROBE_PATH
+from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.lock import TorchBuild, fingerprint
 from envlock.probe import torchstack
 from envlock.probe.collect import collect
@@ -97,7 +96,7 @@ def _probe_torch(capability: str | None) -> dict[str, Any]:
         env["ATEN_CPU_CAPABILITY"] = capability
     out = subprocess.run([sys.executable, str(PROBE_PATH)], env=env, capture_output=True,
                          text=True, check=True, timeout=300)
-    doc: dict[str, Any] = json.loads(out.stdout)
+    doc: dict[str, Any] = parse_document(out.stdout.encode(), "")
     return doc
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO, run_cli
 
+from envlock._probeproc import parse_document
 from envlock.probe import source
 from envlock.probe.cache import torch_cache_key
 from envlock.probe.collect import collect
@@ -38,7 +39,7 @@ def _env(cache: Path, **extra: str) -> dict[str, str]:
 def _probe(cache: Path, *args: str, python: str = sys.executable, **extra: str) -> dict[str, Any]:
     out = subprocess.run([python, PROBE, *args], env=_env(cache, **extra),
                          capture_output=True, check=True, timeout=600).stdout
-    doc: dict[str, Any] = json.loads(out)
+    doc: dict[str, Any] = parse_document(out, "")
     return doc
 
 

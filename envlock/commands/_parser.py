@@ -55,6 +55,8 @@ def _capture(sub: Subparsers) -> None:
                    help="ignore every cache: import torch even when its cached facts are still "
                         "valid, and with --deep re-hash every file, not only those whose stat changed")
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
+    p.add_argument("--strict", action="store_true",
+                   help="write no lock (exit 3) when anything could not be captured ([[unreadable]])")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler="capture")
 

@@ -31,6 +31,15 @@ def run(args: argparse.Namespace) -> int:
                        cache=not args.no_cache,
                        git_exclude=[] if args.output == "-" else [args.output])
         locked = f"locked {target.probed(lock.python.prefix).describe()}"
+    if args.strict and lock.unreadable:
+        from envlock.errors import CaptureIncomplete
+
+        first = lock.unreadable[0]
+        raise CaptureIncomplete(
+            f"{len(lock.unreadable)} thing(s) could not be captured, so no lock was written "
+            f"(--strict); first: {first.section}{' ' + first.item if first.item else ''}: {first.error}",
+            hint="fix or remove what the probe cannot read, or capture without --strict to "
+                 "record it as [[unreadable]] (verify then fails)")
     from envlock.lock import dumps, save
 
     if args.output != "-":

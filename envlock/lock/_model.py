@@ -26,7 +26,7 @@ from pydantic import (
 
 from envlock.lock._policy import BREAKING, CUSTOM, HOST, INFO, NOT_COMPARED, WARNING, Policy
 from envlock.lock._values import check_clean, check_env, check_name, check_url
-from envlock.probe.rules import canonicalize_name
+from envlock.probe.rules import UNREADABLE_ERROR_MAX, UNREADABLE_ITEM, canonicalize_name
 
 SCHEMA_VERSION = 1
 
@@ -352,6 +352,19 @@ class Canary(_Model):
         return settings
 
 
+class Unreadable(_Model):
+    """What the probe could not capture (a whole section, or one item of it: a distribution
+    whose files are a device, a FIFO, oversized, or hold values no lock may carry), and why.
+
+    The lock then cannot vouch for it, so a comparison counts every entry, on either side, as
+    breaking: an unreadable distribution can never be an unnoticed addition.
+    """
+
+    section: Annotated[str, CUSTOM] = Field(pattern=r"^[a-z_]{1,32}$")
+    item: Annotated[str | None, CUSTOM] = Field(default=None, pattern=UNREADABLE_ITEM)
+    error: Annotated[str, CUSTOM] = Field(max_length=UNREADABLE_ERROR_MAX, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
+
+
 class ProbeInfo(_Model):
     """``[probe]``: what the probe could not collect, and why."""
 
@@ -392,6 +405,9 @@ class LockData(_Model):
     os_packages: Annotated[OsPackages | None, CUSTOM] = None
     packages: Annotated[list[Package], CUSTOM] = Field(default_factory=list)
     duplicates: Annotated[list[Duplicate], CUSTOM] = Field(default_factory=list)
+    unreadable: Annotated[list[Unreadable], Policy("custom", comment=(
+        "What the probe could not capture: verify fails while any entry is here or now."))] = Field(
+        default_factory=list)
     probe: Annotated[ProbeInfo, Policy("ignored", fingerprint=False, comment=(
         "What the probe could not collect, and why."))] = Field(default_factory=ProbeInfo)
 

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import envlock.lock._text as _text
 import envlock.lock._toml as _toml
 from envlock._version import __version__
-from envlock.errors import EnvlockError, UsageError
+from envlock.errors import EnvlockError, LockTooLarge, UsageError
 from envlock.lock._model import SCHEMA_VERSION, LockData
 from envlock.lock._policy import policies
 from envlock.lock._seal import seal
@@ -59,7 +60,7 @@ def dumps(lock: LockData, name: str = "env.lock") -> str:
     out = [f"# {line}\n" for line in header.splitlines()]
     tail = []
     for key, value in data.items():
-        if key in ("os_packages", "packages", "duplicates"):
+        if key in ("os_packages", "packages", "duplicates", "unreadable"):
             if value:
                 tail.append((key, value))
             continue
@@ -72,12 +73,29 @@ def dumps(lock: LockData, name: str = "env.lock") -> str:
             continue
         if key == "packages":
             out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
+        elif key == "unreadable":
+            out.append(f"\n# {_SECTION_COMMENTS['unreadable']}\n")
         else:
             out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
         # An empty list is the model's default: `hashes = []` on every row is only noise in a
         # pull request's diff.
         _toml.array_of_tables(out, key, [{k: v for k, v in r.items() if v != []} for r in rows])
-    return "".join(out)
+    text = "".join(out)
+    check_size(text)
+    return text
+
+
+def check_size(text: str) -> None:
+    """Refuse a lock text larger than every reader accepts (``_text.MAX_LOCK_BYTES``): the one limit,
+    checked where a lock is written, so capture never writes what verify, show and diff refuse."""
+    limit = _text.MAX_LOCK_BYTES  # the reader's, read where it is defined
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise LockTooLarge(
+            f"the lock would be {size / (1 << 20):.1f} MiB; no command reads a lock over "
+            f"{limit / (1 << 20):g} MiB, so none was written",
+            hint="lock a smaller environment: its distributions (and their shadowed copies on "
+                 "sys.path) make up most of a lock")
 
 
 def looks_like_lock(path: Path) -> bool:

@@ -18,12 +18,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
-from .flags import FLAGS, INT, REPEATED, SWITCH
+from .flags import DOCUMENT_MARKER, FLAGS, INT, REPEATED, SWITCH
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
 from .packages import collect_conda, collect_packages, record_sha256
 from .procs import run_tool
+from .rules import unreadable
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
 from .statcache import Clock, RecordDigests, load_os_packages
@@ -31,6 +32,9 @@ from .system import collect_platform, collect_python
 from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
 
 DEFAULT_GIT_TIMEOUT = 5.0
+# Sections a lock cannot do without: when one cannot be collected, the lock says so in
+# ``[[unreadable]]`` (which verify counts as breaking), never just leaves it empty.
+MUST_CAPTURE = ("packages", "os_packages", "conda", "deep")
 
 
 def _cacheable(torch: str, canary: bool) -> bool:
@@ -56,6 +60,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
+    failed: List[Dict[str, str]] = []  # [[unreadable]]: what the lock cannot vouch for
     doc: Dict[str, Any] = {}
     git_timeout = git_timeout if git_timeout is not None else float(
         os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
@@ -67,6 +72,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             return fn()
         except Exception as exc:  # one broken collector must not lose the others
             errors[section] = "%s: %s" % (type(exc).__name__, exc)
+            if section in MUST_CAPTURE:
+                # The type only: a message may quote what was read.
+                failed.append(unreadable(section, "not captured: %s" % type(exc).__name__))
             return None
 
     doc["image"] = guard("image", lambda: collect_image(image)) or {"source": "none"}
@@ -76,7 +84,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     deep_locations: List[Tuple[str, str, str]] = []
     records = guard("cache", lambda: RecordDigests(now_ns)) if cache else None
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
-                                                      records or record_sha256))
+                                                      records or record_sha256, failed))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
     os_packages = guard("os_packages", lambda: collect_os_packages(
         doc["packages"], locations, cache=cache, now_ns=now_ns))
@@ -84,7 +92,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         doc["os_packages"] = os_packages
     if deep:
         guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache, now_ns))
-    conda = guard("conda", collect_conda)
+    conda = guard("conda", lambda: collect_conda(failed))
     if conda is not None:
         doc["conda"] = conda
     key = guard("cache", lambda: torch_cache_key(records)) \
@@ -134,6 +142,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         doc["git"] = {k: v for k, v in git.items() if v is not None}
     elif git_error:
         errors["git"] = git_error
+    if failed:
+        doc["unreadable"] = failed
     doc["probe"] = {"version": PROBE_VERSION, "errors": errors,
                     "duration_ms": round((time.perf_counter() - start) * 1000, 1)}
     if "torch" in doc:
@@ -225,6 +235,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   image=args["image"], cwd=args["cwd"], skip_dir=here, deep=args["deep"],
                   cache=not args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
                   progress=args["progress"], processes=True, git_exclude=args["git_exclude"])
+    # A line of its own even after start-up output that did not end its line.
+    sys.stdout.write("\n%s\n" % DOCUMENT_MARKER)
     sys.stdout.write(json.dumps(doc, indent=args["indent"], sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()

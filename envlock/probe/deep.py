@@ -30,9 +30,10 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import io
 import os
 import posixpath
-import sys
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,29 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequ
 CHUNK = 1 << 20
 _INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
 Progress = Callable[[int, int, int, int], None]
+# A RECORD is read whole (torch's, among the largest, is about 2 MB).
+MAX_RECORD = 64 << 20
+# Non-blocking: opening a FIFO then returns at once instead of waiting for a writer. Every file
+# is checked to be a regular file on its open descriptor before a byte is read (a RECORD entry
+# ``../../dev/zero`` or a FIFO among a package's files is a finding, never a hang), and read at
+# most one chunk past the size it had when opened (a file whose size lies, as in /proc, or that
+# keeps growing, is unreadable, not an endless read). Like files.py, which this module does not
+# import (it runs on its own).
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_regular(path: str) -> "Tuple[io.FileIO, int]":
+    """``path`` opened unbuffered for reading, and its size: only a regular file."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return io.FileIO(fd, "rb"), st.st_size
 
 
 class StatCache(Protocol):
@@ -56,21 +80,45 @@ class StatCache(Protocol):
         """The hashes just taken of ``paths[i]`` for each of ``indices``."""
 
 
+def _read_upto(fh: io.FileIO, limit: int) -> bytes:
+    """The file's bytes to its end, or ``limit + 1`` of them when it holds more (one read on a
+    regular file; pseudo-files answer a page at a time)."""
+    parts = []
+    total = 0
+    while total <= limit:
+        chunk = fh.read(limit + 1 - total)
+        if chunk is None:  # a regular file that answers like a device (/proc/kmsg)
+            raise OSError(0, "would block")
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
 def record_hash(path: str, buf: Optional[bytearray] = None) -> str:
     """``sha256=<urlsafe base64, no padding>`` of a file: RECORD's own format (PEP 376/627)."""
-    with open(path, "rb", buffering=0) as fh:
-        size = os.fstat(fh.fileno()).st_size
+    fh, size = _open_regular(path)
+    with fh:
+        limit = size + CHUNK
         if size <= CHUNK:
-            digest = hashlib.sha256(fh.read()).digest()
-        elif sys.version_info >= (3, 11):
-            digest = hashlib.file_digest(fh, "sha256").digest()  # type: ignore[arg-type,unused-ignore]
-        else:  # pragma: no cover - Python < 3.11
+            data = _read_upto(fh, CHUNK)
+            if len(data) > CHUNK:
+                raise OSError(0, "larger than its size says")
+            digest = hashlib.sha256(data).digest()
+        else:
             h = hashlib.sha256()
             view = memoryview(buf if buf is not None else bytearray(CHUNK))
+            total = 0
             while True:
                 n = fh.readinto(view)
+                if n is None:
+                    raise OSError(0, "would block")
                 if not n:
                     break
+                total += n
+                if total > limit:
+                    raise OSError(0, "grew while it was read")
                 h.update(view[:n])
             digest = h.digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
@@ -94,8 +142,13 @@ class _Dist:
 
 
 def _read_record(path: str) -> Iterator[Tuple[str, str, int]]:
-    with open(path, "r", encoding="utf-8", newline="") as fh:
-        for row in csv.reader(fh):
+    fh, _ = _open_regular(path)
+    with fh:
+        data = _read_upto(fh, MAX_RECORD)
+    if len(data) > MAX_RECORD:
+        raise OSError(0, "larger than %d MiB" % (MAX_RECORD >> 20))
+    with io.StringIO(data.decode("utf-8"), newline="") as text:
+        for row in csv.reader(text):
             if row and row[0]:
                 size = row[2] if len(row) > 2 else ""
                 yield row[0], (row[1] if len(row) > 1 else ""), int(size) if size.isdigit() else 0
@@ -117,7 +170,8 @@ def _plan(dists: List[_Dist], claimed: Dict[str, Set[str]], owners: Dict[Tuple[s
         try:
             entries = list(_read_record(record))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            dist.add("unreadable", "%s/RECORD (%s)" % (dist.info_dir, type(exc).__name__))
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            dist.add("unreadable", "%s/RECORD (%s)" % (dist.info_dir, why))
             continue
         for rel, expected, size in entries:
             if "\\" in rel or "/./" in rel or "//" in rel or rel.startswith("./"):
@@ -309,7 +363,7 @@ def _hash_all(paths: List[str], sizes: List[int], workers: int, processes: bool,
 
     def one(i: int) -> Tuple[int, str]:
         buf = getattr(local, "buf", None)
-        if buf is None and sys.version_info < (3, 11):
+        if buf is None:
             buf = local.buf = bytearray(CHUNK)
         digest = _safe_hash(paths[i], buf)
         counter.add(1, sizes[i])

@@ -41,6 +41,12 @@ class Flag:
         return "Flag(%r, %r)" % (self.name, self.kind)
 
 
+# The probe's output, framed: this line, then the JSON document. Whatever the interpreter prints
+# before it on stdout (a sitecustomize.py or .pth that greets, a wrapper script's banner) is
+# not the document and is skipped. json.dumps escapes every control character, so the record
+# separator that starts the line can never occur inside the document itself.
+DOCUMENT_MARKER = "\x1eenvlock-probe-document"
+
 # In the order envlock writes them on a command line.
 FLAGS = (
     Flag("--git-exclude", REPEATED, "a file to leave out of the git state (the lock being written)"),

@@ -10,9 +10,18 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .files import read_text, sha256
-from .rules import canonicalize_name
+from .files import UnsafeFile, read_head, read_regular, read_text, sha256
+from .rules import canonicalize_name, unreadable
 from .scrub import strip_url
+
+# Caps on what one distribution's files may hold (files.py says why every read has one). A
+# METADATA's header block is read, never its description; torch's RECORD, among the largest,
+# is about 2 MB.
+MAX_METADATA = 16 << 20
+MAX_RECORD = 64 << 20
+MAX_DIRECT_URL = 1 << 20
+# conda-meta records list every file of their package.
+MAX_CONDA_META = 64 << 20
 
 
 def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:
@@ -30,15 +39,15 @@ def _metadata_fields(text: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
-    """Name and Version from a METADATA/PKG-INFO file, reading only the header block."""
+    """Name and Version from a METADATA/PKG-INFO file, reading only the header block.
+
+    (None, None) when there is no such file; ``OSError`` when it cannot be read safely."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-            name, version = _metadata_fields(head.decode("utf-8", "replace"))
-            if (name is None or version is None) and b"\n\n" not in head:
-                head += fh.read()
-                name, version = _metadata_fields(head.decode("utf-8", "replace"))
-    except OSError:
+        head = read_head(path, 4096)
+        name, version = _metadata_fields(head.decode("utf-8", "replace"))
+        if (name is None or version is None) and b"\n\n" not in head:
+            name, version = _metadata_fields(read_regular(path, MAX_METADATA).decode("utf-8", "replace"))
+    except FileNotFoundError:
         return None, None
     return name, version
 
@@ -58,10 +67,9 @@ def record_sha256(path: str) -> Optional[str]:
     build (every shipped file's hash) and is the same wherever that build is installed.
     """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
+        data = read_regular(path, MAX_RECORD)
+    except FileNotFoundError:
+        return None  # any other OSError is the distribution's error (collect_packages)
     return record_digest(data)
 
 
@@ -84,11 +92,15 @@ def record_digest(data: bytes) -> str:
 
 
 def _direct_url(path: str) -> Dict[str, Any]:
-    """Source of a distribution from PEP 610 ``direct_url.json``."""
+    """Source of a distribution from PEP 610 ``direct_url.json`` (``OSError`` when it cannot
+    be read safely; a file that is not PEP 610 JSON is an unknown source)."""
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, MAX_DIRECT_URL).decode("utf-8"))
+    except FileNotFoundError:
+        return {"source": "unknown"}
+    except (ValueError, RecursionError):
+        return {"source": "unknown"}
+    if not isinstance(data, dict):
         return {"source": "unknown"}
     url = strip_url(str(data.get("url", "")))
     out: Dict[str, Any] = {"url": url or None}
@@ -126,6 +138,7 @@ def path_entries(skip: Optional[str]) -> List[str]:
 def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[str, str]] = None,
                      deep_locations: Optional[List[Tuple[str, str, str]]] = None,
                      record_digest: Callable[[str], Optional[str]] = record_sha256,
+                     errors: Optional[List[Dict[str, str]]] = None,
                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Every distribution visible on sys.path, first one wins, later ones reported as shadowed.
 
@@ -135,6 +148,10 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
     OS packages block uses it to find the distributions an OS package owns).
     ``deep_locations`` collects ``(name, path entry, dist-info dir)`` of the active ones with a
     RECORD, for the deep check.
+    ``errors``, when given, receives an ``[[unreadable]]`` entry for each distribution whose
+    files cannot be read safely (a link to a device, a FIFO, an oversized or undecodable file),
+    which is then left out: one bad distribution never empties the list or stops the scan, and
+    the entry makes the lock say what it could not vouch for. Without it, the error is raised.
     """
     packages: List[Dict[str, Any]] = []
     duplicates: List[Dict[str, Any]] = []
@@ -155,43 +172,20 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
             else:
                 continue
             full = os.path.join(entry, fname)
-            files: Tuple[str, ...] = ()
             try:
-                files = tuple(os.listdir(full))
-            except (NotADirectoryError, FileNotFoundError):
-                # A single-file egg-info (or a dangling link, which reads as nothing).
-                name, version = _read_headers(full)
-            except OSError:
+                found = _read_distribution(full, kind, record_digest)
+            except Exception as exc:  # whatever one distribution holds is its own error
+                if errors is None:
+                    raise
+                errors.append(unreadable("packages", _why(exc), fname))
                 continue
-            else:
-                meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
-                name, version = _read_headers(os.path.join(full, meta))
-            if not name or not version:
+            if found is None:
                 continue
-            cname = canonicalize_name(name)
+            cname, version, files, pkg = found
             if cname in active and kind == "egg-info":
                 pos, _ = seen[cname]
                 if _inside_editable(packages[pos], full):
                     continue  # the editable project's own src/NAME.egg-info, not a second copy
-            pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
-            if "INSTALLER" in files:
-                installer = (read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
-                if installer:
-                    pkg["installer"] = installer
-            if kind == "dist-info":
-                pkg["requested"] = "REQUESTED" in files
-            if "direct_url.json" in files:
-                pkg.update(_direct_url(os.path.join(full, "direct_url.json")))
-            if pkg.get("installer") == "conda" and pkg["source"] in ("local", "unknown", "index"):
-                # conda-built wheels point at the build machine's file:// path; the package
-                # really came from a conda channel (see [conda]).
-                pkg["source"] = "conda"
-                pkg.pop("url", None)
-            if "RECORD" in files:
-                pkg["record_sha256"] = record_digest(os.path.join(full, "RECORD"))
-            if kind == "egg-info" and pkg["source"] == "index":
-                pkg["source"] = "unknown"
-            pkg = {k: v for k, v in pkg.items() if v is not None}
             if cname in active:
                 pos, first = seen[cname]
                 if first.endswith(".egg-info") and _inside_editable(pkg, first):
@@ -213,6 +207,71 @@ def collect_packages(skip_dir: Optional[str] = None, locations: Optional[Dict[st
             packages.append(pkg)
     packages.sort(key=lambda p: p["name"])
     return packages, duplicates
+
+
+class _FileError(Exception):
+    """A file of one distribution that cannot be read safely; the message names the file."""
+
+
+def _reading(leaf: str, read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except Exception as exc:  # named here, then the distribution's error
+        raise _FileError("%s: %s" % (leaf, _why(exc))) from None
+
+
+def _why(exc: BaseException) -> str:
+    """Why a file could not be read, in envlock's words: never the bytes that were read."""
+    if isinstance(exc, _FileError):
+        return str(exc)
+    if isinstance(exc, UnsafeFile):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    if isinstance(exc, UnicodeError):
+        return "not UTF-8 text"
+    return type(exc).__name__
+
+
+def _read_distribution(full: str, kind: str, record_digest: Callable[[str], Optional[str]]
+                       ) -> Optional[Tuple[str, str, Tuple[str, ...], Dict[str, Any]]]:
+    """(name, version, the files of its metadata directory, its entry) of the distribution
+    whose metadata is ``full``; None for what is not one (no metadata file at all). Raises
+    when one of its files cannot be read safely."""
+    files: Tuple[str, ...] = ()
+    try:
+        files = tuple(os.listdir(full))
+    except (NotADirectoryError, FileNotFoundError):
+        # A single-file egg-info (or a dangling link, which reads as nothing).
+        name, version = _reading(os.path.basename(full), lambda: _read_headers(full))
+    else:
+        meta = "METADATA" if kind == "dist-info" else "PKG-INFO"
+        name, version = _reading(meta, lambda: _read_headers(os.path.join(full, meta)))
+    if not name or not version:
+        return None
+    cname = canonicalize_name(name)
+    pkg: Dict[str, Any] = {"name": cname, "version": version, "source": "index"}
+    if "INSTALLER" in files:
+        installer = (read_text(os.path.join(full, "INSTALLER"), 256) or "").strip()
+        if installer:
+            pkg["installer"] = installer
+    if kind == "dist-info":
+        pkg["requested"] = "REQUESTED" in files
+    if "direct_url.json" in files:
+        pkg.update(_reading("direct_url.json",
+                            lambda: _direct_url(os.path.join(full, "direct_url.json"))))
+    if pkg.get("installer") == "conda" and pkg["source"] in ("local", "unknown", "index"):
+        # conda-built wheels point at the build machine's file:// path; the package
+        # really came from a conda channel (see [conda]).
+        pkg["source"] = "conda"
+        pkg.pop("url", None)
+    if "RECORD" in files:
+        pkg["record_sha256"] = _reading("RECORD", lambda: record_digest(os.path.join(full, "RECORD")))
+        if pkg["record_sha256"] is None:  # listed, then not there: a dangling link
+            raise _FileError("RECORD: not found")
+    if kind == "egg-info" and pkg["source"] == "index":
+        pkg["source"] = "unknown"
+    return cname, version, files, {k: v for k, v in pkg.items() if v is not None}
 
 
 def _note_deep(deep_locations: Optional[List[Tuple[str, str, str]]], name: str, entry: str,
@@ -239,7 +298,9 @@ def _inside_editable(pkg: Dict[str, Any], metadata_path: str) -> bool:
     return where == project or where.startswith(project.rstrip(os.sep) + os.sep)
 
 
-def collect_conda() -> Optional[Dict[str, Any]]:
+def collect_conda(errors: Optional[List[Dict[str, str]]] = None) -> Optional[Dict[str, Any]]:
+    """conda's own record of the environment; a record that cannot be read safely is an
+    ``[[unreadable]]`` entry in ``errors`` (raised without it), as in ``collect_packages``."""
     meta = os.path.join(sys.prefix, "conda-meta")
     if not os.path.isdir(meta):
         return None
@@ -248,9 +309,13 @@ def collect_conda() -> Optional[Dict[str, Any]]:
         if not fname.endswith(".json"):
             continue
         try:
-            with open(os.path.join(meta, fname), "rb") as fh:
-                data = json.loads(fh.read().decode("utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(read_regular(os.path.join(meta, fname), MAX_CONDA_META).decode("utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except Exception as exc:  # whatever one record holds is its own error
+            if errors is None:
+                raise
+            errors.append(unreadable("conda", _why(exc), fname))
             continue
         channel = data.get("channel") or data.get("schannel")
         pkgs.append({k: v for k, v in {

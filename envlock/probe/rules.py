@@ -133,6 +133,26 @@ def canonicalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+# ---------------------------------------------------------------------------------------------
+# What could not be read: the lock's [[unreadable]] entries. Their item names something found in
+# the environment (a dist-info directory, a name as a METADATA spells it: any bytes at all), so
+# it is cut down to characters inert in every output before it is stored; their error is words
+# of envlock's own (an OS error's text, a rule that was broken), never the content read.
+UNREADABLE_ITEM = r"^[A-Za-z0-9._+-]{1,200}$"
+UNREADABLE_ERROR_MAX = 300
+_NOT_ITEM = re.compile(r"[^A-Za-z0-9._+-]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def unreadable(section: str, error: str, item: Optional[str] = None) -> Dict[str, str]:
+    """One [[unreadable]] entry: ``section`` could not be captured (``item`` of it, if given)."""
+    entry = {"section": section,
+             "error": _CONTROL.sub(" ", error).strip()[:UNREADABLE_ERROR_MAX] or "unknown error"}
+    if item:
+        entry["item"] = _NOT_ITEM.sub("_", item)[:200]
+    return entry
+
+
 
 
 def env_allowed(name: str) -> bool:

@@ -15,8 +15,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import ospkgs
-from .files import atomic_json, sha256
-from .packages import record_sha256
+from .files import atomic_json, read_regular, sha256
+from .packages import MAX_RECORD, record_sha256
 
 RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
 
@@ -54,8 +54,7 @@ def prune(prefix: str, keep: int, directory: Optional[str] = None) -> None:
 def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
     """(sha256 of a RECORD, the shared libraries it lists inside site-packages), or None."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_regular(path, MAX_RECORD)  # a regular file, bounded (files.py)
     except OSError:
         return None
     libs = []
