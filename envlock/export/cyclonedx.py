@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import MissingExtra
+from envlock.export.common import marker
 from envlock.lock import Lock, Package
 
 if TYPE_CHECKING:
@@ -123,7 +124,8 @@ def _lock_properties(lock: Lock) -> list[Any]:
     return _props([("id", lock.short_id), ("fingerprint", lock.envlock.fingerprint), *knobs,
                    *((f"env.{k}", v) for k, v in d.env.items()),
                    ("seed", s.seed), ("python_hash_seed", s.python_hash_seed),
-                   ("git.commit", lock.git.commit if lock.git else None)])
+                   ("git.commit", lock.git.commit if lock.git else None)]) \
+        + _props([("export", marker("cyclonedx", lock))])  # envlock:export, proof of authorship
 
 
 def render(lock: Lock, resolved: list[Resolved] | None = None) -> str:

@@ -29,7 +29,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
+from envlock.errors import BadWheel, EnvlockError, HashMismatch, NotRestorable, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
@@ -323,6 +323,17 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     """
     wanted, skipped = _wanted(lock, skip_local)
     out = Path(out)
+    try:
+        return _bundle(lock, out, wanted, skipped, source=source, index_url=index_url,
+                       pip_find_links=pip_find_links, allow_http=allow_http)
+    except OSError as exc:  # a read-only or full directory: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise EnvlockError(f"cannot write the bundle to {out}: {exc.strerror or exc}{where}") from None
+
+
+def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
+            source: Path | None, index_url: str | None, pip_find_links: Path | None,
+            allow_http: bool) -> BundleResult:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".envlock-bundle-", dir=out) as tmp:
         staging = Path(tmp)
