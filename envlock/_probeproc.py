@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
 from envlock.probe.flags import command_line
+from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR  # never recorded in a lock
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
 # another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
@@ -96,6 +98,44 @@ def probe_timeout() -> float:
     return value
 
 
+def leftovers(root: int, token: str, proc: str = "/proc") -> list[int]:
+    """Processes started under the probe, found through ``/proc`` (Linux; elsewhere none):
+    every descendant of ``root`` by parent id, and every process whose environment carries
+    this run's token, with their descendants. The token finds a child that started its own
+    session and was orphaned when its parent exited (its parent is then init)."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    needle = f"{RUN_VAR}={token}".encode()
+    me = os.getpid()
+    children: dict[int, list[int]] = {}
+    start = [root]
+    for name in names:
+        if not name.isdigit() or int(name) in (me, root):
+            continue
+        pid = int(name)
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as fh:
+                ppid = int(fh.read(4096).rsplit(b")", 1)[1].split()[1])
+            with open(f"{proc}/{name}/environ", "rb") as fh:
+                environ = fh.read(1 << 20)
+        except (OSError, ValueError, IndexError):
+            continue  # gone, another user's, or a kernel thread
+        children.setdefault(ppid, []).append(pid)
+        if needle in environ.split(b"\0"):
+            start.append(pid)
+    found: set[int] = set()
+    todo = list(start)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    found.update(start[1:])
+    return sorted(found)
+
+
 class ProbeProcess:
     """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
 
@@ -116,12 +156,16 @@ class ProbeProcess:
         self._pending = bytearray()
         self._finished = False
         self.argv = [self.python, str(PROBE_PATH), *args]
+        # Inherited by everything the interpreter starts, a setsid child included (the probe
+        # never records it): how its leftovers are found at the end.
+        self.token = secrets.token_hex(16)
         try:
             # Its own session: the terminal's Ctrl-C reaches envlock, which stops the whole
             # group (the interpreter may be a wrapper with children); nothing to read on stdin.
             # Popen restores SIGPIPE and SIGXFSZ to their defaults in the child, as a shell would.
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         env={**os.environ, RUN_VAR: self.token})
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
         self.deadline = time.monotonic() + self.timeout
@@ -143,6 +187,12 @@ class ProbeProcess:
             return  # reaped already: its pid, and so its group id, may belong to another now
         self._finished = True
         self._kill_group()
+        # A wrapper's child that left the group (setsid, a daemon) would outlive envlock.
+        for pid in leftovers(self.proc.pid, self.token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone meanwhile
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()

@@ -106,9 +106,13 @@ def canonicalize_name(name: str) -> str:
 
 
 
+# envlock's mark on the processes of one probe run (``_probeproc.leftovers``): not environment.
+PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
+
+
 def env_allowed(name: str) -> bool:
     """True for the variables ``[env]`` records (see ENV_PREFIXES and ENV_NAMES)."""
-    return name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name != PROBE_RUN_VAR
 
 
 def recorded_name(name: str) -> bool:
