@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         lock = load(args.lock)
         plan = write_dockerfile_only(lock, options(args), Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
-            say(f"note: {note}")
+            say(note if note.startswith("warning: ") else f"note: {note}")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
                          f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")

@@ -9,7 +9,7 @@ before calling ``plan()``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -252,6 +252,20 @@ class _Sorted:
     from_wheel: list[str] = field(default_factory=list)
 
 
+def unproven(packages: Iterable[Package]) -> list[str]:
+    """``name version`` of the rows nothing in the lock can check a file against: no hash, no
+    archive hash, no record_sha256 (a lock from an environment whose RECORD was missing). A
+    VCS row is pinned by its commit. Whatever file an index or a wheelhouse gives for the
+    others is installed unchecked, so restore and bundle name them."""
+    return [f"{p.name} {p.version}" for p in packages
+            if not (p.hashes or p.archive_hash or p.record_sha256) and p.source != "vcs"]
+
+
+def unproven_warning(rows: Sequence[str]) -> str:
+    return (f"warning: nothing in the lock checks the files installed for {', '.join(rows)} (no hash, no "
+            "record_sha256): a swapped wheel would go unnoticed")
+
+
 def _layer_of(name: str) -> LayerName:
     if name in TOOLING:
         return "tooling"
@@ -384,6 +398,10 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     base_python = values.interpreter(options.python) if options.python else "python3"
     os_install = ospackages.plan_os(lock, venv, notes)
     sorted_ = _sort_packages(lock, options, base, offline, os_install, notes)
+    installed = {r.name for reqs in sorted_.layers.values() for r in reqs}
+    unchecked = unproven(p for p in lock.packages if p.name in installed)
+    if unchecked:
+        notes.append(unproven_warning(unchecked))
     layers = _layers(sorted_, options, offline, lock)
     wheels: dict[str, tuple[Path, ...]] = {}
     base_tooling: tuple[str, ...] = ()

@@ -118,7 +118,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     engine.remove_stale()
     plan, rendered = prepare(lock, options, engine)
     for note in plan.notes:
-        say(f"note: {note}")
+        say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
     key = dockerfile.context_key(plan, rendered)

@@ -33,7 +33,7 @@ from envlock.errors import BadWheel, EnvlockError, HashMismatch, NotRestorable, 
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
-from envlock.restore.context import TOOLING, torch_label
+from envlock.restore.context import TOOLING, torch_label, unproven
 from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"
@@ -229,6 +229,7 @@ class BundleResult:
     files: tuple[tuple[str, str, str, str], ...]  # (name, version, filename, sha256)
     missing_tooling: tuple[str, ...]
     skipped: tuple[str, ...]
+    unproven: tuple[str, ...] = ()  # bundled, but nothing in the lock checks their files
 
 
 def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
@@ -375,4 +376,5 @@ def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
     tmp_manifest.unlink(missing_ok=True)
     tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_manifest, out / MANIFEST)
-    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped))
+    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
+                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))))
