@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from envlock._textsafe import safe
 from envlock.errors import InterpreterNotFound, ProbeFailed, UsageError
 from envlock.probe.flags import command_line
 from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR  # never recorded in a lock
@@ -96,6 +98,19 @@ def probe_timeout() -> float:
     if not value > 0 or value == float("inf"):
         raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
     return value
+
+
+def python_version(python: str, timeout: float = 10.0) -> tuple[int, int] | None:
+    """``(major, minor)`` of ``python``, or None when it does not run as a Python (Python 2
+    included: the statement is valid there)."""
+    code = "import sys; sys.stdout.write('envlock-python %d.%d' % sys.version_info[:2])"
+    try:
+        proc = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout, start_new_session=True, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.fullmatch(rb"envlock-python (\d+)\.(\d+)", proc.stdout.strip())
+    return (int(match.group(1)), int(match.group(2))) if match and proc.returncode == 0 else None
 
 
 def leftovers(root: int, token: str, proc: str = "/proc") -> list[int]:
@@ -243,6 +258,23 @@ class ProbeProcess:
         err += self._pending  # a last line without its newline is still worth showing
         return bytes(out), bytes(err)
 
+    def _not_python(self, err: bytes) -> None:
+        """When the probe failed, raise the plain reason if the program is no Python >= 3.8
+        at all: ``--python /bin/ls`` or a pyenv shim of an uninstalled version fail with a
+        message of their own whose last line ("Try '/bin/ls --help'") says nothing."""
+        version = python_version(self.python)
+        if version is not None and version >= (3, 8):
+            return  # a Python that could run the probe: its own error is the one to show
+        said = next((line.strip() for line in err.decode("utf-8", "replace").splitlines()
+                     if line.strip()), "")
+        if version is not None:
+            raise InterpreterNotFound(
+                f"{self.python} is Python {version[0]}.{version[1]}, too old for the probe "
+                "(Python >= 3.8 needed)")
+        raise InterpreterNotFound(f"{self.python} is not a Python interpreter"
+                                  + (f" (it said: {safe(said[:200])})" if said else ""),
+                                  hint="pass --python with a Python >= 3.8 or an environment directory")
+
     def _feed(self, chunk: bytes) -> bytes:
         """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
         assert self.on_stderr is not None
@@ -256,13 +288,15 @@ class ProbeProcess:
     def result(self) -> dict[str, Any]:
         out, err = self._collect()
         if self.proc.returncode != 0:
+            self._not_python(err)
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             if b"SyntaxError" in err:
                 tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
-            raise ProbeFailed(f"the probe failed under {self.python}: {tail[0]}")
+            raise ProbeFailed(f"the probe failed under {self.python}: {safe(tail[0])}")
         try:
             doc = json.loads(out)
         except ValueError:
+            self._not_python(err)
             raise ProbeFailed(f"the probe under {self.python} printed no JSON document") from None
         if not isinstance(doc, dict):
             raise ProbeFailed("the probe returned something other than a JSON object")
