@@ -56,7 +56,8 @@ def _render(args: argparse.Namespace, lock: Lock) -> str:
 
         wh = Path(args.wheelhouse).resolve() if args.wheelhouse else None
         return requirements.render(lock, resolved, main_index=main_index(lock, args.index_url),
-                                   wheelhouse=wh)
+                                   wheelhouse=wh, relative_to=out_dir,
+                                   filename=Path(args.output).name if out_dir else "requirements.txt")
     if args.to == "cyclonedx":
         from envlock.export import cyclonedx
 
