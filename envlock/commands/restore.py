@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 def options(args: argparse.Namespace) -> Options:
     """The build options ``restore`` and ``run`` share."""
     from envlock.restore.context import Options
+    from envlock.restore.restore import image_name
 
     return Options(base=args.base, allow_unpinned_base=args.allow_unpinned_base,
                    skip_local=args.skip_local,
                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
                    index_url=args.index_url, venv=args.venv, python=args.python,
-                   allow_http=args.allow_http)
+                   allow_http=args.allow_http, image_name=image_name(Path(args.lock), args.name))
 
 
 def _report_build_failure(exc: Any) -> None:

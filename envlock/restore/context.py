@@ -58,6 +58,9 @@ class Options:
     extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
     allow_http: bool = False
+    # The <name> of the envlock/<name>:<id> tag restore builds (``restore.image_name``), so the
+    # Dockerfile's rebuild line names the tag that is built.
+    image_name: str = "env"
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Plan:
     # pip/setuptools/wheel with no wheel offline: the base's ensurepip copy stays, as `bundle`
     # announces, and verification reports its version as info.
     base_tooling: tuple[str, ...] = ()
+    image_name: str = "env"  # Options.image_name
 
     @property
     def os_packages_restored(self) -> bool:
@@ -412,4 +416,5 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 base_python=base_python, venv=venv, layers=tuple(layers),
                 remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
-                notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install)
+                notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
+                image_name=options.image_name)

@@ -116,6 +116,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
+    options = dataclasses.replace(options, image_name=name)  # the tag the Dockerfile names
     plan, rendered = prepare(lock, options, engine)
     for note in plan.notes:
         say(note if note.startswith("warning: ") else f"note: {note}")
