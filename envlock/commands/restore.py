@@ -53,7 +53,8 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
     try:
         return restore(lock, options, engine=engine, name=name,
                        workdir=Path(args.context_dir) if args.context_dir else None,
-                       verify=verify, use_cache=not args.no_cache, say=say)
+                       verify=verify, use_cache=not args.no_cache, say=say,
+                       quiet=args.quiet)
     except EnvlockError as exc:
         hint_earlier_image(exc, engine, tag)
         if isinstance(exc, BuildFailed):

@@ -110,7 +110,8 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
 
 
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
-            workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
+            workdir: Path | None = None, progress: Progress | None = None, quiet: bool = False,
+            verify: bool = True,
             use_cache: bool = True, say: Callable[[str], None] = lambda s: None) -> RestoreResult:
     """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside."""
     from envlock.restore.progress import make_progress
@@ -141,7 +142,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         log_path = workdir / "build.log"
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                progress=progress or make_progress())
+                                progress=progress or make_progress(quiet=quiet))
         cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)
