@@ -208,3 +208,17 @@ def test_poisoned_torch_facts_in_a_shared_directory_are_not_captured(tmp_path: P
     assert doc["torch"].get("cuda") == real["torch"].get("cuda") != "99.9-poisoned"
     assert entry.stat().st_uid == _nobody()  # and nothing of ours was written there
     assert [p.name for p in shared.iterdir()] == [entry.name]
+
+
+def test_capture_says_why_the_cache_is_not_used(home: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+
+    home.chmod(0o777)
+    assert main(["capture", "--no-torch", "-o", str(tmp_path / "env.lock")]) == 0
+    err = capsys.readouterr().err
+    assert "note: cache not used (neither read nor written): " in err and "writable by other users" in err
+    assert list(home.iterdir()) == []
+    home.chmod(0o700)  # the twin: a private directory is used without a word
+    assert main(["capture", "--no-torch", "-o", str(tmp_path / "env.lock"), "--force"]) == 0
+    assert "cache not used" not in capsys.readouterr().err
