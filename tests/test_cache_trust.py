@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, LockFactory
 from packaging.version import Version
 
+from envlock.errors import UsageError
 from envlock.export import index
 from envlock.probe import cache, filehashes, statcache
 from envlock.probe.packages import record_sha256
@@ -222,3 +223,32 @@ def test_capture_says_why_the_cache_is_not_used(home: Path, tmp_path: Path,
     home.chmod(0o700)  # the twin: a private directory is used without a word
     assert main(["capture", "--no-torch", "-o", str(tmp_path / "env.lock"), "--force"]) == 0
     assert "cache not used" not in capsys.readouterr().err
+
+
+class _Sentinel(Exception):
+    pass
+
+
+class _Engine:
+    def remove_stale(self) -> None:
+        pass
+
+    def find_image(self, labels: object) -> None:
+        raise _Sentinel  # reached: the build would go ahead
+
+
+def test_restore_does_not_build_in_a_shared_cache_directory(home: Path, tmp_path: Path,
+                                                             restore_lock: LockFactory) -> None:
+    from envlock.restore.context import Options
+    from envlock.restore.restore import restore
+
+    lock = restore_lock(packages=[("six", "1.17.0")])
+    options = Options(base="python@sha256:" + "a" * 64)
+    home.chmod(0o777)
+    with pytest.raises(UsageError, match=r"refusing to build in the cache directory: .* writable by other"):
+        restore(lock, options, engine=_Engine(), name="x")  # type: ignore[arg-type]
+    with pytest.raises(_Sentinel):  # --context-dir of one's own: goes ahead
+        restore(lock, options, engine=_Engine(), name="x", workdir=tmp_path / "ctx")  # type: ignore[arg-type]
+    home.chmod(0o700)
+    with pytest.raises(_Sentinel):  # the twin: a private cache directory goes ahead
+        restore(lock, options, engine=_Engine(), name="x")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock.errors import NotRestorable
+from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
 from envlock.probe import imageref
 from envlock.restore import context as ctx
@@ -125,7 +125,18 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
     key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
-    workdir = Path(workdir) if workdir else cache_dir() / f"{name}-{lock.short_id}"
+    if workdir is None:
+        workdir = cache_dir() / f"{name}-{lock.short_id}"
+        # What is built is what is in the context: in a directory others can write, another
+        # user could swap a requirement file between envlock's write and the engine's read.
+        from envlock.probe.statcache import refusal
+
+        why = refusal(path=str(workdir / "context" / "Dockerfile"))
+        if why:
+            raise UsageError(f"refusing to build in the cache directory: {why}",
+                             hint="pass --context-dir DIR (a directory of your own), or make the "
+                                  "cache directory yours and private (chmod 700)")
+    workdir = Path(workdir)
     context_dir = workdir / "context"
     labels = {dockerfile.LABEL_CONTEXT: key}
     t0 = time.monotonic()
