@@ -141,3 +141,19 @@ def test_bundle_into_an_unwritable_place_is_one_line(restore_lock: LockFactory, 
     assert code == 3, err
     assert err.startswith("envlock: error: cannot write the bundle to ") and len(err.splitlines()) == 1
     assert "internal error" not in err
+
+
+def test_any_write_error_is_one_line(lock_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever command meets a read-only or full place: one line naming the file, exit 3."""
+    import errno
+
+    from envlock.commands import fmt
+
+    def read_only(_: object) -> int:
+        raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/env.lock\n")
+
+    monkeypatch.setattr(fmt, "run", read_only)
+    assert main(["fmt", str(lock_path)]) == 3
+    err = capsys.readouterr().err
+    assert err == "envlock: error: /mnt/ro/env.lock\\n: Read-only file system\n"
