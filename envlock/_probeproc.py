@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import selectors
 import shutil
 import signal
@@ -17,8 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from envlock._textsafe import safe
 from envlock.errors import InterpreterNotFound, ProbeFailed, ProbeTimeout, UsageError
 from envlock.probe.flags import DOCUMENT_MARKER, command_line
+from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR  # never recorded in a lock
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
 # another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
@@ -119,6 +123,57 @@ def parse_document(out: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
+def python_version(python: str, timeout: float = 10.0) -> tuple[int, int] | None:
+    """``(major, minor)`` of ``python``, or None when it does not run as a Python (Python 2
+    included: the statement is valid there)."""
+    code = "import sys; sys.stdout.write('envlock-python %d.%d' % sys.version_info[:2])"
+    try:
+        proc = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout, start_new_session=True, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.fullmatch(rb"envlock-python (\d+)\.(\d+)", proc.stdout.strip())
+    return (int(match.group(1)), int(match.group(2))) if match and proc.returncode == 0 else None
+
+
+def leftovers(root: int, token: str, proc: str = "/proc") -> list[int]:
+    """Processes started under the probe, found through ``/proc`` (Linux; elsewhere none):
+    every descendant of ``root`` by parent id, and every process whose environment carries
+    this run's token, with their descendants. The token finds a child that started its own
+    session and was orphaned when its parent exited (its parent is then init)."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    needle = f"{RUN_VAR}={token}".encode()
+    me = os.getpid()
+    children: dict[int, list[int]] = {}
+    start = [root]
+    for name in names:
+        if not name.isdigit() or int(name) in (me, root):
+            continue
+        pid = int(name)
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as fh:
+                ppid = int(fh.read(4096).rsplit(b")", 1)[1].split()[1])
+            with open(f"{proc}/{name}/environ", "rb") as fh:
+                environ = fh.read(1 << 20)
+        except (OSError, ValueError, IndexError):
+            continue  # gone, another user's, or a kernel thread
+        children.setdefault(ppid, []).append(pid)
+        if needle in environ.split(b"\0"):
+            start.append(pid)
+    found: set[int] = set()
+    todo = list(start)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    found.update(start[1:])
+    return sorted(found)
+
+
 class ProbeProcess:
     """The probe running in another interpreter; ``result()`` waits for and parses its JSON.
 
@@ -139,12 +194,16 @@ class ProbeProcess:
         self._pending = bytearray()
         self._finished = False
         self.argv = [self.python, str(PROBE_PATH), *args]
+        # Inherited by everything the interpreter starts, a setsid child included (the probe
+        # never records it): how its leftovers are found at the end.
+        self.token = secrets.token_hex(16)
         try:
             # Its own session: the terminal's Ctrl-C reaches envlock, which stops the whole
             # group (the interpreter may be a wrapper with children); nothing to read on stdin.
             # Popen restores SIGPIPE and SIGXFSZ to their defaults in the child, as a shell would.
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         env={**os.environ, RUN_VAR: self.token})
         except OSError as exc:
             raise InterpreterNotFound(f"cannot run {python}: {exc.strerror or exc}") from None
         self.deadline = time.monotonic() + self.timeout
@@ -166,6 +225,12 @@ class ProbeProcess:
             return  # reaped already: its pid, and so its group id, may belong to another now
         self._finished = True
         self._kill_group()
+        # A wrapper's child that left the group (setsid, a daemon) would outlive envlock.
+        for pid in leftovers(self.proc.pid, self.token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone meanwhile
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
@@ -216,6 +281,23 @@ class ProbeProcess:
         err += self._pending  # a last line without its newline is still worth showing
         return bytes(out), bytes(err)
 
+    def _not_python(self, err: bytes) -> None:
+        """When the probe failed, raise the plain reason if the program is no Python >= 3.8
+        at all: ``--python /bin/ls`` or a pyenv shim of an uninstalled version fail with a
+        message of their own whose last line ("Try '/bin/ls --help'") says nothing."""
+        version = python_version(self.python)
+        if version is not None and version >= (3, 8):
+            return  # a Python that could run the probe: its own error is the one to show
+        said = next((line.strip() for line in err.decode("utf-8", "replace").splitlines()
+                     if line.strip()), "")
+        if version is not None:
+            raise InterpreterNotFound(
+                f"{self.python} is Python {version[0]}.{version[1]}, too old for the probe "
+                "(Python >= 3.8 needed)")
+        raise InterpreterNotFound(f"{self.python} is not a Python interpreter"
+                                  + (f" (it said: {safe(said[:200])})" if said else ""),
+                                  hint="pass --python with a Python >= 3.8 or an environment directory")
+
     def _feed(self, chunk: bytes) -> bytes:
         """Complete stderr lines go to ``on_stderr``; those it does not consume are returned."""
         assert self.on_stderr is not None
@@ -229,9 +311,14 @@ class ProbeProcess:
     def result(self) -> dict[str, Any]:
         out, err = self._collect()
         if self.proc.returncode != 0:
+            self._not_python(err)
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             if b"SyntaxError" in err:
                 tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
-            raise ProbeFailed(f"the probe failed under {self.python}: {tail[0]}")
-        return parse_document(out, f"under {self.python}")
+            raise ProbeFailed(f"the probe failed under {self.python}: {safe(tail[0])}")
+        try:
+            return parse_document(out, f"under {self.python}")
+        except ProbeFailed:
+            self._not_python(err)
+            raise
 

@@ -108,23 +108,25 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
     """What ``envlock capture`` prints after writing ``path``: the summary (stdout) and the
     notes (stderr). torch, gpu and git are often absent on purpose (``--no-torch``, a CPU box,
     no repository), so their absence is noted only with ``verbose``; any other section is."""
+    # Every value is a lock's (a sealed lock may carry anything its model allows): escaped, so
+    # a newline in torch.cuda cannot forge a line of the summary.
     t = lock.torch
-    torch_part = (f"torch {t.version} (CUDA {t.cuda or '-'}, cuDNN {t.cudnn or '-'})" if t
+    torch_part = (f"torch {safe(t.version)} (CUDA {dash(t.cuda)}, cuDNN {dash(t.cudnn)})" if t
                   else "torch not captured")
     gpu = lock.gpu
-    gpu_part = f"{len(gpu.devices)} GPU(s), driver {gpu.driver or '-'}" if gpu and gpu.devices else "no GPU"
+    gpu_part = f"{len(gpu.devices)} GPU(s), driver {dash(gpu.driver)}" if gpu and gpu.devices else "no GPU"
     n = len(lock.packages)
-    summary = (f"wrote {path}  id {lock.short_id}\n"
-               + (f"  {locked}\n" if locked else "")
-               + f"  python {lock.python.version} ({lock.python.prefix_kind}), {torch_part}, "
+    summary = (f"wrote {safe(path)}  id {lock.short_id}\n"
+               + (f"  {safe(locked)}\n" if locked else "")
+               + f"  python {safe(lock.python.version)} ({safe(lock.python.prefix_kind)}), {torch_part}, "
                f"{gpu_part}, {n} package{'' if n == 1 else 's'}\n")
     notes = []
-    changed = [p.name for p in lock.packages if p.files_changed]
+    changed = [safe(p.name) for p in lock.packages if p.files_changed]
     if changed:
         notes.append(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
                      f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): "
                      "see files_changed\n")
-    notes += [f"  note: {section} not captured: {reason}\n"
+    notes += [f"  note: {safe(section)} not captured: {safe(reason)}\n"
               for section, reason in sorted(lock.probe.errors.items())
               if section not in ("torch", "gpu", "git") or verbose]
     if lock.unreadable:

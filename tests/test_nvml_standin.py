@@ -17,6 +17,8 @@ import pytest
 from helpers import REPO
 from scenario_steps import build_nvml_standin
 
+from envlock.probe import gpu
+
 QUERY = """
 import json, sys, time
 from envlock.probe.gpu import collect_gpu
@@ -71,4 +73,25 @@ def test_a_hanging_init_is_cut_off_at_the_timeout(env: dict[str, str]) -> None:
 
 def test_no_library_at_all(env: dict[str, str], tmp_path: Path) -> None:
     out = _query({**env, "LD_LIBRARY_PATH": str(tmp_path)})
-    assert out["info"] is None and str(out["error"]).startswith("NVML unavailable: OSError: libnvidia-ml.so.1")
+    assert out["info"] is None
+    if os.path.exists(gpu.DRIVER_PROC):  # a driver without its library: worth saying
+        assert str(out["error"]).startswith("NVML unavailable: OSError: libnvidia-ml.so.1")
+    else:  # a host without an NVIDIA driver: no GPU, quietly
+        assert out["error"] is None
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_a_missing_library_is_quiet_only_without_a_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver: bool) -> None:
+    proc = tmp_path / "version"
+    if driver:
+        proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07\n")
+    monkeypatch.setattr(gpu, "DRIVER_PROC", str(proc))
+
+    def missing() -> None:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(gpu, "_nvml_query", missing)
+    info, error = gpu.collect_gpu(None, 5)
+    assert info is None
+    assert (error is not None and error.startswith("NVML unavailable: OSError")) if driver else error is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def test_output_is_capped_with_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_stderr_tail_is_kept_for_the_error(tmp_path: Path) -> None:
-    wrapper = script(tmp_path / "python", "head -c 5000000 /dev/zero >&2\necho 'the real reason' >&2\nexit 1\n")
+    # A Python (it answers envlock's version question) whose probe fails: its own last line.
+    wrapper = script(tmp_path / "python", f"if [ \"$1\" = -c ]; then exec {sys.executable} \"$@\"; fi\n"
+                     "head -c 5000000 /dev/zero >&2\necho 'the real reason' >&2\nexit 1\n")
     with pytest.raises(ProbeFailed, match="the real reason"):
         ProbeProcess(str(wrapper), []).result()
 

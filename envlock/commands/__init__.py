@@ -50,6 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:  # a write into a read-only or full place, a file gone meanwhile
+        if os.environ.get("ENVLOCK_DEBUG"):
+            raise
+        from envlock._textsafe import safe
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        err(f"envlock: error: {safe(where)}{safe(exc.strerror or exc)}\n")
+        return EXIT_ENV
     except Exception as exc:
         if os.environ.get("ENVLOCK_DEBUG"):
             raise

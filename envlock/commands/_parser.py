@@ -193,6 +193,8 @@ def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
                    help="where the build context and build.log go (default: ~/.cache/envlock/restore/...)")
     p.add_argument("--no-cache", action="store_true", help="build even if the image exists")
     p.add_argument("--no-verify", action="store_true", help="skip the probe inside the image")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no build output, only a summary line (build.log keeps all of it)")
 
 
 def _bundle(sub: Subparsers) -> None:

@@ -20,6 +20,10 @@ def run(args: argparse.Namespace) -> int:
                     skip_local=args.skip_local, allow_http=args.allow_http)
     for name in result.missing_tooling:
         say(f"note: no wheel for {name}; a restore takes it from the base image's ensurepip")
+    if result.unproven:
+        from envlock.restore.context import unproven_warning
+
+        say(unproven_warning(result.unproven))
     if result.skipped:
         say(f"note: not bundled: {', '.join(result.skipped)}")
     sys.stdout.write(f"bundled {len(result.files)} files for {lock.short_id} into {result.directory}; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from envlock._textsafe import safe
 from envlock.commands._output import err, out, say_link
 from envlock.errors import EXIT_OK
 
@@ -26,6 +27,12 @@ def run(args: argparse.Namespace) -> int:
         target = choose(args.python)
         if target.warning:
             err(f"envlock: warning: {target.warning}\n")
+        if not args.no_cache:
+            from envlock.probe.statcache import refusal
+
+            why = refusal()
+            if why:  # the capture is right without it, only slower: say why
+                err(f"envlock: note: cache not used (neither read nor written): {safe(why)}\n")
         lock = capture(python=target.python, torch=not args.no_torch, canary=args.canary,
                        image=args.image, note=args.note, in_process=False, deep=args.deep,
                        cache=not args.no_cache,

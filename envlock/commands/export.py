@@ -6,14 +6,19 @@ Each format lives in its own module under ``envlock.export`` and is imported onl
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from envlock.export.artifacts import Sources
+    from envlock.lock import Lock
 
 NEEDS_ARTIFACTS = ("pylock", "requirements")
+_MAX_JSON = 64 << 20
 
 
 def _sources(args: argparse.Namespace) -> Sources:
@@ -28,10 +33,16 @@ def _sources(args: argparse.Namespace) -> Sources:
 
 
 def render(args: argparse.Namespace) -> str:
-    """The export as text; everything heavy is imported here, per format."""
+    """The export as text, with envlock's proof of authorship (``export.common.stamp``)."""
+    from envlock.export.common import stamp
     from envlock.lock import load
 
     lock = load(args.lock)
+    return stamp(args.to, lock, _render(args, lock))
+
+
+def _render(args: argparse.Namespace, lock: Lock) -> str:
+    """The export as text; everything heavy is imported here, per format."""
     out_dir = Path(args.output).resolve().parent if args.output not in (None, "-") else None
     if args.to in NEEDS_ARTIFACTS:
         from envlock.export.artifacts import main_index, resolve_lock
@@ -45,7 +56,8 @@ def render(args: argparse.Namespace) -> str:
 
         wh = Path(args.wheelhouse).resolve() if args.wheelhouse else None
         return requirements.render(lock, resolved, main_index=main_index(lock, args.index_url),
-                                   wheelhouse=wh)
+                                   wheelhouse=wh, relative_to=out_dir,
+                                   filename=Path(args.output).name if out_dir else "requirements.txt")
     if args.to == "cyclonedx":
         from envlock.export import cyclonedx
 
@@ -79,13 +91,46 @@ def render(args: argparse.Namespace) -> str:
                         lock_path=str(Path(args.lock).resolve()), nodes=args.nodes)
 
 
-def _written_by_envlock(path: Path) -> bool:
-    """Every export names envlock near its top (a comment, a tool entry, a label)."""
+def _json_proof(data: bytes) -> bool:
+    from envlock.export.common import MARKER_PROPERTY, marker_property
+    from envlock.export.intoto import PREDICATE_TYPE
+
     try:
-        with open(path, "rb") as fh:
-            return b"envlock" in fh.read(8192)
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    if doc.get("predicateType") == PREDICATE_TYPE:  # a statement of envlock's own type
+        return True
+    meta = doc.get("metadata")
+    props = meta.get("properties") if isinstance(meta, dict) else None
+    return isinstance(props, list) and any(
+        isinstance(p, dict) and p.get("name") == MARKER_PROPERTY and marker_property(p.get("value"))
+        for p in props)
+
+
+def written_by_envlock(path: Path) -> bool:
+    """True when ``path`` (a regular file, or a link to one) holds envlock's proof of
+    authorship (``export.common.stamp``): the marker line, or in JSON its field. The word
+    envlock alone proves nothing: a pyproject.toml or a job script running envlock has it."""
+    from envlock.export.common import has_marker
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the check
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return False
+            head = fh.read(1 << 16)
+            if head.lstrip().startswith(b"{"):
+                rest = fh.read(_MAX_JSON)
+                return len(head) + len(rest) < _MAX_JSON and _json_proof(head + rest)
+        except OSError:
+            return False
+    return has_marker(head.decode("utf-8", "replace"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,9 +154,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output} is a directory; give a file name such as {out / 'pylock.toml'}")
     if out is not None and not out.resolve().parent.is_dir():
         raise UsageError(f"-o {args.output}: directory {out.parent} does not exist")
-    if out is not None and out.is_file() and not args.force and not _written_by_envlock(out):
+    if out is not None:
+        from envlock.lock import write_target
+
+        write_target(out)  # a dangling link is refused before any index is asked
+    if out is not None and os.path.lexists(out) and not args.force and not written_by_envlock(out):
         # Someone's requirements.txt or job script: never replaced without being asked.
-        raise UsageError(f"refusing to overwrite {args.output}: it was not written by envlock export",
+        raise UsageError(f"refusing to overwrite {args.output}: it was not written by envlock export "
+                         "(it has no envlock-export marker)",
                          hint="pass --force to replace it, or choose another -o")
     text = render(args)
     if out is None:

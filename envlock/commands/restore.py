@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 def options(args: argparse.Namespace) -> Options:
     """The build options ``restore`` and ``run`` share."""
     from envlock.restore.context import Options
+    from envlock.restore.restore import image_name
 
     return Options(base=args.base, allow_unpinned_base=args.allow_unpinned_base,
                    skip_local=args.skip_local,
                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
                    index_url=args.index_url, venv=args.venv, python=args.python,
-                   allow_http=args.allow_http)
+                   allow_http=args.allow_http, image_name=image_name(Path(args.lock), args.name))
 
 
 def _report_build_failure(exc: Any) -> None:
@@ -53,7 +54,8 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
     try:
         return restore(lock, options, engine=engine, name=name,
                        workdir=Path(args.context_dir) if args.context_dir else None,
-                       verify=verify, use_cache=not args.no_cache, say=say, network=network)
+                       verify=verify, use_cache=not args.no_cache, say=say, network=network,
+                       quiet=args.quiet)
     except EnvlockError as exc:
         hint_earlier_image(exc, engine, tag)
         if isinstance(exc, BuildFailed):
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         opts = _pack_options(args, pack, options(args)) if pack else options(args)
         plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
-            say(f"note: {note}")
+            say(note if note.startswith("warning: ") else f"note: {note}")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
                          f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")

@@ -30,15 +30,19 @@ def run(args: argparse.Namespace) -> int:
         # replay should start fast.
         result = restore_image(args, lock, options(args), engine, verify=False)
         if not result.cached and not args.no_verify:
+            from envlock._render import verify_text
             from envlock.restore.restore import verify_image_for
 
             _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
+            report = verify_text(cmp, lock, f"{args.lock} inside {result.tag}")
             if not cmp.ok:
-                from envlock._render import verify_text
-
-                sys.stderr.write(verify_text(cmp, lock, f"{args.lock} inside {result.tag}"))
+                sys.stderr.write(report)
                 say("refusing to run in an image that does not match the lock (--no-verify overrides)")
                 return EXIT_DRIFT
+            # The verdict of the check just run, in verify's words, before the command's output.
+            sys.stderr.write(report.splitlines(keepends=True)[0])
+        elif not result.cached:
+            say(f"{result.tag} was built but not verified (--no-verify)")
         return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
                             os_packages_restored=result.plan.os_packages_restored)
 

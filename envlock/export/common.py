@@ -95,3 +95,46 @@ def gpu_count(lock: Lock, override: int | None) -> int:
 
 def job_name(lock: Lock) -> str:
     return "envlock-" + re.sub(r"[^a-z0-9]", "", lock.short_id.lower())
+
+
+# ---------------------------------------------------------------------------------------------
+# Proof of authorship. ``export -o FILE`` replaces FILE without --force only when envlock can
+# prove it wrote it: a line of its own, in the output's comment syntax, naming the format and the
+# lock ("# envlock-export format=slurm lock=0123456789ab"). A pyproject.toml depending on
+# envlock-ml, a job script running ``envlock verify`` or a README never holds that line. JSON has
+# no comments: a CycloneDX SBOM carries the same text as a metadata property, an in-toto
+# statement envlock's own predicate type.
+# ---------------------------------------------------------------------------------------------
+
+MARKER_WORD = "envlock-export"
+COMMENTED = ("pylock", "requirements", "apptainer", "k8s", "slurm")
+MARKER_PROPERTY = "envlock:export"
+_MARKER_RE = re.compile(r"# envlock-export format=([a-z0-9]+) lock=([0-9a-z]+)(?: .*)?")
+_HEAD_LINES = 8
+
+
+def marker(fmt: str, lock: Lock) -> str:
+    """The proof's text, without comment syntax."""
+    return f"{MARKER_WORD} format={fmt} lock={lock.short_id}"
+
+
+def stamp(fmt: str, lock: Lock, text: str) -> str:
+    """``text`` with the marker line near its top (after a ``#!`` line), for formats whose
+    language has ``#`` comments; JSON formats carry their proof themselves."""
+    if fmt not in COMMENTED:
+        return text
+    line = f"# {marker(fmt, lock)} (envlock export -o replaces this file only while this line is here)\n"
+    if text.startswith("#!"):
+        first, _, rest = text.partition("\n")
+        return f"{first}\n{line}{rest}"
+    return line + text
+
+
+def has_marker(head: str) -> bool:
+    """True when one of the first lines of ``head`` is envlock's marker line."""
+    return any(_MARKER_RE.fullmatch(line) for line in head.splitlines()[:_HEAD_LINES])
+
+
+def marker_property(value: object) -> bool:
+    """True for the value of a JSON export's marker property."""
+    return isinstance(value, str) and _MARKER_RE.fullmatch("# " + value) is not None

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import MissingExtra
+from envlock.export.common import marker
 from envlock.lock import Lock, Package
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def _lib() -> Any:
         import cyclonedx.model.bom as bom_mod
     except ModuleNotFoundError:
         raise MissingExtra("--to cyclonedx needs cyclonedx-python-lib",
-                           hint="pip install 'cyclonedx-python-lib>=11' next to envlock") from None
+                           hint="pip install 'envlock-ml[sbom]'") from None
     return bom_mod
 
 
@@ -68,6 +69,37 @@ def _package(pkg: Package, resolved: Resolved | None) -> Component:
         bom_ref=f"pypi:{pkg.name}", hashes=_hashes(shas),
         properties=_props([("source", pkg.source), ("installer", pkg.installer),
                            ("record_sha256", pkg.record_sha256)]))
+
+
+# purl types of the OS package managers (purl-spec): deb, apk, rpm.
+_OS_PURL_TYPE = {"dpkg": "deb", "apk": "apk", "rpm": "rpm"}
+
+
+def _os_packages(lock: Lock) -> list[Component]:
+    """The image's OS packages (``[os_packages]``): an SBOM of a container lists what the
+    package manager installed, not only the Python distributions."""
+    from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
+
+    from envlock.lock import split_os_spec
+
+    table = lock.os_packages
+    if table is None:
+        return []
+    kind = _OS_PURL_TYPE[table.manager]
+    distro = lock.platform.os_id or None
+    qualifiers = {"distro": f"{distro}-{lock.platform.os_version_id}"} \
+        if distro and lock.platform.os_version_id else {}
+    out = []
+    for spec in table.packages:
+        name, arch, version = split_os_spec(spec)
+        purl = PackageURL(type=kind, namespace=distro, name=name, version=version,
+                          qualifiers={**qualifiers, **({"arch": arch} if arch else {})} or None)
+        out.append(Component(name=name, version=version, type=ComponentType.LIBRARY, purl=purl,
+                             bom_ref=f"{kind}:{name}:{arch}",
+                             properties=_props([("os_package.manager", table.manager),
+                                                ("os_package.arch", arch)])))
+    return out
 
 
 def _stack(lock: Lock) -> list[Component]:
@@ -123,7 +155,8 @@ def _lock_properties(lock: Lock) -> list[Any]:
     return _props([("id", lock.short_id), ("fingerprint", lock.envlock.fingerprint), *knobs,
                    *((f"env.{k}", v) for k, v in d.env.items()),
                    ("seed", s.seed), ("python_hash_seed", s.python_hash_seed),
-                   ("git.commit", lock.git.commit if lock.git else None)])
+                   ("git.commit", lock.git.commit if lock.git else None)]) \
+        + _props([("export", marker("cyclonedx", lock))])  # envlock:export, proof of authorship
 
 
 def render(lock: Lock, resolved: list[Resolved] | None = None) -> str:
@@ -142,7 +175,7 @@ def render(lock: Lock, resolved: list[Resolved] | None = None) -> str:
                                properties=_lock_properties(lock))
     meta.tools.components.add(tool)
     stack = _stack(lock)
-    pkgs = [_package(p, by_name.get(p.name)) for p in lock.packages]
+    pkgs = [_package(p, by_name.get(p.name)) for p in lock.packages] + _os_packages(lock)
     bom = bom_mod.Bom(metadata=meta, components=[*stack, *pkgs],
                       serial_number=uuid.uuid5(_NS, lock.envlock.fingerprint or lock.short_id))
     bom.register_dependency(root, [*stack, *pkgs])

@@ -13,9 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -37,6 +35,7 @@ from packaging.version import InvalidVersion, Version
 from envlock.errors import IndexUnavailable, UsageError
 from envlock.probe.rules import REDACTED
 from envlock.probe.scrub import strip_index_url, strip_url, url_tokens
+from envlock.probe.statcache import cache_dir, read_cache, write_cache
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 TIMEOUT = 60.0
@@ -121,8 +120,6 @@ def redact(url: str) -> str:
 
 
 def cache_root() -> Path:
-    from envlock.probe.statcache import cache_dir
-
     return Path(cache_dir())
 
 
@@ -180,18 +177,6 @@ def parse_json(data: Any, page_url: str) -> list[IndexFile]:
         out.append(IndexFile(row["filename"], url, sha.lower() if sha else None, size,
                              bool(row.get("yanked"))))
     return out
-
-
-def _atomic_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class SimpleIndex:
@@ -279,13 +264,20 @@ class SimpleIndex:
     def files(self, name: str, version: Version) -> list[IndexFile]:
         """Every file of ``name`` at exactly ``version`` (local label included), hashed."""
         path = self._cache_path(name)
-        if path is not None and not self.refresh and path.is_file():
+        if path is not None and not self.refresh:
+            # Only the caller's own entry, naming this index and project, is trusted: one
+            # planted in a shared cache directory (or moved from another index) could give
+            # any hash.
+            raw = read_cache(str(path), MAX_PAGE, str(self.cache))
             try:
-                rows = [IndexFile(**r) for r in json.loads(path.read_text(encoding="utf-8"))]
-                hit = [f for f in rows if f.version == version]
-                if hit and all(f.sha256 for f in hit):
-                    return hit
-            except (OSError, ValueError, TypeError):
+                entry = json.loads(raw) if raw is not None else None
+                if isinstance(entry, dict) and entry.get("index") == self.url \
+                        and entry.get("project") == name:
+                    rows = [IndexFile(**r) for r in entry["files"]]
+                    hit = [f for f in rows if f.version == version]
+                    if hit and all(f.sha256 for f in hit):
+                        return hit
+            except (ValueError, TypeError, KeyError, RecursionError):
                 pass  # a broken cache entry is refetched and overwritten
         rows = self._fetch(name)
         hit = [f for f in rows if f.version == version and not f.yanked] or \
@@ -294,7 +286,8 @@ class SimpleIndex:
         if path is not None and rows:
             done = {f.filename: f for f in hit}
             keep = [done.get(f.filename, f) for f in rows]
-            _atomic_json(path, [f.__dict__ for f in keep])
+            write_cache(str(path), {"index": self.url, "project": name,
+                                    "files": [f.__dict__ for f in keep]}, str(self.cache))
         return hit
 
     def _hash_download(self, f: IndexFile) -> IndexFile:

@@ -8,8 +8,13 @@ the installer's own configuration, as the user's pip or uv would pick it.
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 
+from envlock._escape import comment
+from envlock._textsafe import safe
+from envlock.errors import UsageError
 from envlock.export.artifacts import Resolved, default_index
 from envlock.export.index import public
 from envlock.lock import Lock
@@ -20,14 +25,30 @@ def _hashes(r: Resolved) -> list[str]:
     return [f"    --hash=sha256:{a.sha256}" for a in r.artifacts]
 
 
+def _find_links(wheelhouse: Path, relative_to: Path | None) -> str:
+    """The wheelhouse as pip reads it from the file: relative to the file's directory when the
+    file is written somewhere (pip and uv resolve it from there, so the pair can move together),
+    quoted as pip splits option lines (shlex)."""
+    path = str(wheelhouse)
+    if relative_to is not None:
+        path = os.path.relpath(wheelhouse, relative_to)
+    if any(c in path for c in "\r\n\0"):
+        raise UsageError(f"--wheelhouse {safe(path)}: a path with a line break cannot be written "
+                         "into a requirements file")
+    return shlex.quote(path)
+
+
 def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = None,
-           wheelhouse: Path | None = None) -> str:
+           wheelhouse: Path | None = None, relative_to: Path | None = None,
+           filename: str = "requirements.txt") -> str:
+    """``relative_to``: the directory the file goes to (None: stdout); ``filename`` its name,
+    for the install line of the header."""
     head = [f"# pip requirements exported from envlock {lock.short_id} ({lock.envlock.fingerprint})",
             f"# python {lock.python.version} on {lock.platform.os} {lock.platform.machine}",
-            "# install: pip install --require-hashes -r requirements.txt"]
+            f"# install: pip install --require-hashes -r {comment(shlex.quote(filename))}"]
     opts: list[str] = []
     if wheelhouse is not None:
-        opts += ["--no-index", f"--find-links {wheelhouse}"]
+        opts += ["--no-index", f"--find-links {_find_links(wheelhouse, relative_to)}"]
     else:
         if main_index:
             opts.append(f"--index-url {public(main_index)}")

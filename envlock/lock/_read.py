@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from envlock._textsafe import safe
 from envlock._version import __version__
 from envlock.errors import LockInvalid
 from envlock.lock._lock import Lock
@@ -21,9 +22,24 @@ from envlock.lock._seal import check_seal
 from envlock.lock._text import parse_toml, read_text
 
 
-def _first_error(exc: ValidationError) -> str:
+def _where(loc: tuple[Any, ...], data: Any) -> str:
+    """``packages.14.version (package torch)``: the path of the field, and the name of the row
+    it is in when it has one (the user edits the lock by package, not by index)."""
+    node, named = data, None
+    for key in loc:
+        if isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+            name = node.get("name") if isinstance(node, dict) else None
+            named = name if isinstance(name, str) and name else named
+        else:
+            node = node.get(key) if isinstance(node, dict) else None
+    where = ".".join(safe(p) for p in loc) or "(document)"
+    return f"{where} (package {safe(named[:80])})" if named else where
+
+
+def _first_error(exc: ValidationError, data: Any = None) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(document)"
+    loc = _where(tuple(err["loc"]), data)
     extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -46,7 +62,7 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
     try:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
-        raise LockInvalid(f"{name} does not match the lock schema: {_first_error(exc)}") from None
+        raise LockInvalid(f"{name} does not match the lock schema: {_first_error(exc, data)}") from None
     except RecursionError:
         raise LockInvalid(f"{name} does not match the lock schema: values nest too deeply") from None
     if verify_seal:

@@ -167,9 +167,18 @@ def write_target(path: Path) -> Path:
 
     Replacing a symbolic link by a regular file would silently cut it from where it pointed
     (a lock kept in a shared directory); the target is updated instead, and callers say so.
+    A dangling link is refused (UsageError): its target may be anywhere (``/etc/cron.d/x``,
+    another user's directory), and creating it is not what ``-o`` asked for.
     """
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    if not path.is_symlink():
+        return path
+    target = Path(os.path.realpath(path))
+    if not target.exists():
+        raise UsageError(f"refusing to write {path}: it is a symbolic link to {target}, which does "
+                         "not exist (envlock never creates a link's target)",
+                         hint="remove the link or give another file name")
+    return target
 
 
 def atomic_write(path: Path, text: str) -> Path:

@@ -13,10 +13,10 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import source
-from .files import atomic_json, read_text, sha256
+from .files import read_text, sha256
 from .packages import path_entries
 from .rules import canonicalize_name
-from .statcache import RecordDigests, cache_dir, prune, scan_record
+from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record, write_cache
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
@@ -136,11 +136,12 @@ def _cache_path(key: str) -> str:
 
 
 def cache_read(key: str) -> Optional[Dict[str, Any]]:
-    """The facts stored under ``key``; None for a miss, a corrupt or a foreign entry."""
+    """The facts stored under ``key``; None for a miss, a corrupt entry, one of another key or
+    one the caller does not own (``statcache.read_cache``)."""
+    data = read_cache(_cache_path(key), 1 << 22)
     try:
-        with open(_cache_path(key), "rb") as fh:
-            entry = json.loads(fh.read(1 << 22).decode("utf-8"))
-    except (OSError, ValueError):
+        entry = json.loads(data.decode("utf-8")) if data is not None else None
+    except (ValueError, RecursionError):
         return None
     if (not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT
             or entry.get("key") != key or not isinstance(entry.get("facts"), dict)):
@@ -154,5 +155,5 @@ def cache_read(key: str) -> Optional[Dict[str, Any]]:
 def cache_write(key: str, facts: Dict[str, Any]) -> None:
     """Concurrent writers of one key write the same bytes, so whichever rename lands last is
     right. The oldest entries beyond CACHE_MAX_ENTRIES go. Never raises."""
-    if atomic_json(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
+    if write_cache(_cache_path(key), {"format": CACHE_FORMAT, "key": key, "facts": facts}):
         prune("torch-facts-", CACHE_MAX_ENTRIES)

@@ -129,7 +129,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     if gpu:
         if gpu[0] is not None:
             doc["gpu"] = gpu[0]
-        else:
+        elif gpu[1]:  # None: no NVIDIA driver on this host, which is no error
             errors["gpu"] = gpu[1]
     doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
     doc["env"] = guard("env", collect_env) or {}

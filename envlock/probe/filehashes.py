@@ -28,7 +28,8 @@ One JSON file per environment (``sys.prefix`` and its site directories, hashed i
 beside the torch facts: json because its C parser reads a torch venv's 17,600 entries (3.5 MB)
 faster than a line format split in Python, and a file someone else wrote cannot run code (pickle and marshal are out). Written through a temp file and a rename (last
 writer wins, never a torn file); a file that is unreadable, truncated, of another format or
-shape, or owned by another user is ignored and rewritten. Stdlib only, Python >= 3.8; never
+shape is ignored and rewritten; one another user owns or could write, or in a directory that
+is not the caller's own, is neither read nor written (``statcache.read_cache``). Stdlib only, Python >= 3.8; never
 raises.
 """
 
@@ -41,8 +42,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .files import atomic_json
-from .statcache import SETTLE_NS, Clock, cache_dir, prune, stat_key
+from .statcache import SETTLE_NS, Clock, cache_dir, prune, read_cache, stat_key, write_cache
 
 FORMAT = 1
 KIND = "envlock-file-hashes"
@@ -67,17 +67,14 @@ def load(path: str, prefix: str, sites: List[str]) -> Dict[str, Any]:
 
     Entries are checked one by one where they are used (``FileHashes.lookup``), not here:
     one pass over 25,000 of them would cost as much as the parse."""
+    # Someone else's file (planted in a shared $ENVLOCK_CACHE_DIR) could vouch for any edited
+    # file: only the caller's own, in a directory of its own, is read (``read_cache``).
+    raw = read_cache(path, MAX_BYTES, os.path.dirname(path))
+    if raw is None:
+        return {}
     try:
-        with open(path, "rb") as fh:
-            # Someone else's file (planted in a shared $ENVLOCK_CACHE_DIR before ours existed:
-            # a sticky /tmp would not let us replace it) could vouch for any edited file.
-            if hasattr(os, "getuid") and os.fstat(fh.fileno()).st_uid != os.getuid():
-                return {}
-            raw = fh.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
-            return {}
         data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
         return {}
     if (not isinstance(data, dict) or data.get("kind") != KIND or data.get("format") != FORMAT
             or data.get("prefix") != prefix or data.get("sites") != sites):
@@ -161,7 +158,7 @@ class FileHashes:
         entries = _bounded(self.keep)
         doc = {"kind": KIND, "format": FORMAT, "prefix": sys.prefix, "sites": self.sites,
                "entries": entries}
-        if not atomic_json(self.path, doc):
+        if not write_cache(self.path, doc, os.path.dirname(self.path)):
             return False
         prune(_PREFIX, MAX_ENVIRONMENTS, os.path.dirname(self.path))
         return True

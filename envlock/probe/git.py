@@ -57,6 +57,7 @@ class GitJob:
     def __init__(self, cwd: str, timeout: float, exclude: Sequence[str] = ()) -> None:
         env = _git_env()
         git = os.environ.get("ENVLOCK_GIT", "git")
+        self.cwd, self.timeout, self.env, self.git = cwd, timeout, env, git
         spec = _git_pathspec(cwd, exclude)
         self.rev = Proc([git, "rev-parse", "HEAD", "--abbrev-ref", "HEAD"], timeout, cwd, env)
         self.status = Proc([git, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec],
@@ -64,6 +65,19 @@ class GitJob:
         self.diff = Proc([git, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary", *spec],
                           timeout, cwd, env)
         self.remote = Proc([git, "config", "--get", "remote.origin.url"], timeout, cwd, env)
+
+    def _unborn_branch(self) -> Optional[str]:
+        """The branch of a repository whose HEAD names a branch with no commit yet ("" when
+        it has no usable name); None when that is not why ``rev-parse HEAD`` failed."""
+        rc, out, _ = Proc([self.git, "symbolic-ref", "-q", "--short", "HEAD"], self.timeout,
+                          self.cwd, self.env).result()
+        if rc != 0:
+            return None
+        rc, _, _ = Proc([self.git, "rev-parse", "-q", "--verify", "HEAD"], self.timeout,
+                        self.cwd, self.env).result()
+        if rc == 0:
+            return None  # HEAD resolves: the failure was something else
+        return out.decode("utf-8", "replace").strip()
 
     def collect(self) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         rc, out, err = self.rev.result()
@@ -75,11 +89,17 @@ class GitJob:
                 return None, err
             if "not a git repository" in err.lower():
                 return None, "not a git repository"
-            return None, "git rev-parse failed: %s" % (err or "exit %s" % rc)
-        lines = out.decode("utf-8", "replace").split()
-        info: Dict[str, Any] = {"commit": lines[0] if lines else None}
-        if len(lines) > 1 and lines[1] != "HEAD":
-            info["branch"] = lines[1]
+            unborn = self._unborn_branch()
+            if unborn is None:
+                return None, "git rev-parse failed: %s" % (err or "exit %s" % rc)
+            # A repository with no commit yet (``git init``, nothing committed): no commit to
+            # record, which is a fact about it, not a failure; its files are all untracked.
+            info: Dict[str, Any] = {"branch": unborn} if unborn else {}
+        else:
+            lines = out.decode("utf-8", "replace").split()
+            info = {"commit": lines[0] if lines else None}
+            if len(lines) > 1 and lines[1] != "HEAD":
+                info["branch"] = lines[1]
         rc, out, err = self.status.result()
         untracked: List[str] = []
         if rc == 0:

@@ -167,6 +167,16 @@ def _nvml_words(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+# The kernel driver's own file: present wherever an NVIDIA driver is loaded (and passed into a
+# container with GPUs); absent on a host that has none.
+DRIVER_PROC = "/proc/driver/nvidia/version"
+
+
+def _library_missing(exc: BaseException) -> bool:
+    """NVML's library could not be loaded (ctypes' OSError, nvidia-ml-py's LibraryNotFound)."""
+    return isinstance(exc, OSError) or type(exc).__name__ == "NVMLError_LibraryNotFound"
+
+
 def nvml_timeout_from_env() -> float:
     """Seconds the NVML watchdog waits: ``$ENVLOCK_NVML_TIMEOUT``, else the default."""
     return float(os.environ.get("ENVLOCK_NVML_TIMEOUT", DEFAULT_NVML_TIMEOUT))
@@ -181,6 +191,7 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
             box["info"] = _nvml_query()
         except Exception as exc:
             box["error"] = _nvml_words(exc)
+            box["no_library"] = _library_missing(exc)
 
     thread = threading.Thread(target=work, name="envlock-nvml", daemon=True)
     thread.start()
@@ -189,6 +200,10 @@ def collect_gpu(torch: Any, timeout: float) -> Tuple[Optional[Dict[str, Any]], O
         nvml_error = "NVML did not answer within %gs" % timeout
     elif "info" in box:
         return _hash_uuids(box["info"]), None
+    elif box.get("no_library") and not os.path.exists(DRIVER_PROC):
+        # No NVIDIA driver at all (a CPU host, a container started without GPUs): no GPU is the
+        # answer, not an error to print on every show.
+        nvml_error = None
     else:
         nvml_error = "NVML unavailable: %s" % box.get("error", "unknown")
     if torch is not None and quiet(lambda: torch.cuda.is_available()):

@@ -51,19 +51,29 @@ def spec(name: str, arch: str, version: str) -> Optional[str]:
 _DPKG_FIELD_RE = r"(?m)^(Package|Status|Version|Architecture|Source): *([^\n]*)$"
 
 
+# dpkg's package states (the third word of Status) in which the package's files are there.
+_DPKG_PRESENT = frozenset(("installed", "triggers-awaited", "triggers-pending", "half-configured",
+                           "unpacked", "half-installed"))
+
+
 def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
     """Installed packages of a dpkg status file: name, version, arch (and source if it differs).
 
-    Only stanzas whose Status is ``install ok installed``: a removed package keeps a stanza
-    (``deinstall ok config-files``) while its files are gone. One regex pass over the whole file:
-    fields start a line, and continuation lines start with a space and never match.
+    Every stanza whose files are on disk, whatever is wanted of it (``hold`` and ``deinstall``
+    are wishes): installed, waiting on triggers, or caught mid-install by the capture (dpkg -l
+    ``iU``, ``iF``, ``iH``: unpacked, half-configured, half-installed), which is the version
+    being installed, not a removed package. Not those whose files are gone: a removed package
+    keeps a stanza (``deinstall ok config-files``), and ``not-installed``. One regex pass over
+    the whole file: fields start a line, and continuation lines start with a space and never
+    match.
     """
     out: List[Dict[str, str]] = []
     fields: Dict[str, str] = {}
 
     def flush() -> None:
         name, version = fields.get("Package"), fields.get("Version")
-        if fields.get("Status", "").strip() != "install ok installed" or not name or not version:
+        status = fields.get("Status", "").split()
+        if len(status) != 3 or status[2] not in _DPKG_PRESENT or not name or not version:
             return
         pkg = {"name": name.strip(), "version": version.strip(),
                "arch": (fields.get("Architecture") or "all").strip()}

@@ -155,9 +155,13 @@ def unreadable(section: str, error: str, item: Optional[str] = None) -> Dict[str
 
 
 
+# envlock's mark on the processes of one probe run (``_probeproc.leftovers``): not environment.
+PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
+
+
 def env_allowed(name: str) -> bool:
     """True for the variables ``[env]`` records (see ENV_PREFIXES and ENV_NAMES)."""
-    return name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name != PROBE_RUN_VAR
 
 
 def recorded_name(name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -28,6 +29,94 @@ def cache_dir() -> str:
         return override
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "envlock")
+
+
+# ---------------------------------------------------------------------------------------------
+# Whose cache. An entry vouches for a file (its hash, its torch build, its packages), so it is
+# trusted only when the caller wrote it: the cache directory, every directory between it and an
+# entry, and the entry itself must be the caller's own and writable by nobody else. A shared or
+# world-writable directory (``ENVLOCK_CACHE_DIR=/shared`` with mode 0777) is neither read nor
+# written: another user could plant or swap entries there. Each entry also names what it
+# describes (its key, its file's stat), so an entry of ours moved under another name is a miss.
+# ---------------------------------------------------------------------------------------------
+
+
+def private(st: os.stat_result) -> bool:
+    """The caller's own and writable by no one else (POSIX only: elsewhere caches are off)."""
+    return hasattr(os, "getuid") and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def refusal(directory: Optional[str] = None, path: Optional[str] = None) -> Optional[str]:
+    """Why the cache directory (and every directory from it down to ``path``'s parent) cannot
+    be trusted, or None when it can. A missing directory is no refusal: it will be ours."""
+    root = os.path.abspath(directory or cache_dir())
+    dirs = [root]
+    if path is not None:
+        parent = os.path.dirname(os.path.abspath(path))
+        while parent != root and parent.startswith(root + os.sep):
+            dirs.append(parent)
+            parent = os.path.dirname(parent)
+    for one in dirs:
+        try:
+            st = os.stat(one)  # a link to a directory of one's own is one's own
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return "%s is not a directory" % one
+        if not hasattr(os, "getuid"):
+            return "no file ownership on this system"
+        if st.st_uid != os.getuid():
+            return "%s belongs to uid %d, not to this user" % (one, st.st_uid)
+        if st.st_mode & 0o022:
+            return "%s is writable by other users (mode %o)" % (one, stat.S_IMODE(st.st_mode))
+    return None
+
+
+def read_cache(path: str, limit: int, directory: Optional[str] = None) -> Optional[bytes]:
+    """The bytes of the cache entry ``path`` when the caller owns it and its directories (see
+    above), it is a regular file (not a link, not a FIFO) and at most ``limit`` bytes; else
+    None. The one check every cache reader goes through."""
+    if refusal(directory, path) is not None:
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not private(st) or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return data if len(data) <= limit else None
+
+
+def write_cache(path: str, data: Any, directory: Optional[str] = None) -> bool:
+    """``atomic_json`` into a cache directory that passes the check above (created private when
+    missing); False, writing nothing, when it does not."""
+    missing = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != os.path.dirname(parent) and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        for one in reversed(missing):  # each level private (makedirs gives only the last one)
+            try:
+                os.mkdir(one, 0o700)
+            except FileExistsError:
+                pass
+    except OSError:
+        return False
+    if refusal(directory, path) is not None:
+        return False
+    return atomic_json(path, data)
 
 
 def prune(prefix: str, keep: int, directory: Optional[str] = None) -> None:
@@ -101,14 +190,14 @@ def _valid_key(value: Any) -> bool:
 
 
 def _read_entry(path: str, limit: int) -> Any:
-    """The JSON at ``path``; None when missing, unreadable, corrupt or too big."""
+    """The JSON at ``path``; None when missing, unreadable, corrupt, too big or not the caller's
+    own (``read_cache``)."""
+    data = read_cache(path, limit)
+    if data is None:
+        return None
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-        if len(data) > limit:
-            return None
         return json.loads(data.decode("utf-8"))
-    except (OSError, ValueError):
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
         return None
 
 
@@ -185,7 +274,7 @@ class RecordDigests:
         for store in (self.entries, self.scans):
             for path in [p for p in store if p not in self.used and not os.path.exists(p)]:
                 del store[path]
-        atomic_json(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
+        write_cache(self.path, {"format": RECORDS_FORMAT, "entries": self.entries,
                                 "scans": self.scans})
         self.dirty = False
 
@@ -267,7 +356,7 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None,
         db = ospkgs.load(root, run)
         if db is not None and db.manager in ("dpkg", "apk") \
                 and all(settled(st, now_ns) for st in stats if st is not None):
-            atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
+            write_cache(path, {"format": OSPKGS_FORMAT, "key": key, "manager": db.manager,
                                "packages": db.packages, "apk_dirs": db.apk_dirs,
                                "specs": db.specs()})
     if db is not None:
@@ -324,7 +413,7 @@ def dpkg_owners(info_dir: str, wanted: Set[str], now_ns: Clock = time.time_ns) -
     done = [(name, st) for name, st in reads if st is not None]
     if len(done) == len(reads) and settled(listing, now_ns) \
             and all(settled(st, now_ns) for _, st in done) \
-            and atomic_json(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
+            and write_cache(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
                                    "reads": [[name, stat_key(st)] for name, st in done],
                                    "found": found}):
         prune("ospkgs-owners-", OWNERS_MAX_ENTRIES)  # one per set of system distributions

@@ -9,7 +9,7 @@ before calling ``plan()``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -65,6 +65,9 @@ class Options:
     # lock's own base by its id): the comparison then treats it as that origin.
     base_origin: BaseOrigin | None = None
     base_display: str | None = None
+    # The <name> of the envlock/<name>:<id> tag restore builds (``restore.image_name``), so the
+    # Dockerfile's rebuild line names the tag that is built.
+    image_name: str = "env"
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Plan:
     # pip/setuptools/wheel with no wheel offline: the base's ensurepip copy stays, as `bundle`
     # announces, and verification reports its version as info.
     base_tooling: tuple[str, ...] = ()
+    image_name: str = "env"  # Options.image_name
 
     @property
     def os_packages_restored(self) -> bool:
@@ -260,6 +264,20 @@ class _Sorted:
     from_wheel: list[str] = field(default_factory=list)
 
 
+def unproven(packages: Iterable[Package]) -> list[str]:
+    """``name version`` of the rows nothing in the lock can check a file against: no hash, no
+    archive hash, no record_sha256 (a lock from an environment whose RECORD was missing). A
+    VCS row is pinned by its commit. Whatever file an index or a wheelhouse gives for the
+    others is installed unchecked, so restore and bundle name them."""
+    return [f"{p.name} {p.version}" for p in packages
+            if not (p.hashes or p.archive_hash or p.record_sha256) and p.source != "vcs"]
+
+
+def unproven_warning(rows: Sequence[str]) -> str:
+    return (f"warning: nothing in the lock checks the files installed for {', '.join(rows)} (no hash, no "
+            "record_sha256): a swapped wheel would go unnoticed")
+
+
 def _layer_of(name: str) -> LayerName:
     if name in TOOLING:
         return "tooling"
@@ -398,6 +416,10 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     base_python = values.interpreter(options.python) if options.python else "python3"
     os_install = ospackages.plan_os(lock, venv, notes)
     sorted_ = _sort_packages(lock, options, base, offline, os_install, notes)
+    installed = {r.name for reqs in sorted_.layers.values() for r in reqs}
+    unchecked = unproven(p for p in lock.packages if p.name in installed)
+    if unchecked:
+        notes.append(unproven_warning(unchecked))
     layers = _layers(sorted_, options, offline, lock)
     wheels: dict[str, tuple[Path, ...]] = {}
     base_tooling: tuple[str, ...] = ()
@@ -408,4 +430,5 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 base_python=base_python, venv=venv, layers=tuple(layers),
                 remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
-                notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install)
+                notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
+                image_name=options.image_name)

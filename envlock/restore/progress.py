@@ -17,28 +17,59 @@ class Progress(Protocol):
     def close(self) -> None: ...
 
 
-class PlainProgress:
-    """One line per build output line: for logs and pipes."""
+class _Counted:
+    """What every progress ends with: one summary line of the build (steps, lines of output)."""
 
     def __init__(self, stream: Any = None) -> None:
         self.stream = stream or sys.stderr
+        self.steps = self.total = self.lines = 0
+
+    def count_step(self, number: int, total: int) -> None:
+        self.steps, self.total = max(self.steps, number), max(self.total, total)
+
+    def summary(self) -> str:
+        steps = f"{self.steps}/{self.total} steps" if self.total else "no steps"
+        return f"envlock: build: {steps}, {self.lines} lines of output (all in build.log)\n"
+
+
+class PlainProgress(_Counted):
+    """One line per build output line: for logs and pipes."""
 
     def step(self, number: int, total: int, text: str) -> None:
+        self.count_step(number, total)
         self.stream.write(f"[{number}/{total}] {text}\n")
         self.stream.flush()
 
     def line(self, text: str) -> None:
+        self.lines += 1
         self.stream.write(f"    {text}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        return None
+        self.stream.write(self.summary())
+        self.stream.flush()
 
 
-class RichProgress:
+class QuietProgress(_Counted):
+    """``--quiet``: nothing while it builds, the summary line at the end (a failed build still
+    shows the log's last lines, and build.log keeps all of it)."""
+
+    def step(self, number: int, total: int, text: str) -> None:
+        self.count_step(number, total)
+
+    def line(self, text: str) -> None:
+        self.lines += 1
+
+    def close(self) -> None:
+        self.stream.write(self.summary())
+        self.stream.flush()
+
+
+class RichProgress(_Counted):
     """A live status line on a terminal: steps stay, the step's output scrolls in one line."""
 
     def __init__(self) -> None:
+        super().__init__()
         from rich.console import Console
 
         self.console = Console(stderr=True, highlight=False)
@@ -49,6 +80,7 @@ class RichProgress:
     def step(self, number: int, total: int, text: str) -> None:
         from rich.markup import escape
 
+        self.count_step(number, total)
         self.current = f"[{number}/{total}]"
         self.console.print(f"[bold cyan]{self.current}[/] {escape(text[:160])}")
         self.status.update(f"{self.current} {escape(text[:80])}")
@@ -56,14 +88,19 @@ class RichProgress:
     def line(self, text: str) -> None:
         from rich.markup import escape
 
+        self.lines += 1
         self.status.update(f"{self.current} [dim]{escape(text[:100])}[/]")
 
     def close(self) -> None:
         self.status.stop()
+        self.stream.write(self.summary())
+        self.stream.flush()
 
 
-def make_progress(stream: Any = None) -> Progress:
+def make_progress(stream: Any = None, *, quiet: bool = False) -> Progress:
     stream = stream or sys.stderr
+    if quiet:
+        return QuietProgress(stream)
     if stream.isatty() and not os.environ.get("ENVLOCK_PLAIN_PROGRESS"):
         return RichProgress()
     return PlainProgress(stream)

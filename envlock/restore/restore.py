@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock.errors import NotRestorable
+from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
 from envlock.probe import imageref
 from envlock.restore import context as ctx
@@ -116,7 +116,7 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
             workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
             use_cache: bool = True, say: Callable[[str], None] = lambda s: None,
-            network: bool = True) -> RestoreResult:
+            network: bool = True, quiet: bool = False) -> RestoreResult:
     """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside.
 
     ``network=False`` builds with the engine's network ``none`` (a pack: everything the build
@@ -124,14 +124,26 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
+    options = dataclasses.replace(options, image_name=name)  # the tag the Dockerfile names
     plan, rendered = prepare(lock, options, engine)
     for note in plan.notes:
-        say(f"note: {note}")
+        say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
     key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
-    workdir = Path(workdir) if workdir else cache_dir() / f"{name}-{lock.short_id}"
+    if workdir is None:
+        workdir = cache_dir() / f"{name}-{lock.short_id}"
+        # What is built is what is in the context: in a directory others can write, another
+        # user could swap a requirement file between envlock's write and the engine's read.
+        from envlock.probe.statcache import refusal
+
+        why = refusal(path=str(workdir / "context" / "Dockerfile"))
+        if why:
+            raise UsageError(f"refusing to build in the cache directory: {why}",
+                             hint="pass --context-dir DIR (a directory of your own), or make the "
+                                  "cache directory yours and private (chmod 700)")
+    workdir = Path(workdir)
     context_dir = workdir / "context"
     labels = {dockerfile.LABEL_CONTEXT: key}
     t0 = time.monotonic()
@@ -149,7 +161,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
         build_kw = {} if network else {"network": False}
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                progress=progress or make_progress(), **build_kw)
+                                progress=progress or make_progress(quiet=quiet), **build_kw)
         cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)

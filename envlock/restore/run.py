@@ -24,6 +24,7 @@ from envlock.lock import Lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
+from envlock.runtime.common import WORKERS_ENV
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
@@ -143,6 +144,17 @@ def _jupyter(lock: Lock, python: str, ports: dict[str, tuple[str, int]], env: di
     return command, ports
 
 
+def process_variables(lock: Lock) -> dict[str, str]:
+    """What the recorded process set itself and ``run`` sets again: its numerics variables
+    (``numerics_env``) and whether seed_everything() seeded DataLoader workers
+    (``ENVLOCK_SEED_WORKERS``, recorded in ``[env]``), as one of its two meanings."""
+    env = numerics_env(lock, process=True)
+    workers = lock.env.get(WORKERS_ENV)
+    if workers is not None and WORKERS_ENV in lock.determinism.process_env:
+        env[WORKERS_ENV] = "0" if workers == "0" else "1"
+    return env
+
+
 def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
                  *, python: str, os_packages_restored: bool = True) -> int:
     """Run the command (or JupyterLab) and return its exit code.
@@ -154,7 +166,7 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     # The process state the lock recorded as variables (CUBLAS_WORKSPACE_CONFIG set by
     # deterministic(), ENVLOCK_SEED by seed_everything(), which seed_everything() with no
     # argument reads back); the image itself carries only what was set before start.
-    env = numerics_env(lock, process=True)
+    env = process_variables(lock)
     env.update({"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"})
     if not os_packages_restored:
         env[OS_FROM_BASE_ENV] = "base"

@@ -29,11 +29,11 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from envlock.errors import BadWheel, HashMismatch, NotRestorable, UsageError
+from envlock.errors import BadWheel, EnvlockError, HashMismatch, NotRestorable, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
-from envlock.restore.context import TOOLING, torch_label
+from envlock.restore.context import TOOLING, torch_label, unproven
 from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"
@@ -258,6 +258,7 @@ class BundleResult:
     files: tuple[tuple[str, str, str, str], ...]  # (name, version, filename, sha256)
     missing_tooling: tuple[str, ...]
     skipped: tuple[str, ...]
+    unproven: tuple[str, ...] = ()  # bundled, but nothing in the lock checks their files
 
 
 def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
@@ -352,6 +353,17 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
     """
     wanted, skipped = _wanted(lock, skip_local)
     out = Path(out)
+    try:
+        return _bundle(lock, out, wanted, skipped, source=source, index_url=index_url,
+                       pip_find_links=pip_find_links, allow_http=allow_http)
+    except OSError as exc:  # a read-only or full directory: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise EnvlockError(f"cannot write the bundle to {out}: {exc.strerror or exc}{where}") from None
+
+
+def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
+            source: Path | None, index_url: str | None, pip_find_links: Path | None,
+            allow_http: bool) -> BundleResult:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".envlock-bundle-", dir=out) as tmp:
         staging = Path(tmp)
@@ -384,4 +396,5 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
             shutil.move(str(staging / fname), str(out / fname))
     write_manifest(out, lock, [{"name": n, "version": v, "filename": f, "sha256": h}
                                for n, v, f, h in rows])
-    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped))
+    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
+                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))))

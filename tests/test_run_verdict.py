@@ -1,0 +1,53 @@
+"""``envlock run`` after a build says what the check inside the new image found (verify's own
+head line) before the command's output; a run with --no-verify says it was not checked."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import LockFactory
+
+from envlock._compare import compare
+from envlock.commands import main
+from envlock.lock import save
+from envlock.restore import endpoint
+from envlock.restore import restore as restore_mod
+from envlock.restore import run as run_mod
+from envlock.restore.context import Options, plan
+
+
+@pytest.fixture
+def fake_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    lock = restore_lock(packages=[("six", "1.17.0")])
+    path = save(lock, tmp_path / "env.lock")
+    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
+
+    @contextlib.contextmanager
+    def connect(_: Any) -> Iterator[object]:
+        yield object()
+
+    def restore_image(*_: Any, **__: Any) -> restore_mod.RestoreResult:
+        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
+                                         cached=False, seconds=1.0, comparison=None, size=None)
+
+    monkeypatch.setattr(endpoint, "connect", connect)
+    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
+    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare(lock, lock)))
+    monkeypatch.setattr(run_mod, "run_in_image", lambda *a, **k: 0)
+    return path
+
+
+def test_a_verified_build_prints_the_verdict(fake_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(fake_run), "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert f"{fake_run} inside envlock/x:1 (id " in err and err.count("\n") == 1, err
+
+
+def test_twin_no_verify_says_it_was_not_checked(fake_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(fake_run), "--no-verify", "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert "built but not verified (--no-verify)" in err and "inside" not in err
