@@ -255,8 +255,10 @@ def test_start_up_output_does_not_break_the_probes_channel(tmp_path: Path,
 
 
 def _fake_python(root: Path, body: str) -> Path:
+    """A program that answers envlock's version question as a Python would (so the failure
+    reported is the probe's answer, not "not a Python") and prints ``body`` as the probe."""
     path = root / "fake-python"
-    path.write_text("#!/bin/sh\n" + body)
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exec {sys.executable} \"$@\"; fi\n" + body)
     path.chmod(0o755)
     return path
 
