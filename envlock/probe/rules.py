@@ -106,9 +106,14 @@ def canonicalize_name(name: str) -> str:
 
 
 
+# Set by envlock for one run, never part of an environment: the replay journal's path (a fresh
+# temporary path every run) would give a capture inside a recorded run another lock.
+ENV_NOT_RECORDED = ("ENVLOCK_RECORD",)
+
+
 def env_allowed(name: str) -> bool:
     """True for the variables ``[env]`` records (see ENV_PREFIXES and ENV_NAMES)."""
-    return name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name not in ENV_NOT_RECORDED
 
 
 def recorded_name(name: str) -> bool:

@@ -38,6 +38,8 @@ class RunOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     ports: Sequence[str] = ()
     jupyter: bool = False
+    # (host path, container path, read-only): the replay record's journal directory.
+    mounts: Sequence[tuple[str, str, bool]] = ()
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -172,7 +174,7 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
     spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
-                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False)], gpus=gpus, ports=ports)
+                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False), *opts.mounts], gpus=gpus, ports=ports)
 
     def out(data: bytes) -> None:
         sys.stdout.buffer.write(data)
