@@ -224,23 +224,28 @@ def test_record_without_the_variable_does_nothing(tmp_path: Path, monkeypatch: p
 
 
 def test_record_writes_the_capture_then_one_line_per_call(journal: Path) -> None:
+    import hashlib
+
     import numpy as np
     import torch
 
     import envlock
 
     weights = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    envlock.record(5, half=torch.ones(3, dtype=torch.bfloat16), empty=torch.zeros(0))
+    steps_before = 1
     envlock.record(0, loss=torch.tensor(0.1, dtype=torch.float32), lr=0.01, step_ok=True)
     envlock.record(1, w=weights, a=np.arange(4, dtype=np.int64), n=np.int64(3), f=np.float32(0.5))
     lines = journal.read_text().splitlines()
-    assert len(lines) == 3 and "capture" in json.loads(lines[0])
+    assert len(lines) == 3 + steps_before and "capture" in json.loads(lines[0])
     steps, context = read_journal(journal)
+    half = steps.pop(0).metrics["half"]
+    assert isinstance(half, TensorDigest) and half.dtype == "bfloat16" and half.mean == 1.0
+    assert half.sha256 == hashlib.sha256(b"\x80\x3f" * 3).hexdigest()  # bf16 1.0 is 0x3f80
     loss = steps[0].metrics["loss"]
     assert isinstance(loss, float) and loss.hex() == float(torch.tensor(0.1, dtype=torch.float32)).hex()
     w = steps[1].metrics["w"]
     assert isinstance(w, TensorDigest) and w.dtype == "float32" and w.shape == [2, 3] and w.mean == 2.5
-    import hashlib
-
     assert w.sha256 == hashlib.sha256(weights.numpy().tobytes()).hexdigest()
     a = steps[1].metrics["a"]
     assert isinstance(a, TensorDigest) and a.dtype == "int64" and a.shape == [4]
@@ -450,6 +455,10 @@ def test_bad_inputs_and_options_are_exit_2(project: Path, capsys: pytest.Capture
     assert main(["record", "r.record", "--input", "nothing-here", "--", sys.executable, "-c", "pass"]) == 2
     assert "cannot be read" in capsys.readouterr().err
     assert main(["record", "r.record"]) == 2
+    # without "--" the command starts at the first word that is not an option
+    assert main(["record", "r.record", sys.executable, "-c", "pass"]) == 0
+    assert main(["record", "r2.record", "--output", "x", sys.executable, "-c", "pass"]) == 0
+    assert load(project / "r2.record").outputs[0].path == "x"
     rec([1.0]).save(project / "a.record")
     assert main(["replay", "a.record", "--rtol", "-1"]) == 2
     assert main(["run", "env.lock", "--record", "a", "--replay", "b", "--", "true"]) == 2

@@ -299,8 +299,11 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
         _tolerance_options(p)
 
 
-def host_options_parser(kind: str) -> argparse.ArgumentParser:
-    """``record``'s or ``replay``'s options for what REMAINDER left before ``--``."""
+def host_options_parser(kind: str, *, command: bool = False) -> argparse.ArgumentParser:
+    """``record``'s or ``replay``'s options for what REMAINDER left unparsed (before ``--``, or
+    before the command: ``command``)."""
     parser = argparse.ArgumentParser(prog=f"envlock {kind}", add_help=False)
     _host_record_options(parser, kind)
+    if command:
+        parser.add_argument("cmd", nargs=argparse.REMAINDER)
     return parser
