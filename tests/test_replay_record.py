@@ -489,3 +489,41 @@ def test_verify_reads_the_record_inputs_again(project: Path, capsys: pytest.Capt
     assert main(["verify", "env.lock", "--no-torch", "--python", sys.executable, "--json",
                  "--record", "run.record"]) == 1
     assert json.loads(capsys.readouterr().out)["record_inputs"][0]["what"] == "content"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300))
+def test_fuzz_the_journal_reader(tmp_path: Path, data: bytes) -> None:
+    """Whatever a process leaves in the journal reaches the JSON reader and the Step model;
+    the only failure is LockInvalid (2)."""
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"step": 0, "metrics": {"x": 1.5}}\n' + data)
+    try:
+        steps, _ = read_journal(path)
+    except LockInvalid:
+        return
+    assert steps[0].metrics == {"x": 1.5}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_fuzz_hf_specs_parse_or_raise_input_error(spec: str) -> None:
+    try:
+        kind, repo, ref = inputs.parse_hf("hf:" + spec)
+    except inputs.InputError:
+        return
+    assert kind in ("models", "datasets", "spaces") and ".." not in repo + ref
+    assert not repo.startswith("/") and "\0" not in repo + ref
+
+
+def test_run_takes_the_record_options_between_the_lock_and_the_command() -> None:
+    from envlock.commands._parser import build_parser
+    from envlock.commands.run import split_run_args
+
+    args = build_parser().parse_args(["run", "env.lock", "--replay", "r.record", "--rtol", "1e-3",
+                                      "--output", "m.pt", "--", "python", "t.py", "--rtol", "9"])
+    assert split_run_args(args) == ["python", "t.py", "--rtol", "9"]
+    assert (args.replay, args.rtol, args.atol, args.output) == ("r.record", 1e-3, 0.0, ["m.pt"])
+    args = build_parser().parse_args(["run", "env.lock", "--record", "r.record", "--input", "hf:o/m",
+                                      "python", "t.py"])
+    assert split_run_args(args) == ["python", "t.py"] and args.input == ["hf:o/m"]
