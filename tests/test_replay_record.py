@@ -452,8 +452,11 @@ def test_replay_of_a_container_record_points_at_run(project: Path, capsys: pytes
 
 def test_bad_inputs_and_options_are_exit_2(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["record", "r.record", "--input", "hf:../x", "--", sys.executable, "-c", "pass"]) == 2
-    assert main(["record", "r.record", "--input", "nothing-here", "--", sys.executable, "-c", "pass"]) == 2
-    assert "cannot be read" in capsys.readouterr().err
+    marker = project / "ran"
+    assert main(["record", "r.record", "--input", "nothing-here", "--", sys.executable, "-c",
+                 f"open({str(marker)!r}, 'w')"]) == 2
+    assert "--input nothing-here: no such file or directory" in capsys.readouterr().err
+    assert not marker.exists()  # refused before the command ran
     assert main(["record", "r.record"]) == 2
     # without "--" the command starts at the first word that is not an option
     assert main(["record", "r.record", sys.executable, "-c", "pass"]) == 0

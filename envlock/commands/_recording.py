@@ -30,9 +30,10 @@ class Plan:
     inputs: list[str]
 
 
-def plan(args: argparse.Namespace, *, replay_path: str | None) -> Plan:
+def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Plan:
     """Read the options (and the original record, for a replay) before anything runs, so a
-    bad record or ``--input`` is exit 2 at once rather than after a training run."""
+    bad record or ``--input``, or a data path that is not there, is exit 2 at once rather than
+    after a training run. (In a replay a missing input is drift, found when it ends.)"""
     from envlock._record import load
     from envlock._replay import check_specs
 
@@ -42,6 +43,12 @@ def plan(args: argparse.Namespace, *, replay_path: str | None) -> Plan:
     outputs = list(args.output or ([o.path for o in original.outputs] if original else []))
     inputs = list(args.input or ([i.name for i in original.inputs] if original else []))
     check_specs(inputs)
+    if original is None:
+        from envlock.probe.inputs import HF_PREFIX
+
+        absent = [s for s in inputs if not s.startswith(HF_PREFIX) and not (base / s).exists()]
+        if absent:
+            raise UsageError(f"--input {absent[0]}: no such file or directory in {base}")
     target = replay_path or getattr(args, "record", None) or getattr(args, "rec", None)
     return Plan(target, original, outputs, inputs)
 

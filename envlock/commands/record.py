@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
         from envlock.lock import load
 
         lock = load(lock_path)
-    p = plan(args, replay_path=None)
     base = Path(args.workspace or ".").resolve()
+    p = plan(args, replay_path=None, base=base)
     with journal_dir() as journal:
         code = run_here(command, journal, base)
         if code < 0:

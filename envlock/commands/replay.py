@@ -17,10 +17,10 @@ from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
 def run(args: argparse.Namespace) -> int:
     command = command_of(args, "replay")
     args.output, args.input = None, None
-    p = plan(args, replay_path=args.rec)
+    base = Path(args.workspace or ".").resolve()
+    p = plan(args, replay_path=args.rec, base=base)
     original = p.original
     assert original is not None
-    base = Path(args.workspace or ".").resolve()
     if args.against:
         from envlock._record import load as load_record
         from envlock._recordcmp import Tolerance, compare_records

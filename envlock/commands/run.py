@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if args.record or args.replay:
         from envlock.commands._recording import plan
 
-        recording = plan(args, replay_path=args.replay)
+        recording = plan(args, replay_path=args.replay,
+                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
         if not command and recording.original is not None:
             command = list(recording.original.record.command)
     if not command and not args.jupyter:
