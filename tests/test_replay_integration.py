@@ -41,10 +41,13 @@ def untag(docker_client: Any) -> Any:
     """The restored image's tag of this test is removed afterwards (the image stays while
     another tag, such as another test's, still names it)."""
     yield
-    for image in docker_client.images.list(name="envlock/it-replay-record"):
-        for tag in image.tags:
-            if tag.startswith("envlock/it-replay-record:"):
-                docker_client.images.remove(tag)
+    try:
+        for image in docker_client.images.list(name="envlock/it-replay-record"):
+            for tag in image.tags:
+                if tag.startswith("envlock/it-replay-record:"):
+                    docker_client.images.remove(tag, noprune=True)
+    except Exception as exc:  # best effort: a busy engine may time out; the tag is harmless
+        print(f"could not untag envlock/it-replay-record: {exc}")
 
 
 def _workspace(root: Path) -> Path:
