@@ -151,6 +151,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--publish", action="append", metavar="[IP:]HOST:CONTAINER",
                    help="publish a port, e.g. 8888:8888")
     p.add_argument("--jupyter", action="store_true", help="start JupyterLab (the lock must have it)")
+    p.add_argument("--ssh", action="store_true", help="start the image's sshd as a non-root user, "
+                   "key-only, on a free port of 127.0.0.1, and print the ssh command")
+    p.add_argument("--ssh-key", metavar="FILE.pub",
+                   help="with --ssh: the public key allowed to log in (default: ~/.ssh/id_ed25519.pub, "
+                        "id_ecdsa.pub or id_rsa.pub)")
     g = p.add_argument_group("replay record (what the run produced and read)")
     g.add_argument("--record", metavar="REC", help="write a sealed replay record: the metrics the "
                    "command passes to envlock.record(), the sha256 of --output files, the --input digests")

@@ -28,12 +28,13 @@ def run(args: argparse.Namespace) -> int:
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
         if not command and recording.original is not None:
             command = list(recording.original.record.command)
-    if not command and not args.jupyter:
+    if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
-                      env=env, ports=args.publish or [], jupyter=args.jupyter)
+                      env=env, ports=args.publish or [], jupyter=args.jupyter,
+                      ssh=args.ssh, ssh_key=args.ssh_key)
     lock = load(args.lock)
     with connect(args.engine) as engine:
         # Verify only what was just built: a cache hit was verified when it was built, and a
