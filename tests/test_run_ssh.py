@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_restore_integration import TORCH, build_source_image, capture, no_leftover_containers
 
 from envlock.restore import ssh
@@ -38,6 +40,22 @@ def test_a_public_key_file_is_checked(tmp_path: Path) -> None:
         ssh.public_key(str(tmp_path / "bad.pub"))
     with pytest.raises(Exception, match="cannot be read"):
         ssh.public_key(str(tmp_path / "missing.pub"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=200))
+def test_fuzz_the_public_key_reader(tmp_path: Path, text: str) -> None:
+    """Any file content reaches the key check: one valid line comes back as it is, anything else
+    is a usage error (exit 2), and nothing with a line break reaches authorized_keys."""
+    from envlock.errors import UsageError
+
+    key = tmp_path / "f.pub"
+    key.write_bytes(text.encode("utf-8", "surrogatepass"))
+    try:
+        line, _ = ssh.public_key(str(key))
+    except UsageError:
+        return
+    assert "\n" not in line and "\r" not in line and line == line.strip()
 
 
 def test_sshd_config_is_key_only_and_non_root() -> None:

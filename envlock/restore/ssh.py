@@ -32,7 +32,7 @@ SSH_DIR = "/envlock-ssh"
 SSH_USER = "envlock"
 INNER_PORT = 2222
 _KEY_TYPES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
-_PUBKEY_RE = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( [^\n]*)?$")
+_PUBKEY_RE = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( [ -~]*)?$")
 _SAFE_VALUE = re.compile(r'^[^"\\\n\r\x00$`]*$')
 
 SSHD_CONFIG = f"""Port {INNER_PORT}
