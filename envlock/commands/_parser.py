@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
-                _canary, _export):
+                _canary, _export, _record, _replay):
         add(sub)
     return parser
 
@@ -87,6 +87,8 @@ def _verify(sub: Subparsers) -> None:
                         "(default: 120)")
     # The node side of --fleet: one JSON line per message on stdout, the verdict included.
     p.add_argument("--fleet-node", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--record", metavar="REC",
+                   help="also read the inputs of this replay record again: a changed one is drift")
     p.set_defaults(handler="verify")
 
 
@@ -167,6 +169,31 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--publish", action="append", metavar="[IP:]HOST:CONTAINER",
                    help="publish a port, e.g. 8888:8888")
     p.add_argument("--jupyter", action="store_true", help="start JupyterLab (the lock must have it)")
+    p.add_argument("--ssh", action="store_true", help="start the image's sshd as a non-root user, "
+                   "key-only, on a free port of 127.0.0.1, and print the ssh command")
+    p.add_argument("--ssh-key", metavar="FILE.pub",
+                   help="with --ssh: the public key allowed to log in (default: ~/.ssh/id_ed25519.pub, "
+                        "id_ecdsa.pub or id_rsa.pub)")
+    g = p.add_argument_group("replay record (what the run produced and read)")
+    g.add_argument("--record", metavar="REC", help="write a sealed replay record: the metrics the "
+                   "command passes to envlock.record(), the sha256 of --output files, the --input digests")
+    g.add_argument("--replay", metavar="REC", help="re-run REC's command (or CMD) and compare with "
+                   "REC: exit 0 when reproduced, 1 on the first diverging step, output or changed input")
+    _record_options(g)
+    _tolerance_options(g)
+
+
+def _record_options(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--output", action="append", metavar="PATH",
+                   help="a file or directory the command writes (relative to the workspace); repeatable")
+    g.add_argument("--input", action="append", metavar="PATH|hf:REPO",
+                   help="what the command reads: a data file or directory, or a Hugging Face "
+                        "repository in the cache (hf:org/name, hf:datasets/org/name, @ref); repeatable")
+
+
+def _tolerance_options(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit-identical)")
+    g.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit-identical)")
 
 
 def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
@@ -282,3 +309,51 @@ def _export(sub: Subparsers) -> None:
     g.add_argument("--workspace-claim", metavar="PVC",
                    help="k8s: mount this PersistentVolumeClaim at /workspace (default: emptyDir)")
     p.set_defaults(handler="export")
+
+
+# -- record, replay (on this host; in the lock's image: run --record / --replay) ----------------
+
+
+def _record(sub: Subparsers) -> None:
+    p = sub.add_parser("record", help="run a command here and record what it produced and read",
+                       description="envlock record REC [options] -- CMD ...: CMD runs on this host "
+                                   "with ENVLOCK_RECORD set; envlock.record() calls, outputs and "
+                                   "inputs go into the sealed record REC")
+    p.add_argument("rec", metavar="REC", help="the record to write")
+    _host_record_options(p, "record")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="[options] -- CMD ...")
+    p.set_defaults(handler="record")
+
+
+def _replay(sub: Subparsers) -> None:
+    p = sub.add_parser("replay", help="re-run a recorded command here and compare with its record",
+                       description="exit 0: reproduced; 1: a step, metric, output or input differs "
+                                   "(the first is named, with the process differences beside it); "
+                                   "2: the record is invalid or tampered")
+    p.add_argument("rec", metavar="REC", help="the record of the original run")
+    _host_record_options(p, "replay")
+    p.add_argument("cmd", nargs=argparse.REMAINDER,
+                   help="[options] [-- CMD ...] (default: the recorded command)")
+    p.set_defaults(handler="replay")
+
+
+def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--workspace", metavar="DIR", help="where --output and --input paths are "
+                   "relative to, and CMD runs (default: current directory)")
+    if kind == "record":
+        p.add_argument("--lock", help="the lock the run belongs to (default: env.lock here, if any)")
+        _record_options(p)
+    else:
+        p.add_argument("--against", metavar="REC2", help="compare REC2 with REC instead of re-running")
+        p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+        _tolerance_options(p)
+
+
+def host_options_parser(kind: str, *, command: bool = False) -> argparse.ArgumentParser:
+    """``record``'s or ``replay``'s options for what REMAINDER left unparsed (before ``--``, or
+    before the command: ``command``)."""
+    parser = argparse.ArgumentParser(prog=f"envlock {kind}", add_help=False)
+    _host_record_options(parser, kind)
+    if command:
+        parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    return parser

@@ -18,12 +18,23 @@ def run(args: argparse.Namespace) -> int:
     from envlock.restore.run import RunOptions, parse_env, parse_ports, run_in_image
 
     command = split_run_args(args)
-    if not command and not args.jupyter:
+    if args.record and args.replay:
+        raise UsageError("--record and --replay: give one (a replay compares with the record it reads)")
+    recording = None
+    if args.record or args.replay:
+        from envlock.commands._recording import plan
+
+        recording = plan(args, replay_path=args.replay,
+                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
+        if not command and recording.original is not None:
+            command = list(recording.original.record.command)
+    if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
-                      env=env, ports=args.publish or [], jupyter=args.jupyter)
+                      env=env, ports=args.publish or [], jupyter=args.jupyter,
+                      ssh=args.ssh, ssh_key=args.ssh_key)
     lock = load(args.lock)
     with connect(args.engine) as engine:
         # Verify only what was just built: a cache hit was verified when it was built, and a
@@ -43,8 +54,23 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(report.splitlines(keepends=True)[0])
         elif not result.cached:
             say(f"{result.tag} was built but not verified (--no-verify)")
-        return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
-                            os_packages_restored=result.plan.os_packages_restored)
+        if recording is None:
+            return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
+                                os_packages_restored=result.plan.os_packages_restored)
+        from dataclasses import replace
+
+        from envlock.commands._recording import JOURNAL, finish, journal_dir
+        from envlock.runtime.recorder import RECORD_ENV
+
+        with journal_dir() as journal:
+            inner = "/envlock-record"
+            ropts = replace(opts, env={**opts.env, RECORD_ENV: f"{inner}/{JOURNAL}"},
+                            mounts=[(str(journal), inner, False)])
+            code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
+                                os_packages_restored=result.plan.os_packages_restored)
+            return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
+                          where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
+                          lock_path=args.lock, tolerance=(args.rtol, args.atol))
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from envlock._deepreport import summary, torch_facts_line
 from envlock._render import comparison_json, comparison_payload, verify_text
@@ -11,6 +12,9 @@ from envlock._target import choose, recorded_prefix_hint
 from envlock._verify import check
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
+
+if TYPE_CHECKING:
+    from envlock._recordcmp import ReplayComparison
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +42,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     extra = dict(lock=str(args.lock), id=expected.short_id,
                  environment={"prefix": target.prefix, "reason": target.reason},
                  captured_from=captured_from, torch_facts=current.probe.torch_facts, deep=report)
+    inputs = record_inputs(args.record) if args.record else None
     if node:
         from envlock._fleet import node_line
 
@@ -45,12 +50,21 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info"))
         out(node_line("verdict", result=comparison_payload(kept, **extra, warning=warning)))
     elif args.json:
-        out(comparison_json(cmp, **extra))
+        text = comparison_json(cmp, **extra)
+        if inputs is not None:
+            doc = json.loads(text)
+            doc["record_inputs"] = inputs.to_dict()["inputs"]
+            text = json.dumps(doc, indent=2) + "\n"
+        out(text)
     else:
         out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
                         environment=target.describe(), captured_from=captured_from)
             + summary(report) + torch_facts_line(current))
-    return EXIT_OK if cmp.ok else EXIT_DRIFT
+        if inputs is not None:
+            from envlock._replay_report import inputs_text
+
+            out(inputs_text(inputs, args.record))
+    return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -88,3 +102,15 @@ def _fleet(args: argparse.Namespace) -> int:
     else:
         out(result.describe())
     return result.exit_code
+
+
+def record_inputs(path: str) -> ReplayComparison:
+    """The record's inputs (data paths relative to the current directory, Hugging Face cache
+    revisions) read again; a changed one is drift. Read before the probe's verdict is printed,
+    so a bad record is exit 2 with nothing else said."""
+    from pathlib import Path
+
+    from envlock._record import load
+    from envlock._replay import check_inputs
+
+    return check_inputs(load(path), Path.cwd())

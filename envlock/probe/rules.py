@@ -153,15 +153,18 @@ def unreadable(section: str, error: str, item: Optional[str] = None) -> Dict[str
     return entry
 
 
-
-
 # envlock's mark on the processes of one probe run (``_probeproc.leftovers``): not environment.
 PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 
 
+# Set by envlock for one run, never part of an environment: the replay journal's path (a fresh
+# temporary path every run) would give a capture inside a recorded run another lock.
+ENV_NOT_RECORDED = ("ENVLOCK_RECORD", PROBE_RUN_VAR)
+
+
 def env_allowed(name: str) -> bool:
     """True for the variables ``[env]`` records (see ENV_PREFIXES and ENV_NAMES)."""
-    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name != PROBE_RUN_VAR
+    return (name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name not in ENV_NOT_RECORDED
 
 
 def recorded_name(name: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,10 @@ class RunOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     ports: Sequence[str] = ()
     jupyter: bool = False
+    # (host path, container path, read-only): the replay record's journal directory.
+    mounts: Sequence[tuple[str, str, bool]] = ()
+    ssh: bool = False
+    ssh_key: str | None = None
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -172,10 +177,31 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
         env[OS_FROM_BASE_ENV] = "base"
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
+    if opts.jupyter and opts.ssh:
+        raise UsageError("--jupyter and --ssh: give one")
+    if opts.ssh and command:
+        raise UsageError("--ssh starts the image's sshd; run commands over ssh, not after --")
     if opts.jupyter:
         command, ports = _jupyter(lock, python, ports, env)
+    if opts.ssh:
+        from envlock.restore.ssh import prepare, private_directory
+
+        directory = private_directory()
+        try:
+            server = prepare(directory, env, opts.ssh_key)
+            return _run(engine, lock, image_id, server.command, env, opts, ports={**ports, **server.ports},
+                        user=server.user, extra_mounts=server.mounts,
+                        banner=f"SSH (Ctrl-C stops the server): {server.login}\n")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     if not command:
         raise UsageError("nothing to run: give a command after --, e.g. envlock run env.lock -- python train.py")
+    return _run(engine, lock, image_id, command, env, opts, ports=ports, user=f"{os.getuid()}:{os.getgid()}")
+
+
+def _run(engine: ContainerEngine, lock: Lock, image_id: str, command: Sequence[str],
+         env: Mapping[str, str], opts: RunOptions, *, ports: Mapping[str, tuple[str, int]], user: str,
+         extra_mounts: Sequence[tuple[str, str, bool]] = (), banner: str = "") -> int:
     workspace = (opts.workspace or Path.cwd()).resolve()
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace} is not a directory")
@@ -183,8 +209,11 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
-    spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
-                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False)], gpus=gpus, ports=ports)
+    spec = RunSpec(image=image_id, command=command, env=env, user=user, workdir=WORKDIR,
+                   mounts=[(str(workspace), WORKDIR, False), *opts.mounts, *extra_mounts], gpus=gpus,
+                   ports=ports)
+    if banner:
+        sys.stderr.write(banner)
 
     def out(data: bytes) -> None:
         sys.stdout.buffer.write(data)

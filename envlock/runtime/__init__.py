@@ -13,7 +13,8 @@ rather than trusting anything recorded here). Three rules shape the package:
 
 One module per concern, each importing only the siblings before it, never this facade:
 ``common`` (lazy torch/numpy, the exported variables, the warning) <- ``seeds``, ``knobs`` <-
-``determinism``, ``replay`` (``apply``); ``numeric`` runs the canary. torch and numpy are imported lazily:
+``determinism``, ``replay`` (``apply``); ``numeric`` runs the canary; ``recorder`` writes what
+``envlock.record()`` is given to the run's replay journal. torch and numpy are imported lazily:
 envlock itself does not need either.
 """
 
@@ -30,6 +31,8 @@ from envlock.runtime.determinism import Deterministic, deterministic
 from envlock.runtime.determinism import Mode as Mode
 from envlock.runtime.numeric import canary
 from envlock.runtime.numeric import canary_module as canary_module
+from envlock.runtime.recorder import RECORD_ENV as RECORD_ENV
+from envlock.runtime.recorder import record
 from envlock.runtime.replay import ApplyResult, Change, NotApplied, apply
 from envlock.runtime.seeds import (
     dataloader_generator,
@@ -49,6 +52,7 @@ __all__ = [
     "dataloader_generator",
     "derive_seed",
     "deterministic",
+    "record",
     "seed_everything",
     "worker_init_fn",
 ]

@@ -1,0 +1,164 @@
+"""Making a replay record from what a run left, and reading its inputs again.
+
+The training process writes a journal (``envlock.runtime.recorder``: one JSON line per
+``envlock.record`` call, its own capture first); when the command has exited, envlock reads
+it, hashes the declared outputs, reads the declared inputs (data paths, Hugging Face cache
+revisions: ``envlock.probe.inputs``) and seals all of it as a record (``envlock._record``).
+The capture is validated as a lock (``build_lock``, the gate every probed value passes) and
+kept only as the few facts that can explain a divergence (``_recordcmp.context_of``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from envlock._record import Input, Meta, Output, Record, Step
+from envlock._recordcmp import ReplayComparison, context_of, input_drift
+from envlock._version import __version__
+from envlock.errors import LockInvalid, UsageError
+
+# A journal line longer than this is not one step's metrics (the capture line of a big
+# environment is the longest: a few MiB).
+_MAX_LINE = 64 * 1024 * 1024
+
+
+def read_journal(path: str | os.PathLike[str]) -> tuple[list[Step], dict[str, Any]]:
+    """(the steps, the context of the recording process) from a journal; a missing journal is
+    a run that recorded nothing. A torn last line (the process was killed mid-write) is left
+    out; any other bad line is refused."""
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().split(b"\n")
+    except FileNotFoundError:
+        return [], {}
+    steps: list[Step] = []
+    context: dict[str, Any] = {}
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            if len(raw) > _MAX_LINE:
+                raise ValueError("line too long")
+            row = json.loads(raw)
+            if not isinstance(row, dict):
+                raise ValueError("not an object")
+            if "capture" in row:
+                context = _context(row)
+            else:
+                steps.append(Step.model_validate(row))
+        except (ValueError, ValidationError) as exc:
+            if i >= last - 1 and not raw.endswith(b"}"):
+                break  # the torn last line of a killed process
+            raise LockInvalid(f"the run's record journal, line {i + 1}: {str(exc).splitlines()[0]}") from None
+    return steps, context
+
+
+def _context(row: Mapping[str, Any]) -> dict[str, Any]:
+    from envlock._capture import build_lock
+    from envlock.lock._seal import canonical_form
+
+    lock = build_lock(dict(row["capture"]))
+    extra = {k: row[k] for k in ("world_size", "rank") if isinstance(row.get(k), int)}
+    return context_of(canonical_form(lock), extra)
+
+
+def lock_context(lock: Any) -> dict[str, Any]:
+    """The same facts from a lock (when the run recorded no step, or to compare with one)."""
+    from envlock.lock._seal import canonical_form
+
+    return context_of(canonical_form(lock))
+
+
+def file_sha256(path: Path) -> tuple[str, int] | None:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    return h.hexdigest(), size
+
+
+def outputs_of(paths: Sequence[str], base: Path) -> list[Output]:
+    """The sha256 of each declared output (``base``-relative as declared); a directory is
+    hashed as an input directory is."""
+    out = []
+    for p in paths:
+        full = Path(p) if os.path.isabs(p) else base / p
+        if full.is_dir():
+            from envlock.probe.inputs import path_digest
+
+            d = path_digest(str(full), cache=False)
+            out.append(Output(path=p, sha256=d["sha256"], size=d["size"]))
+            continue
+        found = file_sha256(full)
+        out.append(Output(path=p, sha256=found[0], size=found[1]) if found else Output(path=p))
+    return out
+
+
+def read_inputs(specs: Sequence[str], base: Path, *, cache: bool = True) -> dict[str, Input | str]:
+    """Each declared input read now: an ``Input``, or the one-line reason it cannot be read."""
+    from envlock.probe.inputs import InputError, describe
+
+    out: dict[str, Input | str] = {}
+    for spec in specs:
+        try:
+            found = describe(spec, str(base), cache=cache)
+        except InputError as exc:
+            out[spec] = str(exc)
+            continue
+        out[str(found["name"])] = Input.model_validate(
+            {k: v for k, v in found.items() if v is not None})
+    return out
+
+
+def check_specs(specs: Sequence[str]) -> None:
+    """Refuse a malformed ``--input`` before anything runs (exit 2)."""
+    from envlock.probe.inputs import HF_PREFIX, InputError, parse_hf
+
+    for spec in specs:
+        if not spec or "\0" in spec:
+            raise UsageError(f"--input {spec!r}: empty or holds a NUL byte")
+        if spec.startswith(HF_PREFIX):
+            try:
+                parse_hf(spec)
+            except InputError as exc:
+                raise UsageError(f"--input: {exc}") from None
+
+
+def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
+                where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
+                lock: Any = None, lock_name: str | None = None) -> Record:
+    steps, context = read_journal(journal)
+    if not context and lock is not None:
+        context = lock_context(lock)
+    found = read_inputs(inputs, base)
+    missing = [f"{k}: {v}" for k, v in found.items() if isinstance(v, str)]
+    if missing:
+        raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
+    meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
+                where=where, command=list(command), exit_code=exit_code, lock=lock_name,
+                lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
+    try:
+        return Record(record=meta, context=context, steps=steps, outputs=outputs_of(outputs, base),
+                      inputs=[v for v in found.values() if isinstance(v, Input)])
+    except ValidationError as exc:
+        raise LockInvalid(f"the run's record cannot be written: {str(exc).splitlines()[0]}") from None
+
+
+def check_inputs(record: Record, base: Path) -> ReplayComparison:
+    """The record's inputs read again now: a changed one is drift."""
+    now = read_inputs([i.name for i in record.inputs], base)
+    return ReplayComparison(inputs=tuple(input_drift(record.inputs, now)))

@@ -1,0 +1,49 @@
+"""``envlock replay REC``: re-run a command recorded on this host and compare with its record
+(``--against REC2``: compare two records, running nothing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from envlock.commands._output import out
+from envlock.commands._recording import JOURNAL, finish, journal_dir, plan
+from envlock.commands.record import command_of, run_here
+from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
+
+
+def run(args: argparse.Namespace) -> int:
+    command = command_of(args, "replay")
+    args.output, args.input = None, None
+    base = Path(args.workspace or ".").resolve()
+    p = plan(args, replay_path=args.rec, base=base)
+    original = p.original
+    assert original is not None
+    if args.against:
+        from envlock._record import load as load_record
+        from envlock._recordcmp import Tolerance, compare_records
+        from envlock._replay import read_inputs
+        from envlock._replay_report import replay_text
+
+        other = load_record(args.against)
+        cmp = compare_records(original, other, Tolerance(args.rtol, args.atol), read_inputs(p.inputs, base))
+        out(json.dumps(cmp.to_dict(), indent=2) + "\n" if args.json else replay_text(cmp, args.rec))
+        return EXIT_OK if cmp.same else EXIT_DRIFT
+    if original.record.where == "container":
+        lock = original.record.lock or "env.lock"
+        raise UsageError(f"{args.rec} was recorded in the lock's image",
+                         hint=f"replay it there: envlock run {lock} --replay {args.rec} [--base ... --wheelhouse ...]")
+    command = command or list(original.record.command)
+    lock = None
+    if original.record.lock:
+        path = os.path.join(os.path.dirname(os.path.abspath(args.rec)), original.record.lock)
+        if os.path.exists(path):
+            from envlock.lock import load
+
+            lock = load(path)
+    with journal_dir() as journal:
+        code = run_here(command, journal, base)
+        return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
+                      lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json)

@@ -1,0 +1,124 @@
+"""``envlock.record(step, **metrics)``: what a training run produced, at full precision.
+
+The process learns where to write from ``ENVLOCK_RECORD`` (``envlock run --record`` and
+``envlock record`` set it to a journal file); without it every call does nothing, so training
+code keeps its ``record`` lines when it runs outside envlock. Each call appends one JSON line
+and flushes it: a crash keeps every step recorded before it, and nothing is held in memory.
+``envlock`` turns the journal into the sealed TOML record when the command has exited.
+
+Values keep their exact bits: a Python float is written by ``json`` with ``repr``, which reads
+back to the same double; a 0-d tensor or numpy scalar becomes its Python number (``.item()``:
+a float32 widens to a double exactly); a tensor or array becomes the sha256 of its raw bytes
+with dtype, shape and mean, because a bit-identical comparison needs the bytes and a
+tolerance needs a number.
+
+The first call also probes this process (the probe, in-process, as ``envlock.capture()``
+does): threads, determinism flags, the CPU capability torch dispatches to and the GPUs are live
+state, and a replay that diverges names which of them differ. Only rank 0 records (``RANK``
+unset or 0, or ``torch.distributed``'s rank); its world size goes with the capture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from typing import Any, TextIO
+
+RECORD_ENV = "ENVLOCK_RECORD"
+_state: dict[str, Any] = {"path": None, "fh": None}
+
+
+def _rank_and_world() -> tuple[int, int]:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a half-torn-down process group: fall back to the launcher's variables
+        pass
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+def _tensor(value: Any) -> dict[str, Any] | None:
+    """A torch tensor or numpy array as {sha256, dtype, shape, mean}; None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        # The raw bytes, whatever the dtype (bfloat16 and float8 have no numpy type): viewed as
+        # uint8, which numpy hands over in one copy.
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        mean = float(t.double().mean()) if t.numel() and not t.is_complex() else None
+        return _digest(data, str(t.dtype).removeprefix("torch."), list(t.shape), mean)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        a = numpy.ascontiguousarray(value)
+        mean = (float(a.astype("float64").mean())
+                if a.size and a.dtype.kind in "biuf" else None)
+        return _digest(a.tobytes(), str(a.dtype), list(a.shape), mean)
+    return None
+
+
+def _digest(data: bytes, dtype: str, shape: list[int], mean: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "dtype": dtype, "shape": shape}
+    if mean is not None and math.isfinite(mean):
+        out["mean"] = mean
+    return out
+
+
+def encode(name: str, value: Any) -> Any:
+    """One metric as the journal stores it (exact), or TypeError naming what is not a metric."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None and tuple(shape) == () and hasattr(value, "item"):
+        return encode(name, value.item())  # a 0-d tensor or numpy scalar: its exact number
+    digest = _tensor(value)
+    if digest is not None:
+        return digest
+    if hasattr(value, "item") and not hasattr(value, "shape"):
+        return encode(name, value.item())  # numpy scalar types without a shape
+    raise TypeError(f"envlock.record: metric {name!r} is a {type(value).__name__}; "
+                    "give a number, a tensor or an array")
+
+
+def _open(path: str) -> TextIO:
+    fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the process's life
+    if fh.tell() == 0:
+        from envlock.probe.collect import collect
+
+        rank, world = _rank_and_world()
+        doc = collect(torch="auto" if "torch" in sys.modules else "no")
+        fh.write(json.dumps({"capture": doc, "world_size": world, "rank": rank}) + "\n")
+    return fh
+
+
+def record(step: int, /, **metrics: Any) -> None:
+    """Append one step's metrics to the run's record (nothing when not recording).
+
+    ``step`` is a non-negative int; each metric a number (bool, int, float), a 0-d tensor, or
+    a tensor/array (kept as the sha256 of its bytes, dtype, shape and mean).
+    """
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TypeError(f"envlock.record: step must be a non-negative int, not {step!r}")
+    if _rank_and_world()[0] != 0:
+        return
+    row = {"step": int(step), "metrics": {name: encode(name, v) for name, v in metrics.items()}}
+    if _state["path"] != path:
+        if _state["fh"] is not None:
+            _state["fh"].close()
+        _state["fh"], _state["path"] = _open(path), path
+    fh: TextIO = _state["fh"]
+    fh.write(json.dumps(row) + "\n")
+    fh.flush()

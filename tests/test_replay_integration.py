@@ -1,0 +1,124 @@
+"""A training run recorded in the lock's restored image, then replayed there, with a real engine
+and real torch (CPU).
+
+The example trains with ``envlock.record(step, loss=loss)`` and saves its weights; ``envlock run
+--record`` keeps every loss, the weights' sha256, a data directory's digest and a Hugging Face
+cache revision. A replay as recorded is bit-identical (exit 0); one with another thread count
+diverges (exit 1) and names the first step and the thread settings beside it; an edited data file
+and a moved revision are named as drift. envlock reaches the container through the workspace
+(a copy of the package beside the script), since the image holds only the lock's packages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_replay_record import REV1, REV2, hf_repo
+from test_restore_integration import TORCH, build_source_image, capture, no_leftover_containers
+
+from envlock._record import load
+from envlock.commands import main
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def torch_image(docker_client: Any, base_image: str, wheelhouse: Path) -> str:
+    return build_source_image(docker_client, base_image, wheelhouse, TORCH,
+                              {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, "envlock-test/src-torch")
+
+
+@pytest.fixture
+def untag(docker_client: Any) -> Any:
+    """The restored image's tag of this test is removed afterwards (the image stays while
+    another tag, such as another test's, still names it)."""
+    yield
+    try:
+        for image in docker_client.images.list(name="envlock/it-replay-record"):
+            for tag in image.tags:
+                if tag.startswith("envlock/it-replay-record:"):
+                    docker_client.images.remove(tag, noprune=True)
+    except Exception as exc:  # best effort: a busy engine may time out; the tag is harmless
+        print(f"could not untag envlock/it-replay-record: {exc}")
+
+
+def _workspace(root: Path) -> Path:
+    ws = root / "ws"
+    ws.mkdir()
+    shutil.copy(REPO / "examples" / "train_mnist_like.py", ws / "train.py")
+    shutil.copytree(REPO / "envlock", ws / "envlock", ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "data").mkdir()
+    (ws / "data" / "labels.csv").write_text("0,1,2\n")
+    hf_repo(ws / "hf" / "hub", "org/tiny", REV1, {"config.json": "c" * 40, "model.safetensors": "d" * 64})
+    return ws
+
+
+def test_record_then_replay_in_the_image(docker_client: Any, base_image: str, wheelhouse: Path,
+                                         torch_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capfd: pytest.CaptureFixture[str], untag: Any) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENVLOCK_PLAIN_PROGRESS", "1")
+    ws = _workspace(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(ws / "hf" / "hub"))
+    capture(torch_image, ws / "env.lock")
+    lock_bytes = (ws / "env.lock").read_bytes()
+    common = [str(ws / "env.lock"), "--base", base_image, "--wheelhouse", str(wheelhouse),
+              "--name", "it-replay-record", "--context-dir", str(tmp_path / "work"), "--workspace", str(ws)]
+    rec = str(ws / "run.record")
+    train = ["python", "train.py", "--save", "model.pt", "--workers", "0"]
+    # A first run builds (or reuses) the image, so the timings below are the runs alone.
+    assert main(["run", *common, "--", "python", "-c", "import torch"]) == 0
+    capfd.readouterr()
+
+    started = time.perf_counter()
+    assert main(["run", *common, "--record", rec, "--output", "model.pt", "--input", "data",
+                 "--input", "hf:org/tiny", "--", *train]) == 0
+    recorded_s = time.perf_counter() - started
+    record = load(rec)
+    assert record.record.where == "container" and record.record.command == train
+    assert [s.step for s in record.steps] == list(range(16))
+    assert all(isinstance(s.metrics["loss"], float) for s in record.steps)
+    assert record.outputs[0].path == "model.pt" and record.outputs[0].sha256
+    assert {i.name for i in record.inputs} == {"data", "hf:models/org/tiny@main"}
+    assert record.context["process.world_size"] == 1 and record.context["determinism.deterministic_algorithms"]
+    assert record.record.lock == "env.lock"
+    capfd.readouterr()
+
+    started = time.perf_counter()
+    assert main(["run", *common, "--replay", rec]) == 0
+    replayed_s = time.perf_counter() - started
+    out, err = capfd.readouterr()
+    assert "OK: the replay reproduced" in out and "bit-identical; 16 steps compared" in out, out + err
+    assert (ws / "env.lock").read_bytes() == lock_bytes
+
+    # One numerics change: another thread count (or, on one core, the scalar CPU kernels).
+    threads = int(record.context.get("determinism.num_threads", 1))
+    change = "OMP_NUM_THREADS=1" if threads > 1 else "ATEN_CPU_CAPABILITY=default"
+    assert main(["run", *common, "--replay", rec, "-e", change]) == 1
+    out, err = capfd.readouterr()
+    assert "DIVERGED" in out and "first divergence: step " in out, out + err
+    explained = out.split("lock differences that can explain it", 1)[1]
+    assert change.split("=")[0] in explained
+    if threads > 1:
+        assert f"determinism.num_threads: {threads} -> 1" in explained
+
+    # Inputs: an edited data file and a moved Hugging Face revision are drift.
+    (ws / "data" / "labels.csv").write_text("0,1,3\n")
+    hf_repo(ws / "hf" / "hub", "org/tiny", REV2, {"config.json": "c" * 40, "model.safetensors": "e" * 64})
+    assert main(["run", *common, "--replay", rec]) == 1
+    out, err = capfd.readouterr()
+    assert "input drift: data content changed" in out, out + err
+    assert f"input drift: hf:models/org/tiny@main revision changed: {REV1} -> {REV2}" in out
+    assert "first divergence" not in out  # the run itself reproduced
+    no_leftover_containers(docker_client)
+    timings = {"record_s": round(recorded_s, 1), "replay_s": round(replayed_s, 1)}
+    (tmp_path / "timings.json").write_text(json.dumps(timings))
+    print("replay timings", json.dumps(timings), os.cpu_count(), "cpus")
