@@ -82,6 +82,9 @@ def _diff(sub: Subparsers) -> None:
     p.add_argument("a", help="the lock before")
     p.add_argument("b", help="the lock after")
     p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--process-state", action="store_true",
+                   help="also compare what the capturing processes set (seeds, determinism flags, "
+                        "variables set at run time); by default it is listed apart, as verify does")
     p.set_defaults(handler="diff")
 
 
