@@ -23,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
-                      env=env, ports=args.publish or [], jupyter=args.jupyter)
+                      env=env, ports=args.publish or [], jupyter=args.jupyter,
+                      lock_path=Path(args.lock))
     lock = load(args.lock)
     with connect(args.engine) as engine:
         # Verify only what was just built: a cache hit was verified when it was built, and a

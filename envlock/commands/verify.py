@@ -8,11 +8,13 @@ from envlock._deepreport import summary, torch_facts_line
 from envlock._render import comparison_json, verify_text
 from envlock._target import choose, recorded_prefix_hint
 from envlock._verify import check
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = lock_arg(args.lock)
     target = choose(args.python)
     if target.warning:
         err(f"envlock: warning: {target.warning}\n")

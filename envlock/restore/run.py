@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envlock._compare import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
-from envlock.lock import Lock
+from envlock.lock import PROTECTED_ENV, Lock, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
@@ -38,6 +38,7 @@ class RunOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     ports: Sequence[str] = ()
     jupyter: bool = False
+    lock_path: Path | None = None  # the lock being replayed, protected when in the workspace
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -143,6 +144,26 @@ def _jupyter(lock: Lock, python: str, ports: dict[str, tuple[str, int]], env: di
     return command, ports
 
 
+def protected_locks(workspace: Path, lock_path: Path | None) -> list[tuple[str, str]]:
+    """(host path, container path) of every lock envlock owns in the workspace: the one being
+    replayed and the ``*.lock`` files beside it at the top. Each is mounted read-only over
+    itself, so nothing the command runs can replace it (``Lock.save`` writes to
+    ``.envlock-replay/`` instead)."""
+    candidates = sorted(workspace.glob("*.lock"))
+    if lock_path is not None:
+        candidates.append(Path(lock_path))
+    out: dict[str, str] = {}
+    for path in candidates:
+        real = path.resolve()
+        try:
+            rel = real.relative_to(workspace)
+        except ValueError:
+            continue  # outside the workspace: the command cannot reach it
+        if real.is_file() and not path.is_symlink() and looks_like_lock(real):
+            out[str(real)] = f"{WORKDIR}/{rel.as_posix()}"
+    return sorted(out.items())
+
+
 def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
                  *, python: str, os_packages_restored: bool = True) -> int:
     """Run the command (or JupyterLab) and return its exit code.
@@ -171,8 +192,13 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
+    locks = protected_locks(workspace, opts.lock_path)
+    if locks:
+        env[PROTECTED_ENV] = os.pathsep.join(inside for _, inside in locks)
     spec = RunSpec(image=image_id, command=command, env=env, user=f"{os.getuid()}:{os.getgid()}",
-                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False)], gpus=gpus, ports=ports)
+                   workdir=WORKDIR, mounts=[(str(workspace), WORKDIR, False),
+                                            *((host, inside, True) for host, inside in locks)],
+                   gpus=gpus, ports=ports)
 
     def out(data: bytes) -> None:
         sys.stdout.buffer.write(data)
