@@ -126,15 +126,19 @@ def _build(source: Path, dest: Path) -> Path:
         shutil.copytree(source / "envlock", tree / "envlock",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         # The running interpreter's setuptools builds it when it has one (offline, as a restore
-        # with --wheelhouse must work); otherwise pip's isolated build fetches the backend.
-        offline = ("--no-build-isolation",) if importlib.util.find_spec("setuptools") else ()
-        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(Path(tmp) / "out"),
-                *offline, str(tree)]
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600,
-                                 check=False, cwd=tmp)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise NotRestorable(f"cannot build a wheel of envlock from {source}: {exc}") from None
+        # with --wheelhouse must work); when it has none, or one too old for the project's
+        # metadata, pip's isolated build gets the backend from pip's configured index.
+        ways = [("--no-build-isolation",), ()] if importlib.util.find_spec("setuptools") else [()]
+        for isolation in ways:
+            argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(Path(tmp) / "out"), *isolation, str(tree)]
+            try:
+                res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600,
+                                     check=False, cwd=tmp)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise NotRestorable(f"cannot build a wheel of envlock from {source}: {exc}") from None
+            if res.returncode == 0:
+                break
         built = sorted((Path(tmp) / "out").glob("envlock_ml-*.whl"))
         if res.returncode != 0 or not built:
             tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
