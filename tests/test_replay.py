@@ -19,22 +19,22 @@ from envlock._compare import compare
 from envlock._expected import Restored, allow, restored_here
 from envlock.commands import main
 from envlock.errors import EnvlockError
-from envlock.lock import PROTECTED_ENV, REPLAY_DIR, find_lock, load, project_root, save
+from envlock.lock import PROTECTED_ENV, REPLAY_DIR, Lock, find_lock, load, project_root, save
 
 
-def _process_lock(**extra: object) -> object:
+def _process_lock() -> Lock:
     return make_lock(seeds={"seed": 3, "seed_source": "envlock", "torch_initial_seed": 3},
                      determinism={"torch_loaded": True, "deterministic_algorithms": True,
                                   "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "4"},
-                                  "process_env": ["CUBLAS_WORKSPACE_CONFIG"]}, **extra)
+                                  "process_env": ["CUBLAS_WORKSPACE_CONFIG"]})
 
 
 def test_process_state_is_outside_the_fingerprint() -> None:
     shell = make_lock(determinism={"torch_loaded": True, "deterministic_algorithms": False,
                                    "env": {"OMP_NUM_THREADS": "4"}})
     process = _process_lock()
-    assert shell.envlock.fingerprint == process.envlock.fingerprint  # type: ignore[attr-defined]
-    assert shell.envlock.integrity != process.envlock.integrity  # type: ignore[attr-defined]
+    assert shell.envlock.fingerprint == process.envlock.fingerprint
+    assert shell.envlock.integrity != process.envlock.integrity
 
 
 def test_variables_set_before_start_stay_in_the_fingerprint() -> None:
