@@ -242,9 +242,13 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
 
 
 def diff_text(cmp: Comparison, a: str, b: str) -> str:
+    process = ""
+    if cmp.process:
+        process = (f"process state differs (seeds, flags, variables the process set; not compared, "
+                   f"--process-state compares it): {len(cmp.process)}\n" + differences_text(cmp.process))
     if not cmp.differences:
-        return f"{safe(a)} and {safe(b)} describe the same environment\n"
-    return f"{safe(a)} -> {safe(b)}: {counts_line(cmp)}\n" + differences_text(cmp.differences)
+        return f"{safe(a)} and {safe(b)} describe the same environment\n" + process
+    return f"{safe(a)} -> {safe(b)}: {counts_line(cmp)}\n" + differences_text(cmp.differences) + process
 
 
 def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -> str:

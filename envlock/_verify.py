@@ -20,6 +20,7 @@ from envlock._capture import (
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison
+    from envlock._expected import Restored
     from envlock.lock import Lock
 
 
@@ -123,14 +124,22 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
 
 
 def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,
-          process_state: Literal["compare", "report"], limit: int | None) -> Comparison:
-    """The verdict ``verify()`` and ``envlock verify`` both give: the comparison of the two
-    locks, OS packages judged as restore's check does inside an image `envlock run` started
-    on another base, and the ``--deep`` findings (``report``) merged in."""
+          process_state: Literal["compare", "report"], limit: int | None,
+          restored: Restored | None = None) -> Comparison:
+    """The verdict ``verify()``, ``envlock verify`` and restore's check inside an image all give:
+    the comparison of the two locks, what a restore changed on purpose allowed for (``restored``:
+    restore passes its plan's; elsewhere it is read from the image, when this is an image
+    restored from ``expected``'s environment), and the ``--deep`` findings (``report``) merged in."""
     from envlock._compare import compare, os_packages_come_from_base, os_packages_from_base
     from envlock._deepreport import align, merge
+    from envlock._expected import allow, restored_here
 
-    cmp = compare(*align(expected, current), strict=strict, process_state=process_state)
-    if os_packages_come_from_base():
+    if restored is None:
+        restored = restored_here(expected)
+    cmp = compare(*align(expected, current), strict=strict, process_state=process_state,
+                  expected_image_change=restored is not None and restored.image_change)
+    if restored is not None:
+        cmp = allow(cmp, restored, expected)
+    elif os_packages_come_from_base():
         cmp = os_packages_from_base(cmp)
     return merge(cmp, report, limit=limit)

@@ -14,6 +14,7 @@ import pytest
 from helpers import LockFactory
 
 from envlock._compare import compare
+from envlock._expected import _restore_severity
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
 from envlock.lock import Lock
 from envlock.probe.packages import record_sha256
@@ -21,7 +22,6 @@ from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
 from envlock.restore.restore import prepare
-from envlock.restore.verify import _restore_severity
 from envlock.restore.wheelhouse import bundle, wheel_record_sha256
 
 DIGEST = "sha256:" + "ab" * 32
@@ -230,7 +230,7 @@ def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock
 
 
 def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_lock: LockFactory, house: Path) -> None:
-    from envlock.restore.verify import base_tooling_info
+    from envlock._expected import Restored, allow
 
     build_wheel(house, "setuptools", "65.5.0")
     lock = _lock(restore_lock, house)
@@ -247,7 +247,7 @@ def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_loc
     assert "pip" not in plan.remove  # the base's pip stays, it is not uninstalled
     inside = lock.model_copy(update={"packages": [
         p.model_copy(update={"version": "23.0.1"}) if p.name in ("pip", "alpha") else p for p in lock.packages]})
-    shown = base_tooling_info(compare(lock, inside), plan.base_tooling)
+    shown = allow(compare(lock, inside), Restored("sha256:x", base_tooling=plan.base_tooling), lock)
     sev = {d.path: d.severity for d in shown.differences}
     assert sev["packages.pip.version"] == "info"
     assert sev["packages.alpha.version"] == "breaking"  # the experiment's packages still count

@@ -34,15 +34,20 @@ def test_a_field_without_a_policy_is_found() -> None:
     assert policies(Bare) == {}
 
 
-def test_the_fingerprint_leaves_out_what_it_always_did() -> None:
+def test_the_fingerprint_leaves_out_host_facts_and_process_state() -> None:
+    # Process state (what a running process set: seeds, every torch flag) and the image's
+    # identity (where the stack ran; a restored image is new by construction) are out too.
+    from envlock.lock import Determinism
+
     spelled = {
         "envlock": True, "probe": True, "git": True, "env": True, "canary": True,
-        "image": {"source", "reference", "container_id", "in_container", "engine"},
+        "image": {"source", "reference", "container_id", "in_container", "engine", "digest", "id"},
         "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
         "python": {"executable", "prefix"},
         "torch": {"cuda_available", "device_count", "cpu_capability"},
         "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
-        "determinism": {"num_threads", "num_interop_threads", "late", "process_env"},
+        "determinism": set(Determinism.model_fields) - {"env"},
+        "seeds": {"seed", "seed_source", "torch_initial_seed"},
         "packages": {"__all__": {"installer", "requested", "files_sha256"}},
     }
 

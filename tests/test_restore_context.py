@@ -212,7 +212,7 @@ def test_all_hashed_uses_require_hashes(restore_lock: LockFactory) -> None:
                         packages=[{"name": "six", "version": "1.16.0", "hashes": [HASH]},
                                   {"name": "idna", "version": "3.10", "hashes": [HASH, "sha256:" + "34" * 32]}])
     files = dockerfile.render(ctx.plan(lock, Options()))
-    assert set(files) == {"Dockerfile", ".dockerignore", "requirements/packages-hashed.txt"}
+    assert set(files) == {"Dockerfile", ".dockerignore", "restored.json", "requirements/packages-hashed.txt"}
     text = files["requirements/packages-hashed.txt"]
     assert f"six==1.16.0 \\\n    --hash={HASH}" in text
     assert text.count("--hash=") == 3
@@ -280,7 +280,10 @@ def test_editable_and_local_are_not_restorable_unless_skipped(restore_lock: Lock
     assert "--skip-local" in (exc.value.hint or "")
     plan = ctx.plan(lock, Options(skip_local=True))
     assert plan.skipped == ("myproj", "wheelie")
-    assert "myproj" not in "".join(dockerfile.render(plan).values())
+    rendered = dockerfile.render(plan)
+    # Only the record of what this restore left out on purpose names it.
+    assert "myproj" not in "".join(v for k, v in rendered.items() if k != "restored.json")
+    assert '"myproj"' in rendered["restored.json"]
 
 
 def test_index_url_option(restore_lock: LockFactory) -> None:
@@ -381,7 +384,7 @@ def test_dockerfile_only_writes_a_complete_context(restore_lock: LockFactory, tm
     assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*")
                   if p.is_file()) == [".dockerignore", ".envlock-context", "Dockerfile",
                                       "requirements/packages.txt",
-                                      "requirements/tooling.txt"]
+                                      "requirements/tooling.txt", "restored.json"]
 
 
 def test_context_key_is_stable_and_content_sensitive(restore_lock: LockFactory) -> None:

@@ -15,6 +15,9 @@ from envlock._version import __version__
 FORMATS = ("text", "json", "markdown")
 EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
 
+_LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
+              "repository root)")
+
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -63,7 +66,7 @@ def _capture(sub: Subparsers) -> None:
 
 def _verify(sub: Subparsers) -> None:
     p = sub.add_parser("verify", help="does this environment match the lock?")
-    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
     p.add_argument("--strict", action="store_true", help="warnings count as drift too")
@@ -97,12 +100,15 @@ def _diff(sub: Subparsers) -> None:
     p.add_argument("a", help="the lock before")
     p.add_argument("b", help="the lock after")
     p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--process-state", action="store_true",
+                   help="also compare what the capturing processes set (seeds, determinism flags, "
+                        "variables set at run time); by default it is listed apart, as verify does")
     p.set_defaults(handler="diff")
 
 
 def _show(sub: Subparsers) -> None:
     p = sub.add_parser("show", help="summarise a lock")
-    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
                    help="latex: a booktabs table for a paper's appendix")
     p.set_defaults(handler="show")
@@ -110,7 +116,7 @@ def _show(sub: Subparsers) -> None:
 
 def _fmt(sub: Subparsers) -> None:
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
-    p.add_argument("lock", nargs="?", default="env.lock", help="the lock file (default: env.lock)")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--check", action="store_true", help="only report whether it would change")
     p.set_defaults(handler="fmt")
 
@@ -280,7 +286,7 @@ def _canary(sub: Subparsers) -> None:
 def _export(sub: Subparsers) -> None:
     p = sub.add_parser("export", help="write the lock in a format other tools read "
                                       "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs)")
-    p.add_argument("lock", nargs="?", default="env.lock")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="output format")
     p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file is "
                                           "replaced only if envlock export wrote it")

@@ -14,7 +14,10 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
 
     a, b = load(args.a), load(args.b)
-    cmp = compare(a, b, names=(str(args.a), str(args.b)))
+    # What verify compares; the process state (seeds, flags, variables the capturing process
+    # set) is listed apart, as verify reports it, unless --process-state asks to compare it.
+    cmp = compare(a, b, names=(str(args.a), str(args.b)),
+                  process_state="compare" if args.process_state else "report")
     if args.format == "json":
         out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
     elif args.format == "markdown":

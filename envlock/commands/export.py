@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock.commands._lockpath import lock_arg
+
 if TYPE_CHECKING:
     from envlock.export.artifacts import Sources
     from envlock.lock import Lock
@@ -134,6 +136,7 @@ def written_by_envlock(path: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = lock_arg(args.lock)
     from envlock.errors import EXIT_OK, EnvlockError, UsageError
     from envlock.lock import atomic_write
 

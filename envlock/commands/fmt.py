@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import out, say_link
 from envlock.errors import EXIT_DRIFT, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = lock_arg(args.lock)
     from envlock.lock import atomic_write, dumps, load, read_text, seal
 
     path = Path(args.lock)

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     parse_ports(args.publish or [])
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
-                      ssh=args.ssh, ssh_key=args.ssh_key)
+                      ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(args.lock))
     lock = load(args.lock)
     with connect(args.engine) as engine:
         # Verify only what was just built: a cache hit was verified when it was built, and a

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import out
 from envlock.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = lock_arg(args.lock)
     from envlock.lock import load
 
     lock = load(args.lock)

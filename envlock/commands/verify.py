@@ -10,6 +10,7 @@ from envlock._deepreport import summary, torch_facts_line
 from envlock._render import comparison_json, comparison_payload, verify_text
 from envlock._target import choose, recorded_prefix_hint
 from envlock._verify import check
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = lock_arg(args.lock)
     if args.fleet_node:
         return _node(args)
     if args.fleet:

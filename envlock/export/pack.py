@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock._expected import TOOLING
 from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
 from envlock.export.artifacts import Artifact, lock_tags, pick
 from envlock.lock import Lock, Package
 from envlock.restore import wheelhouse
-from envlock.restore.context import TOOLING, Options, torch_label
+from envlock.restore.context import Options, torch_label
 from envlock.restore.packdir import (
     DEBS,
     DOCKER_ARCHIVE,

@@ -10,6 +10,7 @@ its probe before pydantic and the models are imported.
 ``_policy``    what a policy is, and what is derived from the policies
 ``_seal``      fingerprint and integrity over the canonical form
 ``_text``      the reader's first stage: the file's bytes to its TOML table (no pydantic)
+``_find``      which env.lock a command reads when none is named (the nearest one upward)
 ``_read``      the one reader (``_text``, then the models, then the seal)
 ``_write``     the TOML text of a lock and its atomic write
 ``_toml``      a linear-time TOML writer for the shapes a lock has
@@ -24,6 +25,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from envlock.lock._find import LOCK_NAME, find_lock, project_root
     from envlock.lock._lock import Lock
     from envlock.lock._model import (
         SCHEMA_VERSION,
@@ -78,10 +80,13 @@ if TYPE_CHECKING:
     )
     from envlock.lock._toml import document as toml_document
     from envlock.lock._write import (
+        PROTECTED_ENV,
+        REPLAY_DIR,
         STALE_TMP_SECONDS,
         TMP_SUFFIX,
         atomic_write,
         dumps,
+        looks_like_lock,
         remove_stale_temps,
         save,
         write_target,
@@ -129,6 +134,12 @@ _WHERE = {
     "integrity": ("_seal", "integrity"),
     "seal": ("_seal", "seal"),
     "toml_document": ("_toml", "document"),
+    "LOCK_NAME": ("_find", "LOCK_NAME"),
+    "find_lock": ("_find", "find_lock"),
+    "project_root": ("_find", "project_root"),
+    "PROTECTED_ENV": ("_write", "PROTECTED_ENV"),
+    "REPLAY_DIR": ("_write", "REPLAY_DIR"),
+    "looks_like_lock": ("_write", "looks_like_lock"),
     "STALE_TMP_SECONDS": ("_write", "STALE_TMP_SECONDS"),
     "TMP_SUFFIX": ("_write", "TMP_SUFFIX"),
     "atomic_write": ("_write", "atomic_write"),
@@ -139,7 +150,10 @@ _WHERE = {
 }
 __all__ = [
     "FINGERPRINT_EXCLUDE",
+    "LOCK_NAME",
     "MAX_LOCK_BYTES",
+    "PROTECTED_ENV",
+    "REPLAY_DIR",
     "SCHEMA_VERSION",
     "STALE_TMP_SECONDS",
     "TMP_SUFFIX",
@@ -168,14 +182,17 @@ __all__ = [
     "atomic_write",
     "check_seal",
     "dumps",
+    "find_lock",
     "fingerprint",
     "from_dict",
     "integrity",
     "json_schema",
     "load",
     "loads",
+    "looks_like_lock",
     "parse_toml",
     "policies",
+    "project_root",
     "read_data",
     "read_text",
     "remove_stale_temps",

@@ -24,7 +24,17 @@ from pydantic import (
     field_validator,
 )
 
-from envlock.lock._policy import BREAKING, CUSTOM, HOST, INFO, NOT_COMPARED, WARNING, Policy
+from envlock.lock._policy import (
+    BREAKING,
+    CUSTOM,
+    HOST,
+    INFO,
+    NOT_COMPARED,
+    PROCESS,
+    PROCESS_INFO,
+    WARNING,
+    Policy,
+)
 from envlock.lock._values import check_clean, check_env, check_name, check_url
 from envlock.probe.rules import UNREADABLE_ERROR_MAX, UNREADABLE_ITEM, canonicalize_name
 
@@ -66,8 +76,11 @@ class Image(_Model):
     in_container: Annotated[bool, Policy("custom", fingerprint=False)] = False
     source: Annotated[ImageSource, NOT_COMPARED] = "none"
     reference: Annotated[str | None, NOT_COMPARED] = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
-    digest: Annotated[Sha256Digest | None, CUSTOM] = None
-    id: Annotated[Sha256Digest | None, CUSTOM] = None
+    # Where the stack ran, not what it is: a restored image is new by construction and holds the
+    # same stack (its OS packages, python and packages are in the lock), so it keeps the lock's
+    # id. verify still compares the identity (breaking).
+    digest: Annotated[Sha256Digest | None, Policy("custom", fingerprint=False)] = None
+    id: Annotated[Sha256Digest | None, Policy("custom", fingerprint=False)] = None
     engine: Annotated[str | None, NOT_COMPARED] = Field(default=None, max_length=64)
     container_id: Annotated[str | None, NOT_COMPARED] = Field(default=None, pattern=r"^[0-9a-f]{12,64}$")
 
@@ -176,32 +189,32 @@ class Determinism(_Model):
     different from ``False``.
     """
 
-    torch_loaded: Annotated[bool, INFO] = False
-    deterministic_algorithms: Annotated[bool | None, BREAKING] = None
-    deterministic_warn_only: Annotated[bool | None, BREAKING] = None
-    cudnn_enabled: Annotated[bool | None, BREAKING] = None
-    cudnn_deterministic: Annotated[bool | None, BREAKING] = None
-    cudnn_benchmark: Annotated[bool | None, BREAKING] = None
-    cuda_matmul_allow_tf32: Annotated[bool | None, BREAKING] = None
-    cudnn_allow_tf32: Annotated[bool | None, BREAKING] = None
-    float32_matmul_precision: Annotated[str | None, BREAKING] = None
-    fp32_precision: Annotated[str | None, BREAKING] = None
-    cuda_matmul_fp32_precision: Annotated[str | None, BREAKING] = None
-    cudnn_conv_fp32_precision: Annotated[str | None, BREAKING] = None
-    cudnn_rnn_fp32_precision: Annotated[str | None, BREAKING] = None
-    mkldnn_fp32_precision: Annotated[str | None, BREAKING] = None
-    cuda_fp32_precision: Annotated[str | None, BREAKING] = None
-    mkldnn_matmul_fp32_precision: Annotated[str | None, BREAKING] = None
-    mkldnn_conv_fp32_precision: Annotated[str | None, BREAKING] = None
-    mkldnn_rnn_fp32_precision: Annotated[str | None, BREAKING] = None
-    mkldnn_enabled: Annotated[bool | None, BREAKING] = None
-    cuda_matmul_allow_fp16_reduced_precision_reduction: Annotated[bool | None, BREAKING] = None
-    cuda_matmul_allow_bf16_reduced_precision_reduction: Annotated[bool | None, BREAKING] = None
-    sdpa_flash: Annotated[bool | None, BREAKING] = None
-    sdpa_mem_efficient: Annotated[bool | None, BREAKING] = None
-    sdpa_math: Annotated[bool | None, BREAKING] = None
-    sdpa_cudnn: Annotated[bool | None, BREAKING] = None
-    fill_uninitialized_memory: Annotated[bool | None, BREAKING] = None
+    torch_loaded: Annotated[bool, PROCESS_INFO] = False
+    deterministic_algorithms: Annotated[bool | None, PROCESS] = None
+    deterministic_warn_only: Annotated[bool | None, PROCESS] = None
+    cudnn_enabled: Annotated[bool | None, PROCESS] = None
+    cudnn_deterministic: Annotated[bool | None, PROCESS] = None
+    cudnn_benchmark: Annotated[bool | None, PROCESS] = None
+    cuda_matmul_allow_tf32: Annotated[bool | None, PROCESS] = None
+    cudnn_allow_tf32: Annotated[bool | None, PROCESS] = None
+    float32_matmul_precision: Annotated[str | None, PROCESS] = None
+    fp32_precision: Annotated[str | None, PROCESS] = None
+    cuda_matmul_fp32_precision: Annotated[str | None, PROCESS] = None
+    cudnn_conv_fp32_precision: Annotated[str | None, PROCESS] = None
+    cudnn_rnn_fp32_precision: Annotated[str | None, PROCESS] = None
+    mkldnn_fp32_precision: Annotated[str | None, PROCESS] = None
+    cuda_fp32_precision: Annotated[str | None, PROCESS] = None
+    mkldnn_matmul_fp32_precision: Annotated[str | None, PROCESS] = None
+    mkldnn_conv_fp32_precision: Annotated[str | None, PROCESS] = None
+    mkldnn_rnn_fp32_precision: Annotated[str | None, PROCESS] = None
+    mkldnn_enabled: Annotated[bool | None, PROCESS] = None
+    cuda_matmul_allow_fp16_reduced_precision_reduction: Annotated[bool | None, PROCESS] = None
+    cuda_matmul_allow_bf16_reduced_precision_reduction: Annotated[bool | None, PROCESS] = None
+    sdpa_flash: Annotated[bool | None, PROCESS] = None
+    sdpa_mem_efficient: Annotated[bool | None, PROCESS] = None
+    sdpa_math: Annotated[bool | None, PROCESS] = None
+    sdpa_cudnn: Annotated[bool | None, PROCESS] = None
+    fill_uninitialized_memory: Annotated[bool | None, PROCESS] = None
     num_threads: Annotated[int | None, Policy("warning", fingerprint=False)] = None
     num_interop_threads: Annotated[int | None, Policy("warning", fingerprint=False)] = None
     env: Annotated[dict[str, str], CUSTOM] = Field(default_factory=dict)
@@ -222,11 +235,11 @@ class Determinism(_Model):
 
 
 class Seeds(_Model):
-    seed: Annotated[int | None, BREAKING] = None
-    seed_source: Annotated[Literal["envlock", "env"] | None, INFO] = None
+    seed: Annotated[int | None, PROCESS] = None
+    seed_source: Annotated[Literal["envlock", "env"] | None, PROCESS_INFO] = None
     python_hash_seed: Annotated[str | None, BREAKING] = None
     hash_randomization: Annotated[bool, BREAKING] = True
-    torch_initial_seed: Annotated[int | None, BREAKING] = None
+    torch_initial_seed: Annotated[int | None, PROCESS] = None
 
 
 class GitInfo(_Model):

@@ -14,7 +14,11 @@ A policy answers three questions that used to live in three other files:
 * ``fingerprint``: whether the field identifies the environment. Host- and time-specific values
   stay out, so that one stack captured on two hosts shares its id; ``integrity`` seals every
   field regardless;
-* ``comment``: the line written under a table's header in ``env.lock`` (top-level tables only).
+* ``comment``: the line written under a table's header in ``env.lock`` (top-level tables only);
+* ``process``: the field is state a running process set (seeds, torch's determinism flags), not
+  the environment it runs in: kept in the lock and compared in-process, but outside the
+  fingerprint, so one environment has one id whether it was captured from a shell, inside a
+  training process or in its restored image.
 
 A test walks every field of every model and fails when one has no policy: a field the
 comparator silently ignored was how ``platform.os_pretty_name`` went unreported.
@@ -35,6 +39,7 @@ class Policy:
     severity: Severity | Literal["custom", "ignored"]
     fingerprint: bool = True
     comment: str | None = None
+    process: bool = False
 
 
 BREAKING = Policy("breaking")
@@ -42,6 +47,10 @@ WARNING = Policy("warning")
 INFO = Policy("info")
 # A fact of the host or the moment of capture: reported, never part of the identity.
 HOST = Policy("info", fingerprint=False)
+# What a running process set (seed_everything, deterministic(), training code): compared where
+# that process is the one compared (in-process verify), reported by a fresh one, never identity.
+PROCESS = Policy("breaking", fingerprint=False, process=True)
+PROCESS_INFO = Policy("info", fingerprint=False, process=True)
 # Compared by code of its own in the comparator (drift, driftpkgs).
 CUSTOM = Policy("custom")
 # About the file or the capture, not the environment: neither compared nor identifying.

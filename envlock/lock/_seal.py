@@ -59,7 +59,25 @@ def canonical_form(lock: LockData) -> dict[str, Any]:
 
 
 def _fingerprint_of(form: dict[str, Any]) -> str:
-    return _sha256(excluding(form, FINGERPRINT_EXCLUDE))
+    det = form.get("determinism")
+    names = set(det.get("process_env", ())) if isinstance(det, dict) else set()
+    return _sha256(_without_process_env(excluding(form, FINGERPRINT_EXCLUDE), names))
+
+
+def _without_process_env(form: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """The variables the process set itself (``[determinism].process_env``: deterministic()'s
+    CUBLAS_WORKSPACE_CONFIG, seed_everything()'s ENVLOCK_SEED) are process state, like the
+    flags: a shell capture of the same environment does not have them. Those set before the
+    process started stay part of the identity."""
+    det = form.get("determinism")
+    if not names or not isinstance(det, dict):
+        return form
+    out = dict(form)
+    out["determinism"] = {**det, "env": {k: v for k, v in det.get("env", {}).items() if k not in names}}
+    seeds = form.get("seeds")
+    if "PYTHONHASHSEED" in names and isinstance(seeds, dict):
+        out["seeds"] = {k: v for k, v in seeds.items() if k != "python_hash_seed"}
+    return out
 
 
 def _integrity_of(form: dict[str, Any]) -> str:

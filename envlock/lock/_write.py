@@ -8,8 +8,10 @@ removed by the next write.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -219,14 +221,47 @@ def atomic_write(path: Path, text: str) -> Path:
     return target
 
 
+# `envlock run` mounts the locks of the workspace read-only over themselves and names them here
+# (paths in the container, os.pathsep-separated): a replay changes nothing it was not asked to.
+PROTECTED_ENV = "ENVLOCK_PROTECTED_LOCKS"
+# Where a save onto a protected lock goes instead, beside it.
+REPLAY_DIR = ".envlock-replay"
+
+
+def replay_target(path: Path) -> Path | None:
+    """Where a save to ``path`` goes in an `envlock run` that protects it; None elsewhere.
+
+    Training code ends with ``envlock.capture().save("env.lock")``; replayed as written, that
+    line must neither fail the replay nor replace the lock being replayed.
+    """
+    raw = os.environ.get(PROTECTED_ENV)
+    if not raw:
+        return None
+    target = os.path.realpath(path)
+    if target not in {os.path.realpath(x) for x in raw.split(os.pathsep) if x}:
+        return None
+    return Path(target).parent / REPLAY_DIR / Path(target).name
+
+
 def save(lock: LockData, path: str | os.PathLike[str], *, force: bool = False, reseal: bool = True) -> Path:
-    """Seal and write ``lock`` atomically.
+    """Seal and write ``lock`` atomically; returns the path written.
 
     An existing file that is not an env.lock is never overwritten without ``force``: one typo
     in ``-o`` must not cost a researcher their training script. Nor is a lock of a newer
     schema: this envlock cannot read it, so it cannot know what the overwrite would lose.
+    In `envlock run`, a lock it protects is not replaced: the new one goes to ``REPLAY_DIR``
+    beside it, and stderr says so.
     """
     p = Path(path)
+    moved = replay_target(p)
+    if moved is not None:
+        try:
+            moved.parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise EnvlockError(f"cannot write {moved.parent}: {exc.strerror or exc}") from None
+        sys.stderr.write(f"envlock: {p} is the lock `envlock run` replays and stays as it is; "
+                         f"this one goes to {moved}\n")
+        p = moved
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name such as {p / 'env.lock'}")
     if p.exists() and not force:
@@ -254,5 +289,10 @@ def save(lock: LockData, path: str | os.PathLike[str], *, force: bool = False, r
     try:
         atomic_write(p, text)
     except OSError as exc:
+        if exc.errno in (errno.EBUSY, errno.EROFS):
+            # A rename onto a read-only bind mount fails with EBUSY, a write into one with EROFS.
+            raise EnvlockError(f"cannot write {p}: it is read-only here (mounted read-only, as "
+                               "`envlock run` mounts the locks of its workspace)",
+                               hint="save the new lock under another name") from None
         raise EnvlockError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p

@@ -14,18 +14,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from envlock._expected import TOOLING, Restored
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.rules import NUMERICS_ENV
 from envlock.restore import ospackages, values
+from envlock.restore.ownwheel import OWN_DIST, file_sha256
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
 
-LayerName = Literal["torch", "packages", "tooling"]
+LayerName = Literal["torch", "packages", "envlock", "tooling"]
 BaseOrigin = Literal["lock", "--base", "table"]
 
-TOOLING = ("pip", "setuptools", "wheel")
-LAYERS: tuple[LayerName, ...] = ("torch", "packages", "tooling")  # in install order
+LAYERS: tuple[LayerName, ...] = ("torch", "packages", "envlock", "tooling")  # in install order
 WHEELS_IN_IMAGE = "/tmp/envlock-wheels"
 WORKDIR = "/workspace"
 # Set in CUDA images so the NVIDIA container runtime mounts the driver's compute libraries, as
@@ -116,6 +117,9 @@ class Plan:
     # announces, and verification reports its version as info.
     base_tooling: tuple[str, ...] = ()
     image_name: str = "env"  # Options.image_name
+    # envlock itself (the lock holds it: training code imports it), installed from a wheel of
+    # the envlock that restores (``ownwheel``); its origin cannot be the lock's, by design.
+    own: str | None = None
 
     @property
     def os_packages_restored(self) -> bool:
@@ -125,6 +129,15 @@ class Plan:
     @property
     def short_id(self) -> str:
         return self.lock.short_id
+
+    @property
+    def restored(self) -> Restored:
+        """What this restore changes on purpose: written into the image (``RESTORED_FILE``) and
+        allowed for by every verify of the lock there, restore's own check included."""
+        return Restored(fingerprint=self.lock.envlock.fingerprint or "", image_change=True,
+                        skipped=self.skipped, from_wheel=self.from_wheel,
+                        base_tooling=self.base_tooling,
+                        os_packages_restored=self.os_packages_restored, own=self.own)
 
 
 # -- base --------------------------------------------------------------------------------------
@@ -279,6 +292,8 @@ def unproven_warning(rows: Sequence[str]) -> str:
 
 
 def _layer_of(name: str) -> LayerName:
+    if name == OWN_DIST:
+        return "envlock"
     if name in TOOLING:
         return "tooling"
     return "torch" if bases().torch.in_layer(name) else "packages"
@@ -295,8 +310,21 @@ def _skipped_by_pip(pkg: Package, owned_by_os: bool, os_install: ospackages.OsIn
     return True
 
 
+def _own_requirement(pkg: Package, wheel: Path, notes: list[str]) -> Requirement:
+    """envlock itself, from the wheel of the envlock that restores: pinned to that wheel's
+    version and hash (verification then compares it with the lock's, like any package)."""
+    version = values.version(wheel.name.split("-")[1], name=OWN_DIST)
+    if version != pkg.version:
+        notes.append(f"{OWN_DIST}: the lock has {pkg.version}, this envlock is {version}; the image "
+                     f"gets {version} (verification reports the difference)")
+    notes.append(f"{OWN_DIST} {version}: installed from a wheel of the envlock that restores "
+                 f"({pkg.source} in the lock)")
+    return Requirement(OWN_DIST, version, f"{OWN_DIST}=={version}", (f"sha256:{file_sha256(wheel)}",))
+
+
 def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool,
-                   os_install: ospackages.OsInstall | None, notes: list[str]) -> _Sorted:
+                   os_install: ospackages.OsInstall | None, notes: list[str],
+                   own_wheel: Path | None = None) -> _Sorted:
     """Each package into its layer, or out (OS-owned, conda, local); local ones refuse the
     restore, all named at once, unless --skip-local."""
     from_os = set(ospackages.system_dists(lock, os_install, notes))
@@ -306,6 +334,9 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
         if pkg.name in from_os or pkg.installer == "conda":
             if _skipped_by_pip(pkg, pkg.name in from_os, os_install, base):
                 out.skipped.append(pkg.name)
+            continue
+        if pkg.name == OWN_DIST and own_wheel is not None:
+            out.layers["envlock"].append(_own_requirement(pkg, own_wheel, notes))
             continue
         if offline and pkg.source == "local" and pkg.name in options.local_wheels:
             # Its wheel was rebuilt from the installed files and proven to be the lock's build.
@@ -337,7 +368,7 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
 
 def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: str | None
                 ) -> tuple[str, ...]:
-    if offline:
+    if offline or layer == "envlock":
         return ("--no-index", "--find-links", f"{WHEELS_IN_IMAGE}/{layer}")
     # The default index is the installer's own (pip's configuration inside the image): only
     # what the user or the lock's torch build asks for is written.
@@ -402,11 +433,13 @@ def _wheels(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],
 
 
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
-         wheels_for: Mapping[str, tuple[Path, ...]] | None = None) -> Plan:
+         wheels_for: Mapping[str, tuple[Path, ...]] | None = None,
+         own_wheel: Path | None = None) -> Plan:
     """Decide and validate everything the build needs. ``base`` overrides ``choose_base``.
 
     ``wheels_for`` maps a package name to its wheel files (from ``wheelhouse.select``); it is
-    required with ``options.wheelhouse``.
+    required with ``options.wheelhouse``. ``own_wheel``: a wheel of the running envlock, which
+    replaces the lock's envlock whatever its source (``ownwheel``).
     """
     base = base or choose_base(lock, options)
     _check_options(base, options)
@@ -415,7 +448,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     venv = _venv(lock, options, base)
     base_python = values.interpreter(options.python) if options.python else "python3"
     os_install = ospackages.plan_os(lock, venv, notes)
-    sorted_ = _sort_packages(lock, options, base, offline, os_install, notes)
+    sorted_ = _sort_packages(lock, options, base, offline, os_install, notes, own_wheel)
     installed = {r.name for reqs in sorted_.layers.values() for r in reqs}
     unchecked = unproven(p for p in lock.packages if p.name in installed)
     if unchecked:
@@ -423,12 +456,16 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     layers = _layers(sorted_, options, offline, lock)
     wheels: dict[str, tuple[Path, ...]] = {}
     base_tooling: tuple[str, ...] = ()
+    own = OWN_DIST if sorted_.layers["envlock"] else None
     if offline:
-        layers, base_tooling = _tooling_from_base(layers, wheels_for or {}, notes)
-        wheels = _wheels(layers, wheels_for or {}, options.wheelhouse)
+        wheels_for = {**(wheels_for or {}), **({OWN_DIST: (own_wheel,)} if own and own_wheel else {})}
+        layers, base_tooling = _tooling_from_base(layers, wheels_for, notes)
+        wheels = _wheels(layers, wheels_for, options.wheelhouse)
+    elif own and own_wheel:
+        wheels = {"envlock": (own_wheel,)}
     return Plan(lock=lock, base=base, python=f"{venv}/bin/python" if venv else base_python,
                 base_python=base_python, venv=venv, layers=tuple(layers),
                 remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
                 notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
-                image_name=options.image_name)
+                image_name=options.image_name, own=own)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from envlock._expected import RESTORED_FILE
 from envlock._version import __version__
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
@@ -21,6 +22,7 @@ from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Plan
 from envlock.restore.wheelhouse import sha256_file
 
 REQ_DIR_IN_IMAGE = "/usr/local/share/envlock-restore"
+RESTORED_NAME = "restored.json"
 BUILD_STAGE = "envlock-build"
 DEFAULT_UID = 1000
 IMAGE_USER = "user"
@@ -107,6 +109,8 @@ def dockerfile(plan: Plan) -> str:
         "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
                  "must not rebuild or re-download them.",
         "packages": "Everything else, exact pins, no dependency resolution (the lock is the closure).",
+        "envlock": "envlock itself (training code imports it), from a wheel of the envlock that "
+                   "restored this image.",
         "tooling": "pip/setuptools/wheel last, pinned to the lock's versions (the layers above used "
                    "the base's pip).",
     }
@@ -115,7 +119,7 @@ def dockerfile(plan: Plan) -> str:
         files = layer.files()
         for fname in files:
             lines.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
-        if plan.offline:
+        if layer.name in plan.wheels:
             lines.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
         for fname in files:
             hashed = fname.endswith("-hashed.txt")
@@ -139,6 +143,8 @@ def dockerfile(plan: Plan) -> str:
         f"-u {DEFAULT_UID} {IMAGE_USER}) || true; mkdir -p {WORKDIR} && chown {DEFAULT_UID}:{DEFAULT_UID} "
         f"{WORKDIR}",
     ]
+    lines += ["", "# What this restore changed on purpose, for every verify of the lock in this image.",
+              f"COPY {dockerfile_exec([RESTORED_NAME, RESTORED_FILE])}"]
     if plan.env:
         lines += ["", "# Variables that change numerics, as captured."]
         lines.append("ENV " + " ".join(dockerfile_env(k, v) for k, v in plan.env))
@@ -159,6 +165,7 @@ def render(plan: Plan) -> dict[str, str]:
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
     if plan.os_install:
         out.update(ospackages.files(plan.os_install))
+    out[RESTORED_NAME] = plan.restored.to_json()
     out[".dockerignore"] = "build.log\n"
     return out
 

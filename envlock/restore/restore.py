@@ -77,22 +77,31 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
 def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = None
             ) -> tuple[ctx.Plan, dict[str, str]]:
     """The validated plan and the rendered files, ready to write or build."""
+    from envlock.restore.ownwheel import OWN_DIST, own_wheel
+
     base = resolve_base(engine, lock, options)
     wheels_for = None
+    # envlock itself comes from this envlock, whatever the wheelhouse holds (see ownwheel).
+    others = [p for p in lock.packages if p.name != OWN_DIST]
     house = options.wheelhouse
     if house is not None:
         from envlock.restore import wheelhouse
 
-        wheels_for = wheelhouse.select(house, lock.packages)
+        wheels_for = wheelhouse.select(house, others)
         # Prove each build before it is installed: a swapped wheel fails here, naming its package.
-        wheelhouse.check_builds(lock.packages, wheels_for)
+        wheelhouse.check_builds(others, wheels_for)
         manifest = wheelhouse.read_manifest(house)
         if manifest and not options.extra_hashes:
             options = dataclasses.replace(options, extra_hashes=manifest)
         local_wheels = wheelhouse.read_local_wheels(house)
         if local_wheels:
             options = dataclasses.replace(options, local_wheels=options.local_wheels | local_wheels)
-    plan = ctx.plan(lock, options, base, wheels_for)
+    own = None
+    if len(others) != len(lock.packages):
+        where = cache_dir() / "envlock-wheel"
+        where.mkdir(parents=True, exist_ok=True)
+        own = own_wheel(where)
+    plan = ctx.plan(lock, options, base, wheels_for, own)
     return plan, dockerfile.render(plan)
 
 
@@ -178,6 +187,4 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     from envlock.restore.verify import verify_image
 
     return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
-                        skipped=plan.skipped, from_wheel=plan.from_wheel,
-                        base_tooling=plan.base_tooling,
-                        os_packages_restored=plan.os_packages_restored)
+                        restored=plan.restored)

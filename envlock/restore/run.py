@@ -21,7 +21,7 @@ from pathlib import Path
 
 from envlock._compare import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
-from envlock.lock import Lock
+from envlock.lock import PROTECTED_ENV, Lock, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
@@ -44,6 +44,7 @@ class RunOptions:
     mounts: Sequence[tuple[str, str, bool]] = ()
     ssh: bool = False
     ssh_key: str | None = None
+    lock_path: Path | None = None  # the lock being replayed, protected when in the workspace
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -160,6 +161,26 @@ def process_variables(lock: Lock) -> dict[str, str]:
     return env
 
 
+def protected_locks(workspace: Path, lock_path: Path | None) -> list[tuple[str, str]]:
+    """(host path, container path) of every lock envlock owns in the workspace: the one being
+    replayed and the ``*.lock`` files beside it at the top. Each is mounted read-only over
+    itself, so nothing the command runs can replace it (``Lock.save`` writes to
+    ``.envlock-replay/`` instead)."""
+    candidates = sorted(workspace.glob("*.lock"))
+    if lock_path is not None:
+        candidates.append(Path(lock_path))
+    out: dict[str, str] = {}
+    for path in candidates:
+        real = path.resolve()
+        try:
+            rel = real.relative_to(workspace)
+        except ValueError:
+            continue  # outside the workspace: the command cannot reach it
+        if real.is_file() and not path.is_symlink() and looks_like_lock(real):
+            out[str(real)] = f"{WORKDIR}/{rel.as_posix()}"
+    return sorted(out.items())
+
+
 def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
                  *, python: str, os_packages_restored: bool = True) -> int:
     """Run the command (or JupyterLab) and return its exit code.
@@ -209,9 +230,14 @@ def _run(engine: ContainerEngine, lock: Lock, image_id: str, command: Sequence[s
     gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
+    locks = protected_locks(workspace, opts.lock_path)
+    if locks:
+        env = {**env, PROTECTED_ENV: os.pathsep.join(inside for _, inside in locks)}
+    # The protected locks are mounted read-only over the workspace's read-write mount, so last.
     spec = RunSpec(image=image_id, command=command, env=env, user=user, workdir=WORKDIR,
-                   mounts=[(str(workspace), WORKDIR, False), *opts.mounts, *extra_mounts], gpus=gpus,
-                   ports=ports)
+                   mounts=[(str(workspace), WORKDIR, False), *opts.mounts, *extra_mounts,
+                           *((host, inside, True) for host, inside in locks)],
+                   gpus=gpus, ports=ports)
     if banner:
         sys.stderr.write(banner)
 

@@ -145,10 +145,12 @@ def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, 
 
 def verify_venv(lock: Lock, plan: ctx.Plan, python: str) -> Comparison:
     from envlock._capture import capture
-    from envlock._verify import probe_wanted_for
-    from envlock.restore.verify import judge_restored
+    from envlock._verify import judge, probe_wanted_for
 
     want_torch, want_canary = probe_wanted_for(lock)
     here = capture(python=python, torch=want_torch, canary=want_canary)
-    return judge_restored(lock, here, skipped=plan.skipped, from_wheel=plan.from_wheel,
-                          os_packages_restored=False, base_tooling=plan.base_tooling)
+    # The restore's own verdict (``_verify.judge``, as in an image), with what it changed on
+    # purpose allowed for; a venv sits on the host, so its OS packages are the host's.
+    restored = replace(plan.restored, os_packages_restored=False)
+    return judge(lock, here, None, strict=False, process_state="report", limit=None,
+                 restored=restored)

@@ -29,11 +29,12 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from envlock._expected import TOOLING
 from envlock.errors import BadWheel, EnvlockError, HashMismatch, NotRestorable, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
-from envlock.restore.context import TOOLING, torch_label, unproven
+from envlock.restore.context import torch_label, unproven
 from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"

@@ -1,0 +1,30 @@
+"""The lock a reading command works on: the one named, else the nearest ``env.lock`` upward."""
+
+from __future__ import annotations
+
+import os
+
+from envlock.commands._output import err
+from envlock.errors import LockInvalid
+
+
+def lock_arg(given: str | None) -> str:
+    """``given``, or the ``env.lock`` found from here up to the repository root, named by its
+    path relative to the working directory (said on stderr, so the reader knows which)."""
+    from envlock.lock import LOCK_NAME, find_lock, project_root
+
+    if given is not None:
+        return given
+    found = find_lock()
+    if found is None:
+        root = project_root()
+        where = os.path.relpath(root / LOCK_NAME)
+        # Capture where the project's lock belongs, not into this subdirectory: a second lock
+        # here would shadow the project's from now on.
+        raise LockInvalid(f"{LOCK_NAME} not found here or in a parent directory (up to {os.path.relpath(root)})",
+                          hint=f"create it with `envlock capture -o {where}`"
+                               if where != LOCK_NAME else "create one with `envlock capture`")
+    shown = os.path.relpath(found)
+    if shown != LOCK_NAME:
+        err(f"envlock: reading {shown}\n")
+    return shown
