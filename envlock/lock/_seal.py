@@ -54,8 +54,12 @@ def _sha256(data: Any) -> str:
 
 
 def canonical_form(lock: LockData) -> dict[str, Any]:
-    """What both hashes are computed over."""
-    return dict(lock.model_dump(mode="json", exclude_none=True))
+    """What both hashes are computed over. An empty ``unreadable`` (the probe read everything)
+    adds nothing, so a lock sealed before that field existed keeps its seal."""
+    form = dict(lock.model_dump(mode="json", exclude_none=True))
+    if not form.get("unreadable", True):
+        del form["unreadable"]
+    return form
 
 
 def _fingerprint_of(form: dict[str, Any]) -> str:
@@ -111,6 +115,17 @@ def check_seal(lock: LockData, name: str = "env.lock") -> None:
             f"{name} is not sealed (no fingerprint)", hint=f"run `envlock fmt {name}` to seal it"
         )
     form = canonical_form(lock)
+    if meta.integrity == _integrity_of(form) and meta.fingerprint != _fingerprint_of(form):
+        # The content is as sealed; only the id differs: the lock was sealed by an envlock that
+        # left less out of the fingerprint (seeds, determinism flags and the image were once
+        # part of it). Said as such, not as an edit: re-sealing changes its id and nothing else.
+        new = _fingerprint_of(form)
+        raise LockTampered(
+            f"{name} was sealed by an earlier envlock, whose id covered process state (seeds, "
+            f"determinism flags) and the image: its content is unchanged, its id is now "
+            f"{new.split(':', 1)[-1][:12]} (was {str(meta.fingerprint).split(':', 1)[-1][:12]})",
+            hint=f"run `envlock fmt {name}` to re-seal it with the current id",
+        )
     if meta.integrity != _integrity_of(form) or meta.fingerprint != _fingerprint_of(form):
         raise LockTampered(
             f"{name} was edited after capture: its fingerprint does not match its content",
