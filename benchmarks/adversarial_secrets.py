@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -181,7 +182,9 @@ def _credential(rng: random.Random) -> str:
 
 def _index_token(rng: random.Random) -> str:
     """A token in an index path: mixed case, or hex (packagecloud, Cloudsmith, Gemfury style)."""
-    return rng.choice([lambda: _s(rng, ALNUM, 18, 40) + "aZ5", lambda: _s(rng, HEX, 32, 48) + "9f"])()
+    if rng.random() < 0.5:
+        return _s(rng, ALNUM, 18, 40) + "aZ5"
+    return _s(rng, HEX, 32, 48) + "9f"
 
 
 SECRET_QUERY_KEYS = ["token", "access_token", "private_token", "X-Amz-Signature", "X-Goog-Signature", "sig",
@@ -393,20 +396,23 @@ def capture_batch(batch: list[Case], work: Path, n: int) -> tuple[str, dict[str,
 def _kept(c: Case, lock: dict[str, object]) -> bool:
     if "_failed" in lock:
         return False
-    get = lambda table: lock.get(table) or {}  # noqa: E731
+    def get(table: str) -> dict[str, Any]:
+        value = lock.get(table)
+        return value if isinstance(value, dict) else {}
+
     if c.where == "env":
-        return bool(get("env").get(c.name) == c.value)  # type: ignore[attr-defined]
+        return bool(get("env").get(c.name) == c.value)
     if c.where == "note":
-        return c.value in str(get("envlock").get("note", ""))  # type: ignore[attr-defined]
+        return c.value in str(get("envlock").get("note", ""))
     if c.where == "git":
-        return bool(get("git").get("remote") == c.value)  # type: ignore[attr-defined]
+        return bool(get("git").get("remote") == c.value)
     if c.where == "image":
         ref, _, digest = c.value.partition("@")
         image = get("image")
-        return bool(image.get("reference") == ref and image.get("digest") == digest)  # type: ignore[attr-defined]
+        return bool(image.get("reference") == ref and image.get("digest") == digest)
     if c.where == "direct-url":
-        rows = lock.get("packages") or []
-        return any(p.get("url") == c.value for p in rows if isinstance(p, dict))  # type: ignore[union-attr]
+        rows = lock.get("packages")
+        return isinstance(rows, list) and any(isinstance(p, dict) and p.get("url") == c.value for p in rows)
     raise AssertionError(c.where)
 
 

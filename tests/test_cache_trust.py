@@ -17,6 +17,7 @@ import pytest
 from helpers import REPO, LockFactory
 from packaging.version import Version
 
+from envlock._probeproc import parse_document
 from envlock.errors import UsageError
 from envlock.export import index
 from envlock.probe import cache, filehashes, statcache
@@ -195,16 +196,16 @@ def test_poisoned_torch_facts_in_a_shared_directory_are_not_captured(tmp_path: P
                           "print(torch_cache_key())"], env=dict(env, PYTHONPATH=str(REPO)),
                          capture_output=True, text=True, check=True).stdout.strip()
     assert len(key) == 64
-    real = json.loads(subprocess.run([sys.executable, str(REPO / "envlock" / "probe")],
-                                     env=env, capture_output=True, check=True).stdout)
+    real = parse_document(subprocess.run([sys.executable, str(REPO / "envlock" / "probe")],
+                                         env=env, capture_output=True, check=True).stdout, "here")
     facts = {"torch": dict(real["torch"], cuda="99.9-poisoned"),
              "determinism": {k: v for k, v in real["determinism"].items()
                              if k not in ("env", "late")}}
     entry = shared / f"torch-facts-{key[:32]}.json"
     entry.write_text(json.dumps({"format": cache.CACHE_FORMAT, "key": key, "facts": facts}))
     os.chown(entry, _nobody(), -1)
-    doc = json.loads(subprocess.run([sys.executable, str(REPO / "envlock" / "probe")],
-                                    env=env, capture_output=True, check=True).stdout)
+    doc = parse_document(subprocess.run([sys.executable, str(REPO / "envlock" / "probe")],
+                                        env=env, capture_output=True, check=True).stdout, "here")
     assert doc["probe"]["torch_facts"] == "live"
     assert doc["torch"].get("cuda") == real["torch"].get("cuda") != "99.9-poisoned"
     assert entry.stat().st_uid == _nobody()  # and nothing of ours was written there

@@ -102,7 +102,7 @@ def _replace(make: Callable[[Path], None]) -> Callable[[Path, str], None]:
 
 
 # (case, how the distribution's file is spoiled, the file, whether x becomes an error entry).
-HOSTILE: list[tuple[str, Callable[[Path, str], None], str, bool]] = [
+HOSTILE: list[tuple[str, Callable[[Path, str], object], str, bool]] = [
     *((f"{leaf}->/dev/zero", _link_to_zero, leaf, True) for leaf in ("RECORD", "METADATA", "direct_url.json")),
     *((f"{leaf} FIFO", _fifo, leaf, True) for leaf in ("RECORD", "METADATA", "direct_url.json")),
     # INSTALLER is informational (outside the fingerprint): left out, x is still locked.

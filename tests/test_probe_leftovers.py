@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envlock._probeproc import RUN_VAR, ProbeProcess, leftovers, probe_args
+from envlock._probeproc import ProbeProcess, leftovers, probe_args
+from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
 

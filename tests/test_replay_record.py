@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from envlock._replay import make_record, read_journal
 from envlock._replay_report import replay_text
 from envlock.commands import main
 from envlock.errors import LockInvalid, LockTampered
-from envlock.probe import inputs
+from envlock.probe import deep, inputs
 from envlock.probe.rules import env_allowed
 from envlock.runtime import recorder
 
@@ -204,7 +205,7 @@ def test_context_keeps_numerics_facts_and_drops_the_rest() -> None:
 
 
 @pytest.fixture
-def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = tmp_path / "journal.jsonl"
     monkeypatch.setenv(recorder.RECORD_ENV, str(path))
     monkeypatch.delenv("RANK", raising=False)
@@ -262,7 +263,7 @@ def test_record_refuses_what_is_not_a_metric_or_a_step(journal: Path) -> None:
     with pytest.raises(TypeError, match="step must be a non-negative int"):
         envlock.record(-1, loss=1.0)
     with pytest.raises(TypeError, match="step must be"):
-        envlock.record(True, loss=1.0)  # type: ignore[arg-type]
+        envlock.record(True, loss=1.0)
 
 
 def test_only_rank_zero_records(journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -364,8 +365,13 @@ def test_data_paths_are_hashed_with_the_stat_cache(tmp_path: Path, monkeypatch: 
 
     assert inputs.path_digest(str(data / "a.txt"))["sha256"] == hashlib.sha256(b"a").hexdigest()
     reads: list[str] = []
-    real = inputs.record_hash
-    monkeypatch.setattr(inputs, "record_hash", lambda p, *a: reads.append(p) or real(p, *a))
+    real = deep.record_hash
+
+    def counted(p: str, *a: Any) -> Any:
+        reads.append(p)
+        return real(p, *a)
+
+    monkeypatch.setattr(inputs, "record_hash", counted)
     assert inputs.path_digest(str(data), now_ns=later)["sha256"] == first["sha256"]
     assert reads == []  # every stat unchanged: nothing read
     (data / "sub" / "b.txt").write_text("B")
@@ -383,8 +389,13 @@ def test_a_racy_file_is_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyP
     just_after = lambda: max(st.st_mtime_ns, st.st_ctime_ns) + 1  # noqa: E731
     inputs.path_digest(str(tmp_path / "f"), now_ns=just_after)
     reads: list[str] = []
-    real = inputs.record_hash
-    monkeypatch.setattr(inputs, "record_hash", lambda p, *a: reads.append(p) or real(p, *a))
+    real = deep.record_hash
+
+    def counted(p: str, *a: Any) -> Any:
+        reads.append(p)
+        return real(p, *a)
+
+    monkeypatch.setattr(inputs, "record_hash", counted)
     inputs.path_digest(str(tmp_path / "f"), now_ns=just_after)
     assert reads == [str(tmp_path / "f")]
 

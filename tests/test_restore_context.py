@@ -408,8 +408,8 @@ def test_the_torch_layer_depends_only_on_its_own_pins(restore_lock: LockFactory,
     """Two locks that differ by one small package: everything the engine's cache keys the torch
     layer on (its requirement files, its wheels, every instruction up to its RUN) is the same
     bytes, so the second restore reuses the torch layer (docs/restore.md)."""
-    base = dict(image={"reference": "a/b", "digest": DIGEST},
-                torch={"version": "2.4.1+cu121", "cuda": "12.1"})
+    base: dict[str, Any] = dict(image={"reference": "a/b", "digest": DIGEST},
+                                torch={"version": "2.4.1+cu121", "cuda": "12.1"})
     one = restore_lock(packages=TORCH_PKGS, **base)
     other = restore_lock(packages=[p if p[0] != "six" else ("six", "1.17.0") for p in TORCH_PKGS],
                          **base)
