@@ -35,41 +35,35 @@ matrix_tools() {
     fi
 }
 
-matrix_debs() {
-    local dir="$CACHE/debs" want
-    want="$(printf '%s\n' "${MATRIX_DEBS[@]}" | sha256sum | cut -d' ' -f1)"
+# _matrix_download DIR VAR PACKAGE...: the .debs of PACKAGE... downloaded into DIR once (a stamp
+# of the list; ENVLOCK_TEST_REBUILD=1 downloads again), exported as VAR.
+_matrix_download() {
+    local dir="$1" var="$2" want
+    shift 2
+    want="$(printf '%s\n' "$@" | sha256sum | cut -d' ' -f1)"
     if [[ "$REBUILD" == "1" || ! -f "$dir/.stamp" || "$(cat "$dir/.stamp")" != "$want" ]]; then
         rm -rf "$dir" "$dir.tmp"
         mkdir -p "$dir.tmp"
         chmod 777 "$dir.tmp"  # apt-get download drops privileges to _apt where it can
         # The host is Debian bookworm like the base image, so its apt serves the same release.
-        if ! (cd "$dir.tmp" && apt-get download "${MATRIX_DEBS[@]}" >/dev/null 2>&1); then
+        if ! (cd "$dir.tmp" && apt-get download "$@" >/dev/null 2>&1); then
             _engine_apt update
-            (cd "$dir.tmp" && apt-get download "${MATRIX_DEBS[@]}" >/dev/null)
+            (cd "$dir.tmp" && apt-get download "$@" >/dev/null)
         fi
         echo "$want" >"$dir.tmp/.stamp"
         mv "$dir.tmp" "$dir"
         log "downloaded $(find "$dir" -name '*.deb' | wc -l) .debs into $dir"
     fi
-    export ENVLOCK_TEST_DEBS="$dir"
+    export "$var=$dir"
 }
 
+matrix_debs() {
+    _matrix_download "$CACHE/debs" ENVLOCK_TEST_DEBS "${MATRIX_DEBS[@]}"
+}
+
+# A directory of its own: the Debian scenario installs every .deb of ENVLOCK_TEST_DEBS.
 matrix_ssh_debs() {
-    local dir="$CACHE/ssh-debs" want
-    want="$(printf '%s\n' "${SSH_DEBS[@]}" | sha256sum | cut -d' ' -f1)"
-    if [[ "$REBUILD" == "1" || ! -f "$dir/.stamp" || "$(cat "$dir/.stamp")" != "$want" ]]; then
-        rm -rf "$dir" "$dir.tmp"
-        mkdir -p "$dir.tmp"
-        chmod 777 "$dir.tmp"  # apt-get download drops privileges to _apt where it can
-        if ! (cd "$dir.tmp" && apt-get download "${SSH_DEBS[@]}" >/dev/null 2>&1); then
-            _engine_apt update
-            (cd "$dir.tmp" && apt-get download "${SSH_DEBS[@]}" >/dev/null)
-        fi
-        echo "$want" >"$dir.tmp/.stamp"
-        mv "$dir.tmp" "$dir"
-        log "downloaded $(find "$dir" -name '*.deb' | wc -l) .debs into $dir"
-    fi
-    export ENVLOCK_TEST_SSH_DEBS="$dir"
+    _matrix_download "$CACHE/ssh-debs" ENVLOCK_TEST_SSH_DEBS "${SSH_DEBS[@]}"
 }
 
 matrix_torch_cuda() {

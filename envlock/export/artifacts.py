@@ -82,6 +82,17 @@ def main_index(lock: Lock, override: str | None) -> str | None:
     return None
 
 
+def pip_config_list() -> str:
+    """``pip config list`` (``section.key='value'`` lines from every configuration file pip
+    reads), or nothing when pip cannot say: pip's own reading of its files, not a second one."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 @lru_cache(maxsize=1)
 def default_index() -> str:
     """The index pip would use here, to resolve hashes from when nothing else names one.
@@ -93,12 +104,7 @@ def default_index() -> str:
         value = os.environ.get(var, "").strip()
         if value.startswith(("http://", "https://")):
             return value
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
-        listed = proc.stdout if proc.returncode == 0 else ""
-    except (OSError, subprocess.SubprocessError):
-        listed = ""
+    listed = pip_config_list()
     for section in ("download", "install", "global"):
         m = re.search(rf"^{section}\.index-url='([^']+)'$", listed, re.M)
         if m:

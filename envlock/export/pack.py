@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from envlock._expected import TOOLING
 from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
-from envlock.export.artifacts import Artifact, lock_tags, pick
+from envlock.export.artifacts import Artifact, lock_tags, pick, pip_config_list
 from envlock.lock import Lock, Package
 from envlock.restore import wheelhouse
 from envlock.restore.context import Options, torch_label
@@ -115,12 +114,7 @@ class PackResult:
 def _pip_config(key: str) -> list[str]:
     """Values of pip's ``key`` (``find-links``) from its variables and configuration files."""
     out = os.environ.get("PIP_" + key.upper().replace("-", "_"), "").split()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
-        listed = proc.stdout if proc.returncode == 0 else ""
-    except (OSError, subprocess.SubprocessError):
-        listed = ""
+    listed = pip_config_list()
     for m in re.finditer(rf"^[\w:.-]*\.{re.escape(key)}='([^']*)'$", listed, re.M):
         out += m.group(1).split()
     return list(dict.fromkeys(out))
