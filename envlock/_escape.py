@@ -236,31 +236,37 @@ def latex_tt(value: object, *, every: int = 16) -> str:
 # links and images (``[`` ``]``), raw HTML and autolinks (``<`` ``>``), table cells, strikethrough,
 # entities, math (``$`` on GitHub). CommonMark lets any ASCII punctuation be backslash-escaped,
 # so the rendered text is the value itself.
-_MD_ESCAPE = re.compile(r"([\\`*\[\]<>|~&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+#
+# ``@name`` at a word's start notifies a user or team on GitHub. A backslash does not stop it:
+# GitHub finds mentions in the rendered text, after escapes are gone, but skips code. So the
+# name goes in a code span: it reads as the same characters, in monospace, and notifies nobody.
+# ``alice@example.org`` and ``git@host`` are no mentions (a letter before ``@``) and stay as
+# written. Bare URLs and e-mail addresses are left alone: GitHub may autolink one, to itself,
+# and a note's URL must read (and copy) exactly as it was recorded.
+_MD_TOKEN = re.compile(r"(?P<mention>(?<![A-Za-z0-9])@[A-Za-z0-9][A-Za-z0-9_/@-]*(?:\.[A-Za-z0-9_/@-]+)*)"
+                       r"|[\\`*\[\]<>|~&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # At the start of a line: a heading, a list item, a thematic break.
 _MD_LINE_START = re.compile(r"^(#{1,6}(?=\s|$)|[-+](?=\s|$)|(?:-\s*){3,}$)")
 _MD_ORDERED = re.compile(r"^(\d{1,9})(?=[.)](\s|$))")
-# `@name` notifies a user or team, `http://`, `www.` and `a@b.example` become links even
-# without markup (GFM autolinks): a zero-width space (as an entity, visible in the source)
-# keeps the text readable and inert.
-_ZWSP = "&#8203;"
-_MD_MENTION = re.compile(r"@(?=[A-Za-z0-9])")
-_MD_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])(?=://)|(?<![a-z0-9])(www)(?=\.)")
+
+
+def _md_token(m: re.Match[str]) -> str:
+    return f"`{m.group()}`" if m.group("mention") else "\\" + m.group()
 
 
 def markdown_text(value: object, *, inline: bool = False) -> str:
     """Markdown that renders as ``value``, on one line, with no live markup: no link, image,
-    HTML, mention or autolink, no break out of a table cell.
+    HTML or mention, no break out of a table cell. The rendered text is the value's own
+    characters (runs of whitespace one space, control characters shown as escapes, as
+    ``safe`` shows them): a URL, an e-mail address or a path in a note reads verbatim.
 
     ``inline``: the text never starts a line (a table cell, the middle of a sentence), so what
     only means something at a line's start (``- ``, ``1. ``, ``# ``) is left as written.
     """
-    text = " ".join(safe(value).split())
-    text = _MD_ESCAPE.sub(r"\\\1", text)
+    text = _MD_TOKEN.sub(_md_token, " ".join(safe(value).split()))
     if not inline:
         text = _MD_ORDERED.sub(r"\1\\", _MD_LINE_START.sub(r"\\\1", text))
-    text = _MD_AUTOLINK.sub(lambda m: (m.group(1) or "") + _ZWSP, text)
-    return _MD_MENTION.sub("@" + _ZWSP, text)
+    return text
 
 
 def markdown_code(value: object, *, table: bool = True) -> str:

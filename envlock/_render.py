@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from envlock._escape import markdown_code, markdown_text
 from envlock._textsafe import dash, safe
 
 if TYPE_CHECKING:
@@ -138,20 +139,6 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
     return summary, "".join(notes)
 
 
-def md_cell(value: Any) -> str:
-    """One table cell: no line breaks, pipes, backticks or HTML that could change the table."""
-    text = " ".join(safe(value).split())
-    for a, b in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
-        text = text.replace(a, b)
-    return text
-
-
-def md_code(value: Any, *, table: bool = True) -> str:
-    """Text for inside a `code span`: escapes do not work there, so a backtick becomes '."""
-    text = " ".join(safe(value).split()).replace("`", "'")
-    return text.replace("|", "\\|") if table else text
-
-
 def shared_rows(lock: Lock) -> list[tuple[str, str]]:
     """Summary rows for what is shared (PRs, papers): probe errors by section, never raw text."""
     rows = [(k, v) for k, v in summary_rows(lock) if k != "id"]
@@ -169,16 +156,18 @@ def replay_lines(name: str) -> tuple[str, str]:
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
     out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
-    out += [f"| {k} | {md_cell(v)} |" for k, v in shared_rows(lock)]
+    # Every value is the lock's (a note, an OS name, a version): inert markdown that reads as written.
+    out += [f"| {k} | {markdown_text(v, inline=True)} |" for k, v in shared_rows(lock)]
     out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
             "| package | version | source |", "|---|---|---|"]
-    out += [f"| {p.name} | {md_cell(p.version)} | {p.source} |" for p in lock.packages]
+    out += [f"| {markdown_text(p.name, inline=True)} | {markdown_text(p.version, inline=True)} "
+            f"| {markdown_text(p.source, inline=True)} |" for p in lock.packages]
     with_envlock, without = replay_lines(name)
     out += ["", "</details>", "",
             f"Fingerprint `{lock.envlock.fingerprint}`. Check an environment against it with "
-            f"`envlock verify {md_code(name, table=False)}`. Replay it with "
-            f"`{md_code(with_envlock, table=False)}` (a container), or without envlock: "
-            f"`{md_code(without, table=False)}`.", ""]
+            f"`envlock verify {markdown_code(name, table=False)}`. Replay it with "
+            f"`{markdown_code(with_envlock, table=False)}` (a container), or without envlock: "
+            f"`{markdown_code(without, table=False)}`.", ""]
     return "\n".join(out)
 
 
@@ -255,10 +244,11 @@ def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
-    out += [f"{counts_line(cmp)} ({md_cell(a_name)} → {md_cell(b_name)})", "",
+    out += [f"{counts_line(cmp)} ({markdown_text(a_name, inline=True)} → {markdown_text(b_name, inline=True)})", "",
             "| severity | what | before | after |", "|---|---|---|---|"]
     for d in cmp.differences:
-        out.append(f"| {d.severity} | `{md_code(d.path)}` | {md_cell(dash(d.old))} | {md_cell(dash(d.new))} |")
+        out.append(f"| {d.severity} | `{markdown_code(d.path)}` | "
+                   f"{markdown_text(dash(d.old), inline=True)} | {markdown_text(dash(d.new), inline=True)} |")
     out.append("")
     return "\n".join(out)
 
