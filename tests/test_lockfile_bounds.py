@@ -31,8 +31,8 @@ FULL = full_lock()
 BASE = FULL.model_dump(mode="json", exclude_none=True)
 BASE["envlock"]["created_at"] = FULL.envlock.created_at
 # One entry of every list of models, so that each string slot below has a place in BASE.
-BASE.setdefault("unreadable", [{"section": "packages", "item": "x-1.0.dist-info",
-                                "error": "RECORD: not a regular file"}])
+BASE["unreadable"] = BASE.get("unreadable") or [{"section": "packages", "item": "x-1.0.dist-info",
+                                                  "error": "RECORD: not a regular file"}]
 
 
 def _pattern(meta: list[Any], annotation: Any) -> str | None:

@@ -51,6 +51,10 @@ def _installed() -> importlib.metadata.Distribution | None:
         dist = importlib.metadata.distribution(OWN_DIST)
     except importlib.metadata.PackageNotFoundError:
         return None
+    if dist.read_text("RECORD") is None:
+        # An ``*.egg-info`` (a source tree's, left by an editable install's build, found first
+        # when the tree is on sys.path) lists its sources but is no install to pack again.
+        return None
     for f in dist.files or ():
         if f.as_posix() == "envlock/__init__.py" and Path(str(dist.locate_file(f))).resolve() == here:
             return dist

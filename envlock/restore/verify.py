@@ -8,11 +8,10 @@ comparison happen here, on the JSON the probe prints.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from envlock._probeproc import PROBE_PATH, probe_args
+from envlock._probeproc import PROBE_PATH, parse_document, probe_args
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
 from envlock.restore.engine import ContainerEngine, RunSpec
 
@@ -47,13 +46,7 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
         tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise ProbeFailed(f"the probe failed inside {image} with exit {result.exit_code}: "
                           + (" | ".join(tail) or "no output"))
-    try:
-        doc = json.loads(result.stdout)
-    except ValueError:
-        raise ProbeFailed(f"the probe inside {image} printed no JSON document") from None
-    if not isinstance(doc, dict):
-        raise ProbeFailed("the probe returned something other than a JSON object")
-    return doc
+    return parse_document(result.stdout, f"inside {image}")
 
 
 def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
