@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from envlock._escape import markdown_code, markdown_text
 from envlock._textsafe import dash, safe
 
 if TYPE_CHECKING:
@@ -139,17 +140,13 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
 
 
 def md_cell(value: Any) -> str:
-    """One table cell: no line breaks, pipes, backticks or HTML that could change the table."""
-    text = " ".join(safe(value).split())
-    for a, b in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
-        text = text.replace(a, b)
-    return text
+    """One table cell: no line break, pipe, link, image, emphasis, HTML, mention or autolink."""
+    return markdown_text(value, inline=True)
 
 
 def md_code(value: Any, *, table: bool = True) -> str:
     """Text for inside a `code span`: escapes do not work there, so a backtick becomes '."""
-    text = " ".join(safe(value).split()).replace("`", "'")
-    return text.replace("|", "\\|") if table else text
+    return markdown_code(value, table=table)
 
 
 def shared_rows(lock: Lock) -> list[tuple[str, str]]:
