@@ -4,7 +4,7 @@ Kept apart from the test suite on purpose, like ``adversarial_secrets.py``: the 
 payloads per output language; this script draws new ones on every run (``--seed`` repeats one)
 and counts what gets through. Usage:
 
-    python benchmarks/adversarial_outputs.py [--seed N] [--locks K] [--envs K] [--json FILE] [-v]
+    python benchmarks/adversarial_outputs.py [--seed N] [--locks K] [--envs K] [--json FILE] [--checkout DIR] [-v]
 
 **Injections.** Every string slot of the lock model is found by walking the pydantic models of
 ``envlock.lock`` (so a field added later is covered too): free text (the note, ``[env]`` values
@@ -30,7 +30,9 @@ parsed by its real consumer and compared with the twin's:
   with an empty ``PATH`` (every command a no-op, ``exec`` and ``set -e`` defused) except the
   sentinel ``zqpwn`` every payload tries to run: a sentinel call is an injection;
 * Apptainer: the list of ``%section`` headers must equal the twin's;
-* YAML (k8s) and JSON (cyclonedx, intoto): ``yaml.safe_load``/``json.loads`` must succeed and
+* requirements: the kind of each line (comment, option, requirement) must equal the twin's and
+  each requirement must parse (``packaging``);
+* YAML (k8s), JSON (cyclonedx, intoto) and TOML (pylock): the real parser must succeed and
   the shape (every key path and the type of every leaf) must equal the twin's, so a ``yes``
   that became a boolean or a ``: `` that became a key is caught;
 * LaTeX: no control word other than the escape macros may appear that the twin lacks, and the
@@ -194,6 +196,14 @@ def base_doc() -> dict[str, Any]:
     return doc
 
 
+def _strings(doc: Any) -> list[str]:
+    if isinstance(doc, dict):
+        return [s for k, v in doc.items() for s in (k, *_strings(v))]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _strings(v)]
+    return [doc] if isinstance(doc, str) else []
+
+
 def _get(doc: Any, path: tuple[Any, ...]) -> Any:
     for part in path:
         doc = doc[part]
@@ -263,10 +273,14 @@ def render_all(lock_path: Path, work: Path) -> dict[str, str]:
     outs: dict[str, str] = {}
     ERRORS.clear()
     work.mkdir(exist_ok=True)
-    for fmt in ("cyclonedx", "intoto", "apptainer", "k8s", "slurm"):
+    (work / "wheelhouse").mkdir(exist_ok=True)
+    for fmt in ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm"):
         target = work / f"out.{fmt}"
         target.unlink(missing_ok=True)
         extra = ["--command", "python train.py --epochs 3"] if fmt in ("k8s", "slurm") else []
+        if fmt in ("pylock", "requirements"):
+            # Offline: the VCS package needs no file; the system one (no wheel anywhere) is left out.
+            extra = ["--skip", "six", "--wheelhouse", str(work / "wheelhouse")]
         rc, _, err = envlock_cli(["export", str(lock_path), "--to", fmt, "-o", str(target), "--force", *extra])
         ERRORS[fmt] = err.strip() if rc else ""
         outs[fmt] = target.read_text() if rc == 0 and target.exists() else ""
@@ -353,12 +367,28 @@ def apptainer_sections(text: str) -> list[tuple[str, str]]:
     return sections
 
 
-def shape(doc: Any, path: str = "") -> list[str]:
+LOCK_VALUES: set[str] = set()  # the slot values of the lock pair being checked (keys may be values)
+
+
+def shape(doc: Any, path: str = "") -> set[str]:
+    """Every key path of a parsed document, with the type of each leaf; a key that is one of the
+    lock's own values (an ``[env]`` name in the in-toto predicate) counts as "<value>"."""
     if isinstance(doc, dict):
-        return [p for k in sorted(doc, key=str) for p in shape(doc[k], f"{path}/{type(k).__name__}")]
+        def name(k: Any) -> str:
+            return "<value>" if k in LOCK_VALUES else f"{k!s:.60}" if isinstance(k, str) else type(k).__name__
+        return {f"{path}/{name(k)}" for k in doc} | {p for k, v in doc.items() for p in shape(v, f"{path}/{name(k)}")}
     if isinstance(doc, list):
-        return [f"{path}[{len(doc)}]"] + [p for item in doc for p in shape(item, f"{path}[]")]
-    return [f"{path}:{type(doc).__name__}"]
+        return {f"{path}[]"} | {p for item in doc for p in shape(item, f"{path}[]")}
+    return {f"{path}:{type(doc).__name__}"}
+
+
+def new_shape(hostile: Any, twin: Any) -> str:
+    """What the hostile document has that the twin lacks ("" when nothing): an added key or
+    element kind, a leaf whose type changed (``yes`` read as a boolean). A missing part (an
+    exporter that leaves out a value it cannot name, such as an unparsable image reference)
+    is not an injection."""
+    extra = sorted(shape(hostile) - shape(twin))
+    return f"new in the parsed output: {extra[:5]}" if extra else ""
 
 
 LATEX_ESCAPES = {"textbackslash", "textasciicircum", "textasciitilde", "textbar", "textless", "textgreater",
@@ -371,6 +401,16 @@ def latex_profile(text: str) -> tuple[set[str], dict[str, int]]:
     words = set(re.findall(r"\\([A-Za-z]+|.)", text))
     stripped = re.sub(r"\\([A-Za-z]+|.)", " ", text)
     return words, {c: stripped.count(c) for c in "{}%&#$^_~"}
+
+
+def requirement_lines(doc: str) -> list[str]:
+    """The kind of each line pip reads: a comment, an option (by name) or a requirement; a
+    hashed requirement's continuation lines are part of it."""
+    out = []
+    for ln in doc.splitlines():
+        if ln.strip() and not ln.startswith(" "):
+            out.append("comment" if ln.startswith("#") else ln.split()[0] if ln.startswith("-") else "requirement")
+    return out
 
 
 def markdown_tokens(text: str) -> list[str]:
@@ -438,14 +478,36 @@ def check_outputs(hostile: dict[str, str], twin: dict[str, str], sandbox: Path,
             add("shell/sbatch", ok, why or f"#SBATCH lines {sb_h} vs {sb_t}, exports {exports_h}")
         elif name == "k8s":
             try:
-                h_doc, t_doc = list(yaml.safe_load_all(text)), list(yaml.safe_load_all(twin[name]))
-                ok, detail = shape(h_doc) == shape(t_doc), "shape differs"
+                detail = new_shape(list(yaml.safe_load_all(text)), list(yaml.safe_load_all(twin[name])))
+                ok = not detail
             except yaml.YAMLError as exc:
                 ok, detail = False, f"yaml: {str(exc)[:160]}"
             add("yaml", ok, detail)
+        elif name == "pylock":
+            import tomllib
+
+            try:
+                detail = new_shape(tomllib.loads(text), tomllib.loads(twin[name]))
+                ok = not detail
+            except tomllib.TOMLDecodeError as exc:
+                ok, detail = False, f"toml: {exc}"
+            add("toml", ok, detail)
+        elif name == "requirements":
+            from packaging.requirements import InvalidRequirement, Requirement
+
+            h_lines, t_lines = requirement_lines(text), requirement_lines(twin[name])
+            ok, detail = h_lines == t_lines, f"lines {h_lines} vs {t_lines}"
+            for ln in text.splitlines():
+                if ln.strip() and not ln.startswith(("#", "-")):
+                    try:
+                        Requirement(ln.split(" --hash")[0].rstrip(" \\"))
+                    except InvalidRequirement as exc:
+                        ok, detail = False, f"requirement {ln[:120]!r}: {exc}"
+            add("requirements", ok, detail)
         elif name in ("cyclonedx", "intoto"):
             try:
-                ok, detail = shape(json.loads(text)) == shape(json.loads(twin[name])), "shape differs"
+                detail = new_shape(json.loads(text), json.loads(twin[name]))
+                ok = not detail
             except ValueError as exc:
                 ok, detail = False, f"json: {exc}"
             add("json", ok, detail)
@@ -477,6 +539,11 @@ def self_check(sandbox: Path) -> None:
     assert [i for i, _ in dockerfile_instructions("FROM a\nRUN a \\\n  b\n# c\nRUN zqpwn\n")] == ["FROM", "RUN", "RUN"]
     assert "  link_open" in markdown_tokens("| a |\n|---|\n| [x](http://e.org) |\n")
     assert "input" in latex_profile("a \\input{x}")[0]
+    assert requirement_lines("# a\n--no-index\nsix==1 \\\n    --hash=sha256:ab\n") == ["comment", "--no-index", "requirement"]
+    import yaml
+
+    assert new_shape(yaml.safe_load("a: {b: 1}"), yaml.safe_load("a: x")), "the YAML shape missed a new key"
+    assert new_shape(yaml.safe_load("a: yes"), yaml.safe_load("a: x")), "the YAML shape missed a boolean"
     assert [n for n, _ in apptainer_sections("Bootstrap: docker\n%post\n  x\n%runscript\n")] == \
         ["header", "%post", "%runscript"]
 
@@ -496,6 +563,8 @@ def injections(rng: random.Random, n: int, work: Path, tally: Tally, verbose: bo
     self_check(sandbox)
     for i in range(n):
         hostile, twin, what = draw_lock(rng, slots, base)
+        LOCK_VALUES.clear()
+        LOCK_VALUES.update(v for d in (hostile, twin) for v in _strings(d))
         paths = []
         for kind, doc in (("hostile", hostile), ("twin", twin)):
             try:
@@ -674,8 +743,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="seconds a capture or verify may take before it counts as unbounded (default 120)")
     ap.add_argument("--json", type=Path, default=None, help="write the counts here")
+    ap.add_argument("--checkout", type=Path, default=None,
+                    help="the envlock checkout to run (default: this one), to compare two revisions")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    if args.checkout is not None:
+        global ROOT
+        ROOT = args.checkout.resolve()
     sys.path.insert(0, str(ROOT))
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
@@ -688,10 +762,10 @@ def main(argv: list[str] | None = None) -> int:
     env_bad = sum(env_tally.failed.values())
     print(f"adversarial outputs, seed {seed}: {args.locks} hostile locks ({accepted} accepted, "
           f"{refused} refused at entry)")
-    print(f"\n{'language':20} {'outputs clean':>14}")
+    print(f"\n{'output language':26} {'clean':>11}")
     for lang in sorted(inj.tried):
         t, f = inj.tried[lang], inj.failed[lang]
-        print(f"{lang:20} {t - f:>6}/{t:<6}")
+        print(f"{lang:26} {t - f:>5}/{t:<5}")
     print(f"\nhostile environments: {cases} cases, {bounded} captures bounded, fail-open {fails}, "
           f"slowest command {slowest:.1f} s")
     for kind in sorted(env_tally.tried):
