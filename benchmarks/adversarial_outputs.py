@@ -104,7 +104,7 @@ PAYLOADS: dict[str, list[str]] = {
     "shell": ["$(zqpwn)", "`zqpwn`", "'$(zqpwn)'", "\"$(zqpwn)\"", "; zqpwn", "\nzqpwn\n", "&& zqpwn",
               "| zqpwn", "'; zqpwn; '", "\"; zqpwn; \"", "\\", "$((1+1))", "${IFS}zqpwn", "& zqpwn &",
               "'\nzqpwn\n'", "\"\nzqpwn\n\""],
-    "slurm": [",LD_PRELOAD=/tmp/x.so", ",ALL", "\n#SBATCH --export=ALL", ",ZQ=$(zqpwn)"],
+    "slurm": [",LD_PRELOAD=/srv/x.so", ",ALL", "\n#SBATCH --export=ALL", ",ZQ=$(zqpwn)"],
     "yaml": [": x", " #c", "{a: 1}", "- item", "!!python/object/apply:os.system ['zqpwn']", "yes", "no",
              "on", "off", "~", "null", "&a", "*a", "\n  evil: 1", "[1, 2]", "%YAML 1.1", "--- ", "? k",
              "'", "\"", "|", ">", "0x1F", "1e3", "2026-01-02"],
