@@ -192,7 +192,16 @@ def base_doc() -> dict[str, Any]:
     doc["torch"]["cuda"] = "12.4"
     doc["python"].update(prefix="/opt/venv", executable="/opt/venv/bin/python")
     doc["envlock"]["note"] = "baseline"
-    doc.setdefault("unreadable", [{"section": "packages", "item": "x-1.0.dist-info", "error": "RECORD: odd"}])
+    if not doc.get("unreadable"):
+        doc["unreadable"] = [{"section": "packages", "item": "x-1.0.dist-info", "error": "RECORD: odd"}]
+    # A plain value in each field with a character rule, so that each gets hostile text too.
+    digest = "sha256:" + "b" * 64
+    doc["image"].update(id=digest, container_id="0123456789ab")
+    doc["torch"]["config_sha256"] = "c" * 64
+    doc["gpu"]["devices"][0].update(compute_capability="9.0", uuid_sha256="d" * 64)
+    doc["git"]["diff_sha256"] = "e" * 64
+    doc["canary"]["torch"] = "2.13.0"
+    doc["packages"][0]["files_sha256"] = "f" * 64
     return doc
 
 
