@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import LockFactory
@@ -82,3 +83,26 @@ def test_pip_reads_the_wheelhouse_from_the_files_directory(restore_lock: LockFac
                          timeout=300, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "dl" / wheel.name).exists()
+
+
+def test_crafted_platform_fields_are_refused_or_read_not_a_crash(restore_lock: LockFactory) -> None:
+    """A lock with ``platform.libc_version = "2.36*a"`` once stopped pylock and requirements with
+    an internal error (exit 3, ValueError), and a quote in ``platform.machine`` either crashed
+    the marker parser or added a clause to pylock's ``environments`` marker."""
+    from envlock.errors import UnsafeValue
+    from envlock.export.artifacts import lock_tags
+    from envlock.export.pylock import _environments
+
+    lock = restore_lock(packages=[("six", "1.17.0")])
+
+    def with_platform(**fields: str) -> Any:
+        return lock.model_copy(update={"platform": lock.platform.model_copy(update=fields)})
+
+    tags = lock_tags(with_platform(libc="glibc", libc_version="2.36*a| x"))
+    assert tags is not None and any(t.platform == "manylinux_2_36_x86_64" for t in tags)
+    for machine in ('x86_64" or "1" == "1', "x86_64\nzqpwn"):
+        with pytest.raises(UnsafeValue, match=r"platform\.machine"):
+            _environments(with_platform(machine=machine))
+    # Twin: an ordinary platform gives the marker as before.
+    (marker,) = _environments(lock) or []
+    assert str(marker) == 'sys_platform == "linux" and platform_machine == "x86_64" and implementation_name == "cpython"'
