@@ -291,11 +291,11 @@ def render_all(lock_path: Path, work: Path) -> dict[str, str]:
             # Offline: the VCS package needs no file; the system one (no wheel anywhere) is left out.
             extra = ["--skip", "six", "--wheelhouse", str(work / "wheelhouse")]
         rc, _, err = envlock_cli(["export", str(lock_path), "--to", fmt, "-o", str(target), "--force", *extra])
-        ERRORS[fmt] = err.strip() if rc else ""
+        ERRORS[fmt] = f"exit {rc}: {err.strip()}" if rc else ""
         outs[fmt] = target.read_text() if rc == 0 and target.exists() else ""
     ctx = work / "ctx"
     rc, _, err = envlock_cli(["restore", str(lock_path), "--dockerfile-only", str(ctx), "--force"])
-    ERRORS["dockerfile"] = err.strip() if rc else ""
+    ERRORS["dockerfile"] = f"exit {rc}: {err.strip()}" if rc else ""
     outs["dockerfile"] = (ctx / "Dockerfile").read_text() if rc == 0 and (ctx / "Dockerfile").exists() else ""
     for fmt in ("markdown", "latex"):
         rc, out, _ = envlock_cli(["show", str(lock_path), "--format", fmt])
@@ -435,7 +435,7 @@ def markdown_tokens(text: str) -> list[str]:
 
 
 def check_outputs(hostile: dict[str, str], twin: dict[str, str], sandbox: Path,
-                  tally: Tally, label: str) -> None:
+                  tally: Tally, label: str, errors: dict[str, str] | None = None) -> None:
     import yaml
 
     def add(lang: str, ok: bool, detail: str) -> None:
@@ -448,8 +448,11 @@ def check_outputs(hostile: dict[str, str], twin: dict[str, str], sandbox: Path,
             tally.add(f"({name}: twin refused)", True, "")
             continue
         if not text:
-            # The command refused the hostile lock with a clear error: a pass, not an output.
-            tally.add(f"({name} refused)", True, "")
+            # The command refused the hostile lock: a pass when it is the documented exit 2 with
+            # a one-line message, not a crash (exit 3 "internal error", a traceback).
+            why = (errors or {}).get(name, "exit 2")
+            tally.add(f"({name} refused)", why.startswith("exit 2") and "Traceback" not in why,
+                      f"{label} {name}: refused with {why[:200]!r}")
             continue
         if name == "dockerfile":
             h, t = dockerfile_instructions(text), dockerfile_instructions(twin[name])
@@ -591,7 +594,7 @@ def injections(rng: random.Random, n: int, work: Path, tally: Tally, verbose: bo
         h_out = render_all(paths[0], work / "h")
         h_err = dict(ERRORS)
         t_out = render_all(paths[1], work / "t")
-        check_outputs(h_out, t_out, sandbox, tally, f"lock {i} {what}")
+        check_outputs(h_out, t_out, sandbox, tally, f"lock {i} {what}", h_err)
         if verbose:
             print(f"lock {i}: {len([v for v in h_out.values() if v])} outputs: {what}")
             for name, msg in {**h_err, **{f"twin {k}": v for k, v in ERRORS.items()}}.items():
