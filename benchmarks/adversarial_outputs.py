@@ -49,8 +49,9 @@ versions, shell metacharacters in versions, dist-infos that are symlinks out of 
 ``envlock capture --python VENV/bin/python`` under a timeout (it must finish: bounded), then a new
 harmless distribution is added and ``envlock verify`` must exit 1 (drift); exit 0 is fail-open.
 
-Prints counts per language and per hostile kind; exits 1 on any injection, unbounded run or
-fail-open.
+A command that refuses a hostile lock passes only with the documented exit 2 (a clear
+"refusing ..." line); an exit 3 "internal error" is counted as a failure. Prints counts per
+language and per hostile kind; exits 1 on any injection, crash, unbounded run or fail-open.
 """
 
 from __future__ import annotations
