@@ -311,6 +311,22 @@ def test_markdown_link_image_and_mention_are_dead() -> None:
     assert _visible(rendered) == note
 
 
+def test_show_markdown_cells_use_the_same_escape(base_lock: Lock) -> None:
+    """``show --format markdown`` once escaped only pipes, backticks and HTML in its cells: a note
+    opened a link, an image (a tracking pixel in a pull request) and emphasis; a diff cell too."""
+    from envlock._escape import markdown_text
+    from envlock._render import show_markdown
+
+    note = "see [paper](https://x.example) ![i](https://x.example/i.png) *bold* _it_ cc @alice <b>x</b>"
+    lock = base_lock.model_copy(update={"envlock": base_lock.envlock.model_copy(update={"note": note})})
+    tokens = {c.type for t in _MD.parse(show_markdown(lock)) for c in (t.children or [])}
+    assert tokens <= {"text", "code_inline", "softbreak"}, tokens
+    rendered = _MD.render(show_markdown(lock))
+    assert "<a " not in rendered and "<img" not in rendered and "<em>" not in rendered and "<b>" not in rendered
+    assert "<code>@alice</code>" in rendered  # a mention is inert in a code span, its text kept
+    assert markdown_text("sm_90 2.1.0+cu121", inline=True) == "sm_90 2.1.0+cu121"  # twin: verbatim
+
+
 # -- Dockerfile: the restore rules, one place --------------------------------------------------
 
 

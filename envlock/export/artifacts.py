@@ -140,8 +140,9 @@ def lock_tags(lock: Lock) -> frozenset[Tag] | None:
         return None
     major, minor = (int(x) for x in py.version.split(".")[:2])
     glibc = 17
-    if plat.libc == "glibc" and plat.libc_version and re.match(r"^2\.\d+", plat.libc_version):
-        glibc = max(17, int(plat.libc_version.split(".")[1]))
+    minor_glibc = re.match(r"^2\.(\d+)", plat.libc_version or "")
+    if plat.libc == "glibc" and minor_glibc:  # the digits only: "2.36*a" once raised ValueError (exit 3)
+        glibc = max(17, int(minor_glibc.group(1)))
     arch = plat.machine
     platforms = [f"manylinux_2_{m}_{arch}" for m in range(glibc, 4, -1)]
     platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]

@@ -6,6 +6,7 @@ uv cannot express (the GPU stack, the lock's identity) goes under ``[tool.envloc
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from packaging.markers import Marker
@@ -23,7 +24,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envlock.errors import LockInvalid
+from envlock._textsafe import safe
+from envlock.errors import LockInvalid, UnsafeValue
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
 from envlock.lock import Lock, toml_document
@@ -36,6 +38,12 @@ def _environments(lock: Lock) -> list[Marker] | None:
     sys_platform = _SYS_PLATFORM.get(lock.platform.os)
     if sys_platform is None:
         return None
+    for what, value in (("platform.machine", lock.platform.machine), ("python.implementation", lock.python.implementation)):
+        # Quoted into a PEP 508 marker: a quote would end the string and add a clause
+        # ('x86_64" or "1" == "1'), a line break makes the marker unreadable.
+        if not re.fullmatch(r"\w+", value):
+            raise UnsafeValue(f"refusing {what} {safe(repr(value))[:80]}: not a word a marker can quote",
+                              hint="the lock was edited or crafted; exports write only values that read back as written")
     return [Marker(f'sys_platform == "{sys_platform}" and platform_machine == "{lock.platform.machine}" '
                    f'and implementation_name == "{lock.python.implementation}"')]
 

@@ -44,7 +44,7 @@ def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = Non
     """``relative_to``: the directory the file goes to (None: stdout); ``filename`` its name,
     for the install line of the header."""
     head = [f"# pip requirements exported from envlock {lock.short_id} ({lock.envlock.fingerprint})",
-            f"# python {lock.python.version} on {lock.platform.os} {lock.platform.machine}",
+            f"# python {lock.python.version} on {comment(lock.platform.os)} {comment(lock.platform.machine)}",
             f"# install: pip install --require-hashes -r {comment(shlex.quote(filename))}"]
     opts: list[str] = []
     if wheelhouse is not None:
