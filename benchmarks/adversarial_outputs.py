@@ -72,26 +72,14 @@ import tempfile
 import time
 import types
 import typing
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adversarial_secrets import Tally
+
 ROOT = Path(__file__).resolve().parent.parent
 ALNUM = string.ascii_letters + string.digits
-
-
-@dataclass
-class Tally:
-    tried: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    examples: list[str] = field(default_factory=list)
-
-    def add(self, kind: str, ok: bool, what: str) -> None:
-        self.tried[kind] += 1
-        if not ok:
-            self.failed[kind] += 1
-            self.examples.append(what)
 
 
 # -- payloads: the metacharacters of each language envlock writes ---------------------------------
