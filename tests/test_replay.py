@@ -184,6 +184,55 @@ def test_commands_read_the_projects_lock_from_a_subdirectory_and_name_it(
     assert load(repo / "env.lock")
 
 
+def test_restore_run_bundle_pack_diff_and_record_read_the_projects_lock_from_a_subdirectory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock._record import load as load_record
+    from envlock.commands._parser import build_parser
+    from envlock.commands.run import split_run_args
+
+    repo = tmp_path / "repo"
+    deep = repo / "src" / "model"
+    deep.mkdir(parents=True)
+    (repo / ".git").mkdir()
+    monkeypatch.chdir(deep)
+    python = {"version": "3.11.2", "implementation": "cpython", "prefix_kind": "venv",
+              "prefix": "/opt/venv", "soabi": "cpython-311-x86_64-linux-gnu"}
+    # No lock anywhere: run (even `run -- CMD`) says so in one line, pointing at the project root.
+    assert main(["run", "--gpus", "none", "--", "python", "t.py"]) == 2
+    assert "envlock capture -o ../../env.lock" in capsys.readouterr().err
+    save(make_lock(packages=[], python=python), repo / "env.lock")
+    save(make_lock(packages=[("six", "1.17.0")], python=python), deep / "other.lock")
+    said = "envlock: reading ../../env.lock"
+
+    # run: with no lock, `--` comes first (after run's options) and the lock is found upward ...
+    for argv in (["run", "--", "python", "t.py"], ["run", "--gpus", "none", "--", "python", "t.py"]):
+        args = build_parser().parse_args(argv)
+        assert split_run_args(args) == ["python", "t.py"] and args.lock == "../../env.lock", argv
+        assert said in capsys.readouterr().err
+    # ... and a lock given first is that lock, read silently.
+    args = build_parser().parse_args(["run", "other.lock", "--gpus", "none", "--", "python", "t.py"])
+    assert split_run_args(args) == ["python", "t.py"] and args.lock == "other.lock"
+    assert args.gpus == "none" and said not in capsys.readouterr().err
+
+    assert main(["restore", "--base", "python@sha256:" + "b" * 64, "--dockerfile-only", "ctx"]) == 0
+    assert said in capsys.readouterr().err and (deep / "ctx" / "Dockerfile").is_file()
+    assert main(["bundle", "-o", "wheels", "--wheelhouse", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert said in err and "envlock restore ../../env.lock --wheelhouse wheels" in out
+    assert main(["pack", "-o", "pack", "--no-image", "--no-download"]) == 0
+    assert said in capsys.readouterr().err and (deep / "pack" / "env.lock").read_bytes() == \
+        (repo / "env.lock").read_bytes()
+    # diff with one lock: the project's lock against it.
+    assert main(["diff", "other.lock"]) == 1
+    out, err = capsys.readouterr()
+    assert said in err and "six 1.17.0 only in other.lock" in out, out
+    # record: the run belongs to the project's lock, named relative to the record.
+    assert main(["record", "run.record", "--", sys.executable, "-c", "pass"]) == 0
+    assert said in capsys.readouterr().err
+    assert load_record(deep / "run.record").record.lock == "../../env.lock"
+    assert not (deep / "env.lock").exists()
+
+
 # -- envlock's own wheel --------------------------------------------------------------------------
 
 

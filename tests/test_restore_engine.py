@@ -278,22 +278,62 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
     from envlock.commands.restore import hint_earlier_image
     from envlock.errors import EngineUnavailable, UsageError
+    from envlock.restore.context import Options
+    from envlock.restore.dockerfile import LABEL_OPTIONS
+    from envlock.restore.restore import options_key
 
+    earlier = Options(base="envlock-test/base@sha256:" + "a" * 64, wheelhouse=Path("/srv/wheels"))
+    bare = Options()
+
+    class Restored(FakeAPI):
+        """The lock's image, built with ``earlier``'s options (the label restore sets)."""
+
+        def __init__(self, labels: dict[str, str]) -> None:
+            super().__init__()
+            self.labels = labels
+
+        def inspect_image(self, ref: str) -> dict[str, Any]:
+            return {"Id": IMAGE_ID, "RepoTags": [ref], "Config": {"Labels": self.labels}, "Size": 5}
+
+    tag = "envlock/proj:0123456789ab"
+    # restore --base X --wheelhouse W, then a bare `run` whose own restore fails: said.
     exc = EngineUnavailable("cannot pull python:3.11-slim-bookworm", hint="check the network")
-    hint_earlier_image(exc, engine(FakeAPI()), "envlock/proj:0123456789ab")
-    assert exc.hint is not None and exc.hint.startswith("check the network; envlock/proj:0123456789ab exists")
+    hint_earlier_image(exc, engine(Restored({LABEL_OPTIONS: options_key(earlier)})), tag, bare)
+    assert exc.hint is not None and exc.hint.startswith(f"check the network; {tag} exists")
     assert "same --base/--wheelhouse" in exc.hint
+
+    # The same options as the image's (a --no-cache rebuild that failed for another reason),
+    # an image without the label (its options are unknown), or no image: nothing is added.
+    for api, opts in ((Restored({LABEL_OPTIONS: options_key(earlier)}), earlier),
+                      (Restored({"a": "b"}), bare)):
+        other = EngineUnavailable("no space left on device", hint="free some space")
+        hint_earlier_image(other, engine(api), tag, opts)
+        assert other.hint == "free some space"
 
     class NoImages(FakeAPI):
         def inspect_image(self, ref: str) -> dict[str, Any]:
             raise ImageNotFound(ref)
 
     quiet = EngineUnavailable("cannot pull x", hint="check the network")
-    hint_earlier_image(quiet, engine(NoImages()), "envlock/proj:0123456789ab")
+    hint_earlier_image(quiet, engine(NoImages()), tag, bare)
     assert quiet.hint == "check the network"  # no image of the lock: nothing to point at
     usage = UsageError("bad option")
-    hint_earlier_image(usage, engine(FakeAPI()), "envlock/proj:0123456789ab")
+    hint_earlier_image(usage, engine(Restored({LABEL_OPTIONS: options_key(earlier)})), tag, bare)
     assert usage.hint is None
+
+
+def test_the_options_key_names_the_options_not_the_paths_spelling(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.restore.context import Options
+    from envlock.restore.restore import options_key
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w").mkdir()
+    same = options_key(Options(wheelhouse=Path("w"))) == options_key(Options(wheelhouse=tmp_path / "w"))
+    assert same and options_key(Options()) != options_key(Options(wheelhouse=Path("w")))
+    assert options_key(Options(base="b")) != options_key(Options())
+    key = options_key(Options(wheelhouse=tmp_path / "w", index_url="http://127.0.0.1:1/simple"))
+    assert str(tmp_path) not in key and "127.0.0.1" not in key  # a digest: no path in a label
 
 
 # What Docker (runc) answers, recorded from a real engine, for the typed failures below.

@@ -28,3 +28,13 @@ def lock_arg(given: str | None) -> str:
     if shown != LOCK_NAME:
         err(f"envlock: reading {shown}\n")
     return shown
+
+
+def optional_lock_arg(given: str | None) -> str | None:
+    """``given``, or the nearest ``env.lock`` upward when there is one (said as ``lock_arg``
+    says it), else None: for a command whose lock is optional (``record``)."""
+    from envlock.lock import find_lock
+
+    if given is not None or find_lock() is None:
+        return given
+    return lock_arg(None)

@@ -96,9 +96,11 @@ def _verify(sub: Subparsers) -> None:
 
 
 def _diff(sub: Subparsers) -> None:
-    p = sub.add_parser("diff", help="compare two locks")
-    p.add_argument("a", help="the lock before")
-    p.add_argument("b", help="the lock after")
+    p = sub.add_parser("diff", help="compare two locks",
+                       description="envlock diff A B; envlock diff B compares the nearest env.lock "
+                                   "(here or in a parent directory) with B")
+    p.add_argument("a", help="the lock before (alone: the lock after, compared with the nearest env.lock)")
+    p.add_argument("b", nargs="?", default=None, help="the lock after")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--process-state", action="store_true",
                    help="also compare what the capturing processes set (seeds, determinism flags, "
@@ -149,10 +151,14 @@ def _restore(sub: Subparsers) -> None:
 
 def _run(sub: Subparsers) -> None:
     p = sub.add_parser("run", help="run a command in the lock's image (restored or reused)",
-                       description="envlock run env.lock [options] -- CMD ...")
-    _build_options(p)
+                       usage="envlock run [LOCK] [options] -- CMD ...",
+                       description="envlock run [LOCK] [options] -- CMD ...: LOCK defaults to env.lock "
+                                   "here or in the nearest parent directory, up to the repository root")
+    _build_options(p, lock=False)
     _run_options(p)
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    # The lock is the first word before `--` (split_run_args): argparse cannot tell an optional
+    # lock from the command once a `--` was consumed, and `envlock run -- CMD` must find it upward.
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[LOCK] [options] -- CMD ...")
     p.set_defaults(handler="run")
 
 
@@ -204,7 +210,7 @@ def _tolerance_options(g: argparse._ActionsContainer) -> None:
 
 def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
     if lock:
-        p.add_argument("lock", help="the env.lock to restore")
+        p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--base", metavar="REF", help="build FROM this image instead of the lock's "
                    "(REF@sha256:... or a local tag, resolved to its id); the image change is expected")
     p.add_argument("--allow-unpinned-base", action="store_true",
@@ -232,7 +238,7 @@ def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
 
 def _bundle(sub: Subparsers) -> None:
     p = sub.add_parser("bundle", help="collect every wheel of a lock for offline replay")
-    p.add_argument("lock")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     p.add_argument("--wheelhouse", metavar="SRC", help="copy from this directory instead of an index")
     p.add_argument("--index-url", metavar="URL", help="download from this index (default: pip's configured index)")
@@ -245,7 +251,7 @@ def _bundle(sub: Subparsers) -> None:
 def _pack(sub: Subparsers) -> None:
     p = sub.add_parser("pack", help="one self-contained artifact: lock, wheels, .debs, base image, "
                                     "checksums and a README; restores with no network")
-    p.add_argument("lock")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("-o", "--output", required=True, metavar="DIR|FILE.tar",
                    help="a new or empty directory, or a .tar file to create")
     p.add_argument("--wheelhouse", action="append", metavar="DIR",
@@ -347,7 +353,8 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--workspace", metavar="DIR", help="where --output and --input paths are "
                    "relative to, and CMD runs (default: current directory)")
     if kind == "record":
-        p.add_argument("--lock", help="the lock the run belongs to (default: env.lock here, if any)")
+        p.add_argument("--lock", help="the lock the run belongs to (default: env.lock here or in the "
+                                      "nearest parent directory, if any)")
         _record_options(p)
     else:
         p.add_argument("--against", metavar="REC2", help="compare REC2 with REC instead of re-running")

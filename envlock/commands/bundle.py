@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import say
 from envlock.errors import EXIT_OK
 
@@ -14,6 +15,7 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
     from envlock.restore.wheelhouse import bundle
 
+    args.lock = lock_arg(args.lock)
     lock = load(args.lock)
     result = bundle(lock, Path(args.output), source=Path(args.wheelhouse) if args.wheelhouse else None,
                     index_url=args.index_url, pip_find_links=Path(args.find_links) if args.find_links else None,

@@ -13,6 +13,10 @@ def run(args: argparse.Namespace) -> int:
     from envlock._render import comparison_json, diff_markdown, diff_text
     from envlock.lock import load
 
+    if args.b is None:  # `envlock diff other.lock`: the project's lock against it
+        from envlock.commands._lockpath import lock_arg
+
+        args.a, args.b = lock_arg(None), args.a
     a, b = load(args.a), load(args.b)
     # What verify compares; the process state (seeds, flags, variables the capturing process
     # set) is listed apart, as verify reports it, unless --process-state asks to compare it.

@@ -7,6 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import say
 from envlock.errors import EXIT_OK
 
@@ -15,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from envlock.export.pack import PackOptions, pack
     from envlock.lock import load
 
+    args.lock = lock_arg(args.lock)
     lock = load(args.lock)
     options = PackOptions(wheelhouses=tuple(Path(w) for w in args.wheelhouse or ()), python=args.python,
                           base=args.base, download=not args.no_download, index_url=args.index_url,

@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     command = command_of(args, "record")
     if not command:
         raise UsageError("nothing to run: envlock record REC -- CMD ...")
-    lock_path = args.lock or ("env.lock" if os.path.exists("env.lock") else None)
+    from envlock.commands._lockpath import optional_lock_arg
+
+    lock_path = optional_lock_arg(args.lock)
     lock = None
     if lock_path:
         from envlock.lock import load

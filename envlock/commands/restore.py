@@ -57,19 +57,28 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
                        verify=verify, use_cache=not args.no_cache, say=say, network=network,
                        quiet=args.quiet)
     except EnvlockError as exc:
-        hint_earlier_image(exc, engine, tag)
+        hint_earlier_image(exc, engine, tag, options)
         if isinstance(exc, BuildFailed):
             _report_build_failure(exc)
         raise
 
 
-def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str) -> None:
+def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str, options: Options) -> None:
     """`restore --base X --wheelhouse W` then a bare `run`: the cache key differs, so run
-    starts another restore from the lock's own image, which fails; say what was meant."""
+    starts another restore from the lock's own image, which fails; say what was meant.
+
+    Only when it is so: the lock's image exists and its build recorded other options than these
+    (an image without that record, or restored with these very options, says nothing: the
+    failure has another cause)."""
+    from envlock.restore.dockerfile import LABEL_OPTIONS
+    from envlock.restore.restore import options_key
+
     if isinstance(exc, UsageError):
         return
     with contextlib.suppress(Exception):  # the engine may be the very thing that failed
-        if engine.image(tag) is not None:
+        info = engine.image(tag)
+        earlier = info.labels.get(LABEL_OPTIONS) if info is not None else None
+        if earlier is not None and earlier != options_key(options):
             also = (f"{tag} exists but was restored with other options: give `envlock run` "
                     "the same --base/--wheelhouse/--index-url/--venv as `envlock restore`")
             exc.hint = f"{exc.hint}; {also}" if exc.hint else also
@@ -99,7 +108,10 @@ def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Option
 
 
 def run(args: argparse.Namespace) -> int:
+    from envlock.commands._lockpath import lock_arg
+
     kind, venv_dir = _target(args)
+    args.lock = lock_arg(args.lock)
     pack: Pack | None = None
     lock_path = Path(args.lock)
     from envlock.restore.packdir import is_pack

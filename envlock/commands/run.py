@@ -74,14 +74,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:
-    """The command after ``--``; options between the lock and ``--`` are parsed here.
+    """The command after ``--``; the lock and the options before ``--`` are parsed here.
 
-    argparse hands everything after the lock to REMAINDER, so ``envlock run env.lock --gpus all
-    -- python train.py`` arrives as one list. Without ``--``, leading options are envlock's and
-    the command starts at the first other word (``envlock run env.lock --jupyter --workspace
-    DIR`` has no command at all).
+    argparse hands everything after run's leading options to REMAINDER, so ``envlock run env.lock
+    --gpus all -- python train.py`` arrives as one list. Its first word, when it is not an option
+    and not ``--``, is the lock; without one (``envlock run -- python train.py``) the lock is the
+    nearest ``env.lock`` upward (``args.lock`` is set either way). Without ``--``, leading options
+    are envlock's and the command starts at the first other word (``envlock run env.lock
+    --jupyter --workspace DIR`` has no command at all).
     """
+    from envlock.commands._lockpath import lock_arg
+
     rest = list(args.cmd or [])
+    given = None
+    if rest and rest[0] != "--" and not rest[0].startswith("-"):
+        given, rest = rest[0], rest[1:]
+    args.cmd = rest
+    command = _command(args, rest)
+    args.lock = lock_arg(given)
+    return command
+
+
+def _command(args: argparse.Namespace, rest: list[str]) -> list[str]:
     if "--" not in rest:
         if not rest or not rest[0].startswith("-"):
             return rest

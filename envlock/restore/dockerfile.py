@@ -31,6 +31,9 @@ LABEL_SCHEMA = "org.envlock.schema-version"
 LABEL_SHORT_ID = "org.envlock.short-id"
 # Set by restore on the build (not in the Dockerfile): the cache key, see ``context_key``.
 LABEL_CONTEXT = "org.envlock.context"
+# Also set on the build: a digest of the options the user chose (``restore.options_key``), so a
+# failed restore can tell whether an image of the lock was restored with other options.
+LABEL_OPTIONS = "org.envlock.options"
 
 
 def dockerfile_exec(argv: Iterable[str]) -> str:

@@ -9,6 +9,8 @@ anew. Images are tagged ``envlock/<name>:<short id>``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 import time
 from collections.abc import Callable
@@ -112,6 +114,20 @@ def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
     return plan
 
 
+def options_key(options: ctx.Options) -> str:
+    """A digest of what the user chose for a restore (base, wheelhouse, index, venv, python,
+    --skip-local, ...): equal for the same options, whatever the context they produced.
+
+    A digest, not the values: an image's labels travel with it when it is pushed, and a
+    wheelhouse's path is this machine's."""
+    chosen = {"base": options.base, "allow_unpinned_base": options.allow_unpinned_base,
+              "skip_local": options.skip_local,
+              "wheelhouse": str(Path(options.wheelhouse).resolve()) if options.wheelhouse else None,
+              "index_url": options.index_url, "venv": options.venv, "python": options.python,
+              "allow_http": options.allow_http}
+    return "sha256:" + hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()
+
+
 def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
     """The labels that find the final image of a build of this context, and only it.
 
@@ -154,7 +170,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
                                   "cache directory yours and private (chmod 700)")
     workdir = Path(workdir)
     context_dir = workdir / "context"
-    labels = {dockerfile.LABEL_CONTEXT: key}
+    labels = {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_OPTIONS: options_key(options)}
     t0 = time.monotonic()
     found = engine.find_image(cache_labels(plan, key)) if use_cache else None
     if found is not None:
