@@ -360,3 +360,40 @@ def test_debs_of_the_os_pins_are_downloaded_and_the_unreachable_ones_named(
     # A venv lock's OS packages are its base image's: nothing to download.
     venv_lock = restore_lock(os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9+deb12u14"]})
     assert collect_debs(venv_lock, tmp_path / "none", lambda s: None) == ([], [])
+
+
+@pytest.mark.parametrize("source", ["local", "editable"])
+def test_bundle_and_pack_put_envlocks_own_wheel_in_without_skip_local(
+        source: str, restore_lock: LockFactory, tmp_path: Path, isolated: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """envlock installed from a checkout or editable (training code imports it) is bundled and
+    packed as restore builds it: a wheel of the running envlock, not a refusal."""
+    from envlock.restore import ownwheel
+    from envlock.restore.wheelhouse import bundle, read_manifest
+
+    built: list[Path] = []
+
+    def fake_own_wheel(dest: Path) -> Path:  # the real one: test_replay.py (slow)
+        built.append(make_wheel(dest, "envlock-ml", "0.1.0"))
+        return built[-1]
+
+    monkeypatch.setattr(ownwheel, "own_wheel", fake_own_wheel)
+    house = tmp_path / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.16.0")
+    lock = restore_lock(packages=[("six", "1.16.0"), {"name": "envlock-ml", "version": "0.1.0",
+                                                      "source": source, "url": "file:///src/envlock"}])
+    result = bundle(lock, tmp_path / "bundle", source=house)
+    assert result.own == "envlock_ml-0.1.0-py3-none-any.whl" and result.skipped == ()
+    assert (tmp_path / "bundle" / result.own).is_file() and "envlock-ml" in read_manifest(tmp_path / "bundle")
+
+    packed = _pack(lock, tmp_path, tmp_path / "pack", house, tmp_path, monkeypatch)
+    assert {(r.name, r.origin) for r in packed.wheels} == {("six", "wheelhouse"), ("envlock-ml", "envlock")}
+    assert (tmp_path / "pack" / "wheels" / "envlock_ml-0.1.0-py3-none-any.whl").is_file()
+    assert any("a wheel of the envlock that packs" in n for n in packed.notes)
+    # Another local package is still refused without --skip-local.
+    other = restore_lock(packages=[{"name": "mine", "version": "0.1", "source": "editable", "url": "file:///x"},
+                                   {"name": "envlock-ml", "version": "0.1.0", "source": source,
+                                    "url": "file:///src/envlock"}])
+    with pytest.raises(NotRestorable, match="mine"):
+        bundle(other, tmp_path / "bundle2", source=house)

@@ -26,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
         from envlock.restore.context import unproven_warning
 
         say(unproven_warning(result.unproven))
+    if result.own:
+        say(f"note: envlock-ml: {result.own}, a wheel of the envlock that bundles (a restore "
+            "installs the restoring envlock's own)")
     if result.skipped:
         say(f"note: not bundled: {', '.join(result.skipped)}")
     sys.stdout.write(f"bundled {len(result.files)} files for {lock.short_id} into {result.directory}; "

@@ -81,7 +81,7 @@ class WheelRow:
     version: str
     filename: str
     sha256: str
-    origin: str  # "wheelhouse", "pip cache", "find-links", "index", "rebuilt"
+    origin: str  # "wheelhouse", "pip cache", "find-links", "index", "rebuilt", "envlock" (its own)
     local_source: bool = False
 
     def manifest(self) -> dict[str, object]:
@@ -199,10 +199,16 @@ def _take(pkgs: list[Package], directory: Path, origin: str, tags: frozenset[Tag
 
 
 def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
+    """The packages to find wheels for, and those left out. envlock itself is neither: it is
+    packed as a wheel of the running envlock (``collect_wheels``), as ``restore`` builds it."""
+    from envlock.restore.ownwheel import OWN_DIST
+
     wanted: list[Package] = []
     skipped: list[str] = []
     editable: list[str] = []
     for pkg in lock.packages:
+        if pkg.name == OWN_DIST:
+            continue
         if pkg.source == "system" or pkg.installer == "conda":
             skipped.append(pkg.name)  # the OS package manager (or the image) brings it back
         elif pkg.source == "editable":
@@ -257,6 +263,12 @@ def collect_wheels(lock: Lock, dest: Path, options: PackOptions,
         raise ArtifactsMissing(f"no wheel anywhere for {len(missing)} package(s): " + ", ".join(gaps),
                                hint="pass --wheelhouse DIR with them, or run pack where the locked "
                                     "environment is installed (--python), to rebuild them from its files")
+    own = wheelhouse.own_row(lock, dest)
+    if own is not None:
+        name, version, filename, sha = own
+        rows.append(WheelRow(name, version, filename, sha, "envlock"))
+        notes.append(f"{name}: {filename}, a wheel of the envlock that packs (a restore installs "
+                     "the restoring envlock's own)")
     return sorted(rows, key=lambda r: r.name), skipped, notes
 
 

@@ -260,14 +260,21 @@ class BundleResult:
     missing_tooling: tuple[str, ...]
     skipped: tuple[str, ...]
     unproven: tuple[str, ...] = ()  # bundled, but nothing in the lock checks their files
+    own: str | None = None  # the file of envlock's own wheel, when the lock holds envlock
 
 
 def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
+    """The packages to find wheels for, and those left out. envlock itself is neither: as in
+    ``restore``, it comes from the running envlock (``_bundle``), whatever its source."""
+    from envlock.restore.ownwheel import OWN_DIST
+
     wanted: list[Package] = []
     skipped: list[str] = []
     local: list[str] = []
     for pkg in lock.packages:
         values.dist_name(pkg.name)
+        if pkg.name == OWN_DIST:
+            continue
         if pkg.source == "system":
             skipped.append(pkg.name)  # its OS package brings it back, not a wheel
             continue
@@ -393,9 +400,25 @@ def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
         if missing:
             where = f"in {source}" if source else "on the index"
             raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
+        own = own_row(lock, staging)
+        if own is not None:
+            rows.append(own)
         for _, _, fname, _ in rows:
             shutil.move(str(staging / fname), str(out / fname))
     write_manifest(out, lock, [{"name": n, "version": v, "filename": f, "sha256": h}
                                for n, v, f, h in rows])
     return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
-                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))))
+                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))),
+                        own=own[2] if own else None)
+
+
+def own_row(lock: Lock, dest: Path) -> tuple[str, str, str, str] | None:
+    """A wheel of the running envlock when the lock holds envlock (installed from a checkout,
+    editable, a wheel or an index: none of them reachable where the bundle is restored), the
+    wheel ``restore`` builds into the image (``ownwheel``); (name, version, filename, sha256)."""
+    from envlock.restore.ownwheel import OWN_DIST, own_wheel
+
+    if not any(p.name == OWN_DIST for p in lock.packages):
+        return None
+    wheel = own_wheel(dest)
+    return OWN_DIST, wheel.name.split("-")[1], wheel.name, sha256_file(wheel)
