@@ -70,7 +70,7 @@ def _project(tmp_path: Path, house: Path, checkout: Path, install: str) -> tuple
 def test_the_readme_workflow_records_and_replays_bit_identically(
         install: str, tmp_path: Path, house: Path, checkout: Path, base_image: str,  # noqa: F811
         docker_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    steps = Steps(f"README workflow, envlock installed from a {install}")
+    steps = Steps(f"README workflow, envlock installed from a checkout{' (-e)' if install == 'editable' else ''}")
     cache = tmp_path / "cache"
     name = f"r19flow-readme-{install}"
     with steps("setup"):
