@@ -104,8 +104,8 @@ def test_bad_input_returns_2_with_one_error_line(
 
 
 def test_argparse_exits_become_return_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diff", "only-one"]) == EXIT_USAGE
-    assert "the following arguments are required: b" in capsys.readouterr().err
+    assert main(["diff"]) == EXIT_USAGE  # `diff B` alone compares the nearest env.lock with B
+    assert "the following arguments are required: a" in capsys.readouterr().err
     assert main(["no-such-command"]) == EXIT_USAGE
     assert "invalid choice" in capsys.readouterr().err
     assert main(["--version"]) == EXIT_OK
