@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import tomllib
-from test_replay_workflow_integration import _purge_tree
 from test_setups_integration import (  # noqa: F401  (module fixtures, used by name)
     Steps,
     checkout,
@@ -64,7 +63,7 @@ def test_one_id_from_a_shell_in_process_and_inside_the_restored_image(
 
     name = "r19flow-one-id"
     common = ["--base", base_image, "--wheelhouse", str(wheels), "--name", name]
-    _purge_tree(docker_client, name)
+    purge(docker_client, name)
     try:
         with steps("restore"):
             res = envlock(tool_venv, "restore", "shell.lock", *common, cwd=work)
@@ -75,7 +74,7 @@ def test_one_id_from_a_shell_in_process_and_inside_the_restored_image(
                           "envlock", "capture", "-o", "inner/restored.lock", cwd=work)
         assert res.returncode == 0, res.stdout + res.stderr
     finally:
-        _purge_tree(docker_client, name)
+        purge(docker_client, name)
     restored = work / "inner" / "restored.lock"
     inside = tomllib.loads(restored.read_text())
     assert inside["image"]["reference"] == f"envlock/{name}:{fingerprint(shell).split(':')[1][:12]}"
@@ -87,3 +86,23 @@ def test_one_id_from_a_shell_in_process_and_inside_the_restored_image(
     with capsys.disabled():
         print(f"[one-id] {fingerprint(shell).split(':')[1][:12]} from the shell, in-process and "
               "inside the restored image")
+
+
+def purge(client: Any, name: str) -> None:
+    """Every image tagged ``envlock/<name>``, and every image built on one, children first.
+
+    Through the engine's list, not one inspect per image: the engine is shared, and an image
+    another job removes meanwhile is not an error here."""
+    from docker.errors import NotFound
+
+    def remove(image_id: str) -> None:
+        for row in client.api.images(all=True):
+            if row.get("ParentId") == image_id:
+                remove(row["Id"])
+        try:
+            client.api.remove_image(image_id, force=True)
+        except NotFound:
+            pass
+
+    for row in client.api.images(name=f"envlock/{name}"):
+        remove(row["Id"])

@@ -8,7 +8,8 @@ env.lock --record run.record --output model.pt -- python train.py ...`` and ``en
 --replay run.record``: exit 0, every loss bit-identical, and the host's ``env.lock`` byte for byte
 as it was, although train.py saves its own capture to ``env.lock``. A replay with one numerics
 change (another thread count) exits 1 and names the first diverging step and the lock difference
-beside it. The seconds of capture, restore, run --record and replay are printed.
+beside it. ``envlock bundle`` of the lock needs no ``--skip-local``: envlock's own wheel goes in.
+The seconds of capture, restore, run --record and replay are printed.
 
 The options beside the README's commands are this machine's, not the workflow's: the test base
 image (the host's Python differs from any image's, so the venv goes onto a base) and the offline
@@ -29,7 +30,8 @@ from typing import Any
 import pytest
 import tomllib
 from helpers import REPO
-from test_replay_workflow_integration import _purge_tree, house  # noqa: F401  (module fixture)
+from test_one_id_integration import purge
+from test_replay_workflow_integration import house  # noqa: F401  (module fixture)
 from test_setups_integration import Steps, checkout, shell_env, wheels  # noqa: F401  (module fixtures)
 
 from envlock._record import load as load_record
@@ -96,8 +98,14 @@ def test_the_readme_workflow_records_and_replays_bit_identically(
     assert res.returncode == 0, res.stdout + res.stderr
     assert "envlock: reading ../env.lock" in res.stderr
 
+    # envlock bundle, without --skip-local: envlock's own wheel goes in, as restore builds it.
+    res = envlock("bundle", "-o", "../bundle", "--wheelhouse", str(house), cwd=sub)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "envlock: reading ../env.lock" in res.stderr and "a wheel of the envlock that bundles" in res.stderr
+    assert list((project / "bundle").glob("envlock_ml-*.whl")) and list((project / "bundle").glob("torch-*.whl"))
+
     machine = ["--base", base_image, "--wheelhouse", str(house), "--name", name]
-    _purge_tree(docker_client, name)
+    purge(docker_client, name)
     try:
         # 2. envlock restore (no lock argument: found upward), verified inside.
         with steps("restore"):
@@ -143,7 +151,7 @@ def test_the_readme_workflow_records_and_replays_bit_identically(
             assert f"determinism.num_threads: {threads} -> 1" in explained, res.stdout
         assert _sha256(lock) == original
     finally:
-        _purge_tree(docker_client, name)
+        purge(docker_client, name)
     steps.print(capsys)
     timings = {label: round(s, 1) for label, s in steps.rows}
     with capsys.disabled():
