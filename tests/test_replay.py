@@ -230,6 +230,9 @@ def test_restore_run_bundle_pack_diff_and_record_read_the_projects_lock_from_a_s
     assert main(["record", "run.record", "--", sys.executable, "-c", "pass"]) == 0
     assert said in capsys.readouterr().err
     assert load_record(deep / "run.record").record.lock == "../../env.lock"
+    # replay reads the lock the record names, and says which.
+    assert main(["replay", "run.record"]) == 0
+    assert said in capsys.readouterr().err
     assert not (deep / "env.lock").exists()
 
 

@@ -40,8 +40,12 @@ def run(args: argparse.Namespace) -> int:
     if original.record.lock:
         path = os.path.join(os.path.dirname(os.path.abspath(args.rec)), original.record.lock)
         if os.path.exists(path):
-            from envlock.lock import load
+            from envlock.commands._output import err
+            from envlock.lock import LOCK_NAME, load
 
+            shown = os.path.relpath(path)
+            if shown != LOCK_NAME:  # as a lock found upward is named: the reader knows which
+                err(f"envlock: reading {shown}\n")
             lock = load(path)
     with journal_dir() as journal:
         code = run_here(command, journal, base)
