@@ -6,6 +6,7 @@ which process-level timings cannot separate. Each subcommand prints one JSON doc
 
     python benchmarks/inproc.py load LOCK [--repeats N]
     python benchmarks/inproc.py scan DIR [DIR ...] [--repeats N]
+    python benchmarks/inproc.py canary [--repeats N]
 """
 
 from __future__ import annotations
@@ -98,6 +99,19 @@ def cmd_scan(dirs: list[Path], repeats: int) -> dict[str, Any]:
     return results
 
 
+def cmd_canary(repeats: int) -> dict[str, Any]:
+    """The numeric canary on CPU, beside one ``torch.matmul`` of its largest shape: what
+    ``capture --canary`` adds to a training job's start."""
+    import torch
+
+    from envlock import runtime
+
+    a = torch.randn(256, 256)
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "canary(cpu)": _time(lambda: runtime.canary(["cpu"]), repeats),
+            "matmul 256x256": _time(lambda: torch.matmul(a, a), repeats)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -107,11 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("scan")
     p.add_argument("dirs", type=Path, nargs="+")
     p.add_argument("--repeats", type=int, default=5)
+    p = sub.add_parser("canary")
+    p.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     if args.cmd == "load":
         doc = cmd_load(args.lock, args.repeats)
-    else:
+    elif args.cmd == "scan":
         doc = cmd_scan(args.dirs, args.repeats)
+    else:
+        doc = cmd_canary(args.repeats)
     json.dump(doc, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,10 +56,9 @@ def _hashes(c: Canary) -> dict[tuple[str, str, str], str]:
 
 
 def test_canary_covers_every_kernel_on_cpu_and_is_bit_identical_across_runs() -> None:
-    start = time.perf_counter()
+    # Its cost is measured by `python benchmarks/inproc.py canary`, not asserted here: a timed
+    # assertion fails on a loaded machine and says nothing about correctness.
     first = runtime.canary(["cpu"])
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"the canary took {elapsed:.2f}s on CPU"
     assert {(r.name, r.dtype) for r in first.results} == KERNELS
     assert {r.device for r in first.results} == {"cpu"} and not first.errors
     assert first.torch == torch.__version__ and first.version == 1
