@@ -11,8 +11,8 @@ from envlock.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    from envlock.export.bundle import bundle
     from envlock.lock import load
-    from envlock.restore.wheelhouse import bundle
 
     lock = load(args.lock)
     result = bundle(lock, Path(args.output), source=Path(args.wheelhouse) if args.wheelhouse else None,
