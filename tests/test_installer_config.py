@@ -3,7 +3,7 @@ read it; credentials used for fetching, never written.
 
 Indexes are real: a wheelhouse laid out as PEP 503 and served by ``python -m http.server`` on
 127.0.0.1 (``export_index.serve``). No configuration or cache of this machine takes part
-(``clean``).
+(``installer_clean``, conftest).
 """
 
 from __future__ import annotations
@@ -28,27 +28,6 @@ from test_restore_run_bundle import make_wheel  # isort: skip
 
 SECRET = "S3cr3tPw-r20cfg"
 CREDS = f"r20user:{SECRET}@"
-
-
-@pytest.fixture
-def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No pip or uv configuration, variable or cache of this machine takes part; the working
-    directory is an empty project (returned)."""
-    for var in list(os.environ):
-        if var.startswith(("PIP_", "UV_")):
-            monkeypatch.delenv(var)
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "etc-xdg"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
-    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
-    project = tmp_path / "project"
-    project.mkdir()
-    monkeypatch.chdir(project)
-    return project
 
 
 @pytest.fixture
@@ -84,22 +63,22 @@ def _export(path: Path, to: str, out: Path) -> int:
 # -- reading the settings -------------------------------------------------------------------------
 
 
-def test_variables_beat_files_and_uv_files_follow_uvs_precedence(clean: Path, tmp_path: Path) -> None:
+def test_variables_beat_files_and_uv_files_follow_uvs_precedence(installer_clean: Path, tmp_path: Path) -> None:
     user = Path(os.environ["XDG_CONFIG_HOME"]) / "uv"
     user.mkdir(parents=True)
     (user / "uv.toml").write_text('index-url = "https://user.example/simple"\n'
                                   'extra-index-url = ["https://user-extra.example/simple"]\n')
-    (clean / "pyproject.toml").write_text('[tool.uv]\nindex-url = "https://pyproject.example/simple"\n')
-    got = cfg.read(clean, dict(os.environ), pip_listed="")
+    (installer_clean / "pyproject.toml").write_text('[tool.uv]\nindex-url = "https://pyproject.example/simple"\n')
+    got = cfg.read(installer_clean, dict(os.environ), pip_items={})
     assert got.index_url == "https://pyproject.example/simple"
     assert got.extra_index_urls == ("https://user-extra.example/simple",)
     # uv.toml beats pyproject.toml in the same directory; project lists come first.
-    (clean / "uv.toml").write_text('extra-index-url = ["https://project-extra.example/simple"]\n'
+    (installer_clean / "uv.toml").write_text('extra-index-url = ["https://project-extra.example/simple"]\n'
                                    '[[index]]\nurl = "https://default.example/simple"\ndefault = true\n'
                                    '[[index]]\nurl = "https://named.example/simple"\nexplicit = true\n'
                                    '[[index]]\nurl = "https://flat.example/links.html"\nformat = "flat"\n'
                                    '[pip]\nfind-links = ["/nonexistent/links"]\n')
-    got = cfg.read(clean, dict(os.environ), pip_listed="")
+    got = cfg.read(installer_clean, dict(os.environ), pip_items={})
     assert got.index_url == "https://default.example/simple"
     assert got.extra_index_urls == ("https://project-extra.example/simple", "https://user-extra.example/simple")
     assert got.find_links == ("/nonexistent/links", "https://flat.example/links.html")
@@ -107,35 +86,50 @@ def test_variables_beat_files_and_uv_files_follow_uvs_precedence(clean: Path, tm
     env = {**os.environ, "UV_DEFAULT_INDEX": "https://env.example/simple",
            "UV_INDEX": "torch=https://torch.example/whl other=https://other.example/simple",
            "UV_FIND_LINKS": "/a,/b"}
-    got = cfg.read(clean, env, pip_listed="global.index-url='https://pip.example/simple'\n")
+    got = cfg.read(installer_clean, env, pip_items={"global.index-url": "https://pip.example/simple"})
     assert got.index_url == "https://env.example/simple"
     assert got.extra_index_urls[:2] == ("https://torch.example/whl", "https://other.example/simple")
     assert got.find_links[:2] == ("/a", "/b")
     # UV_CONFIG_FILE alone; UV_NO_CONFIG none at all, and pip's files then decide.
     alone = tmp_path / "alone.toml"
     alone.write_text('index-url = "https://alone.example/simple"\n')
-    assert cfg.read(clean, {**os.environ, "UV_CONFIG_FILE": str(alone)}, pip_listed="").extra_index_urls == ()
-    listed = ("global.index-url='https://pip.example/simple'\ndownload.index-url='https://dl.example/simple'\n"
-              "global.extra-index-url='https://a.example/simple\\nhttps://b.example/simple'\n"
-              ":env:.index-url='https://ignored.example'\n")
-    got = cfg.read(clean, {**os.environ, "UV_NO_CONFIG": "1"}, pip_listed=listed)
+    assert cfg.read(installer_clean, {**os.environ, "UV_CONFIG_FILE": str(alone)}, pip_items={}).extra_index_urls == ()
+    items = {"global.index-url": "https://pip.example/simple", "download.index-url": "https://dl.example/simple",
+             "global.extra-index-url": "https://a.example/simple\nhttps://b.example/simple",
+             ":env:.index-url": "https://ignored.example"}
+    got = cfg.read(installer_clean, {**os.environ, "UV_NO_CONFIG": "1"}, pip_items=items)
     assert got.index_url == "https://dl.example/simple"
     assert got.extra_index_urls == ("https://a.example/simple", "https://b.example/simple")
 
 
-def test_a_pyproject_without_tool_uv_is_passed_over(clean: Path) -> None:
-    (clean / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    (clean.parent / "uv.toml").write_text('index-url = "https://parent.example/simple"\n')
-    assert cfg.read(clean, dict(os.environ), pip_listed="").index_url == "https://parent.example/simple"
+def test_a_pyproject_without_tool_uv_is_passed_over(installer_clean: Path) -> None:
+    (installer_clean / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (installer_clean.parent / "uv.toml").write_text('index-url = "https://parent.example/simple"\n')
+    assert cfg.read(installer_clean, dict(os.environ), pip_items={}).index_url == "https://parent.example/simple"
 
 
-def test_pips_own_reading_of_pip_conf_is_used(clean: Path) -> None:
+def test_pips_own_reading_of_pip_conf_is_used(installer_clean: Path) -> None:
     conf = Path(os.environ["XDG_CONFIG_HOME"]) / "pip" / "pip.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text("[global]\nindex-url = https://conf.example/simple\nfind-links =\n    /x/one\n    /x/two\n")
-    got = cfg.read(clean)
+    got = cfg.read(installer_clean)
     assert got.index_url == "https://conf.example/simple"
     assert got.find_links == ("/x/one", "/x/two")
+
+
+def test_a_pip_conf_pip_cannot_parse_is_one_line_without_its_secrets(
+        installer_clean: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = Path(os.environ["XDG_CONFIG_HOME"]) / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"index-url = https://{CREDS}conf.example/simple\n[global\n")  # no section header
+    lock = installer_clean / "env.lock"
+    from helpers import make_lock
+
+    make_lock(packages=[("alpha", "1.0")]).save(lock)
+    code = main(["export", str(lock), "--to", "requirements"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pip's configuration cannot be read" in err and "conf.example" in err
+    assert "Traceback" not in err and SECRET not in err and len(err.strip().splitlines()) <= 2
 
 
 HOSTILE = ['index-url = ["a"]', "extra-index-url = 3", "[[index]]\nurl = 5", "index = 1", "pip = 1",
@@ -143,12 +137,12 @@ HOSTILE = ['index-url = ["a"]', "extra-index-url = 3", "[[index]]\nurl = 5", "in
 
 
 @pytest.mark.parametrize("text", HOSTILE)
-def test_a_broken_uv_toml_is_one_line_naming_the_file(clean: Path, text: str,
+def test_a_broken_uv_toml_is_one_line_naming_the_file(installer_clean: Path, text: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    (clean / "uv.toml").write_text(text)
+    (installer_clean / "uv.toml").write_text(text)
     with pytest.raises(UsageError, match=r"uv\.toml"):
-        cfg.read(clean, pip_listed="")
-    lock = clean / "env.lock"
+        cfg.read(installer_clean, pip_items={})
+    lock = installer_clean / "env.lock"
     from helpers import make_lock
 
     make_lock(packages=[("alpha", "1.0")]).save(lock)
@@ -178,16 +172,16 @@ def test_fuzz_uv_toml_reads_or_refuses_in_one_line(text: str) -> None:
 
 @pytest.mark.parametrize("source", ["PIP_INDEX_URL", "UV_DEFAULT_INDEX", "uv.toml", "pyproject", "pip.conf",
                                     "UV_CONFIG_FILE"])
-def test_export_finds_hashes_on_the_configured_index(source: str, clean: Path, index: str, tmp_path: Path,
+def test_export_finds_hashes_on_the_configured_index(source: str, installer_clean: Path, index: str, tmp_path: Path,
                                                      restore_lock: LockFactory,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     url = index + "/simple/"
     if source in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX"):
         monkeypatch.setenv(source, url)
     elif source == "uv.toml":
-        (clean / "uv.toml").write_text(f'index-url = "{url}"\n')
+        (installer_clean / "uv.toml").write_text(f'index-url = "{url}"\n')
     elif source == "pyproject":
-        (clean / "pyproject.toml").write_text(f'[project]\nname = "p"\n[[tool.uv.index]]\nurl = "{url}"\ndefault = true\n')
+        (installer_clean / "pyproject.toml").write_text(f'[project]\nname = "p"\n[[tool.uv.index]]\nurl = "{url}"\ndefault = true\n')
     elif source == "UV_CONFIG_FILE":
         (tmp_path / "elsewhere.toml").write_text(f'[pip]\nindex-url = "{url}"\n')
         monkeypatch.setenv("UV_CONFIG_FILE", str(tmp_path / "elsewhere.toml"))
@@ -203,16 +197,16 @@ def test_export_finds_hashes_on_the_configured_index(source: str, clean: Path, i
 
 @pytest.mark.parametrize("how", ["PIP_FIND_LINKS", "UV_FIND_LINKS", "uv.toml", "flat page"])
 def test_configured_find_links_are_used_before_an_index_that_does_not_answer(
-        how: str, clean: Path, house: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
+        how: str, installer_clean: Path, house: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # nothing listens on port 9
     location = f"{index}/files/" if how == "flat page" else str(house)
     if how in ("PIP_FIND_LINKS", "UV_FIND_LINKS"):
         monkeypatch.setenv(how, location)
     elif how == "uv.toml":
-        (clean / "uv.toml").write_text(f'find-links = ["{location}"]\n')
+        (installer_clean / "uv.toml").write_text(f'find-links = ["{location}"]\n')
     else:
-        (clean / "uv.toml").write_text(f'[[index]]\nurl = "{location}"\nformat = "flat"\n')
+        (installer_clean / "uv.toml").write_text(f'[[index]]\nurl = "{location}"\nformat = "flat"\n')
     _, path = _lock(restore_lock, tmp_path)
     assert _export(path, "requirements", tmp_path / "requirements.txt") == 0
     text = (tmp_path / "requirements.txt").read_text()
@@ -223,7 +217,7 @@ def test_configured_find_links_are_used_before_an_index_that_does_not_answer(
 
 
 def test_an_index_that_does_not_answer_is_still_named_when_nothing_else_has_the_file(
-        clean: Path, tmp_path: Path, restore_lock: LockFactory, monkeypatch: pytest.MonkeyPatch,
+        installer_clean: Path, tmp_path: Path, restore_lock: LockFactory, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PIP_INDEX_URL", f"http://{CREDS}127.0.0.1:9/simple/")
     _, path = _lock(restore_lock, tmp_path)
@@ -233,11 +227,11 @@ def test_an_index_that_does_not_answer_is_still_named_when_nothing_else_has_the_
 
 
 def test_bundle_takes_the_configured_indexes_and_downloads_in_parallel(
-        clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory) -> None:
+        installer_clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory) -> None:
     from envlock.export.bundle import bundle
 
     lock, _ = _lock(restore_lock, tmp_path)
-    (clean / "uv.toml").write_text(f'index-url = "http://127.0.0.1:9/simple/"\n'
+    (installer_clean / "uv.toml").write_text(f'index-url = "http://127.0.0.1:9/simple/"\n'
                                    f'extra-index-url = ["{index}/extra/", "{index}/simple/"]\n')
     result = bundle(lock, tmp_path / "out")
     assert sorted(f[0] for f in result.files) == ["alpha", "beta"]
@@ -254,7 +248,7 @@ def _written(root: Path) -> str:
 
 @pytest.mark.parametrize("creds", ["", CREDS], ids=["plain", "credentials"])
 def test_export_outputs_never_carry_the_index_credentials(
-        creds: str, clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
+        creds: str, installer_clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     host = index.replace("http://", f"http://{creds}")
     monkeypatch.setenv("UV_DEFAULT_INDEX", f"{host}/main/")
@@ -275,10 +269,10 @@ def test_export_outputs_never_carry_the_index_credentials(
 
 @pytest.mark.parametrize("creds", ["", CREDS], ids=["plain", "credentials"])
 def test_bundle_and_pack_never_write_the_index_credentials(
-        creds: str, clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
+        creds: str, installer_clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     host = index.replace("http://", f"http://{creds}")
-    (clean / "uv.toml").write_text(f'index-url = "{host}/simple/"\n')
+    (installer_clean / "uv.toml").write_text(f'index-url = "{host}/simple/"\n')
     lock = restore_lock(packages=[("alpha", "1.0"), ("beta", "2.0"), ("gamma", "3.0")])
     path = tmp_path / "env.lock"
     lock.save(path)

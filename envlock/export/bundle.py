@@ -83,8 +83,8 @@ def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str 
 
 def _gather(lock: Lock, wanted: list[Package], staging: Path, *, index_url: str | None,
             pip_find_links: Path | None, allow_http: bool, config: InstallerConfig | None,
-            workers: int) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Wheels from disk, then the indexes, into ``staging``: (name -> origin, why not found)."""
+            workers: int) -> tuple[dict[str, fetch.WheelRow], dict[str, list[str]]]:
+    """Wheels from disk, then the indexes, into ``staging``: (file name -> its row, why not found)."""
     tags = lock_tags(lock)
     rows: list[fetch.WheelRow] = []
     why: dict[str, list[str]] = {}
@@ -108,14 +108,14 @@ def _gather(lock: Lock, wanted: list[Package], staging: Path, *, index_url: str 
         if left:
             fetch.download(lock, left, staging, config=config, index_url=index_url,
                            allow_http=allow_http, rows=rows, why=why, workers=workers)
-    return {r.name: r.origin for r in rows}, why
+    return {r.filename: r for r in rows}, why
 
 
 def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
             source: Path | None, index_url: str | None, pip_find_links: Path | None,
             allow_http: bool, config: InstallerConfig | None, workers: int) -> BundleResult:
     out.mkdir(parents=True, exist_ok=True)
-    origins: dict[str, str] = {}
+    kept: dict[str, fetch.WheelRow] = {}
     why: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix=".envlock-bundle-", dir=out) as tmp:
         staging = Path(tmp)
@@ -124,7 +124,7 @@ def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
                 for f in files:
                     shutil.copy2(f, staging / f.name)
         else:
-            origins, why = _gather(lock, wanted, staging, index_url=index_url, pip_find_links=pip_find_links,
+            kept, why = _gather(lock, wanted, staging, index_url=index_url, pip_find_links=pip_find_links,
                                    allow_http=allow_http, config=config, workers=workers)
         have = select(staging, wanted)
         rows: list[tuple[str, str, str, str]] = []
@@ -140,8 +140,9 @@ def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
                                    + (f" ({'; '.join(why[pkg.name])})" if pkg.name in why else ""))
                 continue
             check_builds([pkg], {pkg.name: files})
-            for f in files:
-                rows.append((pkg.name, pkg.version, f.name, sha256_file(f)))
+            for f in files:  # the digest taken when the file was kept, else read now
+                digest = kept[f.name].sha256 if f.name in kept else sha256_file(f)
+                rows.append((pkg.name, pkg.version, f.name, digest))
         if missing:
             where = f"in {source}" if source else (f"in {pip_find_links}" if pip_find_links else "on disk or the index")
             raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
@@ -151,4 +152,4 @@ def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
                                for n, v, f, h in rows])
     return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
                         tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))),
-                        tuple(sorted(origins.items())))
+                        tuple(sorted((r.name, r.origin) for r in kept.values())))

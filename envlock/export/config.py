@@ -4,8 +4,9 @@
 the same settings, each as its installer documents them:
 
 - **pip**: ``PIP_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PIP_FIND_LINKS`` (whitespace-separated)
-  over its configuration files, which pip reads itself (``pip config list``: no second reader of
-  pip.conf), the command's own section (``download``, then ``install``) over ``global``.
+  over its configuration files, which pip reads itself (its ``Configuration``, what ``pip config
+  list`` prints: no second reader of pip.conf), the command's own section (``download``, then
+  ``install``) over ``global``.
 - **uv**: ``UV_DEFAULT_INDEX``/``UV_INDEX_URL``, ``UV_INDEX``/``UV_EXTRA_INDEX_URL``
   (space-separated, ``name=url`` allowed), ``UV_FIND_LINKS`` (comma-separated) over its files:
   ``UV_CONFIG_FILE`` alone when set; otherwise the nearest ``uv.toml``, or ``pyproject.toml``
@@ -25,10 +26,9 @@ writer shows them through ``index.public``.
 
 from __future__ import annotations
 
-import ast
+import importlib
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from envlock.errors import UsageError
+from envlock.probe.scrub import scrub_index_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,37 +78,33 @@ def local_dir(entry: str) -> Path | None:
 # -- pip ------------------------------------------------------------------------------------------
 
 
-def pip_config_list() -> str:
-    """``pip config list`` (``section.key='value'`` lines from every configuration file pip
-    reads), or nothing when pip cannot say: pip's own reading of its files, not a second one."""
+def pip_config_items() -> dict[str, str]:
+    """``section.key`` -> value from every configuration file pip reads, read by pip's own
+    ``Configuration`` (what ``pip config list`` prints; in-process, since a second interpreter
+    started only to print it costs more than the rest of a bundle). Nothing when pip is not
+    installed beside envlock; a file pip cannot parse is pip's error, said in one line."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
+        module = importlib.import_module("pip._internal.configuration")
+        exceptions = importlib.import_module("pip._internal.exceptions")
+        configuration = module.Configuration(isolated=False)  # pip has no public API for it
+    except (ImportError, AttributeError):
+        return {}
+    try:
+        configuration.load()
+        items = list(configuration.items())
+    except exceptions.ConfigurationError as exc:
+        said = " ".join(scrub_index_text(str(exc)).split())  # configparser quotes the line, over lines
+        raise UsageError(f"pip's configuration cannot be read: {said}",
+                         hint="fix the file, or set PIP_CONFIG_FILE=/dev/null to ignore pip's configuration") from None
+    return {str(k): v for k, v in items if isinstance(v, str)}
 
 
-def parse_pip_config_list(listed: str) -> dict[str, dict[str, str]]:
-    """section -> key -> value from ``pip config list`` (values are Python string literals);
-    pip's ``:env:`` pseudo-section is left out (the variables are read as such)."""
-    out: dict[str, dict[str, str]] = {}
-    for line in listed.splitlines():
-        key, eq, raw = line.partition("=")
-        section, dot, name = key.strip().rpartition(".")
-        if not eq or not dot or section.startswith(":"):
-            continue
-        try:
-            value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            continue
-        if isinstance(value, str):
-            out.setdefault(section, {})[name] = value
-    return out
-
-
-def _pip_files(listed: str) -> tuple[str | None, list[str], list[str]]:
-    sections = parse_pip_config_list(listed)
+def _pip_files(items: Mapping[str, str]) -> tuple[str | None, list[str], list[str]]:
+    sections: dict[str, dict[str, str]] = {}
+    for key, value in items.items():
+        section, _, name = key.rpartition(".")
+        if not section.startswith(":"):  # pip's ":env:" pseudo-section: the variables, read as such
+            sections.setdefault(section, {})[name] = value
     order = [sections.get(s, {}) for s in ("download", "install", "global")]
     index = next((s["index-url"].strip() for s in order if s.get("index-url", "").strip()), None)
     extras = next((s["extra-index-url"].split() for s in order if "extra-index-url" in s), [])
@@ -237,13 +234,13 @@ def _uv_env_list(value: str, sep: str | None) -> list[str]:
 
 
 def read(cwd: Path | None = None, environ: Mapping[str, str] | None = None,
-         pip_listed: str | None = None) -> InstallerConfig:
-    """pip's and uv's settings merged as the module docstring says. ``pip_listed``: the output
-    of ``pip config list`` when the caller has it (tests), else pip is asked."""
+         pip_items: Mapping[str, str] | None = None) -> InstallerConfig:
+    """pip's and uv's settings merged as the module docstring says. ``pip_items``: pip's file
+    settings when the caller has them (tests), else pip is asked."""
     env = os.environ if environ is None else environ
     here = Path.cwd() if cwd is None else cwd
     uv_files = [f for f in (parse_uv(_read_text(p), p, pyproject=pp) for p, pp in uv_config_files(here, env)) if f]
-    pip_index, pip_extras, pip_links = _pip_files(pip_config_list() if pip_listed is None else pip_listed)
+    pip_index, pip_extras, pip_links = _pip_files(pip_config_items() if pip_items is None else pip_items)
 
     def env_index() -> str | None:
         for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):

@@ -107,8 +107,9 @@ def proven(pkg: Package, path: Path) -> str | None:
     return None
 
 
-def _keep(pkg: Package, path: Path, origin: str, rows: list[WheelRow]) -> None:
-    rows.append(WheelRow(pkg.name, pkg.version, path.name, wheelhouse.sha256_file(path), origin,
+def _keep(pkg: Package, path: Path, origin: str, rows: list[WheelRow], digest: str | None = None) -> None:
+    """``digest``: the file's sha256 when it was checked on the way in (a download)."""
+    rows.append(WheelRow(pkg.name, pkg.version, path.name, digest or wheelhouse.sha256_file(path), origin,
                          pkg.source == "local"))
 
 
@@ -285,11 +286,12 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
         sources = Sources(index_url=index_url, config=config)
         chains = chain_for(lock, by_index, config, sources, cache_root())
         queries = [Query(p.name, p.version, c) for p, c in zip(by_index, chains, strict=True)]
-        answers = resolve(queries, workers=workers)
+        errors: dict[str, str] = {}
+        answers = resolve(queries, workers=workers, errors=errors)
         for pkg, q in zip(by_index, queries, strict=True):
             hit = answers.get(pkg.name)
             if hit is None:
-                why.setdefault(pkg.name, []).append(f"not on {names(q.indexes)}")
+                why.setdefault(pkg.name, []).append(errors.get(pkg.name) or f"not on {names(q.indexes)}")
                 continue
             index, files = hit
             keep = set(pick(files, tags))
@@ -306,7 +308,7 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
     if plans:
         say(f"downloading {len(plans)} wheel(s) from the index, {min(workers, len(plans))} at a time")
 
-    def one(plan: tuple[Package, SimpleIndex, list[IndexFile]]) -> tuple[Package, Path | None, list[str]]:
+    def one(plan: tuple[Package, SimpleIndex, list[IndexFile]]) -> tuple[Package, IndexFile | None, list[str]]:
         pkg, index, files = plan
         reasons = []
         for f in files:
@@ -317,7 +319,7 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
                 continue
             reason = proven(pkg, path)
             if reason is None:
-                return pkg, path, reasons
+                return pkg, f, reasons
             path.unlink()
             reasons.append(f"index {reason}")
         return pkg, None, reasons
@@ -325,10 +327,10 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
     got: set[str] = set()
     if plans:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(plans)))) as pool:
-            for pkg, path, reasons in pool.map(one, plans):
+            for pkg, f, reasons in pool.map(one, plans):
                 if reasons:
                     why.setdefault(pkg.name, []).extend(reasons)
-                if path is not None:
-                    _keep(pkg, path, "index", rows)
+                if f is not None:  # its sha256, when listed, was checked while it streamed
+                    _keep(pkg, dest / f.filename, "index", rows, f"sha256:{f.sha256}" if f.sha256 else None)
                     got.add(pkg.name)
     return [p for p in pkgs if p.name not in got]

@@ -388,10 +388,21 @@ class Query:
     indexes: tuple[SimpleIndex, ...]
 
 
-def resolve(queries: Sequence[Query], *, workers: int = 8) -> dict[str, tuple[SimpleIndex, list[IndexFile]]]:
-    """name -> (index, files) for every query some index answers; absent names are missing."""
+def resolve(queries: Sequence[Query], *, workers: int = 8,
+            errors: dict[str, str] | None = None) -> dict[str, tuple[SimpleIndex, list[IndexFile]]]:
+    """name -> (index, files) for every query some index answers; absent names are missing.
+    ``errors``: where a name whose indexes did not answer gets the reason, instead of raising."""
 
     def one(q: Query) -> tuple[str, tuple[SimpleIndex, list[IndexFile]] | None]:
+        try:
+            return first(q)
+        except IndexUnavailable as exc:
+            if errors is None:
+                raise
+            errors[q.name] = exc.message
+            return q.name, None
+
+    def first(q: Query) -> tuple[str, tuple[SimpleIndex, list[IndexFile]] | None]:
         want = Version(q.version)
         failed: IndexUnavailable | None = None
         for ix in q.indexes:

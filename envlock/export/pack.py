@@ -11,14 +11,12 @@ A pack is a directory (or one uncompressed tar of it)::
     README.md                 an artifact-evaluation appendix generated from the lock
     SHA256SUMS                every file above, checked by `envlock restore PACK` before use
 
-Wheels are taken from what is already on disk first (``--wheelhouse`` directories, pip's
-configured find-links, pip's wheel cache), then from the index (pip's configuration), and last,
-for a distribution whose wheel exists nowhere, rebuilt from its installed files
-(``export/rebuild``). Every wheel is checked against the lock before it enters the pack: its
-hashes where the lock has them, and its build (``record_sha256``) always.
-
-uv's cache keeps wheels unpacked, not as the archives that were downloaded; a wheel found only
-there is rebuilt from the installed environment like a local one.
+Wheels are taken from what is already on disk first (``--wheelhouse`` directories, then
+``fetch``: pip's and uv's configured find-links, pip's wheel and HTTP caches, uv's cache), then
+downloaded in parallel from the configured indexes, and last, for a distribution whose wheel
+exists nowhere, rebuilt from its installed files (``export/rebuild``). Every wheel is checked
+against the lock before it enters the pack: its hashes where the lock has them, and its build
+(``record_sha256``) always.
 """
 
 from __future__ import annotations
