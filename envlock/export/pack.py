@@ -296,6 +296,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                 raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
             base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
             notes += image_notes
+        apptainer = _apptainer(lock, directory, base, notes)
         manifest = {
             "envlock_pack": PACK_FORMAT,
             "lock_id": lock.short_id,
@@ -309,6 +310,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             "debs": debs,
             "missing_debs": missing_debs,
             "skipped": skipped,
+            "apptainer": apptainer,
         }
         (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         seconds = time.monotonic() - t0
@@ -329,6 +331,36 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
                       seconds=time.monotonic() - t0)
+
+
+def _apptainer(lock: Lock, directory: Path, base: dict[str, str], notes: list[str]) -> str | None:
+    """The pack's Apptainer definition (``export/apptainer``), rendered from the plan a restore
+    of this pack would follow; its path in the pack, or None (and a note) when there is none."""
+    from envlock.export import apptainer
+    from envlock.restore import context as ctx
+    from envlock.restore.restore import prepare
+
+    origin = base.get("origin")
+    base_origin: ctx.BaseOrigin | None = None
+    if base:
+        base_origin = "lock" if origin == "lock" else "table" if origin == "table" else "--base"
+    options = ctx.Options(wheelhouse=directory / WHEELS, base=base.get("id") or None,
+                          base_display=base.get("display") or None, base_origin=base_origin)
+    try:
+        plan, _ = prepare(lock, options, None)
+        own = plan.wheels.get("envlock", ())
+        texts = apptainer.pack_definition(plan, archive=DOCKER_ARCHIVE if base else None, wheels_dir=WHEELS,
+                                          own_wheels=tuple(p.name for p in own))
+    except EnvlockError as exc:
+        notes.append(f"no Apptainer definition: {exc.message}")
+        return None
+    for rel, text in texts.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_text(text, encoding="utf-8")
+    for wheel in own:  # envlock itself: a wheel of the envlock that packs, as a restore installs
+        (directory / apptainer.PACK_DIR / "wheels").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, directory / apptainer.PACK_DIR / "wheels" / wheel.name)
+    return apptainer.DEFINITION
 
 
 def _write_tar(directory: Path, archive: Path) -> None:
