@@ -102,8 +102,9 @@ def test_variables_beat_files_and_uv_files_follow_uvs_precedence(installer_clean
     assert got.extra_index_urls == ("https://a.example/simple", "https://b.example/simple")
 
 
-def test_a_pyproject_without_tool_uv_is_passed_over(installer_clean: Path) -> None:
-    (installer_clean / "pyproject.toml").write_text('[project]\nname = "x"\n')
+@pytest.mark.parametrize("text", ['[project]\nname = "x"\n', "[project\nnot toml at all"])
+def test_a_pyproject_without_tool_uv_is_passed_over(installer_clean: Path, text: str) -> None:
+    (installer_clean / "pyproject.toml").write_text(text)
     (installer_clean.parent / "uv.toml").write_text('index-url = "https://parent.example/simple"\n')
     assert cfg.read(installer_clean, dict(os.environ), pip_items={}).index_url == "https://parent.example/simple"
 

@@ -210,7 +210,7 @@ def uv_config_files(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, b
             found.append((directory / "uv.toml", False))
             break
         pyproject = directory / "pyproject.toml"
-        if pyproject.is_file() and parse_uv(_read_text(pyproject), pyproject, pyproject=True) is not None:
+        if pyproject.is_file() and _has_tool_uv(pyproject):
             found.append((pyproject, True))
             break
     home = environ.get("HOME", "")
@@ -223,6 +223,18 @@ def uv_config_files(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, b
             found.append((candidate, False))
             break
     return found
+
+
+def _has_tool_uv(pyproject: Path) -> bool:
+    """Whether a pyproject.toml on the way up is uv configuration. One that is not TOML at all
+    is passed over, as uv's discovery passes over it with a warning: it is some project's
+    file, not the user's uv settings; a ``[tool.uv]`` table of the wrong shape is an error."""
+    try:
+        doc = tomllib.loads(_read_text(pyproject))
+    except (tomllib.TOMLDecodeError, RecursionError, UsageError):
+        return False
+    tool = doc.get("tool")
+    return isinstance(tool, dict) and "uv" in tool
 
 
 def _uv_env_list(value: str, sep: str | None) -> list[str]:
