@@ -122,3 +122,19 @@ def test_the_bundle_benchmark_runs(tmp_path: Path) -> None:
                            "--size-kb", "64"], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "envlock bundle" in proc.stdout
+
+
+def test_a_package_installed_from_a_url_is_downloaded_from_it_and_checked(
+        installer_clean: Path, tmp_path: Path, restore_lock: LockFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    whl = make_wheel(remote, "alpha", "1.0")
+    monkeypatch.setenv("PIP_INDEX_URL", UNREACHABLE)
+    with serve(layout(remote, tmp_path / "www")) as url:
+        row = {"name": "alpha", "version": "1.0", "source": "url", "url": f"{url}/files/{whl.name}",
+               "archive_hash": "sha256=" + _sha(whl)[7:]}
+        result = bundle(restore_lock(packages=[row]), tmp_path / "out", allow_http=True)
+        assert dict(result.origins) == {"alpha": "index"}
+        bad = {**row, "archive_hash": "sha256=" + "0" * 64}
+        with pytest.raises(EnvlockError, match="not a file the lock's hashes allow"):
+            bundle(restore_lock(packages=[bad]), tmp_path / "out2", allow_http=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
@@ -304,7 +304,7 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
         assert pkg.url
         link = values.url(pkg.url, what=f"URL of {pkg.name}", allow_http=allow_http)
         base, _, filename = link.rpartition("/")
-        plans.append((pkg, SimpleIndex(base + "/"), [IndexFile(filename, link, None)]))
+        plans.append((pkg, SimpleIndex(base + "/"), [IndexFile(unquote(filename), link, None)]))
     if plans:
         say(f"downloading {len(plans)} wheel(s) from the index, {min(workers, len(plans))} at a time")
 
