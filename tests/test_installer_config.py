@@ -291,3 +291,16 @@ def test_bundle_and_pack_never_write_the_index_credentials(
     text = _written(tmp_path / "b") + _written(tmp_path / "p") + out.out + out.err
     assert SECRET not in text and "r20user" not in text
     assert json.loads((tmp_path / "p" / "pack.json").read_text())["wheels"] == 2
+
+
+def test_the_configured_index_is_tried_when_the_locks_own_index_is_gone(
+        installer_clean: Path, index: str, tmp_path: Path, restore_lock: LockFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = restore_lock(packages=[("alpha", "1.0"), ("beta", "2.0")],
+                        env={"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"})
+    assert lock.env.get("PIP_INDEX_URL") == "http://127.0.0.1:9/simple/"
+    path = tmp_path / "env.lock"
+    lock.save(path)
+    monkeypatch.setenv("UV_DEFAULT_INDEX", f"{index}/simple/")
+    assert _export(path, "requirements", tmp_path / "requirements.txt") == 0
+    assert (tmp_path / "requirements.txt").read_text().count("--hash=sha256:") == 2

@@ -236,7 +236,7 @@ def chain_for(lock: Lock, pkgs: Sequence[Package], config: InstallerConfig, sour
               cache: Path | None) -> list[tuple[SimpleIndex, ...]]:
     """For each package, where to look in turn: the configured find-links (files the user put
     there on purpose, and what works when an index does not answer), PyTorch's index for a
-    local label, the main index, then the extra indexes."""
+    local label, the main index, the configured index, then the extra indexes."""
     pool: dict[str, SimpleIndex] = {}
 
     def ix(url: str, flat: bool = False) -> SimpleIndex:
@@ -250,7 +250,9 @@ def chain_for(lock: Lock, pkgs: Sequence[Package], config: InstallerConfig, sour
     out = []
     for pkg in pkgs:
         t = torch_index(pkg, sources.torch_index_url)
-        urls = dict.fromkeys(x for x in (t, main, *config.extra_index_urls) if x)
+        # The configured index after the main one: the lock's own index (its environment's
+        # PIP_INDEX_URL) may be gone, and the user's is then the next place to look.
+        urls = dict.fromkeys(x for x in (t, main, config.index_url, *config.extra_index_urls) if x)
         out.append(tuple(links) + tuple(ix(u) for u in urls))
     return out
 
