@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from export_index import layout, serve  # noqa: E402  (tests/ helper: one index layout, not two)
+from export_index import layout, serve  # noqa: E402  (the tests' index layout: one, not two)
 from helpers import make_lock  # noqa: E402
 
 

@@ -60,8 +60,8 @@ kill_owned() {  # kill_owned PIDFILE [GROUP]: the pid in PIDFILE (its process gr
 }
 
 stop_service() {
-    # The pid file names the service's session leader: rootless podman re-executes itself in
-    # a user namespace as a child, so the whole process group is stopped, not the leader alone.
+    # The pid file names the service, which setsid made a process group leader: rootless
+    # podman re-executes itself in a user namespace as a child, so the whole group is stopped.
     id "$NAME" >/dev/null 2>&1 || return 0
     kill_owned "/run/user/$(id -u "$NAME")/envlock-podman-service.pid" group
 }

@@ -26,7 +26,7 @@ from envlock.lock import Lock
 
 from test_restore_run_bundle import make_wheel  # isort: skip
 
-SECRET = "S3cr3tPw-r20cfg"
+SECRET = "S3cr3tPw-zq91"
 CREDS = f"r20user:{SECRET}@"
 
 
