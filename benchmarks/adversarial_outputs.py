@@ -70,8 +70,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -123,47 +121,6 @@ def _fit(base: str, payload: str, pattern: str) -> str:
     for ch in payload:
         if re.fullmatch(pattern, out + ch):
             out += ch
-    return out
-
-
-# -- the lock model's string slots (as tests/test_lockfile_bounds.py walks them) ---------------------
-
-
-def _pattern(meta: list[Any], annotation: Any) -> str | None:
-    for m in [*meta, *getattr(annotation, "__metadata__", ())]:
-        pattern = getattr(m, "pattern", None)
-        if pattern:
-            return str(pattern)
-    return None
-
-
-def string_slots(model: Any, prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str, str | None]]:
-    """(path, kind, pattern) of every string-holding place in ``model``: kind "value" (a str
-    field), "item" (a list[str] element), "key"/"dictvalue" (a dict[str, ...])."""
-    from pydantic import BaseModel
-
-    out: list[tuple[tuple[Any, ...], str, str | None]] = []
-    for name, fld in model.model_fields.items():
-        ann = fld.annotation
-        args = [a for a in typing.get_args(ann) if a is not type(None)] \
-            if typing.get_origin(ann) in (typing.Union, types.UnionType) else [ann]
-        for arg in args:
-            origin = typing.get_origin(arg)
-            base = typing.get_args(arg)[0] if origin is typing.Annotated else arg
-            if isinstance(base, type) and issubclass(base, BaseModel):
-                out += string_slots(base, (*prefix, name))
-            elif base is str:
-                out.append(((*prefix, name), "value", _pattern(fld.metadata, arg)))
-            elif origin is list:
-                (item,) = typing.get_args(arg)
-                inner = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    out += string_slots(inner, (*prefix, name, 0))
-                elif inner is str:
-                    out.append(((*prefix, name), "item", _pattern([], item)))
-            elif origin is dict:
-                out.append(((*prefix, name), "key", None))
-                out.append(((*prefix, name), "dictvalue", None))
     return out
 
 
@@ -557,7 +514,10 @@ def injections(rng: random.Random, n: int, work: Path, tally: Tally, verbose: bo
     from envlock.lock import Lock
 
     base = base_doc()
-    slots = [s for s in string_slots(Lock, ()) if s[0][0] != "envlock" or s[0][1] in ("note", "tool_version")]
+    sys.path.insert(0, str(ROOT / "tests"))
+    from model_slots import string_slots  # the tests' walk of the model, one for both
+
+    slots = [s for s in string_slots(Lock) if s[0][0] != "envlock" or s[0][1] in ("note", "tool_version")]
     accepted = refused = 0
     sandbox = work / "sandbox"
     sandbox.mkdir()

@@ -246,3 +246,30 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     site.mkdir()
     monkeypatch.setattr(sys, "path", [str(site)])
     return site
+
+
+# =============================================================================
+# pip's and uv's configuration (export, bundle, pack read it: envlock/export/config.py).
+# =============================================================================
+
+
+@pytest.fixture
+def installer_clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No pip or uv configuration, variable or cache of this machine takes part; the working
+    directory is an empty project (returned)."""
+    for var in list(os.environ):
+        if var.startswith(("PIP_", "UV_")):
+            monkeypatch.delenv(var)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "etc-xdg"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "envlock-cache"))
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    return project

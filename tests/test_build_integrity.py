@@ -16,13 +16,14 @@ from helpers import LockFactory
 from envlock._compare import compare
 from envlock._expected import _restore_severity
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
+from envlock.export.bundle import bundle
 from envlock.lock import Lock
 from envlock.probe.packages import record_sha256
 from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
 from envlock.restore.restore import prepare
-from envlock.restore.wheelhouse import bundle, wheel_record_sha256
+from envlock.restore.wheelhouse import wheel_record_sha256
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,13 @@ import tomllib
 from helpers import full_lock, make_lock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from envlock import lock as lockio
 from envlock.errors import LockInvalid
 from envlock.lock import Lock, _toml
+
+from model_slots import string_slots  # isort: skip
 
 FULL = full_lock()
 BASE = FULL.model_dump(mode="json", exclude_none=True)
@@ -35,45 +36,7 @@ BASE["unreadable"] = BASE.get("unreadable") or [{"section": "packages", "item": 
                                                   "error": "RECORD: not a regular file"}]
 
 
-def _pattern(meta: list[Any], annotation: Any) -> str | None:
-    for m in [*meta, *getattr(annotation, "__metadata__", ())]:
-        pattern = getattr(m, "pattern", None)
-        if pattern:
-            return str(pattern)
-    return None
-
-
-def _string_slots(model: type[BaseModel], prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str, Any]]:
-    """(path, kind, pattern) of every string-holding place in ``model``.
-
-    kind: "value" (a str field), "item" (a list[str] element), "key"/"dictvalue" (dict[str, ...]).
-    """
-    out: list[tuple[tuple[Any, ...], str, Any]] = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        args = [a for a in typing.get_args(ann) if a is not type(None)] \
-            if typing.get_origin(ann) in (typing.Union, types.UnionType) else [ann]
-        for arg in args:
-            origin = typing.get_origin(arg)
-            base = typing.get_args(arg)[0] if origin is typing.Annotated else arg
-            if isinstance(base, type) and issubclass(base, BaseModel):
-                out += _string_slots(base, (*prefix, name))
-            elif base is str:
-                out.append(((*prefix, name), "value", _pattern(field.metadata, arg)))
-            elif origin is list:
-                (item,) = typing.get_args(arg)
-                inner = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    out += _string_slots(inner, (*prefix, name, 0))
-                elif inner is str:
-                    out.append(((*prefix, name), "item", _pattern([], item)))
-            elif origin is dict:
-                out.append(((*prefix, name), "key", None))
-                out.append(((*prefix, name), "dictvalue", None))
-    return out
-
-
-SLOTS = [s for s in _string_slots(Lock, ()) if s[0][0] != "envlock" or s[0][1] in ("note", "tool_version")]
+SLOTS = [s for s in string_slots(Lock) if s[0][0] != "envlock" or s[0][1] in ("note", "tool_version")]
 # Every character TOML must escape, plus what JSON leaves raw: each example holds at least one.
 SPECIAL = ["\x7f", "\x00", "\x1b", "\t", "\r", "\n", "\"", "'", "\\", "\u2028", "\x85"]
 NASTY = st.tuples(st.text(max_size=12), st.sampled_from(SPECIAL), st.text(max_size=12)).map("".join)

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -121,10 +122,13 @@ def test_an_edited_installed_file_is_never_packed_as_the_locks_build(
 
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No pip configuration or cache of this machine takes part."""
-    monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "no-pip.conf"))
+    """No pip or uv configuration or cache of this machine takes part."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
-    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("UV_NO_CONFIG", "1")
+    for var in ("PIP_FIND_LINKS", "UV_FIND_LINKS", "UV_CONFIG_FILE"):
+        monkeypatch.delenv(var, raising=False)
 
 
 def _pack(lock: Any, tmp_path: Path, out: Path, house: Path, site: Path,
@@ -368,8 +372,9 @@ def test_bundle_and_pack_put_envlocks_own_wheel_in_without_skip_local(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """envlock installed from a checkout or editable (training code imports it) is bundled and
     packed as restore builds it: a wheel of the running envlock, not a refusal."""
+    from envlock.export.bundle import bundle
     from envlock.restore import ownwheel
-    from envlock.restore.wheelhouse import bundle, read_manifest
+    from envlock.restore.wheelhouse import read_manifest
 
     built: list[Path] = []
 

@@ -121,7 +121,9 @@ def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], w
         restored.append(tag)
         ran = client.containers.run(tag, ["python", "-c", "import envlock_packdemo as d, six; "
                                           "print(d.VALUE, six.__version__)"],
-                                    remove=True, network_disabled=True).decode()
+                                    # network "none", not NetworkDisabled: Podman's Docker API
+                                    # ignores the latter and rootless Podman then needs slirp4netns.
+                                    remove=True, network_mode="none").decode()
         assert ran.split() == ["42", "1.16.0"]
     finally:
         _remove(client, *restored, f"envlock-pack/base:{lock.short_id}", own, base_id)
@@ -182,3 +184,53 @@ def test_pack_then_venv_target_passes_verify_deep(host_env: tuple[Path, Path], w
     assert main(["restore", str(out), "--target", "venv", str(venv)]) == 2
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"venv target: {seconds:.1f}s\n")
+
+
+ROOTLESS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "podman-rootless.sh"
+
+
+@pytest.fixture
+def rootless_podman() -> Iterator[tuple[Any, str]]:
+    """A rootless Podman service: an unprivileged user's ``podman system service`` on a socket
+    in its own XDG_RUNTIME_DIR (``scripts/podman-rootless.sh``, which needs root to create the
+    user); (client, API URL). Skipped where it cannot be set up, unless
+    ENVLOCK_REQUIRE_PODMAN_ROOTLESS=1 asks for it."""
+    import shutil
+
+    import docker
+
+    def unavailable(why: str) -> None:
+        if os.environ.get("ENVLOCK_REQUIRE_PODMAN_ROOTLESS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+    if os.geteuid() != 0 or not shutil.which("podman"):
+        unavailable("rootless Podman is set up by root with podman installed")
+    proc = subprocess.run(["bash", str(ROOTLESS_SCRIPT), "start"], capture_output=True, text=True,
+                          timeout=600, check=False)
+    urls = [line.split("=", 1)[1] for line in proc.stdout.splitlines()
+            if line.startswith("export ENVLOCK_TEST_PODMAN_ROOTLESS_HOST=")]
+    if proc.returncode != 0 or not urls:
+        unavailable(f"rootless Podman could not start: {proc.stderr.strip()[-600:]}")
+    client = docker.DockerClient(base_url=urls[0])
+    try:
+        yield client, urls[0]
+    finally:
+        client.close()
+        subprocess.run(["bash", str(ROOTLESS_SCRIPT), "stop"], capture_output=True, timeout=120, check=False)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.podman
+def test_pack_then_restore_with_no_network_rootless_podman(rootless_podman: tuple[Any, str], base_image: str,
+                                                           wheelhouse: Path, host_env: tuple[Path, Path],
+                                                           tmp_path: Path, fresh_caches: None,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """The same offline restore through a plain user's Podman: the image loaded from the pack,
+    built with network none and verified inside, all without root."""
+    client, url = rootless_podman
+    timings = _pack_restore_offline(client, f"localhost/{base_image}", host_env, wheelhouse,
+                                    tmp_path / "pack", ["--engine", url], capfd)
+    if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
+        sys.stderr.write(f"pack+restore (rootless podman): {timings}\n")

@@ -18,9 +18,10 @@ from envlock.errors import (
     NotRestorable,
     UsageError,
 )
+from envlock.export.bundle import bundle
 from envlock.restore.run import parse_env, parse_ports, resolve_gpus
 from envlock.restore.tables import bases, driver_older, driver_requirement
-from envlock.restore.wheelhouse import MANIFEST, bundle, read_manifest, select
+from envlock.restore.wheelhouse import MANIFEST, read_manifest, select
 
 # -- driver table and GPU requests -------------------------------------------------------------
 

@@ -241,8 +241,8 @@ def _bundle(sub: Subparsers) -> None:
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     p.add_argument("--wheelhouse", metavar="SRC", help="copy from this directory instead of an index")
-    p.add_argument("--index-url", metavar="URL", help="download from this index (default: pip's configured index)")
-    p.add_argument("--find-links", metavar="DIR", help="download with pip from this directory, no index")
+    p.add_argument("--index-url", metavar="URL", help="download missing wheels from this index (default: pip's and uv's configured indexes)")
+    p.add_argument("--find-links", metavar="DIR", help="take the wheels from this directory, no index")
     p.add_argument("--skip-local", action="store_true", help="leave out editable/local packages")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.set_defaults(handler="bundle")
@@ -255,7 +255,8 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("-o", "--output", required=True, metavar="DIR|FILE.tar",
                    help="a new or empty directory, or a .tar file to create")
     p.add_argument("--wheelhouse", action="append", metavar="DIR",
-                   help="look for wheels here first (repeatable); then pip's find-links, pip's cache, the index")
+                   help="look for wheels here first (repeatable); then pip's and uv's find-links, "
+                        "pip's and uv's caches, the indexes")
     p.add_argument("--python", help="the locked environment, to rebuild wheels that exist nowhere "
                                     "from its installed files (default: chosen as capture does)")
     p.add_argument("--base", metavar="REF", help="pack this base image instead of the lock's own")
@@ -263,7 +264,7 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("--no-image", action="store_true", help="leave the base image out (no engine needed)")
     p.add_argument("--no-oci", action="store_true", help="no OCI archive beside the docker-archive")
     p.add_argument("--no-download", action="store_true", help="never ask an index for a missing wheel")
-    p.add_argument("--index-url", metavar="URL", help="index for missing wheels (default: pip's configured index)")
+    p.add_argument("--index-url", metavar="URL", help="index for missing wheels (default: pip's and uv's configured indexes)")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.add_argument("--skip-local", action="store_true", help="leave out editable installs instead of refusing")
     p.set_defaults(handler="pack")

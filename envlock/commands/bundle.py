@@ -12,8 +12,8 @@ from envlock.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    from envlock.export.bundle import bundle
     from envlock.lock import load
-    from envlock.restore.wheelhouse import bundle
 
     args.lock = lock_arg(args.lock)
     lock = load(args.lock)
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
             "installs the restoring envlock's own)")
     if result.skipped:
         say(f"note: not bundled: {', '.join(result.skipped)}")
-    sys.stdout.write(f"bundled {len(result.files)} files for {lock.short_id} into {result.directory}; "
+    downloaded = sum(1 for _, origin in result.origins if origin == "index")
+    found = f" ({len(result.files) - downloaded} found on disk, {downloaded} downloaded)" if result.origins else ""
+    sys.stdout.write(f"bundled {len(result.files)} files{found} for {lock.short_id} into {result.directory}; "
                      f"replay offline with: envlock restore {args.lock} --wheelhouse {result.directory}\n")
     return EXIT_OK

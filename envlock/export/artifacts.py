@@ -12,11 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -25,7 +22,17 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from envlock.errors import ArtifactsMissing, IndexUnavailable
-from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, resolve
+from envlock.export.config import InstallerConfig
+from envlock.export.config import read as read_config
+from envlock.export.index import (
+    FlatLinks,
+    IndexFile,
+    Query,
+    SimpleIndex,
+    cache_root,
+    names,
+    resolve,
+)
 from envlock.lock import Lock, Package
 
 # Variables a lock may carry (probe allow-list) that name the index the environment used.
@@ -51,8 +58,8 @@ class Resolved:
     """One package and where it comes from; ``artifacts`` is empty for vcs and directories."""
 
     package: Package
-    kind: str  # "index" | "wheelhouse" | "vcs" | "directory" | "archive"
-    index: str | None = None
+    kind: str  # "index" | "links" | "wheelhouse" | "vcs" | "directory" | "archive"
+    index: str | None = None  # an index's or a find-links location's public URL (or directory)
     artifacts: tuple[Artifact, ...] = ()
     path: str | None = None  # directory or local archive
 
@@ -67,6 +74,7 @@ class Sources:
     use_cache: bool = True
     refresh: bool = False
     skip: frozenset[str] = field(default_factory=frozenset)  # normalised names
+    config: InstallerConfig | None = None  # pip's and uv's settings; None: read them here
 
 
 def main_index(lock: Lock, override: str | None) -> str | None:
@@ -82,33 +90,15 @@ def main_index(lock: Lock, override: str | None) -> str | None:
     return None
 
 
-def pip_config_list() -> str:
-    """``pip config list`` (``section.key='value'`` lines from every configuration file pip
-    reads), or nothing when pip cannot say: pip's own reading of its files, not a second one."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
+def default_index(config: InstallerConfig | None = None) -> str:
+    """The index pip or uv would use here, to resolve hashes from when nothing else names one.
 
-
-@lru_cache(maxsize=1)
-def default_index() -> str:
-    """The index pip would use here, to resolve hashes from when nothing else names one.
-
-    envlock keeps no registry address of its own: pip's and uv's variables, then pip's
-    configuration files (``pip config list``), then pip's built-in default, read from pip.
+    envlock keeps no registry address of its own: pip's and uv's configuration (variables and
+    files, ``config.read``), then pip's built-in default, read from pip.
     """
-    for var in INDEX_ENV:
-        value = os.environ.get(var, "").strip()
-        if value.startswith(("http://", "https://")):
-            return value
-    listed = pip_config_list()
-    for section in ("download", "install", "global"):
-        m = re.search(rf"^{section}\.index-url='([^']+)'$", listed, re.M)
-        if m:
-            return m.group(1)
+    config = config if config is not None else read_config()
+    if config.index_url:
+        return config.index_url
     try:
         models = importlib.import_module("pip._internal.models.index")
         url = getattr(getattr(models, "PyPI"), "simple_url")  # noqa: B009 - pip has no public API
@@ -234,6 +224,39 @@ def _from_wheelhouse(lock: Lock, pkgs: list[Package], directory: Path, tags: fro
     return out, missing
 
 
+def _artifact(index: SimpleIndex, f: IndexFile, relative_to: Path | None) -> Artifact:
+    if isinstance(index, FlatLinks) and index.directory is not None:
+        path = Path(_local_path(f.url))
+        shown = os.path.relpath(path, relative_to) if relative_to else str(path)
+        return Artifact(f.filename, f.sha256 or "", path=shown, size=f.size)
+    return Artifact(f.filename, f.sha256 or "", url=index.public_file(f.url), size=f.size)
+
+
+def chain_for(lock: Lock, pkgs: Sequence[Package], config: InstallerConfig, sources: Sources,
+              cache: Path | None) -> list[tuple[SimpleIndex, ...]]:
+    """For each package, where to look in turn: the configured find-links (files the user put
+    there on purpose, and what works when an index does not answer), PyTorch's index for a
+    local label, the main index, the configured index, then the extra indexes."""
+    pool: dict[str, SimpleIndex] = {}
+
+    def ix(url: str, flat: bool = False) -> SimpleIndex:
+        if url not in pool:
+            pool[url] = (FlatLinks if flat else SimpleIndex)(url, cache=cache, refresh=sources.refresh)
+        return pool[url]
+
+    links = [ix(str(d), True) for d in config.local_find_links()]
+    links += [ix(u, True) for u in config.remote_find_links()]
+    main = main_index(lock, sources.index_url) or default_index(config)
+    out = []
+    for pkg in pkgs:
+        t = torch_index(pkg, sources.torch_index_url)
+        # The configured index after the main one: the lock's own index (its environment's
+        # PIP_INDEX_URL) may be gone, and the user's is then the next place to look.
+        urls = dict.fromkeys(x for x in (t, main, config.index_url, *config.extra_index_urls) if x)
+        out.append(tuple(links) + tuple(ix(u) for u in urls))
+    return out
+
+
 def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = None) -> list[Resolved]:
     """Every package of ``lock`` with its source; raises ArtifactsMissing naming each gap."""
     tags = lock_tags(lock)
@@ -256,20 +279,10 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
         out += found
         missing += gaps
     else:
+        config = sources.config if sources.config is not None else read_config()
         cache = (cache_root() if sources.use_cache else None)
-        pool: dict[str, SimpleIndex] = {}
-
-        def ix(url: str) -> SimpleIndex:
-            if url not in pool:
-                pool[url] = SimpleIndex(url, cache=cache, refresh=sources.refresh)
-            return pool[url]
-
-        main = main_index(lock, sources.index_url) or default_index()
-        queries = []
-        for pkg in by_index:
-            t = torch_index(pkg, sources.torch_index_url)
-            chain = tuple(ix(u) for u in dict.fromkeys([x for x in (t, main) if x]))
-            queries.append(Query(pkg.name, pkg.version, chain))
+        chains = chain_for(lock, by_index, config, sources, cache)
+        queries = [Query(pkg.name, pkg.version, chain) for pkg, chain in zip(by_index, chains, strict=True)]
         answers = resolve(queries)
         for pkg, q in zip(by_index, queries, strict=True):
             hit = answers.get(pkg.name)
@@ -281,13 +294,14 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
             # URLs lose their credentials (user:password, the index's path token, a presigned
             # URL's signature): an export is a file people commit and attach, and the
             # installer brings its own credentials (keyring, netrc, UV_INDEX_* variables).
-            arts = _allowed(pkg, [Artifact(f.filename, f.sha256 or "", url=index.public_file(f.url), size=f.size)
-                                  for f in files if f.filename in keep])
+            arts = _allowed(pkg, [_artifact(index, f, relative_to) for f in files if f.filename in keep])
             if not arts:
                 missing.append(f"{pkg.name}=={pkg.version} (no file on {index.public} fits "
                                f"{lock.python.version} {lock.platform.machine} or the lock's hashes)")
                 continue
-            out.append(Resolved(pkg, "index", index=index.public.rstrip("/"), artifacts=tuple(arts)))
+            kind = "links" if isinstance(index, FlatLinks) else "index"
+            out.append(Resolved(pkg, kind, index=index.public.rstrip("/") if kind == "index" else index.public,
+                                artifacts=tuple(arts)))
     if missing:
         raise ArtifactsMissing(
             f"no installable file found for {len(missing)} package(s): " + "; ".join(missing),

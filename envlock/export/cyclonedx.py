@@ -56,7 +56,7 @@ def _package(pkg: Package, resolved: Resolved | None) -> Component:
         qualifiers["vcs_url"] = f"{pkg.vcs}+{pkg.url}@{pkg.commit}"
     elif pkg.source == "url" and pkg.url:
         qualifiers["download_url"] = pkg.url
-    if resolved and resolved.index:
+    if resolved and resolved.index and resolved.kind == "index":  # a find-links place is no repository
         qualifiers["repository_url"] = resolved.index
     shas = [h.split(":", 1)[1] for h in pkg.hashes]
     if pkg.archive_hash and pkg.archive_hash.startswith(("sha256=", "sha256:")):

@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -27,6 +29,7 @@ from urllib.parse import unquote, urldefrag, urljoin, urlsplit, urlunsplit
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
+    canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
@@ -305,6 +308,77 @@ class SimpleIndex:
         return IndexFile(f.filename, f.url, h.hexdigest(), size, f.yanked)
 
 
+    def download(self, f: IndexFile, dest: Path) -> Path:
+        """``f`` into ``dest`` under its own name, streamed and checked against the sha256 the
+        index listed (a file that is not what the listing promised never lands)."""
+        name = Path(f.filename).name
+        if not name or name != f.filename or name.startswith("."):
+            raise IndexUnavailable(f"{shown(f.url)} lists a file named {f.filename!r}, not a plain file name")
+        final = dest / name
+        tmp = dest / f".{name}.{os.getpid()}.{threading.get_ident()}.part"
+        h = hashlib.sha256()
+        try:
+            with _OPENER.open(self._request(f.url, "*/*"), timeout=TIMEOUT) as resp, open(tmp, "wb") as out:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise IndexUnavailable(f"cannot download {shown(f.url)}: "
+                                   f"{_reason(getattr(exc, 'reason', exc))}") from None
+        if f.sha256 and h.hexdigest() != f.sha256:
+            tmp.unlink(missing_ok=True)
+            raise IndexUnavailable(f"{shown(f.url)} does not have the sha256 its index lists")
+        os.replace(tmp, final)
+        return final
+
+
+class FlatLinks(SimpleIndex):
+    """A find-links location: a local directory of files, or one page of links (pip's and uv's
+    ``find-links``, uv's ``format = "flat"`` index). Looked up by file name, as pip does; a
+    directory's files are hashed here (never cached: they can change in place)."""
+
+    def __init__(self, location: str, *, cache: Path | None = None, refresh: bool = False) -> None:
+        self.directory: Path | None = None
+        if "://" not in location:
+            self.directory = Path(location)
+            location = self.directory.resolve().as_uri()
+            cache = None
+        super().__init__(location, cache=cache, refresh=refresh)
+        if self.directory is None:
+            self.url = redact(location)  # a page, as given: its relative links resolve against it
+        self.public = public(self.url) if self.directory is None else str(self.directory)
+        self._page: list[IndexFile] | None = None
+        self._lock = threading.Lock()
+
+    def _all(self) -> list[IndexFile]:
+        with self._lock:
+            if self._page is None:
+                if self.directory is not None:
+                    self._page = [IndexFile(p.name, p.resolve().as_uri(), None)
+                                  for p in sorted(self.directory.iterdir()) if p.is_file()]
+                else:
+                    got = self._get(self.url, "text/html")
+                    self._page = parse_html(got[0].decode("utf-8", "replace"), self.url) if got else []
+            return self._page
+
+    def _fetch(self, name: str) -> list[IndexFile]:
+        out = []
+        for f in self._all():
+            try:
+                if f.filename.endswith(".whl"):
+                    project = parse_wheel_filename(f.filename)[0]
+                elif f.filename.endswith((".tar.gz", ".zip")):
+                    project = parse_sdist_filename(f.filename)[0]
+                else:
+                    continue
+            except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+                continue
+            if project == canonicalize_name(name):
+                out.append(f)
+        return out
+
+
 @dataclass(frozen=True)
 class Query:
     """Where to look for one ``name==version``: the first index that has it wins."""
@@ -314,15 +388,36 @@ class Query:
     indexes: tuple[SimpleIndex, ...]
 
 
-def resolve(queries: Sequence[Query], *, workers: int = 8) -> dict[str, tuple[SimpleIndex, list[IndexFile]]]:
-    """name -> (index, files) for every query some index answers; absent names are missing."""
+def resolve(queries: Sequence[Query], *, workers: int = 8,
+            errors: dict[str, str] | None = None) -> dict[str, tuple[SimpleIndex, list[IndexFile]]]:
+    """name -> (index, files) for every query some index answers; absent names are missing.
+    ``errors``: where a name whose indexes did not answer gets the reason, instead of raising."""
 
     def one(q: Query) -> tuple[str, tuple[SimpleIndex, list[IndexFile]] | None]:
+        try:
+            return first(q)
+        except IndexUnavailable as exc:
+            if errors is None:
+                raise
+            errors[q.name] = exc.message
+            return q.name, None
+
+    def first(q: Query) -> tuple[str, tuple[SimpleIndex, list[IndexFile]] | None]:
         want = Version(q.version)
+        failed: IndexUnavailable | None = None
         for ix in q.indexes:
-            files = ix.files(q.name, want)
+            # One place that does not answer (a configured mirror that is down, a find-links
+            # page gone) is skipped, as pip skips it; it is the error only when no other has
+            # the file.
+            try:
+                files = ix.files(q.name, want)
+            except IndexUnavailable as exc:
+                failed = failed or exc
+                continue
             if files:
                 return q.name, (ix, files)
+        if failed is not None:
+            raise failed
         return q.name, None
 
     out: dict[str, tuple[SimpleIndex, list[IndexFile]]] = {}

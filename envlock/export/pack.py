@@ -11,21 +11,18 @@ A pack is a directory (or one uncompressed tar of it)::
     README.md                 an artifact-evaluation appendix generated from the lock
     SHA256SUMS                every file above, checked by `envlock restore PACK` before use
 
-Wheels are taken from what is already on disk first (``--wheelhouse`` directories, pip's
-configured find-links, pip's wheel cache), then from the index (pip's configuration), and last,
-for a distribution whose wheel exists nowhere, rebuilt from its installed files
-(``export/rebuild``). Every wheel is checked against the lock before it enters the pack: its
-hashes where the lock has them, and its build (``record_sha256``) always.
-
-uv's cache keeps wheels unpacked, not as the archives that were downloaded; a wheel found only
-there is rebuilt from the installed environment like a local one.
+Wheels are taken from what is already on disk first (``--wheelhouse`` directories, then
+``fetch``: pip's and uv's configured find-links, pip's wheel and HTTP caches, uv's cache), then
+downloaded in parallel from the configured indexes, and last, for a distribution whose wheel
+exists nowhere, rebuilt from its installed files (``export/rebuild``). Every wheel is checked
+against the lock before it enters the pack: its hashes where the lock has them, and its build
+(``record_sha256``) always.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -38,10 +35,14 @@ from typing import TYPE_CHECKING
 
 from envlock._expected import TOOLING
 from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
-from envlock.export.artifacts import Artifact, lock_tags, pick, pip_config_list
+from envlock.export import fetch
+from envlock.export.artifacts import lock_tags
+from envlock.export.bundle import own_row
+from envlock.export.config import read as read_config
+from envlock.export.fetch import WheelRow
 from envlock.lock import Lock, Package
 from envlock.restore import wheelhouse
-from envlock.restore.context import Options, torch_label
+from envlock.restore.context import Options
 from envlock.restore.packdir import (
     DEBS,
     DOCKER_ARCHIVE,
@@ -55,7 +56,6 @@ from envlock.restore.packdir import (
 )
 
 if TYPE_CHECKING:
-    from packaging.tags import Tag
 
     from envlock.restore.engine import ContainerEngine
 
@@ -76,24 +76,6 @@ class PackOptions:
 
 
 @dataclass(frozen=True)
-class WheelRow:
-    name: str
-    version: str
-    filename: str
-    sha256: str
-    origin: str  # "wheelhouse", "pip cache", "find-links", "index", "rebuilt", "envlock" (its own)
-    local_source: bool = False
-
-    def manifest(self) -> dict[str, object]:
-        row: dict[str, object] = {"name": self.name, "version": self.version,
-                                  "filename": self.filename, "sha256": self.sha256,
-                                  "origin": self.origin}
-        if self.local_source:
-            row["local_source"] = True
-        return row
-
-
-@dataclass(frozen=True)
 class PackResult:
     directory: Path
     archive: Path | None
@@ -108,94 +90,7 @@ class PackResult:
     seconds: float = 0.0
 
 
-# -- where wheels already are ---------------------------------------------------------------------
-
-
-def _pip_config(key: str) -> list[str]:
-    """Values of pip's ``key`` (``find-links``) from its variables and configuration files."""
-    out = os.environ.get("PIP_" + key.upper().replace("-", "_"), "").split()
-    listed = pip_config_list()
-    for m in re.finditer(rf"^[\w:.-]*\.{re.escape(key)}='([^']*)'$", listed, re.M):
-        out += m.group(1).split()
-    return list(dict.fromkeys(out))
-
-
-def _local_dir(entry: str) -> Path | None:
-    path = entry[len("file://"):] if entry.startswith("file://") else entry
-    if "://" in path or not path.startswith("/"):
-        return None
-    return Path(path) if Path(path).is_dir() else None
-
-
-def _pip_cache_wheels() -> list[Path]:
-    """Directories of pip's wheel cache (wheels pip built locally, one directory per source)."""
-    root = Path(os.environ.get("PIP_CACHE_DIR")
-                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip") / "wheels"
-    found = []
-    for directory, _, files in os.walk(root):
-        if any(f.endswith(".whl") for f in files):
-            found.append(Path(directory))
-    return sorted(found)
-
-
-def wheel_sources(options: PackOptions) -> list[tuple[str, Path]]:
-    """(origin, directory) in the order they are searched: the user's first."""
-    sources = [("wheelhouse", Path(w)) for w in options.wheelhouses]
-    sources += [("find-links", d) for d in (_local_dir(e) for e in _pip_config("find-links")) if d]
-    sources += [("pip cache", d) for d in _pip_cache_wheels()]
-    seen: set[Path] = set()
-    out = []
-    for origin, directory in sources:
-        real = directory.resolve()
-        if real not in seen:
-            seen.add(real)
-            out.append((origin, directory))
-    return out
-
-
-# -- choosing and proving each wheel ------------------------------------------------------------------
-
-
-def _proven(pkg: Package, path: Path) -> str | None:
-    """None when ``path`` is the lock's build of ``pkg``; otherwise why not."""
-    try:
-        allowed = wheelhouse.allowed_hashes(pkg)
-        if allowed and not wheelhouse.file_matches(path, allowed):
-            return f"{path.name}: not a file the lock's hashes allow"
-        built = wheelhouse.wheel_record_sha256(path)
-    except HashMismatch as exc:
-        return exc.message
-    if pkg.record_sha256 and built != pkg.record_sha256:
-        return f"{path.name}: another build (record_sha256 {built[:12]}...)"
-    if pkg.source == "local" and not pkg.record_sha256:
-        return f"{path.name}: the lock has no record_sha256 to prove a local build against"
-    return None
-
-
-def _take(pkgs: list[Package], directory: Path, origin: str, tags: frozenset[Tag] | None, dest: Path,
-          rows: list[WheelRow], why: dict[str, list[str]]) -> list[Package]:
-    """Copy into ``dest`` the proven wheel of each package ``directory`` has; the rest remain."""
-    found = wheelhouse.select(directory, pkgs)
-    left: list[Package] = []
-    for pkg in pkgs:
-        files = [f for f in found.get(pkg.name, ()) if f.name.endswith(".whl")]
-        fitting = set(pick([Artifact(f.name, "") for f in files], tags))
-        taken = None
-        for f in files:
-            if f.name not in fitting:
-                continue
-            reason = _proven(pkg, f)
-            if reason is None:
-                taken = f
-                break
-            why.setdefault(pkg.name, []).append(f"{origin} {reason}")
-        if taken is None:
-            left.append(pkg)
-            continue
-        shutil.copy2(taken, dest / taken.name)
-        rows.append(WheelRow(pkg.name, pkg.version, taken.name, wheelhouse.sha256_file(dest / taken.name),
-                             origin, pkg.source == "local"))
-    return left
+# -- the wheels ------------------------------------------------------------------------------------
 
 
 def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
@@ -227,30 +122,26 @@ def collect_wheels(lock: Lock, dest: Path, options: PackOptions,
     """Every wanted wheel into ``dest``: (rows, skipped names, notes); raises naming each gap."""
     wanted, skipped = _wanted(lock, options.skip_local)
     tags = lock_tags(lock)
+    config = read_config()
     rows: list[WheelRow] = []
     why: dict[str, list[str]] = {}
     notes: list[str] = []
     left = wanted
-    for origin, directory in wheel_sources(options):
+    for origin, directory in fetch.disk_sources(options.wheelhouses, config):
         if not left:
             break
-        left = _take(left, directory, origin, tags, dest, rows, why)
+        left = fetch.take(left, directory, origin, tags, dest, rows, why)
+    left = fetch.take_pip_http_cache(left, tags, dest, rows, why)
+    left = fetch.take_uv_cache(left, tags, dest, rows, why)
     downloadable = [p for p in left if p.source != "local"]
     if downloadable and options.download:
-        say(f"downloading {len(downloadable)} wheel(s) not found on disk")
-        with tempfile.TemporaryDirectory(prefix=".envlock-pack-dl-", dir=dest) as tmp:
-            try:
-                torch_index = None
-                if any(p.name == "torch" for p in downloadable):
-                    from envlock.restore.tables import bases
-
-                    torch_index = bases().torch.index_for(torch_label(lock), hint="or pass --wheelhouse")
-                wheelhouse.download(lock, downloadable, Path(tmp), index_url=options.index_url,
-                                    find_links=None, torch_index=torch_index,
-                                    allow_http=options.allow_http)
-            except EnvlockError as exc:
-                notes.append(f"the index could not provide {len(downloadable)} wheel(s): {exc.message}")
-            left = _take(left, Path(tmp), "index", tags, dest, rows, why)
+        try:
+            fetch.download(lock, downloadable, dest, config=config, index_url=options.index_url,
+                           allow_http=options.allow_http, rows=rows, why=why, say=say)
+        except EnvlockError as exc:
+            notes.append(f"the index could not provide {len(downloadable)} wheel(s): {exc.message}")
+        got = {r.name for r in rows}
+        left = [p for p in left if p.name not in got]
     if left:
         left = _rebuild(lock, left, dest, options, rows, why, say)
     missing = [p for p in left if p.name not in TOOLING]
@@ -263,7 +154,7 @@ def collect_wheels(lock: Lock, dest: Path, options: PackOptions,
         raise ArtifactsMissing(f"no wheel anywhere for {len(missing)} package(s): " + ", ".join(gaps),
                                hint="pass --wheelhouse DIR with them, or run pack where the locked "
                                     "environment is installed (--python), to rebuild them from its files")
-    own = wheelhouse.own_row(lock, dest)
+    own = own_row(lock, dest)
     if own is not None:
         name, version, filename, sha = own
         rows.append(WheelRow(name, version, filename, sha, "envlock"))
@@ -418,6 +309,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                 raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
             base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
             notes += image_notes
+        apptainer = _apptainer(lock, directory, base, notes)
         manifest = {
             "envlock_pack": PACK_FORMAT,
             "lock_id": lock.short_id,
@@ -431,6 +323,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             "debs": debs,
             "missing_debs": missing_debs,
             "skipped": skipped,
+            "apptainer": apptainer,
         }
         (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         seconds = time.monotonic() - t0
@@ -451,6 +344,36 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
                       seconds=time.monotonic() - t0)
+
+
+def _apptainer(lock: Lock, directory: Path, base: dict[str, str], notes: list[str]) -> str | None:
+    """The pack's Apptainer definition (``export/apptainer``), rendered from the plan a restore
+    of this pack would follow; its path in the pack, or None (and a note) when there is none."""
+    from envlock.export import apptainer
+    from envlock.restore import context as ctx
+    from envlock.restore.restore import prepare
+
+    origin = base.get("origin")
+    base_origin: ctx.BaseOrigin | None = None
+    if base:
+        base_origin = "lock" if origin == "lock" else "table" if origin == "table" else "--base"
+    options = ctx.Options(wheelhouse=directory / WHEELS, base=base.get("id") or None,
+                          base_display=base.get("display") or None, base_origin=base_origin)
+    try:
+        plan, _ = prepare(lock, options, None)
+        own = plan.wheels.get("envlock", ())
+        texts = apptainer.pack_definition(plan, archive=DOCKER_ARCHIVE if base else None, wheels_dir=WHEELS,
+                                          own_wheels=tuple(p.name for p in own))
+    except EnvlockError as exc:
+        notes.append(f"no Apptainer definition: {exc.message}")
+        return None
+    for rel, text in texts.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_text(text, encoding="utf-8")
+    for wheel in own:  # envlock itself: a wheel of the envlock that packs, as a restore installs
+        (directory / apptainer.PACK_DIR / "wheels").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, directory / apptainer.PACK_DIR / "wheels" / wheel.name)
+    return apptainer.DEFINITION
 
 
 def _write_tar(directory: Path, archive: Path) -> None:

@@ -70,7 +70,7 @@ def _package(r: Resolved) -> Package:
             url=art.url, path=art.path, hashes={"sha256": art.sha256}))
     wheels = [_file(a, PackageWheel) for a in r.artifacts if a.is_wheel]
     sdists = [a for a in r.artifacts if not a.is_wheel]
-    return Package(name=name, version=version, index=r.index, wheels=wheels or None,
+    return Package(name=name, version=version, index=r.index if r.kind == "index" else None, wheels=wheels or None,
                    sdist=_file(sdists[0], PackageSdist) if sdists and not wheels else None)
 
 

@@ -57,6 +57,11 @@ def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = Non
         if extras:
             main = public(main_index or default_index()).rstrip("/")
             opts += [f"--extra-index-url {public(extra)}" for extra in extras if extra.rstrip("/") != main]
+        for link in dict.fromkeys(r.index for r in resolved if r.kind == "links" and r.index):
+            # A configured find-links location the files were found at: a directory as pip
+            # reads it from this file, a page's URL without its credentials.
+            shown = public(link) if "://" in link else _find_links(Path(link), relative_to)
+            opts.append(f"--find-links {shown}")
     if any(REDACTED in line for line in opts):
         head.append(f"# {REDACTED}: a credential of the index URL, never written here; "
                     "give pip yours (keyring, netrc or PIP_INDEX_URL)")
@@ -64,7 +69,7 @@ def render(lock: Lock, resolved: list[Resolved], *, main_index: str | None = Non
     unhashed: list[str] = []
     for r in resolved:
         pkg = r.package
-        if r.kind in ("index", "wheelhouse"):
+        if r.kind in ("index", "links", "wheelhouse"):
             body.append(f"{pkg.name}=={pkg.version} \\\n" + " \\\n".join(_hashes(r)))
         elif r.kind == "archive":
             target = r.artifacts[0].url or f"file://{r.artifacts[0].path}"

@@ -12,13 +12,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import (
@@ -29,13 +24,10 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from envlock._expected import TOOLING
-from envlock.errors import BadWheel, EnvlockError, HashMismatch, NotRestorable, UsageError
+from envlock.errors import BadWheel, HashMismatch, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
 from envlock.restore import values
-from envlock.restore.context import torch_label, unproven
-from envlock.restore.tables import bases
 
 MANIFEST = "envlock-bundle.json"
 PIP_TIMEOUT = 3600.0
@@ -251,174 +243,3 @@ def check_builds(packages: Iterable[Package], files_for: Mapping[str, tuple[Path
                     f"{pkg.name} {pkg.version}: {f.name} is another build than the lock's (its RECORD "
                     f"gives record_sha256 {built[:12]}..., the lock {pkg.record_sha256[:12]}...)",
                     hint="use the wheel the locked environment was installed from")
-
-
-@dataclass(frozen=True)
-class BundleResult:
-    directory: Path
-    files: tuple[tuple[str, str, str, str], ...]  # (name, version, filename, sha256)
-    missing_tooling: tuple[str, ...]
-    skipped: tuple[str, ...]
-    unproven: tuple[str, ...] = ()  # bundled, but nothing in the lock checks their files
-    own: str | None = None  # the file of envlock's own wheel, when the lock holds envlock
-
-
-def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
-    """The packages to find wheels for, and those left out. envlock itself is neither: as in
-    ``restore``, it comes from the running envlock (``_bundle``), whatever its source."""
-    from envlock.restore.ownwheel import OWN_DIST
-
-    wanted: list[Package] = []
-    skipped: list[str] = []
-    local: list[str] = []
-    for pkg in lock.packages:
-        values.dist_name(pkg.name)
-        if pkg.name == OWN_DIST:
-            continue
-        if pkg.source == "system":
-            skipped.append(pkg.name)  # its OS package brings it back, not a wheel
-            continue
-        values.version(pkg.version, name=pkg.name)
-        if pkg.installer == "conda":
-            skipped.append(pkg.name)
-        elif pkg.source in ("editable", "local"):
-            (skipped if skip_local else local).append(pkg.name)
-        else:
-            wanted.append(pkg)
-    if local:
-        raise NotRestorable("cannot bundle packages installed from local directories or files: "
-                            + ", ".join(local), hint="pass --skip-local to leave them out")
-    return wanted, skipped
-
-
-def _platform_args(lock: Lock) -> list[str]:
-    """pip download options that target the lock's interpreter and platform, not this one."""
-    py = lock.python
-    major, minor = py.version.split(".")[:2]
-    args = ["--python-version", f"{major}.{minor}"]
-    if py.implementation == "cpython":
-        args += ["--implementation", "cp"]
-        if py.soabi and py.soabi.startswith("cpython-"):
-            abi = "cp" + py.soabi.split("-")[1]
-            if re.fullmatch(r"^cp[0-9]+t?$", abi):
-                args += ["--abi", abi, "--abi", "abi3", "--abi", "none"]
-    machine = lock.platform.machine
-    if lock.platform.os == "Linux" and re.fullmatch(r"^[A-Za-z0-9_]+$", machine):
-        glibc_minor = 17
-        if lock.platform.libc == "glibc" and lock.platform.libc_version:
-            parts = lock.platform.libc_version.split(".")
-            if len(parts) >= 2 and parts[1].isdigit():
-                glibc_minor = max(17, int(parts[1]))
-        tags = [f"manylinux_2_{m}_{machine}" for m in range(glibc_minor, 16, -1)]
-        tags += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}",
-                 f"linux_{machine}", "any"]
-        for tag in tags:
-            args += ["--platform", tag]
-    return args
-
-
-def download(lock: Lock, pkgs: list[Package], dest: Path, *, index_url: str | None,
-              find_links: Path | None, torch_index: str | None, allow_http: bool = False) -> None:
-    lines = []
-    for pkg in pkgs:
-        if pkg.source == "url" and pkg.url and not find_links:
-            link = values.url(pkg.url, what=f"URL of {pkg.name}", allow_http=allow_http)
-            lines.append(f"{pkg.name} @ {link}")
-        elif pkg.source == "vcs":
-            raise NotRestorable(f"{pkg.name} comes from {pkg.vcs}; put a wheel built from commit "
-                                f"{pkg.commit} into a wheelhouse and bundle with --wheelhouse")
-        else:
-            lines.append(f"{pkg.name}=={pkg.version}")
-    req = dest / "requirements.txt"
-    req.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-            "-d", str(dest), *_platform_args(lock), "-r", str(req)]
-    if find_links:
-        argv += ["--no-index", "--find-links", str(find_links)]
-    else:
-        if index_url:
-            argv += ["--index-url", values.url(index_url, what="--index-url", allow_http=allow_http)]
-        if torch_index:
-            argv += ["--extra-index-url", torch_index]
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=PIP_TIMEOUT, check=False)
-    req.unlink()
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise NotRestorable("pip download failed: " + " | ".join(tail) if tail else "pip download failed")
-
-
-def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str | None = None,
-           pip_find_links: Path | None = None, skip_local: bool = False,
-           allow_http: bool = False) -> BundleResult:
-    """Collect every wheel of ``lock`` into ``out`` (hash-checked) and write the manifest.
-
-    ``source``: a local wheelhouse to copy from; otherwise ``pip download`` fetches the exact
-    pins for the lock's platform from ``index_url`` (pip's own configured index by default,
-    plus PyTorch's wheel index, ``ENVLOCK_TORCH_INDEX_URL``, for local labels such as +cu121), or
-    from ``pip_find_links`` with no index.
-    """
-    wanted, skipped = _wanted(lock, skip_local)
-    out = Path(out)
-    try:
-        return _bundle(lock, out, wanted, skipped, source=source, index_url=index_url,
-                       pip_find_links=pip_find_links, allow_http=allow_http)
-    except OSError as exc:  # a read-only or full directory: one line, not a traceback
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise EnvlockError(f"cannot write the bundle to {out}: {exc.strerror or exc}{where}") from None
-
-
-def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
-            source: Path | None, index_url: str | None, pip_find_links: Path | None,
-            allow_http: bool) -> BundleResult:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".envlock-bundle-", dir=out) as tmp:
-        staging = Path(tmp)
-        if source is not None:
-            for files in select(Path(source), wanted).values():
-                for f in files:
-                    shutil.copy2(f, staging / f.name)
-        else:
-            torch_index = None
-            if pip_find_links is None:
-                torch_index = bases().torch.index_for(torch_label(lock), hint="or bundle with --wheelhouse")
-            download(lock, wanted, staging, index_url=index_url, find_links=pip_find_links,
-                      torch_index=torch_index, allow_http=allow_http)
-        have = select(staging, wanted)
-        rows: list[tuple[str, str, str, str]] = []
-        missing: list[str] = []
-        missing_tooling: list[str] = []
-        for pkg in wanted:
-            files = have.get(pkg.name, ())
-            if not files:
-                (missing_tooling if pkg.name in TOOLING else missing).append(f"{pkg.name}=={pkg.version}")
-                continue
-            check_builds([pkg], {pkg.name: files})
-            for f in files:
-                rows.append((pkg.name, pkg.version, f.name, sha256_file(f)))
-        if missing:
-            where = f"in {source}" if source else "on the index"
-            raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
-        own = own_row(lock, staging)
-        if own is not None:
-            rows.append(own)
-        for _, _, fname, _ in rows:
-            shutil.move(str(staging / fname), str(out / fname))
-    write_manifest(out, lock, [{"name": n, "version": v, "filename": f, "sha256": h}
-                               for n, v, f, h in rows])
-    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
-                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))),
-                        own=own[2] if own else None)
-
-
-def own_row(lock: Lock, dest: Path) -> tuple[str, str, str, str] | None:
-    """A wheel of the running envlock when the lock holds envlock (installed from a checkout,
-    editable, a wheel or an index: none of them reachable where the bundle is restored), the
-    wheel ``restore`` builds into the image (``ownwheel``); (name, version, filename, sha256)."""
-    from envlock.restore.ownwheel import OWN_DIST, own_wheel
-
-    if not any(p.name == OWN_DIST for p in lock.packages):
-        return None
-    wheel = own_wheel(dest)
-    return OWN_DIST, wheel.name.split("-")[1], wheel.name, sha256_file(wheel)
