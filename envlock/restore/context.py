@@ -120,6 +120,18 @@ class Plan:
     # envlock itself (the lock holds it: training code imports it), installed from a wheel of
     # the envlock that restores (``ownwheel``); its origin cannot be the lock's, by design.
     own: str | None = None
+    # A uv binary (``restore.uvbin``) that installs inside the build stages, which leave it
+    # behind; pip installs where there is none or it does not run in the base.
+    uv: Path | None = None
+
+    @property
+    def split_torch(self) -> bool:
+        """Offline into a venv with a torch layer: that layer is an image of its own
+        (``dockerfile.torch_layer``), built from the torch wheels alone and shared by every lock
+        with the same torch pins; the rest installs on top of it. The torch wheels are then
+        neither sent nor copied again when only a small package changes."""
+        return (self.offline and self.venv is not None and self.os_install is None
+                and any(layer.name == "torch" for layer in self.layers))
 
     @property
     def os_packages_restored(self) -> bool:
@@ -434,12 +446,13 @@ def _wheels(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],
 
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
          wheels_for: Mapping[str, tuple[Path, ...]] | None = None,
-         own_wheel: Path | None = None) -> Plan:
+         own_wheel: Path | None = None, uv: Path | None = None) -> Plan:
     """Decide and validate everything the build needs. ``base`` overrides ``choose_base``.
 
     ``wheels_for`` maps a package name to its wheel files (from ``wheelhouse.select``); it is
     required with ``options.wheelhouse``. ``own_wheel``: a wheel of the running envlock, which
-    replaces the lock's envlock whatever its source (``ownwheel``).
+    replaces the lock's envlock whatever its source (``ownwheel``). ``uv``: a uv binary for
+    the build stages of an offline venv restore (``restore.uvbin``).
     """
     base = base or choose_base(lock, options)
     _check_options(base, options)
@@ -468,4 +481,5 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
                 notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
-                image_name=options.image_name, own=own)
+                image_name=options.image_name, own=own,
+                uv=uv if offline and venv is not None else None)
