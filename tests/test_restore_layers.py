@@ -90,12 +90,52 @@ def test_the_torch_layer_is_an_image_of_its_own_built_from_the_torch_wheels_alon
     assert main[1] == "FROM ${ENVLOCK_TORCH_LAYER}"
     assert sum(line.startswith("FROM") for line in main) == 1
     assert not any("--from=" in line or "/tmp/envlock-uv" in line for line in main)
-    runs = [line for line in main if line.startswith("RUN") and "-r" in line]
-    assert [json.loads(line[4:])[-1] for line in runs] == [
-        "/usr/local/share/envlock-restore/packages.txt", "/usr/local/share/envlock-restore/tooling.txt"]
-    assert all('"-m", "pip", "install"' in line for line in runs)
+    runs = [json.loads(line[4:]) for line in main if line.startswith("RUN") and "pip" in line]
+    assert len(runs) == 1 and runs[0][:2] == ["/bin/sh", "-c"] and runs[0][3:] == ["/opt/venv/bin/python"]
+    script = runs[0][2]
+    assert script.index("envlock-restore/packages.txt") < script.index("envlock-restore/tooling.txt")
+    assert "torch" not in script and "uv" not in script
+    assert 'COPY ["wheels/packages/", "/tmp/envlock-wheels/packages/"]' in main
     # It does not pass for the torch layer: its label is emptied.
     assert '"org.envlock.torch-layer"=""' in files["Dockerfile"]
+
+
+def _zip_wheel(house: Path, name: str, version: str, requires: list[str]) -> Path:
+    wheel = house / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+        zf.writestr(f"{name}-{version}.dist-info/METADATA",
+                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}\nRequires-Dist: not-a-header\n")
+    return wheel
+
+
+def test_what_torch_requires_gets_a_layer_of_its_own_before_the_rest(restore_lock: LockFactory,
+                                                                     tmp_path: Path) -> None:
+    """torch's wheel requires sympy (which requires mpmath) and, as an extra, zipp: sympy and
+    mpmath are installed right after the torch layer, in their own step; six and zipp after."""
+    packages = [*TORCH_PKGS, ("sympy", "1.14.0"), ("mpmath", "1.3.0")]
+    house = tmp_path / "house"
+    house.mkdir()
+    wheels = {
+        "torch": (_zip_wheel(house, "torch", "2.13.0+cpu", ["sympy>=1.13", 'zipp; extra == "opt"']),),
+        "sympy": (_zip_wheel(house, "sympy", "1.14.0", ["mpmath<1.4,>=1.1.0"]),),
+        "mpmath": (_zip_wheel(house, "mpmath", "1.3.0", []),),
+        "six": (_zip_wheel(house, "six", "1.16.0", []),),
+        "zipp": (_zip_wheel(house, "zipp", "3.20.0", []),),
+        "pip": (_zip_wheel(house, "pip", "24.0", []),),
+    }
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=packages,
+                        torch={"version": "2.13.0+cpu"})
+    plan = ctx.plan(lock, Options(wheelhouse=house), wheels_for=wheels)
+    names = {layer.name: sorted(r.name for r in layer.requirements) for layer in plan.layers}
+    assert names["torch-deps"] == ["mpmath", "sympy"]
+    assert names["packages"] == ["six", "zipp"]
+    main = _instructions(dockerfile.render(plan)["Dockerfile"])
+    deps_run = next(i for i, line in enumerate(main) if line.startswith("RUN") and "torch-deps.txt" in line)
+    rest_run = next(i for i, line in enumerate(main) if line.startswith('RUN ["/bin/sh"'))
+    assert deps_run < rest_run and "torch-deps" not in main[rest_run]
+    # Online there is no wheel to read: everything but torch stays in the packages layer.
+    assert ctx.wheel_requires(tmp_path / "missing.whl") == set()
 
 
 def test_each_build_is_sent_only_what_it_uses(restore_lock: LockFactory, tmp_path: Path) -> None:
@@ -177,6 +217,28 @@ def test_a_uv_that_does_not_run_falls_back_to_pip_with_one_line(restore_lock: Lo
         "envlock: the uv binary does not run in this base; installing with pip"]
     assert json.loads(proc.stdout) == ["-m", "pip", "install", "--no-cache-dir",
                                        "--disable-pip-version-check", "--no-input", "--no-deps", tricky]
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+def test_the_layers_on_top_of_the_torch_layer_install_in_order_with_the_images_python(
+        restore_lock: LockFactory, tmp_path: Path) -> None:
+    """The one RUN on top of the torch layer, run here with a stand-in interpreter that logs
+    its arguments: each requirement file in layer order, then ensurepip's leftovers go; the
+    interpreter (a lock value) reaches the shell only as "$0"."""
+    plan = _plan(restore_lock, tmp_path, [("setuptools", "66.1.1"), *TORCH_PKGS])
+    main = _instructions(dockerfile.render(plan)["Dockerfile"])
+    argv = next(json.loads(line[4:]) for line in main if line.startswith('RUN ["/bin/sh"'))
+    log = tmp_path / "calls"
+    python = tmp_path / "py thon $(id)"
+    python.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    python.chmod(0o755)
+    subprocess.run([*argv[:3], str(python)], check=True)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [c[c.index("-r") + 1] if "-r" in c else c[:3] for c in calls] == [
+        "/usr/local/share/envlock-restore/packages.txt", "/usr/local/share/envlock-restore/tooling.txt",
+        ["-m", "pip", "uninstall"]]
+    assert calls[-1][-1] == "wheel"
 
 
 def test_uv_is_taken_only_as_an_executable_of_this_machine(tmp_path: Path,

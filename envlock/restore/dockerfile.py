@@ -41,6 +41,20 @@ UV_IN_CONTEXT = "tools/uv"
 UV_IN_IMAGE = "/tmp/envlock-uv/uv"
 
 
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _digest(path: Path) -> str:
+    """``sha256_file``, once per file and process: a restore keys its context and its torch
+    layer on the same wheels (the torch wheel alone is hundreds of MB, GBs with CUDA). Keyed by
+    the file's identity and stat, so a file replaced in between is read again."""
+    st = path.stat()
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
+
+
 def dockerfile_exec(argv: Iterable[str]) -> str:
     """An exec-form (JSON array) argument list: no shell parses it, a newline stays ``\\n``."""
     return json.dumps(list(argv))
@@ -115,12 +129,53 @@ def labels(plan: Plan) -> dict[str, str]:
 _COMMENTS = {
     "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
              "must not rebuild or re-download them.",
+    "torch-deps": "What the torch layer's wheels require, next: a change to an unrelated package "
+                  "keeps them.",
     "packages": "Everything else, exact pins, no dependency resolution (the lock is the closure).",
     "envlock": "envlock itself (training code imports it), from a wheel of the envlock that "
                "restored this image.",
     "tooling": "pip/setuptools/wheel last, pinned to the lock's versions (the layers above used "
                "the base's pip).",
 }
+
+
+def _on_top_of_torch(plan: Plan) -> list[str]:
+    """The layers after the torch layer's image: torch's own requirements in their layer, then
+    the rest in one step: their requirement files and wheels (the only wheels this build is
+    sent besides torch-deps') and one RUN that installs them in layer order and removes
+    ensurepip's extra tools. They are small, and what a step costs the engine (a container, a
+    commit) is much of their time; a change to any of them reinstalls them all, torch and its
+    requirements never. The shell reads only this fixed text: the interpreter is "$0", every
+    other word is envlock's own (flags, paths, tool names)."""
+    lines: list[str] = []
+    rest = [layer for layer in plan.layers if layer.name not in ("torch", "torch-deps")]
+    for layer in plan.layers:
+        if layer.name == "torch-deps":
+            lines += _layer_lines(plan, layer, uv=False)
+    steps = []
+    copies = []
+    for layer in rest:
+        for fname in layer.files():
+            copies.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
+            hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+            steps.append(["\"$0\"", "-m", "pip", *_PIP_INSTALL, *hashed, *layer.index_args,
+                          "-r", f"{REQ_DIR_IN_IMAGE}/{fname}"])
+        if layer.name in plan.wheels:
+            copies.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+    if plan.remove:
+        steps.append(["\"$0\"", "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check",
+                      *plan.remove])
+    for step in steps:
+        for word in step[1:]:
+            if not re.fullmatch(r"[A-Za-z0-9_./:=+-]+", word):  # never a lock value here
+                raise ValueError(f"unexpected word {word!r} in the install script")
+    if not steps:
+        return lines
+    script = ("export PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 && "
+              + " && ".join(" ".join(step) for step in steps))
+    return [*lines, "", "# The rest in one step, in layer order: the other packages, envlock itself, "
+                        "pip/setuptools/wheel last.",
+            *copies, "RUN " + dockerfile_exec(["/bin/sh", "-c", script, plan.python])]
 
 
 def _layer_lines(plan: Plan, layer: Layer, *, uv: bool) -> list[str]:
@@ -185,9 +240,9 @@ def torch_layer_key(plan: Plan) -> str:
         if rel.startswith("requirements/torch"):
             h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
     for wheel in sorted(plan.wheels.get("torch", ())):
-        h.update(wheel.name.encode() + b"\0" + sha256_file(wheel).encode())
+        h.update(wheel.name.encode() + b"\0" + _digest(wheel).encode())
     if plan.uv:
-        h.update(b"uv\0" + sha256_file(plan.uv).encode())
+        h.update(b"uv\0" + _digest(plan.uv).encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -256,11 +311,11 @@ def dockerfile(plan: Plan) -> str:
                                    BUILD_STAGE if staged else None)]
     if plan.os_install:
         lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
-    for layer in plan.layers:
-        if split and layer.name == "torch":
-            continue
+    if split:
+        lines += _on_top_of_torch(plan)
+    for layer in plan.layers if not split else ():
         lines += _layer_lines(plan, layer, uv=staged and plan.uv is not None)
-    if plan.remove:
+    if plan.remove and not split:
         lines += ["", "# ensurepip's tools the lock does not have (uninstalling an absent one is a no-op).",
                   _pip(plan, "uninstall", "--yes", "--disable-pip-version-check", *plan.remove)]
     if staged:
@@ -335,7 +390,7 @@ def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
     binaries = context_binaries(plan)
     for where in sorted(binaries):
         for path in sorted(binaries[where]):
-            h.update(f"{where}/{path.name}".encode() + b"\0" + sha256_file(path).encode())
+            h.update(f"{where}/{path.name}".encode() + b"\0" + _digest(path).encode())
     return "sha256:" + h.hexdigest()
 
 
