@@ -134,6 +134,12 @@ def test_what_torch_requires_gets_a_layer_of_its_own_before_the_rest(restore_loc
     deps_run = next(i for i, line in enumerate(main) if line.startswith("RUN") and "torch-deps.txt" in line)
     rest_run = next(i for i, line in enumerate(main) if line.startswith('RUN ["/bin/sh"'))
     assert deps_run < rest_run and "torch-deps" not in main[rest_run]
+    # The torch layer itself does not depend on its requirements' pins.
+    other = ctx.plan(lock.model_copy(update={"packages": [
+        p if p.name != "sympy" else p.model_copy(update={"version": "1.13.0"}) for p in lock.packages]}),
+        Options(wheelhouse=house), wheels_for={**wheels, "sympy": (_zip_wheel(house, "sympy", "1.13.0", []),)})
+    assert dockerfile.torch_layer_key(other) == dockerfile.torch_layer_key(plan)
+    assert dockerfile.context_key(other) != dockerfile.context_key(plan)
     # Online there is no wheel to read: everything but torch stays in the packages layer.
     assert ctx.wheel_requires(tmp_path / "missing.whl") == set()
 

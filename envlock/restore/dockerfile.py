@@ -236,8 +236,8 @@ def torch_layer_key(plan: Plan) -> str:
     body = [line for line in _torch_layer_body(plan).splitlines() if not line.startswith("#")]
     h.update("\n".join(body).encode() + b"\0")
     rendered = _requirement_files(plan)
-    for rel in sorted(rendered):
-        if rel.startswith("requirements/torch"):
+    for rel in sorted(torch_layer_files(plan)):
+        if rel in rendered:  # the torch layer's own requirement files, not torch-deps'
             h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
     for wheel in sorted(plan.wheels.get("torch", ())):
         h.update(wheel.name.encode() + b"\0" + _digest(wheel).encode())
