@@ -106,12 +106,13 @@ def purge(client: Any, prefix: str) -> None:
         if mine:
             with contextlib.suppress(Exception):
                 client.images.remove(image.id, force=True)
-    # The build stages a restore leaves behind (untagged, childless: the venv and the wheels)
-    # are the builder's cache of the next fresh run; those of this benchmark go too.
+    # The build stage a torch layer leaves behind (untagged, childless: the venv and the
+    # wheels) is the builder's cache of the next fresh run; this benchmark's go too (those that
+    # copied uv in since it started: the engine may be shared, others' stages stay).
     for image in client.images.list(filters={"dangling": True}):
         with contextlib.suppress(Exception):
             made = " ".join(str(h.get("CreatedBy", "")) for h in image.history())
-            if "/tmp/envlock-wheels/" in made and image.attrs.get("Created", "") >= STARTED:
+            if "/tmp/envlock-uv/uv" in made and image.attrs.get("Created", "") >= STARTED:
                 client.images.remove(image.id)
 
 
