@@ -106,6 +106,7 @@ def _zip_wheel(house: Path, name: str, version: str, requires: list[str]) -> Pat
         meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
         zf.writestr(f"{name}-{version}.dist-info/METADATA",
                     f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}\nRequires-Dist: not-a-header\n")
+        zf.writestr(f"{name}-{version}.dist-info/RECORD", "")
     return wheel
 
 
@@ -298,3 +299,28 @@ def test_the_engine_sends_exactly_the_files_named(tmp_path: Path) -> None:
     assert kw["custom_context"] is True and kw["buildargs"] == {"ENVLOCK_TORCH_LAYER": "sha256:" + "1" * 64}
     with tarfile.open(fileobj=io.BytesIO(engine.api.sent)) as tar:
         assert sorted(m.name for m in tar.getmembers() if m.isfile()) == ["Dockerfile", "wheels/small/six.whl"]
+
+
+def test_dockerfile_only_says_to_build_the_torch_layer_first(restore_lock: LockFactory, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+    from envlock.lock import save
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENVLOCK_RESTORE_INSTALLER", "pip")
+    house = tmp_path / "house"
+    house.mkdir()
+    for name, version in TORCH_PKGS:
+        _zip_wheel(house, name, version, [])
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
+                        torch={"version": "2.13.0+cpu"})
+    path = save(lock, tmp_path / "env.lock")
+    out = tmp_path / "ctx"
+    assert main(["restore", str(path), "--wheelhouse", str(house), "--dockerfile-only", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert (out / dockerfile.TORCH_LAYER_DOCKERFILE).is_file() and (out / "wheels" / "torch").is_dir()
+    assert not (out / "tools").exists()  # ENVLOCK_RESTORE_INSTALLER=pip: no uv
+    assert f"tar -c {dockerfile.TORCH_LAYER_DOCKERFILE} requirements/torch.txt wheels/torch | docker build " \
+           f"-f {dockerfile.TORCH_LAYER_DOCKERFILE} -t envlock/torch-layer:" in said
+    assert said.index("torch-layer:") < said.index("-) && docker build -t envlock/") < said.index(lock.short_id)
