@@ -203,7 +203,8 @@ def test_uv_sync_is_measured_against_the_venvs_pins(tmp_path: Path, says: str,
 
 
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
-                                    "profile_capture", "adversarial_secrets", "adversarial_outputs", "bundle"])
+                                    "profile_capture", "adversarial_secrets", "adversarial_outputs",
+                                    "bundle", "restore"])
 def test_every_benchmark_explains_itself(script: str) -> None:
     """``--help`` is how a reader finds the knobs; argparse formats help lazily, so a stray
     ``%`` in a help string only breaks when someone asks."""

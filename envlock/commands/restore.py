@@ -135,9 +135,17 @@ def run(args: argparse.Namespace) -> int:
         plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
             say(note if note.startswith("warning: ") else f"note: {note}")
+        where = shlex.quote(str(args.dockerfile_only))
+        first = ""
+        if plan.split_torch:  # the torch layer is an image of its own, built first
+            from envlock.restore import dockerfile
+
+            tag = dockerfile.torch_layer_tag(dockerfile.torch_layer_key(plan))
+            first = (f"(cd {where} && tar -c {' '.join(dockerfile.torch_layer_files(plan))} | docker build "
+                     f"-f {dockerfile.TORCH_LAYER_DOCKERFILE} -t {tag} -) && ")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
-                         f"build it with: docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
-                         f"{lock.short_id} {shlex.quote(str(args.dockerfile_only))}\n")
+                         f"build it with: {first}docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
+                         f"{lock.short_id} {where}\n")
         return EXIT_OK
     from envlock._render import verify_text
     from envlock.lock import load

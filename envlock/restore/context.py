@@ -9,10 +9,14 @@ before calling ``plan()``.
 
 from __future__ import annotations
 
+import re
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+from packaging.utils import canonicalize_name
 
 from envlock._expected import TOOLING, Restored
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
@@ -23,10 +27,13 @@ from envlock.restore.ownwheel import OWN_DIST, file_sha256
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
 
-LayerName = Literal["torch", "packages", "envlock", "tooling"]
+LayerName = Literal["torch", "torch-deps", "packages", "envlock", "tooling"]
 BaseOrigin = Literal["lock", "--base", "table"]
 
-LAYERS: tuple[LayerName, ...] = ("torch", "packages", "envlock", "tooling")  # in install order
+# In install order. "torch-deps": offline, the packages the torch layer's wheels require (their
+# METADATA's Requires-Dist, transitively), so a change to an unrelated small package does not
+# reinstall them either.
+LAYERS: tuple[LayerName, ...] = ("torch", "torch-deps", "packages", "envlock", "tooling")
 WHEELS_IN_IMAGE = "/tmp/envlock-wheels"
 WORKDIR = "/workspace"
 # Set in CUDA images so the NVIDIA container runtime mounts the driver's compute libraries, as
@@ -120,6 +127,18 @@ class Plan:
     # envlock itself (the lock holds it: training code imports it), installed from a wheel of
     # the envlock that restores (``ownwheel``); its origin cannot be the lock's, by design.
     own: str | None = None
+    # A uv binary (``restore.uvbin``) that installs inside the build stages, which leave it
+    # behind; pip installs where there is none or it does not run in the base.
+    uv: Path | None = None
+
+    @property
+    def split_torch(self) -> bool:
+        """Offline into a venv with a torch layer: that layer is an image of its own
+        (``dockerfile.torch_layer``), built from the torch wheels alone and shared by every lock
+        with the same torch pins; the rest installs on top of it. The torch wheels are then
+        neither sent nor copied again when only a small package changes."""
+        return (self.offline and self.venv is not None and self.os_install is None
+                and any(layer.name == "torch" for layer in self.layers))
 
     @property
     def os_packages_restored(self) -> bool:
@@ -366,6 +385,46 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
     return out
 
 
+_MAX_METADATA = 1 << 20
+
+
+def wheel_requires(wheel: Path) -> set[str]:
+    """The normalized names a wheel's METADATA requires (``Requires-Dist``, extras left out);
+    empty when it cannot be read (verification of the wheel is ``wheelhouse``'s)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = [i for i in zf.infolist()
+                    if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/METADATA")]
+            if len(meta) != 1 or meta[0].file_size > _MAX_METADATA:
+                return set()
+            text = zf.read(meta[0]).decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return set()
+    out: set[str] = set()
+    for line in text.split("\n\n", 1)[0].splitlines():
+        if not line.startswith("Requires-Dist:") or "extra ==" in line or "extra==" in line:
+            continue
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line[len("Requires-Dist:"):])
+        if m:
+            out.add(canonicalize_name(m.group(1)))
+    return out
+
+
+def _torch_deps(sorted_: _Sorted, wheels_for: Mapping[str, tuple[Path, ...]]) -> None:
+    """Move the packages the torch layer's wheels require (transitively, among the packages
+    layer's) into the torch-deps layer."""
+    packages: dict[str, Requirement] = {canonicalize_name(r.name): r for r in sorted_.layers["packages"]}
+    pending = [r.name for r in sorted_.layers["torch"]]
+    deps: set[str] = set()
+    while pending:
+        for wheel in wheels_for.get(pending.pop(), ()):
+            for name in wheel_requires(wheel) & packages.keys() - deps:
+                deps.add(name)
+                pending.append(packages[name].name)
+    sorted_.layers["torch-deps"] = [r for r in sorted_.layers["packages"] if canonicalize_name(r.name) in deps]
+    sorted_.layers["packages"] = [r for r in sorted_.layers["packages"] if canonicalize_name(r.name) not in deps]
+
+
 def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: str | None
                 ) -> tuple[str, ...]:
     if offline or layer == "envlock":
@@ -434,12 +493,13 @@ def _wheels(layers: list[Layer], wheels_for: Mapping[str, tuple[Path, ...]],
 
 def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
          wheels_for: Mapping[str, tuple[Path, ...]] | None = None,
-         own_wheel: Path | None = None) -> Plan:
+         own_wheel: Path | None = None, uv: Path | None = None) -> Plan:
     """Decide and validate everything the build needs. ``base`` overrides ``choose_base``.
 
     ``wheels_for`` maps a package name to its wheel files (from ``wheelhouse.select``); it is
     required with ``options.wheelhouse``. ``own_wheel``: a wheel of the running envlock, which
-    replaces the lock's envlock whatever its source (``ownwheel``).
+    replaces the lock's envlock whatever its source (``ownwheel``). ``uv``: a uv binary for
+    the build stages of an offline venv restore (``restore.uvbin``).
     """
     base = base or choose_base(lock, options)
     _check_options(base, options)
@@ -453,6 +513,8 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     unchecked = unproven(p for p in lock.packages if p.name in installed)
     if unchecked:
         notes.append(unproven_warning(unchecked))
+    if offline and wheels_for:
+        _torch_deps(sorted_, wheels_for)
     layers = _layers(sorted_, options, offline, lock)
     wheels: dict[str, tuple[Path, ...]] = {}
     base_tooling: tuple[str, ...] = ()
@@ -468,4 +530,5 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 remove=_ensurepip_leftovers(venv, sorted_), env=_env(lock),
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
                 notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
-                image_name=options.image_name, own=own)
+                image_name=options.image_name, own=own,
+                uv=uv if offline and venv is not None else None)

@@ -17,8 +17,9 @@ import os
 import signal
 import socket
 import tarfile
+import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -278,23 +279,47 @@ class DockerEngine(ContainerEngine):
             raise EngineUnavailable(f"cannot load {archive.name}: {_short(exc)}") from None
 
     def build_stream(self, context: Path, *, tag: str, labels: Mapping[str, str],
-                     network: bool = True) -> Iterator[dict[str, Any]]:
-        """The engine's build output as the SDK decodes it: what ``buildlog`` reads."""
+                     network: bool = True, files: Sequence[str] | None = None,
+                     dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None
+                     ) -> Iterator[dict[str, Any]]:
+        """The engine's build output as the SDK decodes it: what ``buildlog`` reads.
+
+        ``files``: the context's paths (relative, directories whole) that this build is sent, in
+        a tar envlock makes; the classic builder receives the whole context on every build, so
+        what a build does not use is left out (the torch wheels, once their layer is an image).
+        A first line says how much was sent.
+        """
         extra: dict[str, Any] = {} if network else {"network_mode": "none"}
-        chunks: Iterator[dict[str, Any]] = self.api.build(
-            path=str(context), tag=tag, rm=True, forcerm=True, decode=True, labels=dict(labels),
-            pull=False, **extra)
-        return chunks
+        if buildargs:
+            extra["buildargs"] = dict(buildargs)
+        if dockerfile != "Dockerfile":
+            extra["dockerfile"] = dockerfile
+        if files is None:
+            yield from self.api.build(path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
+                                      labels=dict(labels), pull=False, **extra)
+            return
+        with tempfile.TemporaryFile() as fh:
+            with tarfile.open(fileobj=fh, mode="w") as tar:
+                for rel in files:
+                    # Not dereferenced: the context is envlock's, written without links.
+                    tar.add(str(context / rel), arcname=rel, recursive=True)
+            size = fh.tell()
+            fh.seek(0)
+            yield {"stream": f"envlock: sending a build context of {size / 1e6:.1f} MB\n"}
+            yield from self.api.build(fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                      decode=True, labels=dict(labels), pull=False, **extra)
 
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
-              progress: Progress, network: bool = True) -> str:
+              progress: Progress, network: bool = True, files: Sequence[str] | None = None,
+              dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
         from docker.errors import APIError, BuildError
 
         parsed = BuildLog()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log:
             try:
-                for chunk in self.build_stream(context, tag=tag, labels=labels, network=network):
+                for chunk in self.build_stream(context, tag=tag, labels=labels, network=network,
+                                               files=files, dockerfile=dockerfile, buildargs=buildargs):
                     fed = parsed.feed(chunk)
                     log.write(fed.log)
                     for event in fed.events:

@@ -12,13 +12,14 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from envlock._expected import RESTORED_FILE
 from envlock._version import __version__
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
-from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Plan
+from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Layer, Plan
 from envlock.restore.wheelhouse import sha256_file
 
 REQ_DIR_IN_IMAGE = "/usr/local/share/envlock-restore"
@@ -34,6 +35,27 @@ LABEL_CONTEXT = "org.envlock.context"
 # Also set on the build: a digest of the options the user chose (``restore.options_key``), so a
 # failed restore can tell whether an image of the lock was restored with other options.
 LABEL_OPTIONS = "org.envlock.options"
+# The torch layer's image (``torch_layer_dockerfile``): its key, which names its inputs.
+LABEL_TORCH_LAYER = "org.envlock.torch-layer"
+TORCH_LAYER_DOCKERFILE = "torch-layer.Dockerfile"
+TORCH_LAYER_ARG = "ENVLOCK_TORCH_LAYER"
+TORCH_LAYER_REPO = "envlock/torch-layer"
+UV_IN_CONTEXT = "tools/uv"
+UV_IN_IMAGE = "/tmp/envlock-uv/uv"
+
+
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _digest(path: Path) -> str:
+    """``sha256_file``, once per file and process: a restore keys its context and its torch
+    layer on the same wheels (the torch wheel alone is hundreds of MB, GBs with CUDA). Keyed by
+    the file's identity and stat, so a file replaced in between is read again."""
+    st = path.stat()
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
 
 
 def dockerfile_exec(argv: Iterable[str]) -> str:
@@ -58,6 +80,28 @@ def _pip(plan: Plan, *args: str) -> str:
 
 
 _PIP_INSTALL = ("install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--no-input")
+
+# uv when it runs in the base, pip otherwise, with the same arguments ("$@": --no-deps, the
+# index flags, --require-hashes, -r FILE) and the interpreter as "$0": the shell parses only
+# this fixed text, never a value from the lock. ``--compile-bytecode`` because pip compiles
+# too (an image's user cannot write __pycache__ into the root-owned venv); ``--no-config``: no
+# uv.toml or UV_ variable of the base changes what is installed.
+_UV_OR_PIP = (
+    f'if {UV_IN_IMAGE} --version >/dev/null 2>&1; then exec env UV_LINK_MODE=copy UV_NO_CACHE=1 '
+    f'{UV_IN_IMAGE} pip install --no-config --no-progress --compile-bytecode --python "$0" "$@"; fi; '
+    'echo "envlock: the uv binary does not run in this base; installing with pip" >&2; '
+    'exec env PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 "$0" -m pip install '
+    '--no-cache-dir --disable-pip-version-check --no-input "$@"')
+
+
+def _install(plan: Plan, layer: Layer, fname: str, *, uv: bool) -> str:
+    """The RUN that installs one requirement file of ``layer``: uv (inside a build stage that
+    the image leaves behind, so the binary does not stay) or pip."""
+    hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+    args = ("--no-deps", *hashed, *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}")
+    if uv:
+        return "RUN " + dockerfile_exec(["/bin/sh", "-c", _UV_OR_PIP, plan.python, *args])
+    return _pip(plan, *_PIP_INSTALL, *hashed, *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}")
 
 
 def _version_check(plan: Plan) -> str:
@@ -85,16 +129,73 @@ def labels(plan: Plan) -> dict[str, str]:
     return out
 
 
-def dockerfile(plan: Plan) -> str:
-    # Offline into a venv: install in a build stage and copy only the venv out, so the wheels
-    # COPY'd in for pip (hundreds of MB for torch, GBs with CUDA) stay out of the final image.
-    # The classic builder has no `RUN --mount`; a stage is the portable way.
-    staged = plan.offline and plan.venv is not None
+_COMMENTS = {
+    "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
+             "must not rebuild or re-download them.",
+    "torch-deps": "What the torch layer's wheels require, next: a change to an unrelated package "
+                  "keeps them.",
+    "packages": "Everything else, exact pins, no dependency resolution (the lock is the closure).",
+    "envlock": "envlock itself (training code imports it), from a wheel of the envlock that "
+               "restored this image.",
+    "tooling": "pip/setuptools/wheel last, pinned to the lock's versions (the layers above used "
+               "the base's pip).",
+}
+
+
+def _on_top_of_torch(plan: Plan) -> list[str]:
+    """The layers after the torch layer's image: torch's own requirements in their layer, then
+    the rest in one step: their requirement files and wheels (the only wheels this build is
+    sent besides torch-deps') and one RUN that installs them in layer order and removes
+    ensurepip's extra tools. They are small, and what a step costs the engine (a container, a
+    commit) is much of their time; a change to any of them reinstalls them all, torch and its
+    requirements never. The shell reads only this fixed text: the interpreter is "$0", every
+    other word is envlock's own (flags, paths, tool names)."""
+    lines: list[str] = []
+    rest = [layer for layer in plan.layers if layer.name not in ("torch", "torch-deps")]
+    for layer in plan.layers:
+        if layer.name == "torch-deps":
+            lines += _layer_lines(plan, layer, uv=False)
+    steps = []
+    copies = []
+    for layer in rest:
+        for fname in layer.files():
+            copies.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
+            hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+            steps.append(["\"$0\"", "-m", "pip", *_PIP_INSTALL, *hashed, *layer.index_args,
+                          "-r", f"{REQ_DIR_IN_IMAGE}/{fname}"])
+        if layer.name in plan.wheels:
+            copies.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+    if plan.remove:
+        steps.append(["\"$0\"", "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check",
+                      *plan.remove])
+    for step in steps:
+        for word in step[1:]:
+            if not re.fullmatch(r"[A-Za-z0-9_./:=+-]+", word):  # never a lock value here
+                raise ValueError(f"unexpected word {word!r} in the install script")
+    if not steps:
+        return lines
+    script = ("export PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 && "
+              + " && ".join(" ".join(step) for step in steps))
+    return [*lines, "", "# The rest in one step, in layer order: the other packages, envlock itself, "
+                        "pip/setuptools/wheel last.",
+            *copies, "RUN " + dockerfile_exec(["/bin/sh", "-c", script, plan.python])]
+
+
+def _layer_lines(plan: Plan, layer: Layer, *, uv: bool) -> list[str]:
+    lines = ["", f"# {_COMMENTS[layer.name]}"]
+    files = layer.files()
+    for fname in files:
+        lines.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
+    if layer.name in plan.wheels:
+        lines.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+    lines += [_install(plan, layer, fname, uv=uv) for fname in files]
+    return lines
+
+
+def _prelude(plan: Plan, stage: str | None) -> list[str]:
+    """FROM the base, root, the python check, the venv: what every build starts with."""
     lines = [
-        f"# Generated by envlock {__version__} from a lock with id {plan.short_id}; do not edit.",
-        f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/{image_tag_name(plan)}:{plan.short_id} .)",
-        f"# Base: {plan.base.display} ({plan.base.origin})",
-        f"FROM {plan.base.ref}" + (f" AS {BUILD_STAGE}" if staged else ""),
+        f"FROM {plan.base.ref}" + (f" AS {stage}" if stage else ""),
         # The base may end with a non-root USER (a lock captured in an image that runs as its
         # researcher, as most workstation images do): installing needs root.
         "USER root",
@@ -106,29 +207,118 @@ def dockerfile(plan: Plan) -> str:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
                   "RUN " + dockerfile_exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
+    if plan.uv:
+        lines += ["", "# uv installs (pip where it does not run); this stage is left behind.",
+                  f"COPY {dockerfile_exec([UV_IN_CONTEXT, UV_IN_IMAGE])}"]
+    return lines
+
+
+def _torch_layer_body(plan: Plan) -> str:
+    """The torch layer's Dockerfile without its label: nothing of the lock but the base, the
+    python version, the venv path and the torch layer's own pins."""
+    torch = next(layer for layer in plan.layers if layer.name == "torch")
+    lines = [
+        "# The torch layer of an envlock restore: an image of its own, shared by every lock with",
+        "# the same base, venv and torch pins; do not edit.",
+        *_prelude(plan, BUILD_STAGE),
+        *_layer_lines(plan, torch, uv=plan.uv is not None),
+        "",
+        "# The layer itself: the base plus the venv built above, without the wheels.",
+        f"FROM {plan.base.ref}",
+        "USER root",
+        f"COPY --from={BUILD_STAGE} {dockerfile_exec([plan.venv or '', plan.venv or ''])}",
+        f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH",
+    ]
+    return "\n".join(lines)
+
+
+def torch_layer_key(plan: Plan) -> str:
+    """sha256 over everything the torch layer is built from (instructions, requirement files,
+    wheels, the uv binary), comments left out: its image's label, and its tag."""
+    h = hashlib.sha256()
+    body = [line for line in _torch_layer_body(plan).splitlines() if not line.startswith("#")]
+    h.update("\n".join(body).encode() + b"\0")
+    rendered = _requirement_files(plan)
+    for rel in sorted(torch_layer_files(plan)):
+        if rel in rendered:  # the torch layer's own requirement files, not torch-deps'
+            h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
+    for wheel in sorted(plan.wheels.get("torch", ())):
+        h.update(wheel.name.encode() + b"\0" + _digest(wheel).encode())
+    if plan.uv:
+        h.update(b"uv\0" + _digest(plan.uv).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def torch_layer_tag(key: str) -> str:
+    return f"{TORCH_LAYER_REPO}:{key.removeprefix('sha256:')[:16]}"
+
+
+def torch_layer_dockerfile(plan: Plan, key: str | None = None) -> str:
+    key = key or torch_layer_key(plan)
+    return (_torch_layer_body(plan) + "\n" + f"LABEL {_label(LABEL_TORCH_LAYER, key)}\n")
+
+
+def torch_layer_files(plan: Plan) -> list[str]:
+    """What the torch layer's build is sent (relative to the context): nothing of the rest."""
+    torch = next(layer for layer in plan.layers if layer.name == "torch")
+    out = [TORCH_LAYER_DOCKERFILE, *(f"requirements/{f}" for f in torch.files())]
+    if plan.wheels.get("torch"):
+        out.append("wheels/torch")
+    if plan.uv:
+        out.append(UV_IN_CONTEXT)
+    return out
+
+
+def main_build_excludes(plan: Plan) -> tuple[str, ...]:
+    """What the image's own build is not sent: the torch layer's inputs (an image already),
+    the uv binary where no stage of this build uses it, the build log."""
+    out = ["build.log"]
+    if plan.split_torch:
+        out += ["wheels/torch", TORCH_LAYER_DOCKERFILE, UV_IN_CONTEXT.split("/")[0]]
+    return tuple(out)
+
+
+def main_build_files(plan: Plan, rendered: Mapping[str, str]) -> list[str]:
+    """What the image's own build is sent: its files, without ``main_build_excludes``."""
+    skip = set(main_build_excludes(plan))
+    paths = [*rendered, *context_binaries(plan)]
+    return [p for p in paths if p not in skip and p.split("/")[0] not in skip]
+
+
+def dockerfile(plan: Plan) -> str:
+    # Offline into a venv: install in a build stage and copy only the venv out, so the wheels
+    # COPY'd in for pip (hundreds of MB for torch, GBs with CUDA) stay out of the final image.
+    # The classic builder has no `RUN --mount`; a stage is the portable way. With a torch layer
+    # that stage is an image of its own (``torch_layer_dockerfile``) and the rest installs on
+    # top of it in this image directly: copying a venv out of a stage would copy torch again
+    # (a layer of GBs) whenever a small package changes.
+    split = plan.split_torch
+    staged = plan.offline and plan.venv is not None and not split
+    header = [
+        f"# Generated by envlock {__version__} from a lock with id {plan.short_id}; do not edit.",
+        f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/{image_tag_name(plan)}:{plan.short_id} .)",
+        f"# Base: {plan.base.display} ({plan.base.origin})",
+    ]
+    if split:
+        tag = torch_layer_tag(torch_layer_key(plan))
+        header[1] = ("# Rebuild: envlock restore env.lock   (or: tar -c "
+                     + " ".join(torch_layer_files(plan)) + f" | docker build -f {TORCH_LAYER_DOCKERFILE}"
+                     f" -t {tag} - && docker build -t envlock/{image_tag_name(plan)}:{plan.short_id} .)")
+        lines = [*header,
+                 "# The torch layer: an image built from torch-layer.Dockerfile (restore passes its id).",
+                 f"ARG {TORCH_LAYER_ARG}={tag}",
+                 f"FROM ${{{TORCH_LAYER_ARG}}}",
+                 "USER root"]
+    else:
+        lines = [*header, *_prelude(plan if staged else replace(plan, uv=None),
+                                   BUILD_STAGE if staged else None)]
     if plan.os_install:
         lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
-    comments = {
-        "torch": "torch and its CUDA wheels first, in their own layer: a change to a small package "
-                 "must not rebuild or re-download them.",
-        "packages": "Everything else, exact pins, no dependency resolution (the lock is the closure).",
-        "envlock": "envlock itself (training code imports it), from a wheel of the envlock that "
-                   "restored this image.",
-        "tooling": "pip/setuptools/wheel last, pinned to the lock's versions (the layers above used "
-                   "the base's pip).",
-    }
-    for layer in plan.layers:
-        lines += ["", f"# {comments[layer.name]}"]
-        files = layer.files()
-        for fname in files:
-            lines.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
-        if layer.name in plan.wheels:
-            lines.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
-        for fname in files:
-            hashed = fname.endswith("-hashed.txt")
-            lines.append(_pip(plan, *_PIP_INSTALL, *(("--require-hashes",) if hashed else ()),
-                              *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}"))
-    if plan.remove:
+    if split:
+        lines += _on_top_of_torch(plan)
+    for layer in plan.layers if not split else ():
+        lines += _layer_lines(plan, layer, uv=staged and plan.uv is not None)
+    if plan.remove and not split:
         lines += ["", "# ensurepip's tools the lock does not have (uninstalling an absent one is a no-op).",
                   _pip(plan, "uninstall", "--yes", "--disable-pip-version-check", *plan.remove)]
     if staged:
@@ -151,14 +341,16 @@ def dockerfile(plan: Plan) -> str:
     if plan.env:
         lines += ["", "# Variables that change numerics, as captured."]
         lines.append("ENV " + " ".join(dockerfile_env(k, v) for k, v in plan.env))
-    lines += ["", "LABEL " + " \\\n      ".join(_label(k, v) for k, v in sorted(labels(plan).items())),
+    image_labels = labels(plan)
+    if split:
+        image_labels[LABEL_TORCH_LAYER] = ""  # the image is not the torch layer it starts from
+    lines += ["", "LABEL " + " \\\n      ".join(_label(k, v) for k, v in sorted(image_labels.items())),
               f"USER {DEFAULT_UID}:{DEFAULT_UID}", f"WORKDIR {WORKDIR}", ""]
     return "\n".join(lines)
 
 
-def render(plan: Plan) -> dict[str, str]:
-    """Relative path -> text of every generated file of the build context."""
-    out = {"Dockerfile": dockerfile(plan)}
+def _requirement_files(plan: Plan) -> dict[str, str]:
+    out = {}
     for layer in plan.layers:
         for fname, reqs in layer.files().items():
             # No lock id here: COPY caches on the file's bytes, so the torch layer's file must
@@ -166,10 +358,29 @@ def render(plan: Plan) -> dict[str, str]:
             # package would rebuild (and re-download) torch.
             head = f"# {layer.name} layer of an envlock restore: exact pins, installed with --no-deps\n"
             out[f"requirements/{fname}"] = head + "".join(r.text() + "\n" for r in reqs)
+    return out
+
+
+def render(plan: Plan) -> dict[str, str]:
+    """Relative path -> text of every generated file of the build context."""
+    out = {"Dockerfile": dockerfile(plan)}
+    if plan.split_torch:
+        out[TORCH_LAYER_DOCKERFILE] = torch_layer_dockerfile(plan)
+    out.update(_requirement_files(plan))
     if plan.os_install:
         out.update(ospackages.files(plan.os_install))
     out[RESTORED_NAME] = plan.restored.to_json()
-    out[".dockerignore"] = "build.log\n"
+    # For a hand-run `docker build .`: what restore leaves out of that build (the torch layer's
+    # build gets exactly its own files, see torch_layer_files).
+    out[".dockerignore"] = "".join(f"{p}\n" for p in main_build_excludes(plan))
+    return out
+
+
+def context_binaries(plan: Plan) -> dict[str, tuple[Path, ...]]:
+    """Directory in the context -> the files copied there as they are (wheels, uv)."""
+    out = {f"wheels/{layer}": files for layer, files in plan.wheels.items()}
+    if plan.uv:
+        out[UV_IN_CONTEXT.rsplit("/", 1)[0]] = (plan.uv,)
     return out
 
 
@@ -179,9 +390,10 @@ def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
     h = hashlib.sha256()
     for rel in sorted(rendered):
         h.update(rel.encode() + b"\0" + hashlib.sha256(rendered[rel].encode()).digest())
-    for layer in sorted(plan.wheels):
-        for wheel in sorted(plan.wheels[layer]):
-            h.update(f"wheels/{layer}/{wheel.name}".encode() + b"\0" + sha256_file(wheel).encode())
+    binaries = context_binaries(plan)
+    for where in sorted(binaries):
+        for path in sorted(binaries[where]):
+            h.update(f"{where}/{path.name}".encode() + b"\0" + _digest(path).encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -193,7 +405,7 @@ def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | Non
     removed.
     """
     rendered = rendered if rendered is not None else render(plan)
-    return outdir.write(Path(directory), rendered, plan.wheels, force=force)
+    return outdir.write(Path(directory), rendered, context_binaries(plan), force=force)
 
 
 def image_tag_name(plan: Plan) -> str:

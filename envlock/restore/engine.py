@@ -102,7 +102,10 @@ class ContainerEngine(ABC):
 
     @abstractmethod
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
-              progress: Progress, network: bool = True) -> str: ...
+              progress: Progress, network: bool = True, files: Sequence[str] | None = None,
+              dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
+        """Build ``context`` (only ``files`` of it, when given: relative paths) with the
+        Dockerfile ``dockerfile`` and the ``ARG`` values ``buildargs``; the image id."""
 
     @abstractmethod
     def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
@@ -103,7 +103,12 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
         where = cache_dir() / "envlock-wheel"
         where.mkdir(parents=True, exist_ok=True)
         own = own_wheel(where)
-    plan = ctx.plan(lock, options, base, wheels_for, own)
+    uv = None
+    if house is not None:
+        from envlock.restore import uvbin
+
+        uv = uvbin.find(house, cache_dir() / "uv")
+    plan = ctx.plan(lock, options, base, wheels_for, own, uv)
     return plan, dockerfile.render(plan)
 
 
@@ -183,8 +188,13 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         # at that place (a user's --context-dir) is refused.
         dockerfile.write_context(plan, context_dir, rendered, force=True)
         log_path = workdir / "build.log"
+        build_kw: dict[str, Any] = {} if network else {"network": False}
+        if plan.split_torch:
+            layer_id = torch_layer(engine, plan, context_dir, workdir, use_cache=use_cache, say=say,
+                                   quiet=quiet, build_kw=build_kw)
+            build_kw.update(files=dockerfile.main_build_files(plan, rendered),
+                            buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
-        build_kw = {} if network else {"network": False}
         image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
                                 progress=progress or make_progress(quiet=quiet), **build_kw)
         cached = False
@@ -196,6 +206,27 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         _, comparison = verify_image_for(engine, plan, image_id, tag)
     return RestoreResult(plan=plan, image_id=image_id, tag=tag, cached=cached, seconds=seconds,
                          comparison=comparison, size=info.size if info else None)
+
+
+def torch_layer(engine: ContainerEngine, plan: ctx.Plan, context_dir: Path, workdir: Path, *,
+                use_cache: bool, say: Callable[[str], None], quiet: bool,
+                build_kw: dict[str, Any]) -> str:
+    """The id of the torch layer's image: found by its key, else built from the torch
+    wheels alone (``dockerfile.torch_layer_dockerfile``) and tagged by its key."""
+    from envlock.restore.progress import make_progress
+
+    key = dockerfile.torch_layer_key(plan)
+    layer_tag = dockerfile.torch_layer_tag(key)
+    # By its tag, checked by its label: an image that merely inherits the label (a step of a
+    # build on top of the layer, left behind by a failed build) is not the layer.
+    found = engine.image(layer_tag) if use_cache else None
+    if found is not None and found.labels.get(dockerfile.LABEL_TORCH_LAYER) == key:
+        say(f"torch layer: reusing {layer_tag} ({found.id[7:19]}), built from the same torch wheels")
+        return found.id
+    say(f"building the torch layer {layer_tag} from {plan.base.display}")
+    return engine.build(context_dir, tag=layer_tag, labels={}, log_path=workdir / "torch-layer.log",
+                        progress=make_progress(quiet=quiet), files=dockerfile.torch_layer_files(plan),
+                        dockerfile=dockerfile.TORCH_LAYER_DOCKERFILE, **build_kw)
 
 
 def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str
