@@ -58,6 +58,11 @@ class Pack:
         return {str(k): str(v) for k, v in base.items()} if isinstance(base, dict) else {}
 
     @property
+    def oci_archive(self) -> Path | None:
+        rel = self.manifest.get("oci_archive")
+        return self.root / str(rel) if rel else None
+
+    @property
     def docker_archive(self) -> Path | None:
         rel = self.manifest.get("docker_archive")
         return self.root / str(rel) if rel else None
