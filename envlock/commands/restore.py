@@ -214,6 +214,11 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
         raise UsageError("--target charliecloud imports its base from a file: restore a pack that has "
                          "an OCI archive of its base (`envlock pack`, with skopeo installed), or pass "
                          "--base ROOTFS.tar|DIR")
+    venv = opts.venv or (lock.python.prefix if lock.python.prefix_kind == "venv" else None)
+    if venv and (venv.rstrip("/") == "/tmp" or venv.startswith("/tmp/")):
+        # ch-image's RUN shares the host's /tmp: the venv would be built over the host's own.
+        raise UsageError(f"--target charliecloud cannot build the virtual environment at {venv}: "
+                         "ch-image shares /tmp with the host", hint="pass --venv /opt/venv")
     tools = chtarget.find_tools(umoci=oci is not None)
     root = chtarget.private_dir(cache_dir() / "charliecloud")
     storage = root / "storage"  # ch-image creates it: it refuses an empty directory
