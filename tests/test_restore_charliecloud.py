@@ -179,11 +179,16 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
                 ) -> Completed:
         if Path(argv[0]).name == "ch-convert":
             Path(argv[-1]).mkdir()
+        if argv[1] == "build":  # the wheels the Dockerfile copies to /tmp, where RUN looks
+            private = Path(argv[argv.index("--bind") + 1].rsplit(":", 1)[0])
+            assert (private / "envlock-wheels" / "torch" / "t.whl").read_bytes() == b"w"
+            assert private.stat().st_mode & 0o077 == 0
         return runner(argv, env, on_line)
 
     context = tmp_path / "work" / "context"
     (context / "wheels" / "torch").mkdir(parents=True)
     (context / "wheels" / "torch" / "t.whl").write_bytes(b"w")
+    (context / "Dockerfile").write_text("FROM x\n")
     engine = CharliecloudEngine(tmp_path / "storage", tmp_path / "img", tools=TOOLS, runner=convert)
     labels = {"org.envlock.context": "sha256:" + "c" * 64}
     image_id = engine.build(context, tag="envlock/x:abc", labels=labels, log_path=tmp_path / "build.log",
@@ -285,3 +290,43 @@ def test_missing_charliecloud_exits_3_in_one_line(tmp_path: Path, restore_lock: 
     assert main(["restore", str(lock), "--target", "charliecloud", "--base", str(rootfs)]) == 3
     err = capsys.readouterr().err
     assert "ch-image not found" in err and "Traceback" not in err
+
+
+def test_a_base_that_is_not_a_file_is_a_usage_error(tmp_path: Path, restore_lock: LockFactory,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    lock = _lock_file(tmp_path, restore_lock)
+    assert main(["restore", str(lock), "--target", "charliecloud", "--base", "debian:12"]) == 2
+    assert "takes the base as a file" in capsys.readouterr().err
+
+
+def test_build_output_becomes_steps_of_the_dockerfiles_instructions(tmp_path: Path) -> None:
+    from envlock.restore.progress import PlainProgress
+
+    output = ["  4* FROM sha256:aa AS envlock-build", "warning: not supported, ignored: USER instruction",
+              "  5  USER (unsupported)", " 11. RUN [\"python3\", \"-m\", \"venv\", \"/opt/venv\"]",
+              "Successfully installed six-1.16.0", "  2 files copied"]
+
+    def runner(argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None] | None = None
+               ) -> Completed:
+        if Path(argv[0]).name == "ch-image" and argv[1] == "build" and on_line:
+            for text in output:
+                on_line(text)
+        if Path(argv[0]).name == "ch-convert":
+            Path(argv[-1]).mkdir()
+        return Completed(0, "")
+
+    context = tmp_path / "w" / "context"
+    context.mkdir(parents=True)
+    (context / "Dockerfile").write_text('FROM x AS b\nUSER root\n\n# c\nRUN ["true"]\nLABEL "a"="b" \\\n'
+                                        '      "c"="d"\nUSER 1000:1000\n')
+    assert chtarget.instruction_count((context / "Dockerfile").read_text()) == 5
+    stream = io.StringIO()
+    CharliecloudEngine(tmp_path / "s", tmp_path / "img", tools=TOOLS, runner=runner).build(
+        context, tag="envlock/x:abc", labels={"org.envlock.context": "sha256:" + "e" * 64},
+        log_path=tmp_path / "build.log", progress=PlainProgress(stream))
+    shown = stream.getvalue().splitlines()
+    assert shown[:2] == ["[1/5] 4* FROM sha256:aa AS envlock-build",
+                         "    warning: not supported, ignored: USER instruction"]
+    assert "[3/5] 11. RUN [\"python3\", \"-m\", \"venv\", \"/opt/venv\"]" in shown
+    assert "    Successfully installed six-1.16.0" in shown and "      2 files copied" in shown
+    assert (tmp_path / "build.log").read_text().splitlines() == output

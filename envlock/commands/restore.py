@@ -208,7 +208,10 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
                          "--engine belong to the container engine target")
     lock = load(lock_path)
     opts = _pack_options(args, pack, options(args)) if pack else options(args)
-    rootfs = Path(args.base) if args.base and os.path.lexists(args.base) else None
+    if args.base and not os.path.lexists(args.base):
+        raise UsageError(f"--base {args.base}: --target charliecloud takes the base as a file, a "
+                         "rootfs tarball or directory (an image reference would need a registry)")
+    rootfs = Path(args.base) if args.base else None
     oci = pack.oci_archive if pack is not None and rootfs is None else None
     if rootfs is None and oci is None:
         raise UsageError("--target charliecloud imports its base from a file: restore a pack that has "

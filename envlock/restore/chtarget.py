@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -60,6 +61,9 @@ MARKER = "ch/envlock.json"  # in a directory image envlock made: its id, tag and
 OCI_REF = "envlock-base"
 MAX_JSON = 4 << 20
 TAIL = 12
+# ch-image announces each instruction as `<line><mark> INSTRUCTION ...`: `.` run, `*` from its
+# build cache, a space when ignored (USER, LABEL).
+_STEP_RE = re.compile(r"^\s*\d+[.*]?\s+[A-Z]{2,}\b")
 # What ch-run's environment file (``/ch/environment``, one ``NAME=VALUE`` a line) can hold.
 _NOT_IN_ENV_FILE = ("\n", "\r", "\0")
 
@@ -131,6 +135,12 @@ def tool_env(storage: Path, tools: Mapping[str, str], environ: Mapping[str, str]
                        ("GIT_COMMITTER_NAME", "envlock"), ("GIT_COMMITTER_EMAIL", "envlock@localhost")):
         env.setdefault(var, value)
     return env
+
+
+def instruction_count(dockerfile: str) -> int:
+    """How many instructions ch-image will announce: lines that start with one (a continued
+    LABEL's next lines are indented)."""
+    return sum(1 for line in dockerfile.splitlines() if re.match(r"[A-Z]{2,}\s", line))
 
 
 def private_dir(path: Path) -> Path:
@@ -369,11 +379,18 @@ class CharliecloudEngine(ContainerEngine):
         if (context / "wheels").is_dir():
             _link_tree(context / "wheels", private_tmp / Path(WHEELS_IN_IMAGE).name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        total = instruction_count((context / "Dockerfile").read_text(encoding="utf-8"))
+        steps = 0
         try:
             with open(log_path, "w", encoding="utf-8") as log:
                 def line(text: str) -> None:
+                    nonlocal steps
                     log.write(text + "\n")
-                    progress.line(text)
+                    if _STEP_RE.match(text) and steps < total:
+                        steps += 1
+                        progress.step(steps, total, text.strip())
+                    else:
+                        progress.line(text)
 
                 try:
                     done = self._call(self.build_argv(context, tag, private_tmp), line)
