@@ -187,6 +187,8 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
 
     context = tmp_path / "work" / "context"
     (context / "wheels" / "torch").mkdir(parents=True)
+    (tmp_path / "work" / "tmp").mkdir()  # a directory of the user's, beside the context
+    (tmp_path / "work" / "tmp" / "keep").write_text("mine")
     (context / "wheels" / "torch" / "t.whl").write_bytes(b"w")
     (context / "Dockerfile").write_text("FROM x\n")
     engine = CharliecloudEngine(tmp_path / "storage", tmp_path / "img", tools=TOOLS, runner=convert)
@@ -195,7 +197,8 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
                             progress=QuietProgress())
     assert image_id == "sha256:" + "c" * 64
     assert [Path(runner.calls[-1][0]).name, *runner.calls[-1][1:]] == ["ch-image", "delete", "envlock/x:abc*"]
-    assert not (tmp_path / "work" / "tmp").exists()
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["context", "tmp"]  # no private /tmp left
+    assert (tmp_path / "work" / "tmp" / "keep").read_text() == "mine"
     again = CharliecloudEngine(tmp_path / "storage", tmp_path / "img", tools=TOOLS, runner=FakeRunner())
     found = again.find_image({"org.envlock.context": "sha256:" + "c" * 64, "org.envlock.short-id": "abc"})
     assert found is not None and found.id == image_id and found.tags == ("envlock/x:abc",)

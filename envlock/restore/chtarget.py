@@ -372,10 +372,8 @@ class CharliecloudEngine(ContainerEngine):
         image_id = labels.get(LABEL_CONTEXT)
         if not image_id:
             raise BuildFailed("a Charliecloud build needs the build context's key")
-        work = context.parent
-        private_tmp = work / "tmp"
-        shutil.rmtree(private_tmp, ignore_errors=True)
-        private_tmp.mkdir(mode=0o700)
+        # A new directory (mode 700) beside the context: --context-dir may be the user's own.
+        private_tmp = Path(tempfile.mkdtemp(prefix="envlock-tmp-", dir=context.parent))
         if (context / "wheels").is_dir():
             _link_tree(context / "wheels", private_tmp / Path(WHEELS_IN_IMAGE).name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
