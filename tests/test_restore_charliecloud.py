@@ -333,3 +333,27 @@ def test_build_output_becomes_steps_of_the_dockerfiles_instructions(tmp_path: Pa
     assert "[3/5] 11. RUN [\"python3\", \"-m\", \"venv\", \"/opt/venv\"]" in shown
     assert "    Successfully installed six-1.16.0" in shown and "      2 files copied" in shown
     assert (tmp_path / "build.log").read_text().splitlines() == output
+
+
+def test_a_pack_without_an_oci_archive_is_converted_with_skopeo(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = FakeRunner()
+    monkeypatch.setattr(chtarget.shutil, "which", lambda name: f"/usr/bin/{name}")
+    archive = tmp_path / "base.docker.tar"
+    out = _engine(tmp_path, runner).oci_from_docker_archive(archive, tmp_path)
+    (argv,) = runner.calls
+    assert argv[0] == "/usr/bin/skopeo" and argv[3:5] == ["copy", "--quiet"]
+    assert argv[-2:] == [f"docker-archive:{archive}", f"oci-archive:{out}"]
+    assert json.loads(Path(argv[2]).read_text()) == {"default": [{"type": "insecureAcceptAnything"}]}
+    monkeypatch.setattr(chtarget.shutil, "which", lambda name: None)
+    with pytest.raises(EngineUnavailable, match="skopeo"):
+        _engine(tmp_path, runner).oci_from_docker_archive(archive, tmp_path)
+
+
+@pytest.mark.parametrize("rel", ["/etc/passwd", "../outside.tar", "image/../../x"])
+def test_a_pack_manifest_cannot_point_the_oci_archive_outside_the_pack(tmp_path: Path, rel: str) -> None:
+    from envlock.restore.packdir import Pack
+
+    with pytest.raises(UsageError, match="outside the pack"):
+        _ = Pack(tmp_path, {"oci_archive": rel}).oci_archive
+    assert Pack(tmp_path, {"oci_archive": "image/base.oci.tar"}).oci_archive == tmp_path / "image/base.oci.tar"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,17 +213,19 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
         raise UsageError(f"--base {args.base}: --target charliecloud takes the base as a file, a "
                          "rootfs tarball or directory (an image reference would need a registry)")
     rootfs = Path(args.base) if args.base else None
-    oci = pack.oci_archive if pack is not None and rootfs is None else None
-    if rootfs is None and oci is None:
-        raise UsageError("--target charliecloud imports its base from a file: restore a pack that has "
-                         "an OCI archive of its base (`envlock pack`, with skopeo installed), or pass "
-                         "--base ROOTFS.tar|DIR")
+    oci = docker_archive = None
+    if pack is not None and rootfs is None:
+        oci = pack.oci_archive
+        docker_archive = None if oci else pack.docker_archive
+    if rootfs is None and oci is None and docker_archive is None:
+        raise UsageError("--target charliecloud imports its base from a file: restore a pack with its "
+                         "base image (`envlock pack` without --no-image), or pass --base ROOTFS.tar|DIR")
     venv = opts.venv or (lock.python.prefix if lock.python.prefix_kind == "venv" else None)
     if venv and (venv.rstrip("/") == "/tmp" or venv.startswith("/tmp/")):
         # ch-image's RUN shares the host's /tmp: the venv would be built over the host's own.
         raise UsageError(f"--target charliecloud cannot build the virtual environment at {venv}: "
                          "ch-image shares /tmp with the host", hint="pass --venv /opt/venv")
-    tools = chtarget.find_tools(umoci=oci is not None)
+    tools = chtarget.find_tools(umoci=rootfs is None)
     root = chtarget.private_dir(cache_dir() / "charliecloud")
     storage = root / "storage"  # ch-image creates it: it refuses an empty directory
     name = image_name(lock_path, args.name)
@@ -237,10 +240,19 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
             say(f"importing {rootfs} into Charliecloud's storage as {base[:19]}")
             engine.import_rootfs(rootfs, base)
     else:
-        assert pack is not None and oci is not None and opts.base
+        assert pack is not None and opts.base
         if engine.image(opts.base) is None:
-            say(f"importing the base image {pack.base.get('display', '')} from the pack's OCI archive")
-            engine.import_oci(oci, opts.base, storage.parent)
+            say(f"importing the base image {pack.base.get('display', '')} from the pack's "
+                + ("OCI archive" if oci else "docker-archive (converted with skopeo)"))
+            if oci is None:
+                assert docker_archive is not None
+                oci = engine.oci_from_docker_archive(docker_archive, root)
+                try:
+                    engine.import_oci(oci, opts.base, root)
+                finally:
+                    shutil.rmtree(oci.parent, ignore_errors=True)
+            else:
+                engine.import_oci(oci, opts.base, root)
     result = restore_image(args, lock, opts, engine, verify=not args.no_verify, lock_path=lock_path,
                            network=False)
     how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"

@@ -347,6 +347,25 @@ class CharliecloudEngine(ContainerEngine):
             raise BuildFailed(f"ch-image import of {rootfs.name} failed (exit {done.returncode})",
                               log_tail=_tail(done))
 
+    def oci_from_docker_archive(self, archive: Path, work: Path) -> Path:
+        """An OCI archive of a pack's docker-archive (a pack made where skopeo was missing),
+        converted with skopeo: the file is local and the pack's checksums proved it."""
+        skopeo = shutil.which("skopeo")
+        if skopeo is None:
+            raise EngineUnavailable("the pack has no OCI archive of its base, and skopeo, which would "
+                                    "convert its docker-archive, is not installed",
+                                    hint="install skopeo (apt-get install skopeo), or pass --base ROOTFS.tar|DIR")
+        out = Path(tempfile.mkdtemp(prefix="envlock-oci-", dir=work))
+        policy = out / "policy.json"
+        policy.write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n', encoding="utf-8")
+        done = self.runner([skopeo, "--policy", str(policy), "copy", "--quiet", f"docker-archive:{archive}",
+                            f"oci-archive:{out / 'base.oci.tar'}"], self.env, None)
+        if done.returncode != 0:
+            shutil.rmtree(out, ignore_errors=True)
+            raise BuildFailed(f"skopeo could not convert {archive.name} (exit {done.returncode})",
+                              log_tail=_tail(done))
+        return out / "base.oci.tar"
+
     def import_oci(self, archive: Path, name: str, work: Path) -> None:
         """The pack's OCI archive as the ch-image ``name``: unpacked rootless, then imported."""
         with tempfile.TemporaryDirectory(prefix="envlock-base-", dir=work) as tmp:

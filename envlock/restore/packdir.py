@@ -60,7 +60,11 @@ class Pack:
     @property
     def oci_archive(self) -> Path | None:
         rel = self.manifest.get("oci_archive")
-        return self.root / str(rel) if rel else None
+        if not rel:
+            return None
+        if str(rel).startswith("/") or ".." in Path(str(rel)).parts:
+            raise UsageError(f"the pack's manifest names an OCI archive outside the pack: {str(rel)[:80]!r}")
+        return self.root / str(rel)
 
     @property
     def docker_archive(self) -> Path | None:
