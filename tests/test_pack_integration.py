@@ -274,13 +274,13 @@ def test_one_pack_restores_the_same_weights_with_every_target(
         if podman is not None:
             engines.append(("podman", podman, ["--engine", os.environ["ENVLOCK_TEST_PODMAN_HOST"]]))
         for name, client, engine in engines:
+            tag = f"envlock/r20ch-every:{lock.short_id}"
+            tags += [(client, tag), (client, f"envlock-pack/base:{lock.short_id}"), (client, base_id)]
             t0 = time.monotonic()
             done = _envlock("restore", str(pack), *engine, *image_opts)
             seconds[name] = time.monotonic() - t0
             assert done.returncode == 0, done.stdout + done.stderr
             assert "OK: the environment matches the lock" in done.stdout, done.stdout + done.stderr
-            tag = f"envlock/r20ch-every:{lock.short_id}"
-            tags += [(client, tag), (client, f"envlock-pack/base:{lock.short_id}"), (client, base_id)]
             (ws / f"out-{name}").mkdir(mode=0o777)
             _in_engine(client, tag, ws, f"out-{name}")
             weights[name] = _sha256(ws / f"out-{name}" / "model.pt")
