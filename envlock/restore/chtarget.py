@@ -130,7 +130,8 @@ def tool_env(storage: Path, tools: Mapping[str, str], environ: Mapping[str, str]
     for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
         env.pop(var, None)
     env["CH_IMAGE_STORAGE"] = str(storage)
-    # The build cache commits with git, which refuses without an identity; the user's own wins.
+    # ch-image sets up its build cache (a git repository) in new storage even when builds do not
+    # use it, and git refuses to commit without an identity; the user's own wins.
     for var, value in (("GIT_AUTHOR_NAME", "envlock"), ("GIT_AUTHOR_EMAIL", "envlock@localhost"),
                        ("GIT_COMMITTER_NAME", "envlock"), ("GIT_COMMITTER_EMAIL", "envlock@localhost")):
         env.setdefault(var, value)
@@ -382,8 +383,12 @@ class CharliecloudEngine(ContainerEngine):
             self.import_rootfs(rootfs, name)
 
     def build_argv(self, context: Path, tag: str, private_tmp: Path) -> list[str]:
-        return ["ch-image", "build", "--bind", f"{private_tmp}:/tmp", *(["--force"] if self.force else []),
-                "-t", tag, "-f", str(context / "Dockerfile"), str(context)]
+        # --no-cache: ch-image's build cache keys a COPY by its files' metadata, and envlock
+        # writes the context afresh, so it would not hit; it would cost a git commit of every
+        # layer (time, a copy of the image in storage, a git identity). The directory image's
+        # marker is the cache of an identical context.
+        return ["ch-image", "--no-cache", "build", "--bind", f"{private_tmp}:/tmp",
+                *(["--force"] if self.force else []), "-t", tag, "-f", str(context / "Dockerfile"), str(context)]
 
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
               progress: Progress, network: bool = True) -> str:
