@@ -4,7 +4,8 @@
 # Every function is idempotent and cached; each exports what the tests read:
 #
 #   matrix_tools       gcc (the NVML stand-in), git, Debian's chromium + chromium-driver, skopeo
-#                      (the OCI archive of `envlock pack`)
+#                      (the OCI archive of `envlock pack`), charliecloud + umoci (`restore
+#                      --target charliecloud`)
 #   matrix_debs        ENVLOCK_TEST_DEBS: .debs of python3-six, python3-yaml (+ libyaml) for the
 #                      Debian system-python scenario (containers cannot reach apt)
 #   matrix_torch_cuda  ENVLOCK_TEST_TORCH_CUDA_VENV: a venv with PyPI's default torch==2.13.0
@@ -28,6 +29,8 @@ matrix_tools() {
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
     command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+    command -v ch-image >/dev/null 2>&1 || missing+=(charliecloud)
+    command -v umoci >/dev/null 2>&1 || missing+=(umoci)
     if [[ ${#missing[@]} -gt 0 ]]; then
         local t0=$SECONDS
         _engine_apt_install "${missing[@]}"

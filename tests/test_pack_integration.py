@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -138,8 +139,6 @@ def test_pack_then_restore_with_no_network_docker(docker_client: Any, base_image
     out = tmp_path / "pack"
     timings = _pack_restore_offline(docker_client, base_image, host_env, wheelhouse, out, [], capfd)
     assert (out / "image" / "base.docker.tar").is_file() and (out / "README.md").is_file()
-    import shutil
-
     assert (out / "image" / "base.oci.tar").is_file() == bool(shutil.which("skopeo"))
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"pack+restore (docker): {timings}\n")
@@ -220,6 +219,53 @@ def rootless_podman() -> Iterator[tuple[Any, str]]:
         subprocess.run(["bash", str(ROOTLESS_SCRIPT), "stop"], capture_output=True, timeout=120, check=False)
 
 
+# -- one pack of a torch lock, every restore target, the same weights ---------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = ["python", "train.py", "--workers", "0", "--epochs", "1"]
+
+
+@pytest.fixture(scope="module")
+def torch_env(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> tuple[Path, Path]:
+    """(a venv's python with CPU torch from the wheelhouse, its lock)."""
+    root = tmp_path_factory.mktemp("r20ch-torchenv")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_CACHE_DIR": str(root / "pip-cache")}
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--disable-pip-version-check", "--find-links", str(wheelhouse), "torch==2.13.0+cpu"],
+                   check=True, env=env, timeout=900)
+    lock = root / "env.lock"
+    assert main(["capture", "--python", str(venv / "bin" / "python"), "-o", str(lock)]) == 0
+    return venv / "bin" / "python", lock
+
+
+def _offline() -> list[str]:
+    """A prefix that runs a command with no network at all (a network namespace of its own)."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
+        pytest.skip("unshare -n is not permitted here (it needs root)")
+    return ["unshare", "-n"]
+
+
+def _envlock(*args: str) -> subprocess.CompletedProcess[str]:
+    """This checkout's envlock in a process of its own, offline."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([*_offline(), sys.executable, "-m", "envlock", *args], capture_output=True,
+                          text=True, env=env, timeout=3600, check=False)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _in_engine(client: Any, tag: str, ws: Path, out: str) -> None:
+    client.containers.run(tag, [*TRAIN, "--save", f"{out}/model.pt"], remove=True, network_disabled=True,
+                          user=f"{os.getuid()}:{os.getgid()}", working_dir="/workspace",
+                          volumes={str(ws): {"bind": "/workspace", "mode": "rw"}})
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.podman
@@ -234,3 +280,105 @@ def test_pack_then_restore_with_no_network_rootless_podman(rootless_podman: tupl
                                     tmp_path / "pack", ["--engine", url], capfd)
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"pack+restore (rootless podman): {timings}\n")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_one_pack_restores_the_same_weights_with_every_target(
+        request: pytest.FixtureRequest, docker_client: Any, base_image: str, wheelhouse: Path,
+        torch_env: tuple[Path, Path], tmp_path: Path, fresh_caches: None) -> None:
+    """pack -> base and caches gone -> restore offline with Docker, Podman, Charliecloud and as
+    a venv -> each verifies inside -> the example training gives one sha256 of its weights."""
+    if not shutil.which("ch-image"):
+        pytest.skip("Charliecloud is not installed (scripts/test.sh installs it)")
+    try:
+        podman: Any = request.getfixturevalue("podman_client")
+    except pytest.skip.Exception:
+        podman = None
+    python, lock_path = torch_env
+    from envlock.lock import load
+
+    lock = load(lock_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copy(REPO / "examples" / "train_mnist_like.py", ws / "train.py")
+    # The example imports envlock; the images hold only the lock's packages.
+    shutil.copytree(REPO / "envlock", ws / "envlock", ignore=shutil.ignore_patterns("__pycache__"))
+    own = _own_base(docker_client, base_image)
+    base_id = docker_client.images.get(own).id
+    pack = tmp_path / "pack"
+    chdir = tmp_path / "r20ch-image"
+    seconds: dict[str, float] = {}
+    weights: dict[str, str] = {}
+    tags: list[tuple[Any, str]] = []
+    # The lock's venv lies under /tmp, which ch-image shares with the host: every image target
+    # builds it at /opt/venv, so all of them render the same Dockerfile.
+    image_opts = ["--venv", "/opt/venv", "--name", "r20ch-every"]
+    try:
+        t0 = time.monotonic()
+        assert main(["pack", str(lock_path), "-o", str(pack), "--wheelhouse", str(wheelhouse),
+                     "--python", str(python), "--base", own, "--no-download"]) == 0
+        seconds["pack"] = time.monotonic() - t0
+        assert (pack / "image" / "base.oci.tar").is_file(), "the pack needs skopeo for its OCI archive"
+        _remove(docker_client, own, base_id)
+
+        engines: list[tuple[str, Any, list[str]]] = [("docker", docker_client, [])]
+        if podman is not None:
+            engines.append(("podman", podman, ["--engine", os.environ["ENVLOCK_TEST_PODMAN_HOST"]]))
+        for name, client, engine in engines:
+            tag = f"envlock/r20ch-every:{lock.short_id}"
+            tags += [(client, tag), (client, f"envlock-pack/base:{lock.short_id}"), (client, base_id)]
+            t0 = time.monotonic()
+            done = _envlock("restore", str(pack), *engine, *image_opts)
+            seconds[name] = time.monotonic() - t0
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "OK: the environment matches the lock" in done.stdout, done.stdout + done.stderr
+            (ws / f"out-{name}").mkdir(mode=0o777)
+            _in_engine(client, tag, ws, f"out-{name}")
+            weights[name] = _sha256(ws / f"out-{name}" / "model.pt")
+
+        t0 = time.monotonic()
+        done = _envlock("restore", str(pack), "--target", "charliecloud", str(chdir), *image_opts)
+        seconds["charliecloud"] = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OK: the environment matches the lock" in done.stdout, done.stdout + done.stderr
+        assert "importing the base image" in done.stderr
+        # The command restore prints runs the example as documented.
+        printed = done.stdout.split("run in it: ", 1)[1].splitlines()[0]
+        assert printed.endswith(" -- python train.py")
+        (ws / "out-charliecloud").mkdir()
+        from envlock.restore.chtarget import find_tools, tool_env
+
+        ran = subprocess.run(["bash", "-c", printed + " --workers 0 --epochs 1 --save out-charliecloud/model.pt"],
+                             cwd=ws, env=tool_env(tmp_path / "unused", find_tools(umoci=False)),
+                             capture_output=True, text=True, timeout=900, check=False)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        weights["charliecloud"] = _sha256(ws / "out-charliecloud" / "model.pt")
+        # A second restore of the same pack finds the directory image.
+        t0 = time.monotonic()
+        again = _envlock("restore", str(pack), "--target", "charliecloud", str(chdir), *image_opts)
+        seconds["charliecloud again"] = time.monotonic() - t0
+        assert again.returncode == 0 and "cache hit" in again.stdout, again.stdout + again.stderr
+
+        t0 = time.monotonic()
+        venv = tmp_path / "r20ch-venv"
+        done = _envlock("restore", str(pack), "--target", "venv", str(venv), "--python", sys.executable)
+        seconds["venv"] = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+        (ws / "out-venv").mkdir()
+        subprocess.run([str(venv / "bin" / "python"), *TRAIN[1:], "--save", "out-venv/model.pt"], cwd=ws,
+                       check=True, capture_output=True, timeout=900)
+        weights["venv"] = _sha256(ws / "out-venv" / "model.pt")
+    finally:
+        for client, ref in tags:
+            _remove(client, ref)
+        _remove(docker_client, own)
+        shutil.rmtree(chdir, ignore_errors=True)
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)  # Charliecloud's storage is there
+        shutil.rmtree(tmp_path / "r20ch-venv", ignore_errors=True)
+    table = "\n".join(f"  {target:<13} {digest}" for target, digest in weights.items())
+    assert len(set(weights.values())) == 1, f"the weights differ between targets:\n{table}"
+    assert {"docker", "charliecloud", "venv"} <= set(weights)
+    if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
+        sys.stderr.write(f"seconds per target: {({k: round(v, 1) for k, v in seconds.items()})}\n"
+                         f"model.pt sha256 per target:\n{table}\n")

@@ -324,3 +324,20 @@ def test_dockerfile_only_says_to_build_the_torch_layer_first(restore_lock: LockF
     assert f"tar -c {dockerfile.TORCH_LAYER_DOCKERFILE} requirements/torch.txt wheels/torch | docker build " \
            f"-f {dockerfile.TORCH_LAYER_DOCKERFILE} -t envlock/torch-layer:" in said
     assert said.index("torch-layer:") < said.index("-) && docker build -t envlock/") < said.index(lock.short_id)
+
+
+def test_a_builder_without_layer_images_gets_one_build_with_the_torch_layer_as_a_stage(
+        restore_lock: LockFactory, tmp_path: Path) -> None:
+    """Charliecloud's target turns each build into its directory image, so it cannot build FROM
+    a torch layer image: its plan renders the one Dockerfile, which still holds every package."""
+    lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
+                        torch={"version": "2.13.0+cpu"})
+    plan = ctx.plan(lock, Options(wheelhouse=tmp_path / "house", torch_layer_image=False),
+                    wheels_for=_wheels(tmp_path, TORCH_PKGS), uv=_fake_uv(tmp_path))
+    assert plan.offline and not plan.split_torch
+    files = dockerfile.render(plan)
+    assert dockerfile.TORCH_LAYER_DOCKERFILE not in files
+    text = files["Dockerfile"]
+    assert dockerfile.TORCH_LAYER_ARG not in text
+    everything = "\n".join(files.values())
+    assert all(f"{name}=={version}" in everything for name, version in TORCH_PKGS)

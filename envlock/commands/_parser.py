@@ -138,7 +138,10 @@ def _restore(sub: Subparsers) -> None:
     _build_options(p)
     p.add_argument("--target", nargs="+", metavar="KIND [DIR]", default=["image"],
                    help="image (default): a container image; venv DIR: a plain virtual environment "
-                        "on this host from the pack's (or --wheelhouse's) wheels, verified in place")
+                        "on this host from the pack's (or --wheelhouse's) wheels, verified in place; "
+                        "charliecloud [DIR]: built by ch-image from the same Dockerfile (base from "
+                        "the pack's OCI archive or --base ROOTFS.tar|DIR), a directory image at DIR "
+                        "(default under envlock's cache), verified inside with ch-run")
     p.add_argument("--dockerfile-only", metavar="DIR",
                    help="only write the build context (Dockerfile, requirements) to DIR; no engine")
     p.add_argument("--force", action="store_true",

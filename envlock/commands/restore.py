@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,7 +92,10 @@ def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
         return kind, None
     if kind == "venv" and len(rest) == 1:
         return kind, Path(rest[0])
-    raise UsageError(f"--target {' '.join(args.target)}: expected `image` or `venv DIR`")
+    if kind == "charliecloud" and len(rest) <= 1:
+        return kind, Path(rest[0]) if rest else None
+    raise UsageError(f"--target {' '.join(args.target)}: expected `image`, `venv DIR` or "
+                     "`charliecloud [DIR]`")
 
 
 def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
@@ -124,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)
+    if kind == "charliecloud":
+        return _charliecloud(args, lock_path, pack, venv_dir)
     if args.dockerfile_only:
         import shlex
 
@@ -205,3 +212,77 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
     sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
                                  show_info=args.all))
     return EXIT_OK if result.comparison.ok else EXIT_DRIFT
+
+
+def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
+    """``--target charliecloud [DIR]``: the image built by ch-image from the same context, as a
+    directory image at DIR, verified inside with ch-run (``envlock.restore.chtarget``)."""
+    import dataclasses
+
+    from envlock._render import verify_text
+    from envlock.lock import load
+    from envlock.restore import chtarget
+    from envlock.restore.restore import cache_dir, image_name
+
+    if args.push or args.dockerfile_only or args.engine:
+        raise UsageError("--target charliecloud builds with ch-image: --push, --dockerfile-only and "
+                         "--engine belong to the container engine target")
+    lock = load(lock_path)
+    opts = _pack_options(args, pack, options(args)) if pack else options(args)
+    # Each ch-image build becomes the directory image: the torch layer is a stage of the one build.
+    opts = dataclasses.replace(opts, torch_layer_image=False)
+    if args.base and not os.path.lexists(args.base):
+        raise UsageError(f"--base {args.base}: --target charliecloud takes the base as a file, a "
+                         "rootfs tarball or directory (an image reference would need a registry)")
+    rootfs = Path(args.base) if args.base else None
+    oci = docker_archive = None
+    if pack is not None and rootfs is None:
+        oci = pack.oci_archive
+        docker_archive = None if oci else pack.docker_archive
+    if rootfs is None and oci is None and docker_archive is None:
+        raise UsageError("--target charliecloud imports its base from a file: restore a pack with its "
+                         "base image (`envlock pack` without --no-image), or pass --base ROOTFS.tar|DIR")
+    venv = opts.venv or (lock.python.prefix if lock.python.prefix_kind == "venv" else None)
+    if venv and (venv.rstrip("/") == "/tmp" or venv.startswith("/tmp/")):
+        # ch-image's RUN shares the host's /tmp: the venv would be built over the host's own.
+        raise UsageError(f"--target charliecloud cannot build the virtual environment at {venv}: "
+                         "ch-image shares /tmp with the host", hint="pass --venv /opt/venv")
+    tools = chtarget.find_tools(umoci=rootfs is None)
+    root = chtarget.private_dir(cache_dir() / "charliecloud")
+    storage = root / "storage"  # ch-image creates it: it refuses an empty directory
+    name = image_name(lock_path, args.name)
+    dest = directory or root / "images" / f"{name}-{lock.short_id}"
+    os_install = lock.python.prefix_kind == "system" and bool(lock.os_packages)
+    engine = chtarget.CharliecloudEngine(storage, dest, tools=tools, force=os_install)
+    if rootfs is not None:
+        say(f"hashing the base {rootfs}")
+        base = chtarget.rootfs_digest(rootfs)
+        opts = dataclasses.replace(opts, base=base, base_origin="--base", base_display=None)
+        if engine.image(base) is None:
+            say(f"importing {rootfs} into Charliecloud's storage as {base[:19]}")
+            engine.import_rootfs(rootfs, base)
+    else:
+        assert pack is not None and opts.base
+        if engine.image(opts.base) is None:
+            say(f"importing the base image {pack.base.get('display', '')} from the pack's "
+                + ("OCI archive" if oci else "docker-archive (converted with skopeo)"))
+            if oci is None:
+                assert docker_archive is not None
+                oci = engine.oci_from_docker_archive(docker_archive, root)
+                try:
+                    engine.import_oci(oci, opts.base, root)
+                finally:
+                    shutil.rmtree(oci.parent, ignore_errors=True)
+            else:
+                engine.import_oci(oci, opts.base, root)
+    result = restore_image(args, lock, opts, engine, verify=not args.no_verify, lock_path=lock_path,
+                           network=False)
+    how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
+    sys.stdout.write(f"charliecloud image {dest} ({result.tag}): {how}\n")
+    ok = True
+    if result.comparison is not None:
+        sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} inside {dest}",
+                                     show_info=args.all))
+        ok = result.comparison.ok
+    sys.stdout.write(f"  run in it: {chtarget.run_command(dest)}\n")
+    return EXIT_OK if ok else EXIT_DRIFT

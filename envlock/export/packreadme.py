@@ -99,6 +99,7 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
               "sha256sum -c SHA256SUMS",
               "envlock restore .                      # a container image, verified inside",
               "envlock restore . --target venv ./venv # or a plain virtual environment on this host",
+              *(["envlock restore . --target charliecloud ./image  # or Charliecloud, no daemon"] if oci else []),
               "envlock run env.lock --base <image id from pack.json> --wheelhouse wheels -- python train.py",
               "```", "",
               "Without envlock:", "",

@@ -76,6 +76,10 @@ class Options:
     # The <name> of the envlock/<name>:<id> tag restore builds (``restore.image_name``), so the
     # Dockerfile's rebuild line names the tag that is built.
     image_name: str = "env"
+    # The torch layer as an image of its own (``Plan.split_torch``): only for a builder that keeps
+    # images and builds FROM one by id. Charliecloud's target turns each build into its directory
+    # image, so it builds the torch layer as a stage of the one build instead.
+    torch_layer_image: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class Plan:
     # A uv binary (``restore.uvbin``) that installs inside the build stages, which leave it
     # behind; pip installs where there is none or it does not run in the base.
     uv: Path | None = None
+    torch_layer_image: bool = True  # Options.torch_layer_image
 
     @property
     def split_torch(self) -> bool:
@@ -137,8 +142,8 @@ class Plan:
         (``dockerfile.torch_layer``), built from the torch wheels alone and shared by every lock
         with the same torch pins; the rest installs on top of it. The torch wheels are then
         neither sent nor copied again when only a small package changes."""
-        return (self.offline and self.venv is not None and self.os_install is None
-                and any(layer.name == "torch" for layer in self.layers))
+        return (self.torch_layer_image and self.offline and self.venv is not None
+                and self.os_install is None and any(layer.name == "torch" for layer in self.layers))
 
     @property
     def os_packages_restored(self) -> bool:
@@ -531,4 +536,5 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 skipped=tuple(sorted_.skipped), from_wheel=tuple(sorted_.from_wheel), wheels=wheels,
                 notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
                 image_name=options.image_name, own=own,
-                uv=uv if offline and venv is not None else None)
+                uv=uv if offline and venv is not None else None,
+                torch_layer_image=options.torch_layer_image)

@@ -330,11 +330,12 @@ def dockerfile(plan: Plan) -> str:
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
     lines += [
         "",
-        "# A non-root user; `envlock run` runs as the caller's uid:gid instead.",
+        "# A non-root user; `envlock run` runs as the caller's uid:gid instead. An unprivileged",
+        "# builder (ch-image) cannot chown to a uid it does not map; there the caller runs anyway.",
         f"RUN (command -v useradd >/dev/null && useradd --uid {DEFAULT_UID} --user-group "
         f"--create-home --shell /bin/sh {IMAGE_USER}) || (command -v adduser >/dev/null && adduser -D "
-        f"-u {DEFAULT_UID} {IMAGE_USER}) || true; mkdir -p {WORKDIR} && chown {DEFAULT_UID}:{DEFAULT_UID} "
-        f"{WORKDIR}",
+        f"-u {DEFAULT_UID} {IMAGE_USER}) || true; mkdir -p {WORKDIR} && (chown {DEFAULT_UID}:{DEFAULT_UID} "
+        f"{WORKDIR} 2>/dev/null || true)",
     ]
     lines += ["", "# What this restore changed on purpose, for every verify of the lock in this image.",
               f"COPY {dockerfile_exec([RESTORED_NAME, RESTORED_FILE])}"]

@@ -58,6 +58,15 @@ class Pack:
         return {str(k): str(v) for k, v in base.items()} if isinstance(base, dict) else {}
 
     @property
+    def oci_archive(self) -> Path | None:
+        rel = self.manifest.get("oci_archive")
+        if not rel:
+            return None
+        if str(rel).startswith("/") or ".." in Path(str(rel)).parts:
+            raise UsageError(f"the pack's manifest names an OCI archive outside the pack: {str(rel)[:80]!r}")
+        return self.root / str(rel)
+
+    @property
     def docker_archive(self) -> Path | None:
         rel = self.manifest.get("docker_archive")
         return self.root / str(rel) if rel else None
