@@ -43,9 +43,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from lock_edits import with_other_six  # noqa: E402  (shared with the restore-speed test)
 
 from envlock.restore import uvbin  # noqa: E402
-from envlock.restore.wheelhouse import wheel_record_sha256  # noqa: E402
 
 TORCH = ["torch==2.13.0+cpu", "six==1.17.0"]
 STARTED = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -83,17 +85,6 @@ def source_image(client: Any, base: str, house: Path, prefix: str) -> str:
     finally:
         container.remove(force=True)
     return tag
-
-
-def other_six(lock_text: str, house: Path) -> str:
-    """The lock with six 1.16.0 instead of 1.17.0 (that wheel's build); re-sealed by ``fmt``."""
-    wheel = next(house.glob("six-1.16.0-*.whl"))
-    block = re.search(r'\[\[packages\]\]\nname = "six"\n.*?(?=\n\n|\Z)', lock_text, re.S)
-    assert block is not None
-    new = re.sub(r'version = "1\.17\.0"', 'version = "1.16.0"', block.group(0))
-    new = re.sub(r'record_sha256 = "[0-9a-f]+"', f'record_sha256 = "{wheel_record_sha256(wheel)}"', new)
-    new = re.sub(r'\nhashes = \[[^\]]*\]', "", new)
-    return lock_text.replace(block.group(0), new)
 
 
 def purge(client: Any, prefix: str) -> None:
@@ -175,7 +166,7 @@ def main() -> None:
             (work / d).mkdir()
         src = source_image(client, base, house, args.prefix)
         envlock("capture", "--in-image", src, "-o", str(work / "a" / "env.lock"))
-        (work / "b" / "env.lock").write_text(other_six((work / "a" / "env.lock").read_text(), house))
+        (work / "b" / "env.lock").write_text(with_other_six((work / "a" / "env.lock").read_text(), house))
         envlock("fmt", str(work / "b" / "env.lock"))
         common = ["--base", base, "--wheelhouse", str(house), "--name", f"{args.prefix}-torch"]
         try:

@@ -20,22 +20,11 @@ from typing import Any
 import pytest
 
 from envlock.commands import main
-from envlock.restore.wheelhouse import wheel_record_sha256
 
+from lock_edits import with_other_six  # isort: skip
 from test_restore_integration import TORCH, build_source_image, capture, purge  # isort: skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _with_other_six(lock_text: str, wheelhouse: Path) -> str:
-    """The lock with six 1.16.0 instead of 1.17.0 (and that wheel's build)."""
-    wheel = next(wheelhouse.glob("six-1.16.0-*.whl"))
-    block = re.search(r'\[\[packages\]\]\nname = "six"\n.*?(?=\n\n|\Z)', lock_text, re.S)
-    assert block is not None
-    new = re.sub(r'version = "1\.17\.0"', 'version = "1.16.0"', block.group(0))
-    new = re.sub(r'record_sha256 = "[0-9a-f]+"', f'record_sha256 = "{wheel_record_sha256(wheel)}"', new)
-    new = re.sub(r'\nhashes = \[[^\]]*\]', "", new)
-    return lock_text.replace(block.group(0), new)
 
 
 def test_one_small_package_changed_reuses_the_torch_layer(
@@ -49,7 +38,7 @@ def test_one_small_package_changed_reuses_the_torch_layer(
     first_lock = capture(source, tmp_path / "a" / "env.lock")
     (tmp_path / "b").mkdir()
     second_path = tmp_path / "b" / "env.lock"
-    second_path.write_text(_with_other_six((tmp_path / "a" / "env.lock").read_text(), wheelhouse))
+    second_path.write_text(with_other_six((tmp_path / "a" / "env.lock").read_text(), wheelhouse))
     assert main(["fmt", str(second_path)]) == 0
     from envlock.lock import load
 

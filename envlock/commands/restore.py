@@ -154,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
                          f"build it with: {first}docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
                          f"{lock.short_id} {where}\n")
         return EXIT_OK
-    from envlock._render import verify_text
     from envlock.lock import load
     from envlock.restore.endpoint import connect
 
@@ -177,11 +176,7 @@ def run(args: argparse.Namespace) -> int:
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")
-        ok = True
-        if result.comparison is not None:
-            sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} inside {result.tag}",
-                                         show_info=args.all))
-            ok = result.comparison.ok
+        ok = _verdict(result, lock, f"{lock_path} inside {result.tag}", show_info=args.all)
         if args.push and not ok:
             say("not pushing an image that does not match the lock")
         elif args.push:
@@ -214,12 +209,22 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
     return EXIT_OK if result.comparison.ok else EXIT_DRIFT
 
 
+def _verdict(result: RestoreResult, lock: Lock, where: str, *, show_info: bool) -> bool:
+    """The check inside the image, printed as `verify` prints it; True when it matches (or when
+    the check was skipped, --no-verify)."""
+    from envlock._render import verify_text
+
+    if result.comparison is None:
+        return True
+    sys.stdout.write(verify_text(result.comparison, lock, where, show_info=show_info))
+    return result.comparison.ok
+
+
 def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
     """``--target charliecloud [DIR]``: the image built by ch-image from the same context, as a
     directory image at DIR, verified inside with ch-run (``envlock.restore.chtarget``)."""
     import dataclasses
 
-    from envlock._render import verify_text
     from envlock.lock import load
     from envlock.restore import chtarget
     from envlock.restore.restore import cache_dir, image_name
@@ -279,10 +284,6 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
                            network=False)
     how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
     sys.stdout.write(f"charliecloud image {dest} ({result.tag}): {how}\n")
-    ok = True
-    if result.comparison is not None:
-        sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} inside {dest}",
-                                     show_info=args.all))
-        ok = result.comparison.ok
+    ok = _verdict(result, lock, f"{lock_path} inside {dest}", show_info=args.all)
     sys.stdout.write(f"  run in it: {chtarget.run_command(dest)}\n")
     return EXIT_OK if ok else EXIT_DRIFT
