@@ -267,3 +267,20 @@ def test_redirect_keeps_credentials_only_within_the_origin(target: str, kept: bo
     new = _SameOriginRedirects().redirect_request(req, None, 302, "Found", {}, target)
     assert new is not None and new.get_header("Accept") == "text/html"
     assert (new.get_header("Authorization") == "Basic eDp5") is kept
+
+
+def test_a_file_index_is_read_from_each_projects_index_html_as_pip_reads_it(tmp_path: Path) -> None:
+    """A ``file://`` mirror (a copied ``simple/`` tree, as a machine's pip.conf may name) is a
+    tree of directories: each project's page is its ``index.html``. A project it lacks is
+    absent, not an error."""
+    house = tmp_path / "house"
+    house.mkdir()
+    wheel = house / "demo_pkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel's bytes")
+    root = layout(house, tmp_path / "mirror")
+    index = SimpleIndex((root / "simple").as_uri())
+    [found] = index.files("demo-pkg", Version("1.0"))
+    assert found.filename == wheel.name
+    assert found.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert Path(found.url.split("#")[0].removeprefix("file://")).resolve() == wheel.resolve()
+    assert index.files("not-there", Version("1.0")) == []

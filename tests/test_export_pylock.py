@@ -40,8 +40,9 @@ def index(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Private caches for envlock and uv: nothing read from or left in the user's."""
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installer_clean: Path) -> Path:
+    """Private caches for envlock and uv: nothing read from or left in the user's, and none of
+    this machine's pip or uv configuration (its extra indexes and find-links) takes part."""
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "envlock-cache"))
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_NO_CONFIG", "1")

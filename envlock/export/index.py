@@ -253,7 +253,9 @@ class SimpleIndex:
 
     def _fetch(self, name: str) -> list[IndexFile]:
         page = self.url + name + "/"
-        got = self._get(page, ACCEPT)
+        # A file: index is a tree of directories, each page its index.html, as pip reads it
+        # (a mirror made with `pip download` + a page generator, or a copied simple/ tree).
+        got = self._get(page + "index.html" if urlsplit(page).scheme == "file" else page, ACCEPT)
         if got is None:
             return []
         body, ctype = got
