@@ -215,6 +215,12 @@ def rootless_podman() -> Iterator[tuple[Any, str]]:
     try:
         yield client, urls[0]
     finally:
+        # The user's storage is the test's own, and vfs copies every layer whole: what a build
+        # left untagged would stay from one run to the next.
+        try:
+            client.images.prune(filters={"dangling": True})
+        except docker.errors.APIError:
+            pass
         client.close()
         subprocess.run(["bash", str(ROOTLESS_SCRIPT), "stop"], capture_output=True, timeout=120, check=False)
 
