@@ -253,9 +253,13 @@ def _offline() -> list[str]:
     return ["unshare", "-n"]
 
 
-def _envlock(*args: str) -> subprocess.CompletedProcess[str]:
-    """This checkout's envlock in a process of its own, offline."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _envlock(*args: str, pythonpath: bool = True) -> subprocess.CompletedProcess[str]:
+    """This checkout's envlock in a process of its own, offline. ``pythonpath=False`` for the
+    venv target, which verifies in place with the caller's environment: PYTHONPATH on the
+    checkout (its envlock_ml.egg-info of an editable install) would add envlock to the venv."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = str(REPO)
     return subprocess.run([*_offline(), sys.executable, "-m", "envlock", *args], capture_output=True,
                           text=True, env=env, timeout=3600, check=False)
 
@@ -368,7 +372,8 @@ def test_one_pack_restores_the_same_weights_with_every_target(
 
         t0 = time.monotonic()
         venv = tmp_path / "r20ch-venv"
-        done = _envlock("restore", str(pack), "--target", "venv", str(venv), "--python", sys.executable)
+        done = _envlock("restore", str(pack), "--target", "venv", str(venv), "--python", sys.executable,
+                        pythonpath=False)
         seconds["venv"] = time.monotonic() - t0
         assert done.returncode == 0, done.stdout + done.stderr
         (ws / "out-venv").mkdir()
