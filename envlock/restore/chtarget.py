@@ -53,6 +53,7 @@ from envlock.restore import values
 from envlock.restore.context import WHEELS_IN_IMAGE
 from envlock.restore.dockerfile import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.packdir import extract_data
 from envlock.restore.progress import Progress
 
 TOOLS = ("ch-image", "ch-convert", "ch-run")
@@ -198,16 +199,8 @@ def extract_oci(archive: Path, layout: Path) -> list[str]:
     """Unpack an OCI archive into ``layout``, name its one image ``OCI_REF`` (umoci unpacks by
     name; skopeo's archives have none) and return the image config's ``Env``."""
     try:
-        with tarfile.open(archive, "r:") as tar:
-            for member in tar.getmembers():
-                # A layout is plain files and directories; anything else is not an OCI archive.
-                if not (member.isfile() or member.isdir()) or member.name.startswith("/") \
-                        or ".." in Path(member.name).parts:
-                    raise UsageError(f"{archive.name} is not an OCI archive: it holds {member.name!r}")
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(layout, filter="data")
-            else:  # Python 3.10 before 3.10.12: the members were checked above
-                tar.extractall(layout)
+        # A layout is plain files and directories; anything else is not an OCI archive.
+        extract_data(archive, layout, not_what=f"{archive.name} is not an OCI archive")
     except (tarfile.TarError, OSError) as exc:
         raise UsageError(f"{archive.name} is not a readable OCI archive: {exc}") from None
     index_path = layout / "index.json"

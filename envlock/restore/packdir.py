@@ -88,16 +88,7 @@ def _extract(archive: Path, into: Path) -> Path:
     tmp = into / f".pack-{key}.{os.getpid()}.tmp"
     tmp.mkdir(parents=True, exist_ok=False)
     try:
-        with tarfile.open(archive, "r:") as tar:
-            for member in tar.getmembers():
-                # Only plain files and directories, inside the destination: a pack is data.
-                if not (member.isfile() or member.isdir()) or member.name.startswith("/") \
-                        or ".." in Path(member.name).parts:
-                    raise UsageError(f"{archive} is not a pack: it holds {member.name!r}")
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # Python 3.10 before 3.10.12: the members were checked above
-                tar.extractall(tmp)
+        extract_data(archive, tmp, not_what=f"{archive} is not a pack")
         os.replace(tmp, dest)
     except (tarfile.TarError, OSError) as exc:
         raise UsageError(f"{archive} is not a readable pack: {exc}") from None
@@ -161,3 +152,18 @@ def ensure_base(engine: ContainerEngine, pack: Pack, tag: str) -> bool:
     # A name, so that pruning dangling images does not take it.
     engine.tag(image_id, tag)
     return True
+
+
+def extract_data(archive: Path, dest: Path, *, not_what: str) -> None:
+    """Extract an uncompressed tar that must be data (a pack, an OCI layout): only plain files
+    and directories, inside ``dest``; anything else is refused as ``not_what``, naming it.
+    Tar and OS errors are the caller's to word."""
+    with tarfile.open(archive, "r:") as tar:
+        for member in tar.getmembers():
+            if not (member.isfile() or member.isdir()) or member.name.startswith("/") \
+                    or ".." in Path(member.name).parts:
+                raise UsageError(f"{not_what}: it holds {member.name!r}")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python 3.10 before 3.10.12: the members were checked above
+            tar.extractall(dest)
