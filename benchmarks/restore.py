@@ -95,6 +95,11 @@ def purge(client: Any, prefix: str) -> None:
         mine = [t for t in tags if t.startswith((f"envlock/{prefix}-", "envlock/torch-layer:",
                                                  f"{prefix}-hand"))]
         if mine:
+            # By tag first: an image that another was built on cannot be removed by id (even
+            # with force), and its tag would stay, so the next "fresh" run would reuse it.
+            for tag in tags:
+                with contextlib.suppress(Exception):
+                    client.images.remove(tag)
             with contextlib.suppress(Exception):
                 client.images.remove(image.id, force=True)
     # The build stage a torch layer leaves behind (untagged, childless: the venv and the

@@ -149,3 +149,18 @@ def run_cli(
         [python or sys.executable, "-m", "envlock", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+def remove_image(client: Any, image: Any) -> None:
+    """Remove an image by each of its tags, then by id. Removing by id fails while another
+    image was built on top of it (the engine refuses even with force), and leaves its tags in
+    place; a tag can always be removed, so a test that purges a cache really finds it gone."""
+    for tag in list(image.tags):
+        try:
+            client.images.remove(tag)
+        except Exception:
+            pass
+    try:
+        client.images.remove(image.id, force=True)
+    except Exception:
+        pass

@@ -20,6 +20,8 @@ import pytest
 
 from envlock.commands import main
 
+from helpers import remove_image  # isort: skip
+
 pytestmark = pytest.mark.integration
 
 PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -56,10 +58,7 @@ def build_source_image(client: Any, base: str, wheelhouse: Path, packages: list[
 def purge(client: Any, fingerprint: str) -> None:
     """Remove restored images of a lock, so a test's first restore really builds."""
     for image in client.images.list(filters={"label": f"org.envlock.fingerprint={fingerprint}"}):
-        try:
-            client.images.remove(image.id, force=True)
-        except Exception:
-            pass
+        remove_image(client, image)
 
 
 def capture(ref: str, path: Path, *extra: str) -> Any:

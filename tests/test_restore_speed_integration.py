@@ -21,6 +21,7 @@ import pytest
 
 from envlock.commands import main
 
+from helpers import remove_image  # isort: skip
 from lock_edits import with_other_six  # isort: skip
 from test_restore_integration import TORCH, build_source_image, capture, purge  # isort: skip
 
@@ -98,10 +99,7 @@ def test_one_small_package_changed_reuses_the_torch_layer(
 def _purge_torch_layers(client: Any) -> None:
     for image in client.images.list(filters={"label": "org.envlock.torch-layer"}):
         if any(t.startswith("envlock/torch-layer:") for t in image.tags):
-            try:
-                client.images.remove(image.id, force=True)
-            except Exception:
-                pass
+            remove_image(client, image)
 
 
 def _torch_layer_image(client: Any) -> Any:

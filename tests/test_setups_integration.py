@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import tomllib
-from helpers import REPO
+from helpers import REPO, remove_image
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +165,7 @@ def change_and_verify(tool: Path, venv: Path, wheels: Path, cwd: Path, steps: St
 def _purge(client: Any, name: str) -> None:
     """Remove earlier restores of this scenario, so that restore really builds."""
     for image in client.images.list(name=f"envlock/{name}"):
-        client.images.remove(image.id, force=True)
+        remove_image(client, image)
 
 
 def test_a_project_venv_with_envlock_inside(tmp_path: Path, wheels: Path, base_image: str,
