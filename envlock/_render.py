@@ -188,10 +188,13 @@ def counts_line(cmp: Comparison) -> str:
 
 
 def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
-                environment: str | None = None, captured_from: str | None = None) -> str:
+                environment: str | None = None, captured_from: str | None = None,
+                restored: bool = False) -> str:
     """The verify report. ``environment`` says what was checked and why ("./.venv
     (VIRTUAL_ENV)"); ``captured_from`` is the lock's own environment when it exists here but
-    another one was checked: the one line that explains a wall of drift."""
+    another one was checked: the one line that explains a wall of drift. ``restored``: the
+    check of a restore, which is another image than the lock's by design, so the hint to
+    restore is not given (it would name "LOCK inside TAG" as a lock to restore)."""
     from envlock._verify_report import (
         DETAIL_LINES,
         SUMMARY_AFTER,
@@ -220,7 +223,7 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
     else:
         body = differences_text(shown)
         tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
-    tail += image_hint(cmp, lock, name) + process_state_text(cmp)
+    tail += ("" if restored else image_hint(cmp, lock, name)) + process_state_text(cmp)
     if cmp.ok:
         verdict = "OK: the environment matches the lock\n"
     elif cmp.breaking:

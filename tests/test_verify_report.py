@@ -56,3 +56,6 @@ def test_lock_of_an_image_checked_outside_it_points_at_restore() -> None:
     # The twin: a lock of no image says nothing of the kind.
     plain = make_lock()
     assert "envlock restore" not in verify_text(compare(plain, make_lock()), plain, "env.lock")
+    # The check of a restored image is another image by design: no hint to restore it again.
+    inside = verify_text(cmp, old, "env.lock inside envlock/x:1", restored=True)
+    assert "envlock restore" not in inside and "describes the image" not in inside

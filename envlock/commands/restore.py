@@ -205,7 +205,7 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
     if result.comparison is None:
         return EXIT_OK
     sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
-                                 show_info=args.all))
+                                 show_info=args.all, restored=True))
     return EXIT_OK if result.comparison.ok else EXIT_DRIFT
 
 
@@ -216,7 +216,7 @@ def _verdict(result: RestoreResult, lock: Lock, where: str, *, show_info: bool) 
 
     if result.comparison is None:
         return True
-    sys.stdout.write(verify_text(result.comparison, lock, where, show_info=show_info))
+    sys.stdout.write(verify_text(result.comparison, lock, where, show_info=show_info, restored=True))
     return result.comparison.ok
 
 

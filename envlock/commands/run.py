@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             from envlock.restore.restore import verify_image_for
 
             _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
-            report = verify_text(cmp, lock, f"{args.lock} inside {result.tag}")
+            report = verify_text(cmp, lock, f"{args.lock} inside {result.tag}", restored=True)
             if not cmp.ok:
                 sys.stderr.write(report)
                 say("refusing to run in an image that does not match the lock (--no-verify overrides)")
