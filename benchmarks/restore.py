@@ -102,9 +102,9 @@ def purge(client: Any, prefix: str) -> None:
                     client.images.remove(tag)
             with contextlib.suppress(Exception):
                 client.images.remove(image.id, force=True)
-    # The build stage a torch layer leaves behind (untagged, childless: the venv and the
-    # wheels) is the builder's cache of the next fresh run; this benchmark's go too (those that
-    # copied uv in since it started: the engine may be shared, others' stages stay).
+    # Restore removes its build stages; one a failed build left before its last step would be
+    # the builder's cache of the next fresh run, so this benchmark's go too (those that copied
+    # uv in since it started: the engine may be shared, others' stages stay).
     for image in client.images.list(filters={"dangling": True}):
         with contextlib.suppress(Exception):
             made = " ".join(str(h.get("CreatedBy", "")) for h in image.history())

@@ -420,3 +420,44 @@ def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> 
     assert exc.value.step is not None and exc.value.step.startswith("4/6: RUN")
     assert "[4/6] RUN" in progress.getvalue() and "    before the install" in progress.getvalue()
     assert log.read_text().endswith("returned a non-zero code: 1\n")
+
+
+def test_a_build_stage_is_removed_by_its_build_id_after_the_build_whatever_its_outcome() -> None:
+    from envlock.restore.dockerfile import BUILD_STAGE_ARG
+    from envlock.restore.restore import build_stage
+
+    class Stages(FakeAPI):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages: dict[str, list[str]] = {}
+            self.gone: list[str] = []
+
+        def images(self, filters: dict[str, str]) -> list[dict[str, str]]:
+            key, _, build = filters["label"].partition("=")
+            assert key == "org.envlock.build-stage"
+            return [{"Id": i} for i in self.stages.get(build, [])]
+
+        def remove_image(self, image: str, force: bool = False, noprune: bool = False) -> None:
+            assert not force and not noprune  # untagged parents go; a used image stays
+            if image == "in-use":
+                raise RuntimeError("conflict: image is being used by a running container")
+            self.gone.append(image)
+
+    api = Stages()
+    eng = engine(api)
+    kw: dict[str, Any] = {"buildargs": {"ENVLOCK_TORCH_LAYER": "sha256:1"}}
+    with build_stage(eng, kw, True):
+        build = kw["buildargs"][BUILD_STAGE_ARG]
+        api.stages[build] = ["in-use", "stage"]
+    assert kw["buildargs"]["ENVLOCK_TORCH_LAYER"] == "sha256:1"
+    assert api.gone == ["stage"]  # the image in use stays, quietly
+    kw = {}
+    with pytest.raises(BuildFailed), build_stage(eng, kw, True):
+        api.stages[kw["buildargs"][BUILD_STAGE_ARG]] = ["failed-stage"]
+        raise BuildFailed("pip failed")
+    assert api.gone == ["stage", "failed-stage"]
+    assert len(build) == 16 and kw["buildargs"][BUILD_STAGE_ARG] != build  # one id per build
+    kw = {}
+    with build_stage(eng, kw, False):  # no stage in that Dockerfile: no argument, nothing removed
+        pass
+    assert kw == {} and api.gone == ["stage", "failed-stage"]

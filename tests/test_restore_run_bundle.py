@@ -225,7 +225,11 @@ def test_restore_with_a_bundle_uses_its_hashes(restore_lock: LockFactory, house:
     froms = [line for line in df.splitlines() if line.startswith("FROM ")]
     assert len(froms) == 2 and froms[0].endswith(" AS envlock-build") and "AS" not in froms[1]
     assert 'COPY --from=envlock-build ["/opt/venv", "/opt/venv"]' in df
-    assert df.index("wheels/packages/") < df.index("\n" + froms[1] + "\n") < df.index("LABEL ")
+    image_from = df.index("\n" + froms[1] + "\n")
+    assert df.index("wheels/packages/") < image_from < df.rindex("LABEL ")
+    # The stage ends labelled with the build's id (a build argument), so restore removes it.
+    stage_label = df.index('LABEL "org.envlock.build-stage"="${ENVLOCK_BUILD_STAGE}"')
+    assert df.index("ARG ENVLOCK_BUILD_STAGE\n") < stage_label < image_from
 
 
 def test_published_ports_are_exposed_as_docker_py_wants_them() -> None:

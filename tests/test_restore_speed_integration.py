@@ -61,8 +61,10 @@ def test_one_small_package_changed_reuses_the_torch_layer(
         second = time.monotonic() - t0
         out, err = capfd.readouterr()
         assert code == 0, out + err
-        # The torch layer was built once, by the first restore, as an image of its own.
+        # The torch layer was built once, by the first restore, as an image of its own, and its
+        # build stage (the torch wheels and a venv, over 1 GB) did not stay behind.
         assert (tmp_path / "ctx-a" / "torch-layer.log").is_file()
+        assert docker_client.images.list(filters={"label": "org.envlock.build-stage"}) == []
         assert not (tmp_path / "ctx-b" / "torch-layer.log").exists()
         assert "torch layer: reusing envlock/torch-layer:" in out + err, out + err
         first_log = (tmp_path / "ctx-a" / "build.log").read_text()

@@ -447,6 +447,16 @@ class DockerEngine(ContainerEngine):
             return {"device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]}
         return {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
 
+    def remove_build_stage(self, build: str) -> None:
+        from envlock.restore.dockerfile import LABEL_BUILD_STAGE
+
+        with contextlib.suppress(Exception):
+            for image in self.api.images(filters={"label": f"{LABEL_BUILD_STAGE}={build}"}):
+                # Not forced: an image something else uses (a container, another build on top of
+                # it) stays; its untagged parents go with it (the engine's own pruning).
+                with contextlib.suppress(Exception):
+                    self.api.remove_image(image["Id"])
+
     def remove_stale(self) -> int:
         """Remove containers of envlock processes on this host that died without cleaning up."""
         host = socket.gethostname()

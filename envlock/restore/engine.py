@@ -114,6 +114,12 @@ class ContainerEngine(ABC):
     @abstractmethod
     def remove_stale(self) -> int: ...
 
+    def remove_build_stage(self, build: str) -> None:
+        """Remove the images of build stages labelled with ``build`` (``dockerfile._stage_end``)
+        and the untagged steps under them; never fails. An engine whose builds keep no stage
+        (ch-image builds into one directory image) has nothing to remove."""
+        return None
+
     def save(self, ref: str, dest: Path) -> None:
         """Write ``ref`` as a ``docker load`` archive (docker-archive: manifest.json, layers)."""
         raise EngineUnavailable(f"the {self.name} engine cannot save images")

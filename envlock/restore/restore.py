@@ -8,12 +8,14 @@ anew. Images are tagged ``envlock/<name>:<short id>``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import re
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,8 +197,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             build_kw.update(files=dockerfile.main_build_files(plan, rendered),
                             buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
         say(f"building {tag} from {plan.base.display} (context: {context_dir})")
-        image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                progress=progress or make_progress(quiet=quiet), **build_kw)
+        with build_stage(engine, build_kw, dockerfile.staged(plan)):
+            image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
+                                    progress=progress or make_progress(quiet=quiet), **build_kw)
         cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)
@@ -224,9 +227,28 @@ def torch_layer(engine: ContainerEngine, plan: ctx.Plan, context_dir: Path, work
         say(f"torch layer: reusing {layer_tag} ({found.id[7:19]}), built from the same torch wheels")
         return found.id
     say(f"building the torch layer {layer_tag} from {plan.base.display}")
-    return engine.build(context_dir, tag=layer_tag, labels={}, log_path=workdir / "torch-layer.log",
-                        progress=make_progress(quiet=quiet), files=dockerfile.torch_layer_files(plan),
-                        dockerfile=dockerfile.TORCH_LAYER_DOCKERFILE, **build_kw)
+    kw = dict(build_kw)
+    with build_stage(engine, kw, True):
+        return engine.build(context_dir, tag=layer_tag, labels={}, log_path=workdir / "torch-layer.log",
+                            progress=make_progress(quiet=quiet), files=dockerfile.torch_layer_files(plan),
+                            dockerfile=dockerfile.TORCH_LAYER_DOCKERFILE, **kw)
+
+
+@contextlib.contextmanager
+def build_stage(engine: ContainerEngine, build_kw: dict[str, Any], staged: bool) -> Iterator[None]:
+    """Around a build whose Dockerfile has a build stage: give the stage this build's own id
+    (a build argument, ``build_kw`` is updated) and remove the stage afterwards, whether the
+    build succeeded or not. A stage is the wheels plus the venv installed from them, over
+    1 GB with torch; left behind it would be an untagged image per fresh restore."""
+    if not staged:
+        yield
+        return
+    build = secrets.token_hex(8)
+    build_kw["buildargs"] = {**build_kw.get("buildargs", {}), dockerfile.BUILD_STAGE_ARG: build}
+    try:
+        yield
+    finally:
+        engine.remove_build_stage(build)
 
 
 def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str
