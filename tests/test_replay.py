@@ -209,6 +209,13 @@ def test_restore_run_bundle_pack_diff_and_record_read_the_projects_lock_from_a_s
         args = build_parser().parse_args(argv)
         assert split_run_args(args) == ["python", "t.py"] and args.lock == "../../env.lock", argv
         assert said in capsys.readouterr().err
+    # ... also without `--`, when the first word names no path and no lock file ...
+    args = build_parser().parse_args(["run", "--gpus", "none", "python", "t.py", "--gpus", "all"])
+    assert split_run_args(args) == ["python", "t.py", "--gpus", "all"] and args.lock == "../../env.lock"
+    assert args.gpus == "none" and said in capsys.readouterr().err
+    # ... while a missing lock file is still that lock, reported as missing, not run as a command.
+    args = build_parser().parse_args(["run", "missing.lock", "python", "t.py"])
+    assert split_run_args(args) == ["python", "t.py"] and args.lock == "missing.lock"
     # ... and a lock given first is that lock, read silently.
     args = build_parser().parse_args(["run", "other.lock", "--gpus", "none", "--", "python", "t.py"])
     assert split_run_args(args) == ["python", "t.py"] and args.lock == "other.lock"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -81,18 +82,27 @@ def split_run_args(args: argparse.Namespace) -> list[str]:
     and not ``--``, is the lock; without one (``envlock run -- python train.py``) the lock is the
     nearest ``env.lock`` upward (``args.lock`` is set either way). Without ``--``, leading options
     are envlock's and the command starts at the first other word (``envlock run env.lock
-    --jupyter --workspace DIR`` has no command at all).
+    --jupyter --workspace DIR`` has no command at all); there a first word that names no path
+    and no lock file (``envlock run python train.py``) is the command's, not a lock that is not
+    there.
     """
     from envlock.commands._lockpath import lock_arg
 
     rest = list(args.cmd or [])
     given = None
-    if rest and rest[0] != "--" and not rest[0].startswith("-"):
+    if rest and rest[0] != "--" and not rest[0].startswith("-") and (
+            "--" in rest or _names_a_lock(rest[0])):
         given, rest = rest[0], rest[1:]
     args.cmd = rest
     command = _command(args, rest)
     args.lock = lock_arg(given)
     return command
+
+
+def _names_a_lock(word: str) -> bool:
+    """A path that exists (a lock, a pack directory), or a name a lock has (``*.lock``,
+    ``*.toml``) even when it is missing, so a mistyped lock is still reported as such."""
+    return os.path.lexists(word) or word.endswith((".lock", ".toml"))
 
 
 def _command(args: argparse.Namespace, rest: list[str]) -> list[str]:
