@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from helpers import remove_image  # noqa: E402  (shared with the tests' image purges)
 from lock_edits import with_other_six  # noqa: E402  (shared with the restore-speed test)
 
 from envlock.restore import uvbin  # noqa: E402
@@ -95,13 +96,8 @@ def purge(client: Any, prefix: str) -> None:
         mine = [t for t in tags if t.startswith((f"envlock/{prefix}-", "envlock/torch-layer:",
                                                  f"{prefix}-hand"))]
         if mine:
-            # By tag first: an image that another was built on cannot be removed by id (even
-            # with force), and its tag would stay, so the next "fresh" run would reuse it.
-            for tag in tags:
-                with contextlib.suppress(Exception):
-                    client.images.remove(tag)
-            with contextlib.suppress(Exception):
-                client.images.remove(image.id, force=True)
+            # By tag first, or the next "fresh" run would reuse an image another was built on.
+            remove_image(client, image)
     # Restore removes its build stages; one a failed build left before its last step would be
     # the builder's cache of the next fresh run, so this benchmark's go too (those that copied
     # uv in since it started: the engine may be shared, others' stages stay).

@@ -86,14 +86,19 @@ PAYLOADS = ["\n%post\n    zqpwn", "\n%runscript\nzqpwn", "%files /etc/passwd /x"
 
 def _definition(restore_lock: LockFactory, house: Path, **sections: Any) -> str | None:
     """The pack's definition for a lock of ``sections``; None when the lock model itself refuses
-    the value (it never reaches a lock, let alone a definition). A refusal while rendering
-    raises."""
+    the value (it never reaches a lock, let alone a definition), or when preparing or rendering
+    refuses it, which must be a usage error (exit 2)."""
     try:
         lock = restore_lock(**sections)
     except EnvlockError:
         return None
-    plan, _ = prepare(lock, ctx.Options(wheelhouse=house, base="sha256:" + "cd" * 32), None)
-    return apptainer.pack_definition(plan, archive="image/base.docker.tar", wheels_dir="wheels")[apptainer.DEFINITION]
+    try:
+        plan, _ = prepare(lock, ctx.Options(wheelhouse=house, base="sha256:" + "cd" * 32), None)
+        return apptainer.pack_definition(plan, archive="image/base.docker.tar",
+                                         wheels_dir="wheels")[apptainer.DEFINITION]
+    except EnvlockError as exc:
+        assert exc.exit_code == 2
+        return None
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
@@ -108,11 +113,7 @@ def test_a_hostile_lock_value_is_refused_or_inert(payload: str, where: str, rest
                               "prefix": "/opt/" + payload, "soabi": "cpython-311-x86_64-linux-gnu"}
     else:
         sections["image"] = {"reference": "registry.example/" + payload, "digest": DIGEST}
-    try:
-        text = _definition(restore_lock, house, **sections)
-    except EnvlockError as exc:
-        assert exc.exit_code == 2
-        return
+    text = _definition(restore_lock, house, **sections)
     if text is None:
         return
     assert _sections(text) == list(SECTIONS)
@@ -136,11 +137,7 @@ def _bare_words(text: str) -> list[str]:
 @given(st.text(min_size=1, max_size=40))
 def test_any_env_value_reads_back_as_written_or_is_refused(restore_lock: LockFactory, house: Path,
                                                           value: str) -> None:
-    try:
-        text = _definition(restore_lock, house, image=IMAGE, determinism={"env": {"XLA_FLAGS": value}})
-    except EnvlockError as exc:
-        assert exc.exit_code == 2
-        return
+    text = _definition(restore_lock, house, image=IMAGE, determinism={"env": {"XLA_FLAGS": value}})
     if text is None:
         return
     assert _sections(text) == list(SECTIONS)
