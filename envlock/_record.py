@@ -25,11 +25,12 @@ from __future__ import annotations
 import hashlib
 import os
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from envlock.errors import LockInvalid, LockTampered
+from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.lock._seal import canonical_json
 from envlock.lock._text import parse_toml
 
@@ -133,13 +134,40 @@ def dumps(rec: Record) -> str:
 
 
 def save(rec: Record, path: str | os.PathLike[str]) -> None:
-    """Seal and write atomically (a temp file beside it, then a rename)."""
+    """Seal and write with the lock's atomic write (an unpredictable temp file beside it,
+    fsync, a rename; a link's target is updated, an existing file keeps its mode)."""
+    from envlock.lock import atomic_write
+
     text = dumps(seal(rec))
-    target = os.fspath(path)
-    tmp = f"{target}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, target)
+    check_target(path)
+    try:
+        atomic_write(Path(path), text)
+    except OSError as exc:
+        raise EnvlockError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
+
+
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Refuse a record path that cannot be written, or whose file must not be replaced.
+
+    Called before the recorded command runs (and again by ``save``): a missing directory or a
+    typo that names the training script must be exit 2 at once, not after a training run. An
+    existing file is replaced only when it is a record or empty: one wrong word in
+    ``envlock record train.py -- ...`` must not cost a researcher their script.
+    """
+    from envlock.lock import file_head, write_target
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"the record {p} is a directory; give a file name such as {p / 'run.record'}")
+    target = write_target(p)  # a dangling link is refused: envlock never creates a link's target
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write the record {p}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the record {p}: directory {parent} is not writable")
+    if target.exists() and target.stat().st_size and b"[record]" not in file_head(target):
+        raise UsageError(f"refusing to overwrite {p}: it is not a replay record",
+                         hint="remove it or give another file name")
 
 
 def loads(text: str, name: str = "record") -> Record:

@@ -32,9 +32,10 @@ class Plan:
 
 def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Plan:
     """Read the options (and the original record, for a replay) before anything runs, so a
-    bad record or ``--input``, or a data path that is not there, is exit 2 at once rather than
-    after a training run. (In a replay a missing input is drift, found when it ends.)"""
-    from envlock._record import load
+    bad record or ``--input``, a data path that is not there, or a record path that cannot be
+    written, is exit 2 at once rather than after a training run. (In a replay a missing input
+    is drift, found when it ends.)"""
+    from envlock._record import check_target, load
     from envlock._replay import check_specs
 
     if getattr(args, "rtol", 0.0) < 0 or getattr(args, "atol", 0.0) < 0:
@@ -50,6 +51,8 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Pl
         if absent:
             raise UsageError(f"--input {absent[0]}: no such file or directory in {base}")
     target = replay_path or getattr(args, "record", None) or getattr(args, "rec", None)
+    if original is None and target is not None:
+        check_target(target)
     return Plan(target, original, outputs, inputs)
 
 
