@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
         lock = load(lock_path)
     base = Path(args.workspace or ".").resolve()
-    p = plan(args, replay_path=None, base=base)
+    p = plan(args, replay_path=None, base=base, command=command)
     with journal_dir() as journal:
         code = run_here(command, journal, base)
         if code < 0:

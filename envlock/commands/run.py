@@ -26,9 +26,12 @@ def run(args: argparse.Namespace) -> int:
         from envlock.commands._recording import plan
 
         recording = plan(args, replay_path=args.replay,
-                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
+                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
+                         command=command)
         if not command and recording.original is not None:
-            command = list(recording.original.record.command)
+            from envlock._record import command_to_replay
+
+            command = command_to_replay(recording.original, args.replay)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
