@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from envlock._comparison import Difference, difference_lines
 from envlock._textsafe import safe
@@ -318,6 +318,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def _drain(stream: IO[str], into: list[str]) -> None:
+    """Every line of srun's output, until it ends; then the pipe is closed."""
+    with stream:
+        into.extend(stream)
+
+
 def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
         node_args: Sequence[str], display: str | None = None) -> FleetResult:
     """Run the preflight on every node of the allocation (or on ``nodes`` new ones) and gather it."""
@@ -348,8 +354,9 @@ def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
         raise EnvlockError(f"cannot start srun: {exc.strerror or exc}") from None
     lines: list[str] = []
     assert proc.stdout is not None
-    stdout = proc.stdout
-    reader = threading.Thread(target=lambda: lines.extend(stdout), daemon=True)
+    # The reader owns the pipe and closes it at its end, whichever way srun ended: closed from
+    # here while the reader still waits in a read, the close would wait with it.
+    reader = threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True)
     reader.start()
     timed_out = False
     try:
@@ -360,7 +367,8 @@ def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
     except BaseException:
         _stop(proc)
         raise
-    reader.join(timeout=5)
+    finally:
+        reader.join(timeout=5)
     verdicts, own = gather(list(lines), nodes, timed_out=timed_out, timeout=timeout,
                            task_nodes=task_nodes)
     if not any(v.status in ("ok", "drift") for v in verdicts) and proc.returncode not in (0, None) \

@@ -288,3 +288,36 @@ def test_export_venv_options_are_checked(tmp_path: Path) -> None:
 def test_node_name_prefers_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
     assert json.loads(_fleet.node_line("hello")) == {MARKER: "hello", "node": "n7"}
+
+
+# -- the srun pipe is closed on every way out ----------------------------------------------------
+
+_VERDICT = _verdict(0, "n1")
+
+
+@pytest.mark.parametrize(("body", "timeout", "raises"), [
+    (f"echo '0: {{\"{MARKER}\":\"hello\",\"node\":\"n1\"}}'\necho '{_VERDICT}'\n", 30.0, False),
+    ("echo 'srun: error: Unable to allocate resources' >&2\nexit 1\n", 30.0, True),
+    ("exec sleep 60\n", 0.5, False),  # no verdict in time: the step is cancelled
+], ids=["verdict", "srun-fails", "timeout"])
+def test_the_srun_pipe_is_closed_however_the_preflight_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, timeout: float, raises: bool) -> None:
+    import gc
+    import warnings
+
+    from envlock.errors import EnvlockError
+
+    _stub(tmp_path / "srun", body)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = _fleet.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
+        except EnvlockError as exc:
+            assert raises and "Unable to allocate resources" in exc.message
+        else:
+            assert not raises
+            assert result.nodes[0].status == ("ok" if timeout > 1 else "timeout")
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaks == []
