@@ -92,7 +92,8 @@ def _verify(sub: Subparsers) -> None:
     # The node side of --fleet: one JSON line per message on stdout, the verdict included.
     p.add_argument("--fleet-node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--record", metavar="REC",
-                   help="also read the inputs of this replay record again: a changed one is drift")
+                   help="also read the inputs of this replay record again: a changed one is drift "
+                        "(with --fleet: on every node)")
     p.set_defaults(handler="verify")
 
 
