@@ -7,8 +7,10 @@ collector without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
+
+from envlock._textsafe import safe
 
 Severity = Literal["breaking", "warning", "info"]
 ProcessState = Literal["compare", "report"]
@@ -43,6 +45,32 @@ class Difference(NamedTuple):
             "severity": self.severity,
             "message": self.describe(),
         }
+
+    @classmethod
+    def from_dict(cls, row: Any) -> Difference:
+        """A difference another process sent as ``to_dict`` wrote it (a node's verdict line, a
+        rank's gathered list); ValueError when ``row`` is not one."""
+        try:
+            severity = row["severity"]
+            if severity not in SEVERITY_RANK:
+                raise ValueError(f"not a difference: unknown severity {severity!r}")
+            return cls(str(row["category"]), str(row["path"]), row.get("old"), row.get("new"),
+                       severity, str(row.get("message") or ""))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a difference: {exc!r}") from None
+
+
+def difference_lines(differences: Sequence[Difference], *, most: int | None = None,
+                     rest: str = "") -> list[str]:
+    """One ``severity path: what`` line per difference, escaped for a terminal: the lists of
+    ``verify --fleet`` (per node) and ``distributed.check`` (per rank), whose values come from
+    another machine's process and may hold anything. With ``most``, the first ``most`` lines and
+    one that counts the others (``rest``: where all of them are)."""
+    shown = differences if most is None else differences[:most]
+    lines = [safe(f"{d.severity:8s} {d.path}: {d.describe()}") for d in shown]
+    if len(shown) < len(differences):
+        lines.append(f"... and {len(differences) - len(shown)} more" + (f" ({rest})" if rest else ""))
+    return lines
 
 
 class Comparison(NamedTuple):

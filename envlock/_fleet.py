@@ -29,9 +29,9 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
-from envlock._comparison import SEVERITY_RANK, Difference
+from envlock._comparison import Difference, difference_lines
 from envlock._textsafe import safe
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, EnvlockError, UsageError
 
@@ -138,11 +138,8 @@ class FleetResult:
         # Every name, path and message came from another machine's process: shown literally.
         rows: list[tuple[str, str, str]] = []
         for names, verdict, _ in self.groups():
-            lines = [safe(f"{d.severity:8s} {d.path}: {d.describe()}")
-                     for d in verdict.differences[:_ROWS_PER_GROUP]]
-            if len(verdict.differences) > _ROWS_PER_GROUP:
-                lines.append(f"... and {len(verdict.differences) - _ROWS_PER_GROUP} more "
-                             "(--json lists every one)")
+            lines = difference_lines(verdict.differences, most=_ROWS_PER_GROUP,
+                                     rest="--json lists every one")
             if verdict.status not in ("ok", "drift"):
                 lines = [safe(verdict.message)]
             elif verdict.message:  # what the node's verify warned about, e.g. the environment it chose
@@ -199,14 +196,10 @@ def compress_names(names: Sequence[str]) -> str:
 def _verdict(node: str, doc: dict[str, Any]) -> NodeVerdict:
     """A node's verdict from its ``verify --json`` document: the differences that are not info
     (nodes on different hosts differ by kernel or CPU model), and ``ok`` as verify decided it."""
-    diffs: tuple[Difference, ...] | None
     try:
-        diffs = tuple(Difference(str(d["category"]), str(d["path"]), d.get("old"), d.get("new"),
-                                 d["severity"], str(d.get("message", "")))
-                      for d in doc.get("differences", ()) if d.get("severity") != "info")
-    except (KeyError, TypeError, AttributeError):
-        diffs = None
-    if diffs is None or any(d.severity not in SEVERITY_RANK for d in diffs):
+        diffs = tuple(d for d in map(Difference.from_dict, doc.get("differences", ()))
+                      if d.severity != "info")
+    except (TypeError, ValueError):
         return NodeVerdict(node, "error", message="its verdict is not a verify --json document")
     note = doc.get("warning")
     return NodeVerdict(node, "ok" if doc.get("ok") is True else "drift", diffs,
@@ -325,6 +318,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def _drain(stream: IO[str], into: list[str]) -> None:
+    """Every line of srun's output, until it ends; then the pipe is closed."""
+    with stream:
+        into.extend(stream)
+
+
 def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
         node_args: Sequence[str], display: str | None = None) -> FleetResult:
     """Run the preflight on every node of the allocation (or on ``nodes`` new ones) and gather it."""
@@ -355,8 +354,9 @@ def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
         raise EnvlockError(f"cannot start srun: {exc.strerror or exc}") from None
     lines: list[str] = []
     assert proc.stdout is not None
-    stdout = proc.stdout
-    reader = threading.Thread(target=lambda: lines.extend(stdout), daemon=True)
+    # The reader owns the pipe and closes it at its end, whichever way srun ended: closed from
+    # here while the reader still waits in a read, the close would wait with it.
+    reader = threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True)
     reader.start()
     timed_out = False
     try:
@@ -367,7 +367,8 @@ def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
     except BaseException:
         _stop(proc)
         raise
-    reader.join(timeout=5)
+    finally:
+        reader.join(timeout=5)
     verdicts, own = gather(list(lines), nodes, timed_out=timed_out, timeout=timeout,
                            task_nodes=task_nodes)
     if not any(v.status in ("ok", "drift") for v in verdicts) and proc.returncode not in (0, None) \

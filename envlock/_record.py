@@ -24,21 +24,42 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
-from envlock.errors import LockInvalid, LockTampered
+from envlock._textsafe import safe
+from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.lock._seal import canonical_json
 from envlock.lock._text import parse_toml
+from envlock.lock._values import check_clean
+from envlock.probe.rules import METRIC_NAME
 
 RECORD_SCHEMA_VERSION = 1
 # A record of a long run (a million steps of a few metrics) stays well under this.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$")]
-Text = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")]
+Name = Annotated[str, StringConstraints(pattern=f"^{METRIC_NAME.pattern}$")]
+_PRINTABLE = r"^[^\x00-\x08\x0b-\x1f\x7f]*$"
+Text = Annotated[str, StringConstraints(max_length=4096, pattern=_PRINTABLE)]
+# One word of the recorded command: as long as the kernel lets one argument of a command be
+# (MAX_ARG_STRLEN, 128 KiB), so that no command that can start is refused for its length; and
+# clean by the lock's rule (no URL credentials, no token-shaped word), which ``recorded_command``
+# makes it: a record from elsewhere that carries a credential is refused as a lock would be.
+MAX_WORD_CHARS = 128 * 1024
+Word = Annotated[str, StringConstraints(max_length=MAX_WORD_CHARS, pattern=_PRINTABLE),
+                 AfterValidator(check_clean)]
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Commit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
 Scalar = bool | int | float | Text
@@ -86,7 +107,7 @@ class Meta(_Model):
     tool_version: Text
     created_at: datetime
     where: Literal["container", "host"]
-    command: list[Text]
+    command: list[Word]
     exit_code: int
     lock: Text | None = None
     lock_fingerprint: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
@@ -133,13 +154,96 @@ def dumps(rec: Record) -> str:
 
 
 def save(rec: Record, path: str | os.PathLike[str]) -> None:
-    """Seal and write atomically (a temp file beside it, then a rename)."""
+    """Seal and write with the lock's atomic write (an unpredictable temp file beside it,
+    fsync, a rename; a link's target is updated, an existing file keeps its mode)."""
+    from envlock.lock import atomic_write
+
     text = dumps(seal(rec))
-    target = os.fspath(path)
-    tmp = f"{target}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, target)
+    check_target(path)
+    try:
+        atomic_write(Path(path), text)
+    except OSError as exc:
+        raise EnvlockError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
+
+
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Refuse a record path that cannot be written, or whose file must not be replaced.
+
+    Called before the recorded command runs (and again by ``save``): a missing directory or a
+    typo that names the training script must be exit 2 at once, not after a training run. An
+    existing file is replaced only when it is a record or empty: one wrong word in
+    ``envlock record train.py -- ...`` must not cost a researcher their script.
+    """
+    from envlock.lock import file_head, write_target
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"the record {p} is a directory; give a file name such as {p / 'run.record'}")
+    target = write_target(p)  # a dangling link is refused: envlock never creates a link's target
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write the record {p}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the record {p}: directory {parent} is not writable")
+    if target.exists() and target.stat().st_size and b"[record]" not in file_head(target):
+        raise UsageError(f"refusing to overwrite {p}: it is not a replay record",
+                         hint="remove it or give another file name")
+
+
+_WORD: TypeAdapter[str] = TypeAdapter(Word)
+_TEXT: TypeAdapter[str] = TypeAdapter(Text)
+# What the models' refusals mean, said for a person (pydantic's wording quotes the pattern).
+_WHY = {"string_too_long": "is longer than a record keeps ({max_length} characters)",
+        "string_pattern_mismatch": "holds a control character",
+        "string_unicode": "holds bytes that are not UTF-8 text"}
+
+
+def _check(adapter: TypeAdapter[str], value: str, what: str) -> None:
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        why = _WHY.get(err["type"], err["msg"]).format(**err.get("ctx", {}))
+        shown = safe(value[:60]) + ("..." if len(value) > 60 else "")
+        raise UsageError(f"{what} ({shown}) cannot be recorded: it {why}") from None
+
+
+def recorded_command(command: Sequence[str]) -> list[str]:
+    """The command as a record holds it; UsageError (exit 2) when the record cannot hold it.
+
+    A command line can carry a credential (``--token hf_...``, ``https://user:pw@host/...``)
+    and a record is meant to be shared, so every word is scrubbed as the lock scrubs a note:
+    the probe's ``scrub_string``, with the values of this process's secret variables. The
+    commands call this before the command runs, so that a word the record refuses stops them
+    before a training run, not after it; the record is made with it too.
+    """
+    from envlock.probe.scrub import scrub_string, secret_values
+
+    secrets = secret_values()
+    words = [scrub_string(word, secrets) for word in command]
+    for i, word in enumerate(words, 1):
+        _check(_WORD, word, f"word {i} of the command")
+    return words
+
+
+def check_declared(outputs: Sequence[str], inputs: Sequence[str]) -> None:
+    """Refuse, before the command runs, an ``--output`` or ``--input`` the record cannot hold."""
+    for path in outputs:
+        _check(_TEXT, path, "--output")
+    for spec in inputs:
+        _check(_TEXT, spec, "--input")
+
+
+def command_to_replay(rec: Record, name: str) -> list[str]:
+    """The recorded command, to run again: refused when recording removed a credential from it
+    (it would run with ``<redacted>`` in its place)."""
+    from envlock.probe.rules import REDACTED
+
+    if any(REDACTED in word for word in rec.record.command):
+        raise UsageError(f"the command of {name} had a credential removed when it was recorded, "
+                         "so it cannot run as recorded",
+                         hint="give the command to run after -- (with the credential)")
+    return list(rec.record.command)
 
 
 def loads(text: str, name: str = "record") -> Record:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from envlock._record import Input, Meta, Output, Record, Step
+from envlock._record import Input, Meta, Output, Record, Step, recorded_command
 from envlock._recordcmp import ReplayComparison, context_of, input_drift
 from envlock._version import __version__
 from envlock.errors import LockInvalid, UsageError
@@ -149,7 +149,7 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
     if missing:
         raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                where=where, command=list(command), exit_code=exit_code, lock=lock_name,
+                where=where, command=recorded_command(command), exit_code=exit_code, lock=lock_name,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
         return Record(record=meta, context=context, steps=steps, outputs=outputs_of(outputs, base),

@@ -21,10 +21,11 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from envlock._comparison import Difference, difference_lines
+from envlock._textsafe import safe
 from envlock.errors import EXIT_DRIFT, EnvlockError, UsageError
 
 if TYPE_CHECKING:
-    from envlock._comparison import Difference
     from envlock.lock import Lock
 
 log = logging.getLogger("envlock.distributed")
@@ -59,13 +60,14 @@ class CheckResult:
 
     def describe(self) -> str:
         if self.ok:
-            return (f"envlock: all {self.world_size} ranks match {self.reference} "
+            return (f"envlock: all {self.world_size} ranks match {safe(self.reference)} "
                     f"({len(set(self.hosts))} host(s))")
         lines = [f"envlock: {len(self.mismatches)} of {self.world_size} ranks differ from "
-                 f"{self.reference}:"]
+                 f"{safe(self.reference)}:"]
+        # Every host name, path and value came from another rank's process: shown literally.
         for m in self.mismatches:
-            lines.append(f"  rank {m.rank} on {m.host}:")
-            lines += [f"    {d.severity:8s} {d.path}: {d.describe()}" for d in m.differences]
+            lines.append(f"  rank {m.rank} on {safe(m.host)}:")
+            lines += [f"    {line}" for line in difference_lines(m.differences)]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,7 +128,6 @@ def check(
 
     from envlock._capture import build_lock
     from envlock._compare import compare
-    from envlock._comparison import Difference
     from envlock.probe.collect import collect
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -161,8 +162,7 @@ def check(
     dist.all_gather_object(gathered, payload, group=group)
     mismatches = []
     for item in gathered:
-        diffs = tuple(Difference(d["category"], d["path"], d["old"], d["new"], d["severity"],
-                                 d["message"]) for d in item["differences"])
+        diffs = tuple(map(Difference.from_dict, item["differences"]))
         if diffs:
             mismatches.append(RankReport(item["rank"], item["host"], diffs))
     result = CheckResult(

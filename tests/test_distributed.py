@@ -135,3 +135,24 @@ def test_rank_mismatch_is_an_envlock_error_with_the_drift_exit_code() -> None:
 
 if __name__ == "__main__":
     sys.exit(_rank_main(sys.argv[1:]))
+
+
+def test_what_other_ranks_send_reaches_the_log_literally() -> None:
+    # A rank's host name and its differences come from another machine's process: an ANSI
+    # escape or a newline in them must not recolour the terminal or forge a line of the report,
+    # as in verify --fleet's table (one function writes both lists).
+    from envlock import distributed
+    from envlock._comparison import Difference
+
+    hostile = Difference("env", "env.NCCL_DEBUG", "INFO", "\x1b[2J\x1b[32mOK\nenvlock: all 2 ranks match",
+                         "breaking")
+    result = distributed.CheckResult(
+        world_size=2, reference="rank 0", hosts=("a", "b"), fingerprints=("", ""),
+        mismatches=(distributed.RankReport(1, "node\x1b]0;owned\x07", (hostile,)),))
+    text = result.describe()
+    assert "\x1b" not in text and "\x07" not in text
+    assert text.splitlines() == [
+        "envlock: 1 of 2 ranks differ from rank 0:",
+        "  rank 1 on node\\x1b]0;owned\\x07:",
+        "    breaking env.NCCL_DEBUG: INFO -> \\x1b[2J\\x1b[32mOK\\nenvlock: all 2 ranks match",
+    ]

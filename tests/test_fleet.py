@@ -288,3 +288,71 @@ def test_export_venv_options_are_checked(tmp_path: Path) -> None:
 def test_node_name_prefers_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
     assert json.loads(_fleet.node_line("hello")) == {MARKER: "hello", "node": "n7"}
+
+
+# -- the srun pipe is closed on every way out ----------------------------------------------------
+
+_VERDICT = _verdict(0, "n1")
+
+
+@pytest.mark.parametrize(("body", "timeout", "raises"), [
+    (f"echo '0: {{\"{MARKER}\":\"hello\",\"node\":\"n1\"}}'\necho '{_VERDICT}'\n", 30.0, False),
+    ("echo 'srun: error: Unable to allocate resources' >&2\nexit 1\n", 30.0, True),
+    ("exec sleep 60\n", 0.5, False),  # no verdict in time: the step is cancelled
+], ids=["verdict", "srun-fails", "timeout"])
+def test_the_srun_pipe_is_closed_however_the_preflight_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, timeout: float, raises: bool) -> None:
+    import gc
+    import warnings
+
+    from envlock.errors import EnvlockError
+
+    _stub(tmp_path / "srun", body)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = _fleet.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
+        except EnvlockError as exc:
+            assert raises and "Unable to allocate resources" in exc.message
+        else:
+            assert not raises
+            assert result.nodes[0].status == ("ok" if timeout > 1 else "timeout")
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaks == []
+
+
+# -- verify --fleet --record: every node reads the record's inputs --------------------------------
+
+
+def test_fleet_passes_the_record_to_every_node_and_a_changed_input_fails_it(tmp_path: Path) -> None:
+    import sys
+
+    from envlock._replay import make_record
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "d.csv").write_text("1,2\n")
+    r = run_cli("capture", "--no-torch", "--python", sys.executable, "-o", "env.lock", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    make_record(tmp_path / "none.jsonl", command=["x"], exit_code=0, where="host", base=tmp_path,
+                inputs=["data"]).save(tmp_path / "run.record")
+    # srun stand-in: one task (node n1), run here, its lines labelled as `srun --label` does.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
+                            'SLURMD_NODENAME=n1 "$@" 2>&1 | sed "s/^/0: /"\n')
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    fleet = ("verify", "env.lock", "--fleet", "--nodes", "1", "--no-torch", "--python", sys.executable,
+             "--record", "run.record")
+    r = run_cli(*fleet, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all match" in r.stdout
+    (tmp_path / "data" / "d.csv").write_text("changed\n")
+    r = run_cli(*fleet, cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "n1" in r.stdout and "breaking inputs.data: content changed" in r.stdout
+    # A record that is not one is said once, here, before any node runs.
+    (tmp_path / "bad.record").write_text("[record]\n")
+    r = run_cli(*fleet[:-1], "bad.record", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "bad.record" in r.stderr and "n1" not in r.stdout

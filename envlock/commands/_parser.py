@@ -8,6 +8,7 @@ command that runs, so ``envlock --help`` builds the parser and nothing else.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TypeAlias
 
 from envlock._version import __version__
@@ -91,7 +92,8 @@ def _verify(sub: Subparsers) -> None:
     # The node side of --fleet: one JSON line per message on stdout, the verdict included.
     p.add_argument("--fleet-node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--record", metavar="REC",
-                   help="also read the inputs of this replay record again: a changed one is drift")
+                   help="also read the inputs of this replay record again: a changed one is drift "
+                        "(with --fleet: on every node)")
     p.set_defaults(handler="verify")
 
 
@@ -374,3 +376,24 @@ def host_options_parser(kind: str, *, command: bool = False) -> argparse.Argumen
     if command:
         parser.add_argument("cmd", nargs=argparse.REMAINDER)
     return parser
+
+
+def command_after_options(args: argparse.Namespace, rest: list[str],
+                          options: Callable[[bool], argparse.ArgumentParser]) -> list[str]:
+    """The command in what argparse's REMAINDER left (``rest``); the options before it are
+    parsed into ``args`` by ``options(command)``, the command's own option parser.
+
+    REMAINDER takes everything after a command's positionals and drops a ``--`` that comes
+    first. After ``--`` everything is the command's; without ``--``, leading options are
+    envlock's and the command starts at the first other word (``options(True)`` adds ``cmd``
+    as REMAINDER to collect it).
+    """
+    if "--" not in rest:
+        if not rest or not rest[0].startswith("-"):
+            return rest
+        options(True).parse_args(rest, namespace=args)
+        return list(args.cmd or [])
+    cut = rest.index("--")
+    if cut:
+        options(False).parse_args(rest[:cut], namespace=args)
+    return rest[cut + 1:]

@@ -30,11 +30,14 @@ class Plan:
     inputs: list[str]
 
 
-def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Plan:
-    """Read the options (and the original record, for a replay) before anything runs, so a
-    bad record or ``--input``, or a data path that is not there, is exit 2 at once rather than
-    after a training run. (In a replay a missing input is drift, found when it ends.)"""
-    from envlock._record import load
+def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
+         command: Sequence[str]) -> Plan:
+    """Read the options (and the original record, for a replay) before anything runs, so that
+    what would stop the record from being written is exit 2 at once rather than after a
+    training run: a bad record or ``--input``, a data path that is not there, a record path
+    that cannot be written, a word of ``command`` or a path the record cannot hold. (In a
+    replay a missing input is drift, found when it ends.)"""
+    from envlock._record import check_declared, check_target, load, recorded_command
     from envlock._replay import check_specs
 
     if getattr(args, "rtol", 0.0) < 0 or getattr(args, "atol", 0.0) < 0:
@@ -43,6 +46,8 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Pl
     outputs = list(args.output or ([o.path for o in original.outputs] if original else []))
     inputs = list(args.input or ([i.name for i in original.inputs] if original else []))
     check_specs(inputs)
+    check_declared(outputs, inputs)
+    recorded_command(command)
     if original is None:
         from envlock.probe.inputs import HF_PREFIX
 
@@ -50,6 +55,8 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path) -> Pl
         if absent:
             raise UsageError(f"--input {absent[0]}: no such file or directory in {base}")
     target = replay_path or getattr(args, "record", None) or getattr(args, "rec", None)
+    if original is None and target is not None:
+        check_target(target)
     return Plan(target, original, outputs, inputs)
 
 

@@ -12,23 +12,11 @@ from envlock.errors import EXIT_ENV, UsageError
 
 
 def command_of(args: argparse.Namespace, kind: str) -> list[str]:
-    """The command after ``--``; the options before it are parsed into ``args``.
+    """The command after REC (and after ``--``); the options before it are parsed into ``args``."""
+    from envlock.commands._parser import command_after_options, host_options_parser
 
-    As for ``run``: argparse's REMAINDER takes everything after REC, and drops a ``--`` that
-    comes first, so without ``--`` leading options are envlock's and the command starts at the
-    first other word.
-    """
-    from envlock.commands._parser import host_options_parser
-
-    rest = list(args.cmd or [])
-    if "--" not in rest:
-        if not rest or not rest[0].startswith("-"):
-            return rest
-        host_options_parser(kind, command=True).parse_args(rest, namespace=args)
-        return list(args.cmd or [])
-    cut = rest.index("--")
-    host_options_parser(kind).parse_args(rest[:cut], namespace=args)
-    return rest[cut + 1:]
+    return command_after_options(args, list(args.cmd or []),
+                                 lambda command: host_options_parser(kind, command=command))
 
 
 def run_here(command: list[str], journal: Path, base: Path) -> int:
@@ -58,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         lock = load(lock_path)
     base = Path(args.workspace or ".").resolve()
-    p = plan(args, replay_path=None, base=base)
+    p = plan(args, replay_path=None, base=base, command=command)
     with journal_dir() as journal:
         code = run_here(command, journal, base)
         if code < 0:

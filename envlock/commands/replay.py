@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     command = command_of(args, "replay")
     args.output, args.input = None, None
     base = Path(args.workspace or ".").resolve()
-    p = plan(args, replay_path=args.rec, base=base)
+    p = plan(args, replay_path=args.rec, base=base, command=command)
     original = p.original
     assert original is not None
     if args.against:
@@ -35,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
         lock = original.record.lock or "env.lock"
         raise UsageError(f"{args.rec} was recorded in the lock's image",
                          hint=f"replay it there: envlock run {lock} --replay {args.rec} [--base ... --wheelhouse ...]")
-    command = command or list(original.record.command)
+    if not command:
+        from envlock._record import command_to_replay
+
+        command = command_to_replay(original, args.rec)
     lock = None
     if original.record.lock:
         path = os.path.join(os.path.dirname(os.path.abspath(args.rec)), original.record.lock)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from envlock.commands._output import say
-from envlock.commands._parser import run_options_parser
+from envlock.commands._parser import command_after_options, run_options_parser
 from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
@@ -26,9 +26,12 @@ def run(args: argparse.Namespace) -> int:
         from envlock.commands._recording import plan
 
         recording = plan(args, replay_path=args.replay,
-                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
+                         base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
+                         command=command)
         if not command and recording.original is not None:
-            command = list(recording.original.record.command)
+            from envlock._record import command_to_replay
+
+            command = command_to_replay(recording.original, args.replay)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
@@ -94,7 +97,7 @@ def split_run_args(args: argparse.Namespace) -> list[str]:
             "--" in rest or _names_a_lock(rest[0])):
         given, rest = rest[0], rest[1:]
     args.cmd = rest
-    command = _command(args, rest)
+    command = command_after_options(args, rest, lambda command: run_options_parser(command=command))
     args.lock = lock_arg(given)
     return command
 
@@ -103,16 +106,3 @@ def _names_a_lock(word: str) -> bool:
     """A path that exists (a lock, a pack directory), or a name a lock has (``*.lock``,
     ``*.toml``) even when it is missing, so a mistyped lock is still reported as such."""
     return os.path.lexists(word) or word.endswith((".lock", ".toml"))
-
-
-def _command(args: argparse.Namespace, rest: list[str]) -> list[str]:
-    if "--" not in rest:
-        if not rest or not rest[0].startswith("-"):
-            return rest
-        run_options_parser(command=True).parse_args(rest, namespace=args)
-        return list(args.cmd or [])
-    cut = rest.index("--")
-    before, command = rest[:cut], rest[cut + 1:]
-    if before:
-        run_options_parser(command=False).parse_args(before, namespace=args)
-    return command

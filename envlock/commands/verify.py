@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import TYPE_CHECKING
 
 from envlock._deepreport import summary, torch_facts_line
@@ -15,6 +16,7 @@ from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
 
 if TYPE_CHECKING:
+    from envlock._comparison import Difference
     from envlock._recordcmp import ReplayComparison
 
 
@@ -49,7 +51,8 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         from envlock._fleet import node_line
 
         # Only what decides a node's row travels: nodes differ by kernel or CPU model (info).
-        kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info"))
+        kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info")
+                            + _input_differences(inputs))
         out(node_line("verdict", result=comparison_payload(kept, **extra, warning=warning)))
     elif args.json:
         text = comparison_json(cmp, **extra)
@@ -84,11 +87,30 @@ def _node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _input_differences(inputs: ReplayComparison | None) -> tuple[Difference, ...]:
+    """A node's changed record inputs, as rows of its verdict: each one fails the node."""
+    from envlock._comparison import Difference
+
+    return tuple(Difference("inputs", f"inputs.{d.name}", d.original, d.now, "breaking",
+                            f"{d.what} changed: {d.original} -> {d.now}")
+                 for d in (inputs.inputs if inputs is not None else ()))
+
+
 def _node_args(args: argparse.Namespace) -> list[str]:
-    """The options every node's verify runs with: those of this command that judge a node."""
+    """The options every node's verify runs with: those of this command that judge a node.
+
+    ``--record`` goes to every node rather than being refused: a preflight is asked whether
+    every node will compute what the record computed, and its inputs are read where the job
+    will read them (node-local scratch, a node's own Hugging Face cache, a shared filesystem
+    that one node sees stale); a node whose copy differs fails as a node whose packages differ
+    would. The record's path is made absolute, as the lock's is: the nodes start in this
+    directory, and a record that one node cannot read is that node's error.
+    """
     argv = ["--python", args.python] if args.python else []
     argv += [flag for flag, on in (("--no-torch", args.no_torch), ("--strict", args.strict),
                                    ("--deep", args.deep), ("--no-cache", args.no_cache)) if on]
+    if args.record:
+        argv += ["--record", os.path.abspath(args.record)]
     return argv
 
 
@@ -97,6 +119,10 @@ def _fleet(args: argparse.Namespace) -> int:
     from envlock.lock import load
 
     lock = load(args.lock)  # an invalid or tampered lock is reported here, once, not per node
+    if args.record:
+        from envlock._record import load as load_record
+
+        load_record(args.record)  # so is an invalid or tampered record
     result = _fleet.run(str(args.lock), lock.short_id, nodes=args.nodes, timeout=args.timeout,
                         node_args=_node_args(args))
     if args.json:

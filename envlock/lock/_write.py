@@ -100,23 +100,23 @@ def check_size(text: str) -> None:
                  "sys.path) make up most of a lock")
 
 
-def looks_like_lock(path: Path) -> bool:
+def file_head(path: Path) -> bytes:
+    """The first 64 KiB of ``path`` (empty when it cannot be read): enough to tell what a file
+    is (a lock, a replay record) before replacing it, without parsing it."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(65536)
+            return fh.read(65536)
     except OSError:
-        return False
-    return b"[envlock]" in head
+        return b""
+
+
+def looks_like_lock(path: Path) -> bool:
+    return b"[envlock]" in file_head(path)
 
 
 def _schema_of(path: Path) -> int | None:
     """The schema_version an existing lock declares (read cheaply from its head), if any."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-    except OSError:
-        return None
-    m = re.search(rb"^schema_version\s*=\s*([0-9]{1,9})\s*$", head, re.M)
+    m = re.search(rb"^schema_version\s*=\s*([0-9]{1,9})\s*$", file_head(path), re.M)
     return int(m.group(1)) if m else None
 
 

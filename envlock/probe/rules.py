@@ -1,5 +1,6 @@
 """The rules envlock applies everywhere, in one place: which variables are recorded, which
-hold a secret, how distribution names normalise, and the determinism knobs.
+hold a secret, how distribution names normalise, the determinism knobs, and what a replay
+record's metric may be called.
 
 The probe applies them while collecting, the model enforces them on every value it accepts,
 and the runtime sets the knobs the probe reads; a rule written twice drifts apart, so each
@@ -15,6 +16,11 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 # What a redacted value reads as, in the probe's document and in a lock.
 REDACTED = "<redacted>"
+
+# A metric's name in a replay record: the record's model holds it to this, and
+# ``envlock.record`` refuses any other at the call that passes it, in the training process,
+# where pydantic may not be installed.
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,127}")
 
 # Environment variables worth recording: they select libraries, devices, threads or indexes.
 ENV_PREFIXES = (

@@ -27,6 +27,8 @@ import os
 import sys
 from typing import Any, TextIO
 
+from envlock.probe.rules import METRIC_NAME
+
 RECORD_ENV = "ENVLOCK_RECORD"
 _state: dict[str, Any] = {"path": None, "fh": None}
 
@@ -112,6 +114,13 @@ def record(step: int, /, **metrics: Any) -> None:
         return
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise TypeError(f"envlock.record: step must be a non-negative int, not {step!r}")
+    # The record's own rule, checked at the call that breaks it (found only when the record is
+    # written, a bad name failed the run after it ended), and on every rank, so that no rank is
+    # left waiting in a collective for rank 0.
+    for name in metrics:
+        if not METRIC_NAME.fullmatch(name):
+            raise ValueError(f"envlock.record: metric name {name!r} cannot be recorded: a name is a "
+                             "letter or '_', then at most 127 letters, digits or '_' '.' '/' '-'")
     if _rank_and_world()[0] != 0:
         return
     row = {"step": int(step), "metrics": {name: encode(name, v) for name, v in metrics.items()}}
