@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envlock._expected import TOOLING
+from envlock._files import sha256_file
 from envlock.errors import EnvlockError, NotRestorable
 from envlock.export import fetch
 from envlock.export.artifacts import lock_tags
@@ -24,7 +25,7 @@ from envlock.export.config import read as read_config
 from envlock.lock import Lock, Package
 from envlock.restore import values
 from envlock.restore.context import unproven
-from envlock.restore.wheelhouse import check_builds, select, sha256_file, write_manifest
+from envlock.restore.wheelhouse import check_builds, select, write_manifest
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
+from envlock._files import sha256_file
 from envlock.errors import EnvlockError, HashMismatch
 from envlock.export.artifacts import Artifact, Sources, chain_for, lock_tags, pick
 from envlock.export.config import InstallerConfig
@@ -110,7 +111,7 @@ def proven(pkg: Package, path: Path) -> str | None:
 
 def _keep(pkg: Package, path: Path, origin: str, rows: list[WheelRow], digest: str | None = None) -> None:
     """``digest``: the file's sha256 when it was checked on the way in (a download)."""
-    rows.append(WheelRow(pkg.name, pkg.version, path.name, digest or wheelhouse.sha256_file(path), origin,
+    rows.append(WheelRow(pkg.name, pkg.version, path.name, digest or sha256_file(path), origin,
                          pkg.source == "local"))
 
 

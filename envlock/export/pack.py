@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envlock._expected import TOOLING
+from envlock._files import sha256_file
 from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
 from envlock.export import fetch
 from envlock.export.artifacts import lock_tags
@@ -184,7 +185,7 @@ def _rebuild(lock: Lock, pkgs: list[Package], dest: Path, options: PackOptions, 
             left.append(pkg)
             continue
         say(f"rebuilt {built.path.name} from the installed files (record_sha256 proven)")
-        rows.append(WheelRow(pkg.name, pkg.version, built.path.name, wheelhouse.sha256_file(built.path),
+        rows.append(WheelRow(pkg.name, pkg.version, built.path.name, sha256_file(built.path),
                              "rebuilt", pkg.source == "local"))
     return left
 
@@ -261,7 +262,7 @@ def _sums(root: Path) -> str:
     lines = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != SUMS):
         rel = path.relative_to(root).as_posix()
-        lines.append(f"{wheelhouse.sha256_file(path)[7:]}  {rel}\n")
+        lines.append(f"{sha256_file(path)[7:]}  {rel}\n")
     return "".join(lines)
 
 

@@ -222,7 +222,7 @@ def extract_oci(archive: Path, layout: Path) -> list[str]:
 def rootfs_digest(path: Path) -> str:
     """``sha256:`` of a rootfs tarball's bytes, or of a directory's tree (names, modes, link
     targets and contents): the name its import is known by, bound to its content."""
-    from envlock.restore.wheelhouse import sha256_file
+    from envlock._files import sha256_file
 
     if path.is_file():
         return sha256_file(path)
