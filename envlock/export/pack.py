@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from envlock.export.bundle import own_row
 from envlock.export.config import read as read_config
 from envlock.export.fetch import WheelRow
 from envlock.lock import Lock, Package
-from envlock.restore import wheelhouse
+from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
     DEBS,
@@ -236,23 +235,27 @@ def save_base(engine: ContainerEngine, lock: Lock, base: str | None, out: Path, 
     engine.save(info.id, out / DOCKER_ARCHIVE)
     notes: list[str] = []
     written = False
-    if oci and shutil.which("skopeo"):
-        with tempfile.TemporaryDirectory(prefix="envlock-skopeo-") as tmp:
-            # A local conversion of a file envlock just wrote: no signature to check.
-            policy = Path(tmp) / "policy.json"
-            policy.write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n', encoding="utf-8")
-            proc = subprocess.run(["skopeo", "--policy", str(policy), "copy", "--quiet",
-                                   f"docker-archive:{out / DOCKER_ARCHIVE}", f"oci-archive:{out / OCI_ARCHIVE}"],
-                                  capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False,
-                                  stdin=subprocess.DEVNULL)
-        written = proc.returncode == 0
+    skopeo = shutil.which("skopeo")
+    if oci and skopeo:
+        code, output = ociarchive.to_oci(skopeo, out / DOCKER_ARCHIVE, out / OCI_ARCHIVE, _run_tool)
+        written = code == 0
         if not written:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            tail = output.strip().splitlines()[-1:] or ["no output"]
             notes.append(f"no OCI archive: skopeo failed ({tail[0]})")
     elif oci:
         notes.append("no OCI archive: skopeo is not installed (the docker-archive loads in Docker and Podman)")
     facts = {"id": info.id, "ref": choice.ref, "display": choice.display, "origin": choice.origin}
     return facts, written, notes
+
+
+def _run_tool(argv: Sequence[str]) -> tuple[int, str]:
+    """(exit status, stderr or else stdout) of a tool that runs on files of the pack."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 1, str(exc)
+    return proc.returncode, proc.stderr or proc.stdout
 
 
 # -- the pack itself ------------------------------------------------------------------------------
