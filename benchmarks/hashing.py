@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ENVLOCK_HASH = ("import sys, pathlib; from envlock.restore.wheelhouse import sha256_file; "
+ENVLOCK_HASH = ("import sys, pathlib; from envlock._files import sha256_file; "
                 "print('\\n'.join(sha256_file(pathlib.Path(p)) for p in sys.argv[1:]))")
 
 

@@ -39,6 +39,7 @@ from pydantic import (
     ValidationError,
 )
 
+from envlock import _files
 from envlock._textsafe import safe
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.lock._seal import canonical_json
@@ -266,24 +267,9 @@ def loads(text: str, name: str = "record") -> Record:
 
 
 def load(path: str | os.PathLike[str]) -> Record:
-    p = os.fspath(path)
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        raise LockInvalid(f"{p} not found", hint="make one with `envlock run env.lock --record "
-                          f"{p} -- CMD`") from None
-    except IsADirectoryError:
-        raise LockInvalid(f"{p} is a directory, not a replay record") from None
-    except OSError as exc:
-        raise LockInvalid(f"{p} cannot be read: {exc.strerror}") from None
-    if len(raw) > MAX_RECORD_BYTES:
-        raise LockInvalid(f"{p} is larger than {MAX_RECORD_BYTES >> 20} MiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LockInvalid(f"{p} is not UTF-8 text (byte {exc.start})") from None
-    return loads(text, p)
+    text = _files.read_text(path, limit=MAX_RECORD_BYTES, what="a replay record", error=LockInvalid,
+                            missing_hint=f"make one with `envlock run env.lock --record {os.fspath(path)} -- CMD`")
+    return loads(text, os.fspath(path))
 
 
 def scalar_ok(value: Any) -> bool:

@@ -10,7 +10,6 @@ kept only as the few facts that can explain a divergence (``_recordcmp.context_o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from envlock._files import FileDigest, file_digest
 from envlock._record import Input, Meta, Output, Record, Step, recorded_command
 from envlock._recordcmp import ReplayComparison, context_of, input_drift
 from envlock._version import __version__
@@ -78,17 +78,12 @@ def lock_context(lock: Any) -> dict[str, Any]:
     return context_of(canonical_form(lock))
 
 
-def file_sha256(path: Path) -> tuple[str, int] | None:
-    h = hashlib.sha256()
-    size = 0
+def file_sha256(path: Path) -> FileDigest | None:
+    """The declared output's digest and size; None when there is no file there (yet)."""
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
+        return file_digest(path)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
-    return h.hexdigest(), size
 
 
 def outputs_of(paths: Sequence[str], base: Path) -> list[Output]:

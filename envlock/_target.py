@@ -144,14 +144,37 @@ def choose(python: str | None = None, *, cwd: str | os.PathLike[str] | None = No
     return _own("the interpreter envlock runs in", notes)
 
 
+def lock_environment(recorded: str | None) -> Target | None:
+    """The environment a lock was captured from (its ``[python].prefix``), when it exists on
+    this machine with an interpreter; None for another machine's or a container's path."""
+    if not recorded or not os.path.isdir(recorded):
+        return None
+    exe = _interpreter(recorded)
+    return Target(exe, recorded, "the lock's own environment") if exe else None
+
+
 def recorded_prefix_hint(recorded: str | None, target: Target) -> str | None:
     """The lock's own environment, when it exists on this machine and was not the one chosen.
 
     A lock captured with ``--python X`` and verified without it would otherwise compare two
     unrelated environments and list every package as drift.
     """
-    if not recorded or same_path(recorded, target.prefix):
-        return None
-    if not os.path.isdir(recorded) or _interpreter(recorded) is None:
-        return None  # another machine or container: its paths need not exist here
-    return recorded
+    own = lock_environment(recorded)
+    return None if own is None or same_path(own.prefix, target.prefix) else own.prefix
+
+
+def for_lock(python: str | None, recorded: str | None) -> Target:
+    """The environment a lock describes, to read its installed files (pack and bundle rebuild
+    wheels from them): ``--python``, else the lock's own environment when it is on this machine
+    (a lock captured with ``--python p/bin/python`` names ``p``), else chosen as capture
+    chooses, with a warning that the lock's own is not here."""
+    if python:
+        return choose(python)
+    own = lock_environment(recorded)
+    if own is not None:
+        return own
+    chosen = choose()
+    if recorded:
+        missing = f"the lock's own environment {recorded} is not on this machine"
+        chosen = chosen._replace(warning="; ".join(w for w in (missing, chosen.warning) if w))
+    return chosen

@@ -6,7 +6,6 @@ lists its files with ``#sha256=`` fragments as PyPI's HTML pages do. Nothing rea
 
 from __future__ import annotations
 
-import hashlib
 import html
 import socket
 import subprocess
@@ -19,13 +18,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from envlock._files import file_digest
+
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path).hexdigest
 
 
 def layout(wheelhouse: Path, root: Path, *, hashes: bool = True, simple: str = "simple",

@@ -251,13 +251,14 @@ def test_envlocks_own_wheel_is_reproducible_and_installs_the_same_files(tmp_path
     """Built from this source tree twice: the same bytes (restore's cache key covers it); installed
     into a venv and packed again from there: the same bytes once more, so the image gets exactly
     the files the lock's envlock had."""
-    from envlock.restore.ownwheel import file_sha256, own_wheel
+    from envlock._files import sha256_file
+    from envlock.restore.ownwheel import own_wheel
 
     first, second, third = (tmp_path / n for n in ("a", "b", "c"))
     for d in (first, second, third):
         d.mkdir()
     built = own_wheel(first)
-    assert file_sha256(built) == file_sha256(own_wheel(second))
+    assert sha256_file(built) == sha256_file(own_wheel(second))
     with zipfile.ZipFile(built) as zf:
         names = zf.namelist()
     assert "envlock/probe/__main__.py" in names and names[-1].endswith(".dist-info/RECORD")
@@ -269,7 +270,7 @@ def test_envlocks_own_wheel_is_reproducible_and_installs_the_same_files(tmp_path
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                          timeout=300, check=True, cwd=tmp_path)
     repacked = Path(out.stdout.strip())
-    assert file_sha256(repacked) == file_sha256(built)
+    assert sha256_file(repacked) == sha256_file(built)
 
 
 @pytest.mark.slow

@@ -177,7 +177,7 @@ def test_check_script_names_every_unavailable_version(tmp_path: Any) -> None:
 
 
 def test_bundle_leaves_os_owned_dists_to_their_packages(restore_lock: LockFactory) -> None:
-    from envlock.export.bundle import _wanted
+    from envlock.export.fetch import wanted
 
-    wanted, skipped = _wanted(_system_lock(restore_lock), skip_local=False)
-    assert [p.name for p in wanted] == ["idna"] and sorted(skipped) == ["six", "torch"]
+    found, skipped = wanted(_system_lock(restore_lock), skip_local=False)
+    assert [p.name for p in found] == ["idna"] and sorted(skipped) == ["six", "torch"]

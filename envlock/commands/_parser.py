@@ -241,6 +241,11 @@ def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:
                    help="no build output, only a summary line (build.log keeps all of it)")
 
 
+_REBUILD_HELP = ("the locked environment, to rebuild wheels that exist nowhere from its installed files "
+                 "(default: the lock's own environment when it is on this machine, else chosen as capture does)")
+_SKIP_LOCAL_HELP = "leave out editable installs and packages installed from a local directory or file"
+
+
 def _bundle(sub: Subparsers) -> None:
     p = sub.add_parser("bundle", help="collect every wheel of a lock for offline replay")
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
@@ -248,7 +253,8 @@ def _bundle(sub: Subparsers) -> None:
     p.add_argument("--wheelhouse", metavar="SRC", help="copy from this directory instead of an index")
     p.add_argument("--index-url", metavar="URL", help="download missing wheels from this index (default: pip's and uv's configured indexes)")
     p.add_argument("--find-links", metavar="DIR", help="take the wheels from this directory, no index")
-    p.add_argument("--skip-local", action="store_true", help="leave out editable/local packages")
+    p.add_argument("--python", help=_REBUILD_HELP)
+    p.add_argument("--skip-local", action="store_true", help=_SKIP_LOCAL_HELP)
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.set_defaults(handler="bundle")
 
@@ -262,8 +268,7 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("--wheelhouse", action="append", metavar="DIR",
                    help="look for wheels here first (repeatable); then pip's and uv's find-links, "
                         "pip's and uv's caches, the indexes")
-    p.add_argument("--python", help="the locked environment, to rebuild wheels that exist nowhere "
-                                    "from its installed files (default: chosen as capture does)")
+    p.add_argument("--python", help=_REBUILD_HELP)
     p.add_argument("--base", metavar="REF", help="pack this base image instead of the lock's own")
     p.add_argument("--engine", help="docker (default), podman, or an API URL")
     p.add_argument("--no-image", action="store_true", help="leave the base image out (no engine needed)")
@@ -271,7 +276,7 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("--no-download", action="store_true", help="never ask an index for a missing wheel")
     p.add_argument("--index-url", metavar="URL", help="index for missing wheels (default: pip's and uv's configured indexes)")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
-    p.add_argument("--skip-local", action="store_true", help="leave out editable installs instead of refusing")
+    p.add_argument("--skip-local", action="store_true", help=_SKIP_LOCAL_HELP)
     p.set_defaults(handler="pack")
 
 

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     lock = load(args.lock)
     result = bundle(lock, Path(args.output), source=Path(args.wheelhouse) if args.wheelhouse else None,
                     index_url=args.index_url, pip_find_links=Path(args.find_links) if args.find_links else None,
-                    skip_local=args.skip_local, allow_http=args.allow_http)
+                    skip_local=args.skip_local, python=args.python, allow_http=args.allow_http, say=say)
     for name in result.missing_tooling:
         say(f"note: no wheel for {name}; a restore takes it from the base image's ensurepip")
     if result.unproven:

@@ -195,7 +195,8 @@ def _direct(pkg: Package) -> Resolved | str:
 
 def _from_wheelhouse(lock: Lock, pkgs: list[Package], directory: Path, tags: frozenset[Tag] | None,
                      relative_to: Path | None) -> tuple[list[Resolved], list[str]]:
-    from envlock.restore.wheelhouse import read_manifest, select, sha256_file
+    from envlock._files import sha256_file
+    from envlock.restore.wheelhouse import read_manifest, select
 
     manifest = read_manifest(directory)
     found = select(directory, pkgs)

@@ -3,28 +3,28 @@
 A bundle is a directory of wheels plus ``envlock-bundle.json`` (``restore/wheelhouse``: the
 manifest with each file's sha256, read back by ``restore --wheelhouse DIR``). With
 ``--wheelhouse SRC`` the wheels are copied from there and nowhere else; with ``--find-links DIR``
-they come from that directory, with no index. Otherwise they come from wherever they already
-are on disk and the rest from the configured indexes, in parallel (``fetch``), each proven
-against the lock before it is kept.
+they come from that directory, with no index. Otherwise they are collected as ``pack`` collects
+them (``fetch.collect``): from wherever they already are on disk, the rest from the configured
+indexes in parallel, and last rebuilt from the installed files of the lock's environment; each
+proven against the lock before it is kept.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from envlock._expected import TOOLING
+from envlock._files import sha256_file
 from envlock.errors import EnvlockError, NotRestorable
 from envlock.export import fetch
-from envlock.export.artifacts import lock_tags
 from envlock.export.config import InstallerConfig
-from envlock.export.config import read as read_config
 from envlock.lock import Lock, Package
-from envlock.restore import values
 from envlock.restore.context import unproven
-from envlock.restore.wheelhouse import check_builds, select, sha256_file, write_manifest
+from envlock.restore.wheelhouse import check_builds, select, write_manifest
 
 
 @dataclass(frozen=True)
@@ -38,141 +38,73 @@ class BundleResult:
     own: str | None = None  # the file of envlock's own wheel, when the lock holds envlock
 
 
-def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
-    """The packages to find wheels for, and those left out. envlock itself is neither: as in
-    ``restore``, it comes from the running envlock (``own_row``), whatever its source."""
-    from envlock.restore.ownwheel import OWN_DIST
-
-    wanted: list[Package] = []
-    skipped: list[str] = []
-    local: list[str] = []
-    for pkg in lock.packages:
-        values.dist_name(pkg.name)
-        if pkg.name == OWN_DIST:
-            continue
-        if pkg.source == "system":
-            skipped.append(pkg.name)  # its OS package brings it back, not a wheel
-            continue
-        values.version(pkg.version, name=pkg.name)
-        if pkg.installer == "conda":
-            skipped.append(pkg.name)
-        elif pkg.source in ("editable", "local"):
-            (skipped if skip_local else local).append(pkg.name)
-        else:
-            wanted.append(pkg)
-    if local:
-        raise NotRestorable("cannot bundle packages installed from local directories or files: "
-                            + ", ".join(local), hint="pass --skip-local to leave them out")
-    return wanted, skipped
-
-
 def bundle(lock: Lock, out: Path, *, source: Path | None = None, index_url: str | None = None,
-           pip_find_links: Path | None = None, skip_local: bool = False,
+           pip_find_links: Path | None = None, skip_local: bool = False, python: str | None = None,
            allow_http: bool = False, config: InstallerConfig | None = None,
-           workers: int = fetch.WORKERS) -> BundleResult:
+           workers: int = fetch.WORKERS, say: Callable[[str], None] = lambda s: None) -> BundleResult:
     """Collect every wheel of ``lock`` into ``out`` (hash-checked) and write the manifest.
 
     ``source``: a local wheelhouse to copy from, and nothing else; ``pip_find_links``: a
-    directory to take wheels from, with no index. Otherwise: the wheels already on disk
-    (``fetch.disk_sources``, pip's and uv's caches), then ``index_url`` or the configured
-    indexes (pip's and uv's, ``config``; PyTorch's, ``ENVLOCK_TORCH_INDEX_URL``, for local
-    labels such as +cu121), downloaded ``workers`` at a time.
+    directory to take wheels from, with no index. Otherwise ``fetch.collect``, the chain pack
+    follows too: the wheels already on disk (pip's and uv's find-links and caches), then
+    ``index_url`` or the configured indexes (pip's and uv's, ``config``; PyTorch's,
+    ``ENVLOCK_TORCH_INDEX_URL``, for local labels such as +cu121), downloaded ``workers`` at a
+    time, then a wheel rebuilt from the installed files of the lock's environment (``python``:
+    ``--python``, else the lock's own when it is on this machine).
     """
-    wanted, skipped = _wanted(lock, skip_local)
+    wanted, skipped = fetch.wanted(lock, skip_local)
     out = Path(out)
+    places = fetch.Places(only=pip_find_links, index_url=index_url, allow_http=allow_http, python=python,
+                          workers=workers)
     try:
-        return _bundle(lock, out, wanted, skipped, source=source, index_url=index_url,
-                       pip_find_links=pip_find_links, allow_http=allow_http, config=config, workers=workers)
+        return _bundle(lock, out, wanted, skipped, source=source, places=places, config=config, say=say)
     except OSError as exc:  # a read-only or full directory: one line, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         raise EnvlockError(f"cannot write the bundle to {out}: {exc.strerror or exc}{where}") from None
 
 
-def _gather(lock: Lock, wanted: list[Package], staging: Path, *, index_url: str | None,
-            pip_find_links: Path | None, allow_http: bool, config: InstallerConfig | None,
-            workers: int) -> tuple[dict[str, fetch.WheelRow], dict[str, list[str]]]:
-    """Wheels from disk, then the indexes, into ``staging``: (file name -> its row, why not found)."""
-    tags = lock_tags(lock)
+def _copy(source: Path, wanted: list[Package], staging: Path) -> tuple[list[fetch.WheelRow], list[str]]:
+    """``--wheelhouse SRC``: every file of SRC for a wanted package, each checked against the
+    lock (a mismatch stops the bundle); (rows, tooling found nowhere)."""
+    have = select(Path(source), wanted)
     rows: list[fetch.WheelRow] = []
-    why: dict[str, list[str]] = {}
-    if pip_find_links is not None:
-        left = fetch.take(wanted, pip_find_links, "find-links", tags, staging, rows, why)
-    else:
-        config = config if config is not None else read_config()
-        left = wanted
-        for origin, directory in fetch.disk_sources((), config):
-            if not left:
-                break
-            left = fetch.take(left, directory, origin, tags, staging, rows, why)
-        left = fetch.take_pip_http_cache(left, tags, staging, rows, why)
-        left = fetch.take_uv_cache(left, tags, staging, rows, why)
-        for pkg in left:
-            if pkg.source == "vcs":
-                why.setdefault(pkg.name, []).append(
-                    f"it comes from {pkg.vcs}: put a wheel built from commit {pkg.commit} into a "
-                    "wheelhouse and bundle with --wheelhouse")
-        left = [p for p in left if p.source != "vcs"]
-        if left:
-            fetch.download(lock, left, staging, config=config, index_url=index_url,
-                           allow_http=allow_http, rows=rows, why=why, workers=workers)
-    return {r.filename: r for r in rows}, why
+    missing: list[str] = []
+    missing_tooling: list[str] = []
+    for pkg in wanted:
+        files = have.get(pkg.name, ())
+        if not files:
+            (missing_tooling if pkg.name in TOOLING else missing).append(f"{pkg.name}=={pkg.version}")
+            continue
+        check_builds([pkg], {pkg.name: files})
+        for f in files:
+            shutil.copy2(f, staging / f.name)
+            rows.append(fetch.WheelRow(pkg.name, pkg.version, f.name, sha256_file(staging / f.name),
+                                       "wheelhouse", pkg.source == "local"))
+    if missing:
+        raise NotRestorable(f"no wheel in {source} for: " + ", ".join(missing),
+                            hint=f"put their wheels into {source}, or pass --skip-local to leave out "
+                                 "what was installed from a local directory")
+    return rows, missing_tooling
 
 
-def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *,
-            source: Path | None, index_url: str | None, pip_find_links: Path | None,
-            allow_http: bool, config: InstallerConfig | None, workers: int) -> BundleResult:
+def _bundle(lock: Lock, out: Path, wanted: list[Package], skipped: list[str], *, source: Path | None,
+            places: fetch.Places, config: InstallerConfig | None, say: Callable[[str], None]) -> BundleResult:
     out.mkdir(parents=True, exist_ok=True)
-    kept: dict[str, fetch.WheelRow] = {}
-    why: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix=".envlock-bundle-", dir=out) as tmp:
         staging = Path(tmp)
         if source is not None:
-            for files in select(Path(source), wanted).values():
-                for f in files:
-                    shutil.copy2(f, staging / f.name)
+            rows, missing_tooling = _copy(source, wanted, staging)
         else:
-            kept, why = _gather(lock, wanted, staging, index_url=index_url, pip_find_links=pip_find_links,
-                                   allow_http=allow_http, config=config, workers=workers)
-        have = select(staging, wanted)
-        rows: list[tuple[str, str, str, str]] = []
-        missing: list[str] = []
-        missing_tooling: list[str] = []
-        for pkg in wanted:
-            files = have.get(pkg.name, ())
-            if not files:
-                if pkg.name in TOOLING:
-                    missing_tooling.append(f"{pkg.name}=={pkg.version}")
-                else:
-                    missing.append(f"{pkg.name}=={pkg.version}"
-                                   + (f" ({'; '.join(why[pkg.name])})" if pkg.name in why else ""))
-                continue
-            check_builds([pkg], {pkg.name: files})
-            for f in files:  # the digest taken when the file was kept, else read now
-                digest = kept[f.name].sha256 if f.name in kept else sha256_file(f)
-                rows.append((pkg.name, pkg.version, f.name, digest))
-        if missing:
-            where = f"in {source}" if source else (f"in {pip_find_links}" if pip_find_links else "on disk or the index")
-            raise NotRestorable(f"no wheel {where} for: " + ", ".join(missing))
-        own = own_row(lock, staging)
+            got = fetch.collect(lock, wanted, staging, places, config=config, say=say)
+            rows, missing_tooling = list(got.rows), list(got.missing_tooling)
+        found = tuple(sorted((r.name, r.origin) for r in rows)) if source is None else ()
+        own = fetch.own_row(lock, staging)
         if own is not None:
             rows.append(own)
-        for _, _, fname, _ in rows:
-            shutil.move(str(staging / fname), str(out / fname))
-    write_manifest(out, lock, [{"name": n, "version": v, "filename": f, "sha256": h}
-                               for n, v, f, h in rows])
-    return BundleResult(out, tuple(rows), tuple(missing_tooling), tuple(skipped),
-                        tuple(unproven(p for p in wanted if any(r[0] == p.name for r in rows))),
-                        tuple(sorted((r.name, r.origin) for r in kept.values())),
-                        own=own[2] if own else None)
-
-
-def own_row(lock: Lock, dest: Path) -> tuple[str, str, str, str] | None:
-    """A wheel of the running envlock when the lock holds envlock (installed from a checkout,
-    editable, a wheel or an index: none of them reachable where the bundle is restored), the
-    wheel ``restore`` builds into the image (``ownwheel``); (name, version, filename, sha256)."""
-    from envlock.restore.ownwheel import OWN_DIST, own_wheel
-
-    if not any(p.name == OWN_DIST for p in lock.packages):
-        return None
-    wheel = own_wheel(dest)
-    return OWN_DIST, wheel.name.split("-")[1], wheel.name, sha256_file(wheel)
+        for row in rows:
+            shutil.move(str(staging / row.filename), str(out / row.filename))
+    write_manifest(out, lock, [r.manifest() for r in rows])
+    return BundleResult(out, tuple((r.name, r.version, r.filename, r.sha256) for r in rows),
+                        tuple(missing_tooling), tuple(skipped),
+                        tuple(unproven(p for p in wanted if any(r.name == p.name for r in rows))),
+                        found, own=own.filename if own else None)

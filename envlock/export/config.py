@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envlock import _files
 from envlock.errors import UsageError
 from envlock.probe.scrub import scrub_index_text
 
@@ -185,17 +186,7 @@ def parse_uv(text: str, path: Path, *, pyproject: bool = False) -> _UvFile | Non
 
 
 def _read_text(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read uv configuration {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a uv configuration file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    return _files.read_text(path, limit=MAX_CONFIG_BYTES, what="a uv configuration file", error=UsageError)
 
 
 def uv_config_files(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, bool]]:

@@ -1,14 +1,17 @@
 """Every wheel a lock needs, in one directory: what is on disk first, the rest downloaded.
 
-``bundle`` and ``pack`` share this. Wheels are taken, in order, from the user's wheelhouses,
+``bundle`` and ``pack`` share this chain, ``collect``, and which packages go through it,
+``wanted``: they differ only in the ``Places`` they pass. Wheels are taken, in order, from the user's wheelhouses,
 the configured find-links directories (pip's and uv's, ``config``), pip's wheel cache (wheels
 pip built), pip's HTTP cache (the wheels pip downloaded, ``http-v2/**.body``), and for a package
 whose lock records no file hash, uv's cache (uv keeps wheels unpacked: the wheel is rebuilt
 from them, ``export/rebuild``, proven by ``record_sha256``, and not byte-equal to the index's
 file, hence the condition). What is still missing is listed on the configured indexes and
 downloaded in parallel (a bounded pool), each file checked against the index's sha256 while it
-streams. Every file is proven before it is kept: the lock's hashes where it has them, its build
-(``record_sha256``) always.
+streams. Last, a package whose wheel exists nowhere (installed from a local directory, or its
+index gone) gets one rebuilt from its installed files in the lock's own environment
+(``_target.for_lock``). Every file is proven before it is kept: the lock's hashes where it has
+them, its build (``record_sha256``) always.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from envlock.errors import EnvlockError, HashMismatch
+from envlock._expected import TOOLING
+from envlock._files import sha256_file
+from envlock.errors import EXIT_ENV, ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable
 from envlock.export.artifacts import Artifact, Sources, chain_for, lock_tags, pick
 from envlock.export.config import InstallerConfig
+from envlock.export.config import read as read_config
 from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, resolve, shown
 from envlock.lock import Lock, Package
 from envlock.restore import values, wheelhouse
@@ -110,7 +116,7 @@ def proven(pkg: Package, path: Path) -> str | None:
 
 def _keep(pkg: Package, path: Path, origin: str, rows: list[WheelRow], digest: str | None = None) -> None:
     """``digest``: the file's sha256 when it was checked on the way in (a download)."""
-    rows.append(WheelRow(pkg.name, pkg.version, path.name, digest or wheelhouse.sha256_file(path), origin,
+    rows.append(WheelRow(pkg.name, pkg.version, path.name, digest or sha256_file(path), origin,
                          pkg.source == "local"))
 
 
@@ -335,3 +341,153 @@ def download(lock: Lock, pkgs: list[Package], dest: Path, *, config: InstallerCo
                     _keep(pkg, dest / f.filename, "index", rows, f"sha256:{f.sha256}" if f.sha256 else None)
                     got.add(pkg.name)
     return [p for p in pkgs if p.name not in got]
+
+
+# -- the chain: what bundle and pack collect, and from where, in one order -------------------------
+
+
+def wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
+    """The packages whose wheels a bundle or pack collects, and those it leaves out.
+
+    Left out: what the OS package manager (or the image, for conda) brings back, and with
+    ``skip_local`` what was installed from a working tree or a local file. An editable install
+    is refused otherwise (its files are a working tree's, not a build's); a local one is
+    wanted, its wheel rebuilt from its installed files when it exists nowhere else. envlock
+    itself is neither: a wheel of the running envlock goes in (``own_row``), whatever its source.
+    """
+    from envlock.restore.ownwheel import OWN_DIST
+
+    want: list[Package] = []
+    skipped: list[str] = []
+    editable: list[str] = []
+    for pkg in lock.packages:
+        values.dist_name(pkg.name)
+        if pkg.name == OWN_DIST:
+            continue
+        brought_back = pkg.source == "system" or pkg.installer == "conda"  # by the OS or the image
+        if brought_back or (skip_local and pkg.source in ("editable", "local")):
+            skipped.append(pkg.name)
+        elif pkg.source == "editable":
+            editable.append(pkg.name)
+        else:
+            values.version(pkg.version, name=pkg.name)
+            want.append(pkg)
+    if editable:
+        raise NotRestorable("cannot collect wheels of editable installs (their files live in a working "
+                            "tree): " + ", ".join(editable),
+                            hint="install them without -e and capture again, or pass --skip-local")
+    return want, skipped
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where ``collect`` looks, in this order: the user's wheelhouses, the configured find-links,
+    pip's caches, uv's cache, the indexes (unless ``download`` is off), and last the installed
+    files of the lock's environment (``python``: ``--python``; see ``_target.for_lock``).
+    ``only``: one directory and nowhere else (``bundle --find-links DIR``)."""
+
+    wheelhouses: tuple[Path, ...] = ()
+    only: Path | None = None
+    download: bool = True
+    index_url: str | None = None
+    allow_http: bool = False
+    python: str | None = None
+    workers: int = WORKERS
+
+
+@dataclass(frozen=True)
+class Collected:
+    rows: tuple[WheelRow, ...]
+    missing_tooling: tuple[str, ...]  # pip/setuptools/wheel found nowhere: the base's ensurepip copy stays
+
+
+def collect(lock: Lock, pkgs: list[Package], dest: Path, places: Places, *,
+            config: InstallerConfig | None = None, say: Callable[[str], None] = lambda s: None) -> Collected:
+    """A proven wheel of each of ``pkgs`` in ``dest``, from the first of ``places`` that has
+    one; ``ArtifactsMissing`` names every package found nowhere, with why each place failed."""
+    tags = lock_tags(lock)
+    rows: list[WheelRow] = []
+    why: dict[str, list[str]] = {}
+    if places.only is not None:
+        left = take(pkgs, places.only, "find-links", tags, dest, rows, why)
+    else:
+        config = config if config is not None else read_config()
+        left = pkgs
+        for origin, directory in disk_sources(places.wheelhouses, config):
+            if not left:
+                break
+            left = take(left, directory, origin, tags, dest, rows, why)
+        left = take_pip_http_cache(left, tags, dest, rows, why)
+        left = take_uv_cache(left, tags, dest, rows, why)
+        for pkg in left:
+            if pkg.source == "vcs":
+                why.setdefault(pkg.name, []).append(
+                    f"it comes from {pkg.vcs}: put a wheel built from commit {pkg.commit} into a "
+                    "wheelhouse and pass it with --wheelhouse")
+        indexed = [p for p in left if p.source not in ("vcs", "local")]
+        if indexed and places.download:
+            try:
+                download(lock, indexed, dest, config=config, index_url=places.index_url,
+                         allow_http=places.allow_http, rows=rows, why=why, workers=places.workers, say=say)
+            except EnvlockError as exc:
+                if exc.exit_code != EXIT_ENV:
+                    raise  # the user's input (a plain http index): no later place makes it right
+                for pkg in indexed:  # an index that cannot answer: the installed files may still
+                    why.setdefault(pkg.name, []).append(exc.message)
+            got = {r.name for r in rows}
+            left = [p for p in left if p.name not in got]
+        if left:
+            left = _rebuild(lock, left, dest, places.python, rows, why, say)
+    missing = [p for p in left if p.name not in TOOLING]
+    if missing:
+        where = f"in {places.only}" if places.only is not None else "anywhere"
+        gaps = [f"{p.name}=={p.version}" + (f" ({'; '.join(why[p.name])})" if p.name in why else "")
+                for p in missing]
+        raise ArtifactsMissing(f"no wheel {where} for {len(missing)} package(s): " + ", ".join(gaps),
+                               hint="pass --wheelhouse DIR with them, or run where the locked environment "
+                                    "is installed (--python), to rebuild them from its files")
+    return Collected(tuple(sorted(rows, key=lambda r: r.name)),
+                     tuple(f"{p.name}=={p.version}" for p in left if p.name in TOOLING))
+
+
+def _rebuild(lock: Lock, pkgs: list[Package], dest: Path, python: str | None, rows: list[WheelRow],
+             why: dict[str, list[str]], say: Callable[[str], None]) -> list[Package]:
+    """Wheels rebuilt from the installed files of the lock's environment (``rebuild``), each
+    proven by ``record_sha256`` and its modes; the packages still without one remain."""
+    from envlock._target import for_lock
+    from envlock.export.rebuild import find_dist_info, rebuild, site_dirs
+
+    target = for_lock(python, lock.python.prefix)
+    dirs = site_dirs(target.python)
+    found = [(pkg, find_dist_info(dirs, pkg.name, pkg.version)) for pkg in pkgs]
+    if any(dist_info is not None for _, dist_info in found):
+        say(f"rebuilding wheels from the installed files of {target.describe()}"
+            + (f" ({target.warning})" if target.warning else ""))
+    left = []
+    for pkg, dist_info in found:
+        if dist_info is None:
+            why.setdefault(pkg.name, []).append(f"not installed in the environment {target.describe()}"
+                                                + (f"; {target.warning}" if target.warning else ""))
+            left.append(pkg)
+            continue
+        try:
+            built = rebuild(pkg, dist_info, dest)
+        except (EnvlockError, OSError) as exc:
+            why.setdefault(pkg.name, []).append(str(exc))
+            left.append(pkg)
+            continue
+        say(f"rebuilt {built.path.name} from the installed files (record_sha256 and modes proven)")
+        _keep(pkg, built.path, "rebuilt", rows)
+    return left
+
+
+def own_row(lock: Lock, dest: Path) -> WheelRow | None:
+    """A wheel of the running envlock when the lock holds envlock (installed from a checkout,
+    editable, a wheel or an index: none of them reachable where the wheels are restored), the
+    wheel ``restore`` builds into the image (``ownwheel``)."""
+    from envlock.restore.ownwheel import OWN_DIST, own_wheel
+
+    if not any(p.name == OWN_DIST for p in lock.packages):
+        return None
+    wheel = own_wheel(dest)
+    return WheelRow(OWN_DIST, wheel.name.split("-")[1], wheel.name, sha256_file(wheel), "envlock")

@@ -26,22 +26,18 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock._expected import TOOLING
-from envlock.errors import ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable, UsageError
+from envlock._files import sha256_file
+from envlock.errors import EnvlockError, NotRestorable, UsageError
 from envlock.export import fetch
-from envlock.export.artifacts import lock_tags
-from envlock.export.bundle import own_row
-from envlock.export.config import read as read_config
 from envlock.export.fetch import WheelRow
-from envlock.lock import Lock, Package
-from envlock.restore import wheelhouse
+from envlock.lock import Lock
+from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
     DEBS,
@@ -93,100 +89,22 @@ class PackResult:
 # -- the wheels ------------------------------------------------------------------------------------
 
 
-def _wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
-    """The packages to find wheels for, and those left out. envlock itself is neither: it is
-    packed as a wheel of the running envlock (``collect_wheels``), as ``restore`` builds it."""
-    from envlock.restore.ownwheel import OWN_DIST
-
-    wanted: list[Package] = []
-    skipped: list[str] = []
-    editable: list[str] = []
-    for pkg in lock.packages:
-        if pkg.name == OWN_DIST:
-            continue
-        if pkg.source == "system" or pkg.installer == "conda":
-            skipped.append(pkg.name)  # the OS package manager (or the image) brings it back
-        elif pkg.source == "editable":
-            (skipped if skip_local else editable).append(pkg.name)
-        else:
-            wanted.append(pkg)
-    if editable:
-        raise NotRestorable("cannot pack editable installs (their files live in a working tree): "
-                            + ", ".join(editable),
-                            hint="install them without -e and capture again, or pass --skip-local")
-    return wanted, skipped
-
-
 def collect_wheels(lock: Lock, dest: Path, options: PackOptions,
                    say: Callable[[str], None]) -> tuple[list[WheelRow], list[str], list[str]]:
-    """Every wanted wheel into ``dest``: (rows, skipped names, notes); raises naming each gap."""
-    wanted, skipped = _wanted(lock, options.skip_local)
-    tags = lock_tags(lock)
-    config = read_config()
-    rows: list[WheelRow] = []
-    why: dict[str, list[str]] = {}
-    notes: list[str] = []
-    left = wanted
-    for origin, directory in fetch.disk_sources(options.wheelhouses, config):
-        if not left:
-            break
-        left = fetch.take(left, directory, origin, tags, dest, rows, why)
-    left = fetch.take_pip_http_cache(left, tags, dest, rows, why)
-    left = fetch.take_uv_cache(left, tags, dest, rows, why)
-    downloadable = [p for p in left if p.source != "local"]
-    if downloadable and options.download:
-        try:
-            fetch.download(lock, downloadable, dest, config=config, index_url=options.index_url,
-                           allow_http=options.allow_http, rows=rows, why=why, say=say)
-        except EnvlockError as exc:
-            notes.append(f"the index could not provide {len(downloadable)} wheel(s): {exc.message}")
-        got = {r.name for r in rows}
-        left = [p for p in left if p.name not in got]
-    if left:
-        left = _rebuild(lock, left, dest, options, rows, why, say)
-    missing = [p for p in left if p.name not in TOOLING]
-    for pkg in left:
-        if pkg.name in TOOLING:
-            notes.append(f"no wheel for {pkg.name}=={pkg.version}; a restore keeps the base's ensurepip copy")
-    if missing:
-        gaps = [f"{p.name}=={p.version}" + (f" ({'; '.join(why[p.name])})" if p.name in why else "")
-                for p in missing]
-        raise ArtifactsMissing(f"no wheel anywhere for {len(missing)} package(s): " + ", ".join(gaps),
-                               hint="pass --wheelhouse DIR with them, or run pack where the locked "
-                                    "environment is installed (--python), to rebuild them from its files")
-    own = own_row(lock, dest)
+    """Every wanted wheel into ``dest`` (``fetch.collect``, bundle's chain with the pack's
+    places): (rows, skipped names, notes); raises naming each gap."""
+    wanted, skipped = fetch.wanted(lock, options.skip_local)
+    places = fetch.Places(wheelhouses=options.wheelhouses, download=options.download,
+                          index_url=options.index_url, allow_http=options.allow_http, python=options.python)
+    got = fetch.collect(lock, wanted, dest, places, say=say)
+    rows = list(got.rows)
+    notes = [f"no wheel for {name}; a restore keeps the base's ensurepip copy" for name in got.missing_tooling]
+    own = fetch.own_row(lock, dest)
     if own is not None:
-        name, version, filename, sha = own
-        rows.append(WheelRow(name, version, filename, sha, "envlock"))
-        notes.append(f"{name}: {filename}, a wheel of the envlock that packs (a restore installs "
+        rows.append(own)
+        notes.append(f"{own.name}: {own.filename}, a wheel of the envlock that packs (a restore installs "
                      "the restoring envlock's own)")
     return sorted(rows, key=lambda r: r.name), skipped, notes
-
-
-def _rebuild(lock: Lock, pkgs: list[Package], dest: Path, options: PackOptions, rows: list[WheelRow],
-             why: dict[str, list[str]], say: Callable[[str], None]) -> list[Package]:
-    from envlock._target import choose
-    from envlock.export.rebuild import find_dist_info, rebuild, site_dirs
-
-    python = choose(options.python).python
-    dirs = site_dirs(python)
-    left = []
-    for pkg in pkgs:
-        dist_info = find_dist_info(dirs, pkg.name, pkg.version)
-        if dist_info is None:
-            why.setdefault(pkg.name, []).append(f"not installed in the environment of {python}")
-            left.append(pkg)
-            continue
-        try:
-            built = rebuild(pkg, dist_info, dest)
-        except (HashMismatch, OSError) as exc:
-            why.setdefault(pkg.name, []).append(str(exc))
-            left.append(pkg)
-            continue
-        say(f"rebuilt {built.path.name} from the installed files (record_sha256 proven)")
-        rows.append(WheelRow(pkg.name, pkg.version, built.path.name, wheelhouse.sha256_file(built.path),
-                             "rebuilt", pkg.source == "local"))
-    return left
 
 
 # -- OS packages ----------------------------------------------------------------------------------
@@ -235,23 +153,27 @@ def save_base(engine: ContainerEngine, lock: Lock, base: str | None, out: Path, 
     engine.save(info.id, out / DOCKER_ARCHIVE)
     notes: list[str] = []
     written = False
-    if oci and shutil.which("skopeo"):
-        with tempfile.TemporaryDirectory(prefix="envlock-skopeo-") as tmp:
-            # A local conversion of a file envlock just wrote: no signature to check.
-            policy = Path(tmp) / "policy.json"
-            policy.write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n', encoding="utf-8")
-            proc = subprocess.run(["skopeo", "--policy", str(policy), "copy", "--quiet",
-                                   f"docker-archive:{out / DOCKER_ARCHIVE}", f"oci-archive:{out / OCI_ARCHIVE}"],
-                                  capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False,
-                                  stdin=subprocess.DEVNULL)
-        written = proc.returncode == 0
+    skopeo = shutil.which("skopeo")
+    if oci and skopeo:
+        code, output = ociarchive.to_oci(skopeo, out / DOCKER_ARCHIVE, out / OCI_ARCHIVE, _run_tool)
+        written = code == 0
         if not written:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            tail = output.strip().splitlines()[-1:] or ["no output"]
             notes.append(f"no OCI archive: skopeo failed ({tail[0]})")
     elif oci:
         notes.append("no OCI archive: skopeo is not installed (the docker-archive loads in Docker and Podman)")
     facts = {"id": info.id, "ref": choice.ref, "display": choice.display, "origin": choice.origin}
     return facts, written, notes
+
+
+def _run_tool(argv: Sequence[str]) -> tuple[int, str]:
+    """(exit status, stderr or else stdout) of a tool that runs on files of the pack."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 1, str(exc)
+    return proc.returncode, proc.stderr or proc.stdout
 
 
 # -- the pack itself ------------------------------------------------------------------------------
@@ -261,7 +183,7 @@ def _sums(root: Path) -> str:
     lines = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != SUMS):
         rel = path.relative_to(root).as_posix()
-        lines.append(f"{wheelhouse.sha256_file(path)[7:]}  {rel}\n")
+        lines.append(f"{sha256_file(path)[7:]}  {rel}\n")
     return "".join(lines)
 
 

@@ -8,42 +8,29 @@ wheel from those files and hashing them afresh gives a wheel whose own RECORD yi
 that equals the lock's value, so an edited file, a missing one or another version never
 enters a pack.
 
-What a wheel installs outside site-packages (scripts, headers, data; ``../`` lines in RECORD)
-is left out, as ``record_sha256`` leaves it out: console scripts come back from
-``entry_points.txt`` when pip installs the wheel.
+The wheel is written by ``restore/wheelfile`` (the one writer: deterministic, deflated, each
+file's executable bit kept). ``record_sha256`` proves the contents; the modes are proven by
+reading the wheel back against the installed files (``wheelfile.mode_differences``). What a
+wheel installs outside site-packages (scripts, headers, data; ``../`` lines in RECORD) is left
+out, as ``record_sha256`` leaves it out: console scripts come back from ``entry_points.txt``
+when pip installs the wheel.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import json
 import os
 import subprocess
-import zipfile
-from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from envlock.errors import EnvlockError, HashMismatch
+from envlock.errors import HashMismatch
 from envlock.lock import Package
+from envlock.restore.wheelfile import Repacked, mode_differences, repack
 from envlock.restore.wheelhouse import wheel_record_sha256
 
-# Written by the installer, not shipped in the wheel (the probe's _NO_HASH_IN_RECORD).
-INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD", "uv_cache.json")
-# A zip entry's date: fixed, so the same files always make the same bytes (zip's epoch, 1980).
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 SITE_TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class Rebuilt:
-    path: Path
-    left_out: tuple[str, ...]  # RECORD entries installed outside site-packages
 
 
 def site_dirs(python: str) -> list[Path]:
@@ -76,62 +63,25 @@ def find_dist_info(dirs: list[Path], name: str, version: str) -> Path | None:
     return None
 
 
-def _b64_sha256(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _wheel_tag(dist_info: Path) -> str:
-    """The first ``Tag`` of the installed WHEEL file (what the original wheel was built for)."""
-    text = (dist_info / "WHEEL").read_text(encoding="utf-8")
-    tags = HeaderParser().parsestr(text).get_all("Tag") or []
-    if not tags:
-        raise EnvlockError(f"{dist_info}/WHEEL names no tag")
-    return str(tags[0]).strip()
-
-
-def rebuild(pkg: Package, dist_info: Path, dest: Path) -> Rebuilt:
+def rebuild(pkg: Package, dist_info: Path, dest: Path) -> Repacked:
     """Write ``pkg``'s wheel into ``dest`` from its installed files; raise ``HashMismatch`` when
-    the result is not the lock's build (a file edited, missing, or another build)."""
-    site = dist_info.parent
-    with open(dist_info / "RECORD", newline="", encoding="utf-8") as fh:
-        rows = [row for row in csv.reader(fh) if row]
-    members: list[tuple[str, bytes]] = []
-    left_out: list[str] = []
-    for row in rows:
-        rel = row[0]
-        if rel.startswith("../") or rel.startswith("/") or "/../" in rel:
-            left_out.append(rel)
-            continue
-        if len(row) < 2 or not row[1]:
-            continue  # bytecode pip compiled at install, RECORD itself: not the wheel's
-        top, _, leaf = rel.partition("/")
-        if top == dist_info.name and leaf in INSTALLER_FILES:
-            continue
-        try:
-            members.append((rel, (site / rel).read_bytes()))
-        except OSError as exc:
-            raise HashMismatch(f"{pkg.name} {pkg.version}: installed file {rel} cannot be read "
-                               f"({exc.strerror or exc}); no wheel can be rebuilt") from None
-    record = io.StringIO()
-    writer = csv.writer(record, lineterminator="\n")
-    for rel, data in sorted(members):
-        writer.writerow([rel, _b64_sha256(data), str(len(data))])
-    writer.writerow([f"{dist_info.name}/RECORD", "", ""])
-    dist = dist_info.name[: -len(".dist-info")].rpartition("-")[0]
-    path = dest / f"{dist}-{pkg.version}-{_wheel_tag(dist_info)}.whl"
-    tmp = dest / f".{path.name}.{os.getpid()}.tmp"
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        # dist-info last, as wheels are written (installers read it from the end).
-        for rel, data in sorted(members, key=lambda m: (m[0].startswith(dist_info.name + "/"), m[0])):
-            zf.writestr(zipfile.ZipInfo(rel, _ZIP_DATE), data)
-        zf.writestr(zipfile.ZipInfo(f"{dist_info.name}/RECORD", _ZIP_DATE), record.getvalue())
-    built = wheel_record_sha256(tmp)
-    if not pkg.record_sha256 or built != pkg.record_sha256:
-        tmp.unlink()
-        why = ("the lock records no record_sha256 to prove it against" if not pkg.record_sha256
-               else f"its files give record_sha256 {built[:12]}..., the lock {pkg.record_sha256[:12]}...")
-        raise HashMismatch(f"{pkg.name} {pkg.version}: the installed files are not the lock's build ({why})",
-                           hint="restore the environment the lock was captured from, or provide its wheel "
-                                "with --wheelhouse")
-    os.replace(tmp, path)
-    return Rebuilt(path, tuple(left_out))
+    the result is not the lock's build (a file edited, missing, or another build) or does not
+    carry the installed files' modes."""
+    try:
+        built = repack(dist_info, dest)
+    except HashMismatch as exc:
+        raise HashMismatch(f"{pkg.name} {pkg.version}: {exc.message}") from None
+    digest = wheel_record_sha256(built.path)
+    modes = mode_differences(built.path, dist_info.parent)
+    if pkg.record_sha256 and digest == pkg.record_sha256 and not modes:
+        return built
+    built.path.unlink()
+    if modes:
+        raise HashMismatch(f"{pkg.name} {pkg.version}: the rebuilt wheel's file modes are not the installed "
+                           f"files' ({', '.join(modes[:3])}{', ...' if len(modes) > 3 else ''})",
+                           hint="an installed file changed while it was read; pack again")
+    why = ("the lock records no record_sha256 to prove it against" if not pkg.record_sha256
+           else f"its files give record_sha256 {digest[:12]}..., the lock {pkg.record_sha256[:12]}...")
+    raise HashMismatch(f"{pkg.name} {pkg.version}: the installed files are not the lock's build ({why})",
+                       hint="restore the environment the lock was captured from, or provide its wheel "
+                            "with --wheelhouse")

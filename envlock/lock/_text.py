@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+from envlock import _files
 from envlock.errors import LockInvalid
 
 # One limit for every command that reads a lock, and for capture, which writes none larger.
@@ -24,27 +25,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 def read_text(path: str | os.PathLike[str]) -> str:
     """The text of the lock at ``path``, refused (LockInvalid) when it cannot be a lock."""
-    p = os.fspath(path)
-    try:
-        size = os.stat(p).st_size
-        if size > MAX_LOCK_BYTES:
-            raise LockInvalid(
-                f"{p} is {size / 1e6:.1f} MB; a lock is at most {MAX_LOCK_BYTES // (1 << 20)} MiB"
-            )
-        with open(p, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise LockInvalid(f"{p} not found", hint="create one with `envlock capture`") from None
-    except IsADirectoryError:
-        raise LockInvalid(f"{p} is a directory, not a lock file") from None
-    except PermissionError:
-        raise LockInvalid(f"{p} cannot be read: permission denied") from None
-    if b"\0" in raw[:8192]:
-        raise LockInvalid(f"{p} is a binary file, not an env.lock")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LockInvalid(f"{p} is not UTF-8 text (byte {exc.start})") from None
+    return _files.read_text(path, limit=MAX_LOCK_BYTES, what="a lock", error=LockInvalid,
+                            missing_hint="create one with `envlock capture`")
 
 
 def parse_toml(text: str, name: str) -> dict[str, Any]:

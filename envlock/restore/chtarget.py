@@ -49,7 +49,7 @@ from envlock.errors import (
     UnsafeValue,
     UsageError,
 )
-from envlock.restore import values
+from envlock.restore import ociarchive, values
 from envlock.restore.context import WHEELS_IN_IMAGE
 from envlock.restore.dockerfile import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
@@ -222,7 +222,7 @@ def extract_oci(archive: Path, layout: Path) -> list[str]:
 def rootfs_digest(path: Path) -> str:
     """``sha256:`` of a rootfs tarball's bytes, or of a directory's tree (names, modes, link
     targets and contents): the name its import is known by, bound to its content."""
-    from envlock.restore.wheelhouse import sha256_file
+    from envlock._files import sha256_file
 
     if path.is_file():
         return sha256_file(path)
@@ -350,14 +350,16 @@ class CharliecloudEngine(ContainerEngine):
                                     "convert its docker-archive, is not installed",
                                     hint="install skopeo (apt-get install skopeo), or pass --base ROOTFS.tar|DIR")
         out = Path(tempfile.mkdtemp(prefix="envlock-oci-", dir=work))
-        policy = out / "policy.json"
-        policy.write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n', encoding="utf-8")
-        done = self.runner([skopeo, "--policy", str(policy), "copy", "--quiet", f"docker-archive:{archive}",
-                            f"oci-archive:{out / 'base.oci.tar'}"], self.env, None)
-        if done.returncode != 0:
+
+        def run(argv: Sequence[str]) -> tuple[int, str]:
+            done = self.runner(argv, self.env, None)
+            return done.returncode, done.output
+
+        code, output = ociarchive.to_oci(skopeo, archive, out / "base.oci.tar", run)
+        if code != 0:
             shutil.rmtree(out, ignore_errors=True)
-            raise BuildFailed(f"skopeo could not convert {archive.name} (exit {done.returncode})",
-                              log_tail=_tail(done))
+            raise BuildFailed(f"skopeo could not convert {archive.name} (exit {code})",
+                              log_tail=_tail(Completed(code, output)))
         return out / "base.oci.tar"
 
     def import_oci(self, archive: Path, name: str, work: Path) -> None:

@@ -19,11 +19,12 @@ from typing import Literal
 from packaging.utils import canonicalize_name
 
 from envlock._expected import TOOLING, Restored
+from envlock._files import sha256_file
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.rules import NUMERICS_ENV
 from envlock.restore import ospackages, values
-from envlock.restore.ownwheel import OWN_DIST, file_sha256
+from envlock.restore.ownwheel import OWN_DIST
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
 
@@ -343,7 +344,7 @@ def _own_requirement(pkg: Package, wheel: Path, notes: list[str]) -> Requirement
                      f"gets {version} (verification reports the difference)")
     notes.append(f"{OWN_DIST} {version}: installed from a wheel of the envlock that restores "
                  f"({pkg.source} in the lock)")
-    return Requirement(OWN_DIST, version, f"{OWN_DIST}=={version}", (f"sha256:{file_sha256(wheel)}",))
+    return Requirement(OWN_DIST, version, f"{OWN_DIST}=={version}", (sha256_file(wheel),))
 
 
 def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool,

@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from envlock._expected import RESTORED_FILE
+from envlock._files import sha256_file
 from envlock._version import __version__
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Layer, Plan
-from envlock.restore.wheelhouse import sha256_file
 
 REQ_DIR_IN_IMAGE = "/usr/local/share/envlock-restore"
 RESTORED_NAME = "restored.json"

@@ -102,7 +102,7 @@ def _extract(archive: Path, into: Path) -> Path:
 
 def check_sums(root: Path) -> None:
     """Every file listed in SHA256SUMS is there with that digest; raises naming each bad one."""
-    from envlock.restore.wheelhouse import sha256_file
+    from envlock._files import sha256_file
 
     sums = root / SUMS
     if not sums.is_file():

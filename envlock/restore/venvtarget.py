@@ -3,8 +3,9 @@
 For a cluster's login node or a shared filesystem, where there is no container engine. The
 plan is the container restore's (``context.plan``: the same layers, requirement files, hash
 checks and refusals), installed with this host's interpreter of the lock's Python version into
-a new venv with ``--no-index --find-links`` from the pack or wheelhouse, then verified in place
-with the same judgement as the check inside a restored image. The host's OS packages, kernel
+a new venv with ``--no-index --find-links`` from the pack or wheelhouse and none of the host
+installers' configuration (``installer_env``), then verified in place with the same judgement
+as the check inside a restored image. The host's OS packages, kernel
 and CPU are the host's: the comparison reports them, as any ``verify`` on another machine does.
 """
 
@@ -15,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,17 +81,34 @@ def host_python(lock: Lock, python: str | None) -> str:
 
 
 def _installer(python: str) -> tuple[list[str], str]:
-    """uv when it is on PATH (much faster at unpacking large wheels), pip otherwise."""
+    """uv when it is on PATH (much faster at unpacking large wheels), pip otherwise; uv with
+    ``--no-config`` as in an image build (its files), ``installer_env`` for the rest."""
     uv = shutil.which("uv")
     if uv:
-        return [uv, "pip", "install", "--python", python, "--no-deps", "--no-index"], "uv"
+        return [uv, "pip", "install", "--no-config", "--python", python, "--no-deps", "--no-index"], "uv"
     return [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-cache-dir",
             "--disable-pip-version-check", "--no-input"], "pip"
 
 
+# Where uv keeps its cache says nothing about what it installs; a login node whose home is
+# read-only needs it kept.
+_KEPT = ("UV_CACHE_DIR",)
+
+
+def installer_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment pip and uv install the checked wheels in: none of the installers' own
+    configuration. Every ``PIP_*`` and ``UV_*`` variable is left out (find-links, indexes,
+    constraints, binary or source preferences: each could bring a file envlock did not check),
+    and pip reads no configuration file (``PIP_CONFIG_FILE`` set to the null device skips them
+    all; uv gets ``--no-config``). The wheels come from the pack or ``--wheelhouse`` alone, as in
+    an image built from the same plan."""
+    env = {k: v for k, v in environ.items() if not k.startswith(("PIP_", "UV_")) or k in _KEPT}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_WARN_SCRIPT_LOCATION="1")
+    return env
+
+
 def _run(argv: list[str], what: str) -> None:
-    env = {**os.environ, "PIP_NO_WARN_SCRIPT_LOCATION": "1"}
-    env.pop("PIP_FIND_LINKS", None)  # only the pack's wheels
+    env = installer_env(os.environ)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False,
                               stdin=subprocess.DEVNULL, env=env)

@@ -24,6 +24,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from envlock._files import file_digest
 from envlock.errors import BadWheel, HashMismatch, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.packages import record_digest
@@ -74,14 +75,6 @@ def _check_inside(path: Path, root: Path) -> None:
         raise UsageError(f"wheelhouse entry {path} is a symbolic link to {real}, outside the "
                          "wheelhouse (or not a file)",
                          hint="envlock never follows links out of a wheelhouse; copy the wheel in")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 def select(directory: Path, packages: Iterable[Package]) -> dict[str, tuple[Path, ...]]:
@@ -173,14 +166,7 @@ def file_matches(path: Path, allowed: Iterable[str]) -> bool:
     for entry in allowed:
         algo, _, hexdigest = entry.partition(":")
         by_algo.setdefault(algo, set()).add(hexdigest)
-    for algo, digests in by_algo.items():
-        h = hashlib.new(algo)
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        if h.hexdigest() in digests:
-            return True
-    return False
+    return any(file_digest(path, algo).hexdigest in digests for algo, digests in by_algo.items())
 
 
 MAX_RECORD_BYTES = 64 << 20
