@@ -3,8 +3,9 @@
 A record sits beside the lock it was made under (``envlock run env.lock --record run.record``)
 and holds, in TOML:
 
-* ``[record]``: the command, its exit code, where it ran, the lock's file name and fingerprint,
-  and the seal (``integrity``: sha256 of the canonical JSON of everything else, as a lock's);
+* ``[record]``: the command, the program its first word ran (on the host), its exit code, where
+  it ran, the lock's file name and fingerprint, and the seal (``integrity``: sha256 of the
+  canonical JSON of everything else, as a lock's);
 * ``[context]``: the facts of the recording process that can change numbers (CPU capability,
   GPU model, thread counts, world size, determinism flags, BLAS, numerics variables), flat
   ``table.field`` keys read from the process's own capture, so that a replay that diverges can
@@ -17,7 +18,8 @@ and holds, in TOML:
   revisions.
 
 The models are strict and frozen like the lock's; a record is read by one function (``load``),
-which checks the seal.
+which checks the seal. A field added later is optional and left out when empty, so a record
+written before it keeps its seal and reads as it did.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class Meta(_Model):
     created_at: datetime
     where: Literal["container", "host"]
     command: list[Text]
+    # The absolute path the command's first word ran (a bare name as found on PATH, symlinks
+    # kept: a venv's bin/python is that venv). Host records only: in an image it is the image's.
+    program: Text | None = None
     exit_code: int
     lock: Text | None = None
     lock_fingerprint: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None

@@ -12,10 +12,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from envlock.commands._output import err, out
-from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
+from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from envlock._recordcmp import ReplayComparison
 
 JOURNAL = "journal.jsonl"
 
@@ -64,18 +67,19 @@ def journal_dir() -> Iterator[Path]:
 def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
-           as_json: bool = False) -> int:
+           as_json: bool = False, program: str | None = None,
+           stderr_tail: Sequence[str] = ()) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
-    original (a replay: 0 reproduced, 1 diverged)."""
+    original (a replay: ``verdict``'s exit code)."""
     from envlock._replay import make_record, read_inputs
-    from envlock._replay_report import replay_text
 
     if p.original is None:
         assert p.record_path is not None
         name = (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name)
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
+                          program=program)
         rec.save(p.record_path)
         err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
             f"{len(rec.inputs)} inputs in {p.record_path}\n")
@@ -83,10 +87,23 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
     from envlock._recordcmp import Tolerance, compare_records
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                         outputs=p.outputs, inputs=(), lock=lock)
+                         outputs=p.outputs, inputs=(), lock=lock, program=program)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
+    return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
+
+
+def verdict(cmp: ReplayComparison, original: str, *, as_json: bool, stderr_tail: Sequence[str] = ()) -> int:
+    """Print a comparison; its exit code: 0 reproduced, 1 diverged or an input drifted, 3 the
+    command failed before it recorded a step (it did not run as recorded, which is the
+    environment's: a missing module, another interpreter)."""
+    from envlock._replay_report import replay_text
+
     if as_json:
-        out(json.dumps(cmp.to_dict(), indent=2) + "\n")
+        doc = cmp.to_dict()
+        doc["stderr_tail"] = list(stderr_tail) if cmp.failed is not None else []
+        out(json.dumps(doc, indent=2) + "\n")
     else:
-        out(replay_text(cmp, str(p.record_path or "the record")))
+        out(replay_text(cmp, original, stderr_tail))
+    if cmp.failed is not None:
+        return EXIT_ENV
     return EXIT_OK if cmp.same else EXIT_DRIFT

@@ -60,18 +60,20 @@ def run(args: argparse.Namespace) -> int:
                                 os_packages_restored=result.plan.os_packages_restored)
         from dataclasses import replace
 
+        from envlock._textsafe import Tail
         from envlock.commands._recording import JOURNAL, finish, journal_dir
         from envlock.runtime.recorder import RECORD_ENV
 
         with journal_dir() as journal:
             inner = "/envlock-record"
             ropts = replace(opts, env={**opts.env, RECORD_ENV: f"{inner}/{JOURNAL}"},
-                            mounts=[(str(journal), inner, False)])
+                            mounts=[(str(journal), inner, False)], stderr_tail=Tail())
             code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
                                 os_packages_restored=result.plan.os_packages_restored)
             return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
                           where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
-                          lock_path=args.lock, tolerance=(args.rtol, args.atol))
+                          lock_path=args.lock, tolerance=(args.rtol, args.atol),
+                          stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:
