@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from envlock._record import Input, Meta, Output, Record, Step
+from envlock._record import Input, Meta, Output, Record, RestoreOptions, Step
 from envlock._recordcmp import ReplayComparison, context_of, input_drift
 from envlock._textsafe import safe
 from envlock._version import __version__
@@ -178,7 +178,8 @@ def check_program(original: Record, command: Sequence[str], cwd: Path, lock: Any
 
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
-                lock: Any = None, lock_name: str | None = None, program: str | None = None) -> Record:
+                lock: Any = None, lock_name: str | None = None, program: str | None = None,
+                restore: RestoreOptions | None = None) -> Record:
     steps, context = read_journal(journal)
     if not context and lock is not None:
         context = lock_context(lock)
@@ -190,7 +191,8 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
                 where=where, command=list(command), program=program, exit_code=exit_code, lock=lock_name,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
-        return Record(record=meta, context=context, steps=steps, outputs=outputs_of(outputs, base),
+        return Record(record=meta, restore=restore, context=context, steps=steps,
+                      outputs=outputs_of(outputs, base),
                       inputs=[v for v in found.values() if isinstance(v, Input)])
     except ValidationError as exc:
         raise LockInvalid(f"the run's record cannot be written: {str(exc).splitlines()[0]}") from None

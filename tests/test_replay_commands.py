@@ -2,7 +2,8 @@
 processes: a command that cannot run as recorded (another ``python`` on PATH, a missing module)
 is named as such, never as a numeric divergence; a signal's exit code is the same in the record
 and its replay; tolerances are finite numbers; ``--against`` compares what the two runs read;
-a record written before these additions still reads and replays."""
+a container record keeps the restore options its replay reuses; a record written before these
+additions still reads and replays."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from helpers import LockFactory
 from test_replay_record import hf_repo, meta, rec  # noqa: F401 - hf_repo: the project fixture's
 
 from envlock._compare import compare
-from envlock._record import load
+from envlock._record import Record, load
 from envlock.commands import main
 from envlock.lock import save
 from envlock.restore import endpoint
@@ -218,16 +219,16 @@ def test_twin_against_with_the_same_inputs_is_ok(project: Path, capsys: pytest.C
 
 
 def test_a_record_of_the_first_format_reads_and_replays(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Written by envlock before ``program`` and the python context keys."""
+    """Written by envlock before ``program``, ``[restore]`` and the python context keys."""
     old = project / "old.record"
     old.write_bytes((FIXTURES / "replay-record-v1" / "run.record").read_bytes())
     r = load(old)
-    assert r.record.program is None
+    assert r.record.program is None and r.restore is None
     assert main(["replay", "old.record"]) == 0
     assert "OK: the replay reproduced old.record" in capsys.readouterr().out
 
 
-# -- a command that fails in the image ----------------------------------------------------------
+# -- run --record keeps the restore options, run --replay reuses them ----------------------------
 
 
 @pytest.fixture
@@ -263,6 +264,51 @@ def fake_run(restore_lock: LockFactory, project: Path, monkeypatch: pytest.Monke
     return seen
 
 
+def test_run_replay_reuses_the_restore_options_of_run_record(
+        fake_run: list[Any], project: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "wheels").mkdir()
+    (project / "runs").mkdir()
+    token = "hunter2hunter2hunter2"
+    assert main(["run", "env.lock", "--base", "python:3.12-slim", "--allow-unpinned-base",
+                 "--wheelhouse", "wheels", "--name", "exp1", "--index-url",
+                 f"https://me:{token}@index.example/simple", "--record", "runs/r.record",
+                 "--", "python", "train.py"]) == 0
+    text = (project / "runs" / "r.record").read_text()
+    assert token not in text and "index.example" not in text
+    kept = load(project / "runs" / "r.record").restore
+    assert kept is not None
+    assert (kept.base, kept.allow_unpinned_base, kept.wheelhouse, kept.name, kept.withheld) == (
+        "python:3.12-slim", True, "../wheels", "exp1", ["index_url"])
+    assert kept.index_url is None and kept.skip_local is None
+    assert "--index-url held a credential and is not kept in runs/r.record" in capsys.readouterr().err
+
+    # The withheld option must be given again; the others are reused and named in one line.
+    assert main(["run", "env.lock", "--replay", "runs/r.record"]) == 2
+    assert "runs/r.record was recorded with --index-url, which held a credential" in capsys.readouterr().err
+    (project / "elsewhere").mkdir()
+    monkeypatch.chdir(project / "elsewhere")
+    assert main(["run", "../env.lock", "--name", "exp2", "--index-url", "https://index.example/simple",
+                 "--replay", "../runs/r.record"]) == 0
+    args, options = fake_run[-1]
+    assert (options.base, options.allow_unpinned_base, options.wheelhouse, args.name) == (
+        "python:3.12-slim", True, project / "wheels", "exp2")
+    assert options.index_url == "https://index.example/simple"
+    err = capsys.readouterr().err
+    assert (f"envlock: reusing the restore options ../runs/r.record was recorded with: --base "
+            f"python:3.12-slim --allow-unpinned-base --wheelhouse {project / 'wheels'}\n") in err
+
+
+def test_twin_a_record_of_a_run_without_restore_options_keeps_none(
+        fake_run: list[Any], project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "env.lock", "--record", "r.record", "--", "python", "train.py"]) == 0
+    assert load(project / "r.record").restore is None
+    assert main(["run", "env.lock", "--replay", "r.record"]) == 0
+    assert "reusing" not in capsys.readouterr().err
+    args, options = fake_run[-1]
+    assert options.base is None and options.wheelhouse is None and args.name is None
+
+
 def test_a_failed_command_in_the_image_is_a_failed_command(
         fake_run: list[Any], project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     command = fake_run[0]
@@ -274,3 +320,17 @@ def test_a_failed_command_in_the_image_is_a_failed_command(
     assert out == ("FAILED: the replayed command exited with 1 before it recorded a step; nothing was "
                    "compared with r.record\n  the last lines of its stderr:\n    | Traceback\n"
                    "    | ModuleNotFoundError: No module named 'torch'\n")
+
+
+def test_the_restore_options_round_trip_and_an_edit_is_tampering(tmp_path: Path) -> None:
+    from envlock._record import RestoreOptions, seal
+
+    r = seal(Record(record=meta(where="container"), restore=RestoreOptions(base="b", skip_local=True)))
+    r.save(tmp_path / "r.record")
+    assert load(tmp_path / "r.record") == r
+    path = tmp_path / "r.record"
+    path.write_text(path.read_text().replace('base = "b"', 'base = "c"'))
+    from envlock.errors import LockTampered
+
+    with pytest.raises(LockTampered):
+        load(path)

@@ -1,5 +1,6 @@
 """What ``run --record/--replay``, ``record`` and ``replay`` share: the journal the command
-writes through ``ENVLOCK_RECORD``, and turning it into a record or a verdict afterwards."""
+writes through ``ENVLOCK_RECORD``, turning it into a record or a verdict afterwards, and the
+restore options a container record keeps for its replay."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from envlock.commands._output import err, out
+from envlock.commands._output import err, out, say
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
+    from envlock._record import Record, RestoreOption, RestoreOptions
     from envlock._recordcmp import ReplayComparison
 
 JOURNAL = "journal.jsonl"
@@ -67,7 +69,7 @@ def journal_dir() -> Iterator[Path]:
 def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
-           as_json: bool = False, program: str | None = None,
+           as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
            stderr_tail: Sequence[str] = ()) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
     original (a replay: ``verdict``'s exit code)."""
@@ -79,7 +81,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
-                          program=program)
+                          program=program, restore=restore)
         rec.save(p.record_path)
         err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
             f"{len(rec.inputs)} inputs in {p.record_path}\n")
@@ -107,3 +109,80 @@ def verdict(cmp: ReplayComparison, original: str, *, as_json: bool, stderr_tail:
     if cmp.failed is not None:
         return EXIT_ENV
     return EXIT_OK if cmp.same else EXIT_DRIFT
+
+
+# -- the restore options of a container record ---------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _restore_option_names() -> tuple[RestoreOption, ...]:
+    from envlock._record import RestoreOption
+
+    return get_args(RestoreOption)
+
+
+def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreOptions | None:
+    """The restore options this ``run --record`` was given, as its record keeps them: a
+    wheelhouse relative to the record (as its lock), and a value the lock's scrubbing rules
+    would change (an index URL with a credential) left out and named as withheld, with a note
+    now. Checked before the command runs, so that the record can be written after it."""
+    from pydantic import ValidationError
+
+    from envlock._record import RestoreOptions
+    from envlock.probe.scrub import scrub_string, secret_values, strip_index_url
+
+    kept: dict[str, Any] = {}
+    withheld: list[RestoreOption] = []
+    secrets = secret_values()
+    for name in _restore_option_names():
+        value = getattr(args, name, None)
+        if value is None or value is False:
+            continue
+        if isinstance(value, str):
+            clean = scrub_string(strip_index_url(value) if name == "index_url" else value, secrets)
+            if clean != value:
+                withheld.append(name)
+                continue
+            if name == "wheelhouse":
+                value = os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path)))
+        kept[name] = value
+    if withheld:
+        say(f"{', '.join(map(_flag, withheld))} held a credential and is not kept in {record_path}: "
+            "give it again to `run --replay`")
+    if not kept and not withheld:
+        return None
+    try:
+        return RestoreOptions(**kept, withheld=withheld or None)
+    except ValidationError as exc:
+        where = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        raise UsageError(f"{_flag(where)}: a replay record cannot keep this value "
+                         f"({exc.errors()[0]['msg']})") from None
+
+
+def reuse_restore_options(args: argparse.Namespace, original: Record, record_path: str) -> None:
+    """The restore options ``original`` was recorded with, for each one not given now, set on
+    ``args`` and named in one line; a withheld one (a credential) must be given again."""
+    from envlock._textsafe import safe
+
+    kept = original.restore
+    if kept is None:
+        return
+    missing = [n for n in kept.withheld or () if getattr(args, n, None) in (None, False)]
+    if missing:
+        flags = ", ".join(map(_flag, missing))
+        raise UsageError(f"{record_path} was recorded with {flags}, which held a credential and "
+                         "is not kept in the record", hint=f"give {flags} again with --replay")
+    reused: list[str] = []
+    for name in _restore_option_names():
+        value = getattr(kept, name)
+        if value is None or getattr(args, name, None) not in (None, False):
+            continue
+        if name == "wheelhouse":
+            value = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(record_path)), value))
+        setattr(args, name, value)
+        reused.append(_flag(name) if value is True else f"{_flag(name)} {value}")
+    if reused:
+        say(safe(f"reusing the restore options {record_path} was recorded with: {' '.join(reused)}"))

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if original.record.where == "container":
         lock = original.record.lock or "env.lock"
         raise UsageError(f"{args.rec} was recorded in the lock's image",
-                         hint=f"replay it there: envlock run {lock} --replay {args.rec} [--base ... --wheelhouse ...]")
+                         hint=f"replay it there: envlock run {lock} --replay {args.rec}")
     command = command or list(original.record.command)
     lock = None
     if original.record.lock:

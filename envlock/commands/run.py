@@ -22,13 +22,18 @@ def run(args: argparse.Namespace) -> int:
     if args.record and args.replay:
         raise UsageError("--record and --replay: give one (a replay compares with the record it reads)")
     recording = None
+    kept = None
     if args.record or args.replay:
-        from envlock.commands._recording import plan
+        from envlock.commands._recording import kept_restore_options, plan, reuse_restore_options
 
         recording = plan(args, replay_path=args.replay,
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd())
-        if not command and recording.original is not None:
-            command = list(recording.original.record.command)
+        if recording.original is not None:
+            reuse_restore_options(args, recording.original, args.replay)
+            if not command:
+                command = list(recording.original.record.command)
+        else:
+            kept = kept_restore_options(args, args.record)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                 os_packages_restored=result.plan.os_packages_restored)
             return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
                           where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
-                          lock_path=args.lock, tolerance=(args.rtol, args.atol),
+                          lock_path=args.lock, tolerance=(args.rtol, args.atol), restore=kept,
                           stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
 
 
