@@ -3,8 +3,10 @@
 A record sits beside the lock it was made under (``envlock run env.lock --record run.record``)
 and holds, in TOML:
 
-* ``[record]``: the command, its exit code, where it ran, the lock's file name and fingerprint,
-  and the seal (``integrity``: sha256 of the canonical JSON of everything else, as a lock's);
+* ``[record]``: the command, the program its first word ran (on the host), its exit code, where
+  it ran, the lock's file name and fingerprint, and the seal (``integrity``: sha256 of the
+  canonical JSON of everything else, as a lock's);
+* ``[restore]``: the restore options ``run --record`` was given, which ``run --replay`` reuses;
 * ``[context]``: the facts of the recording process that can change numbers (CPU capability,
   GPU model, thread counts, world size, determinism flags, BLAS, numerics variables), flat
   ``table.field`` keys read from the process's own capture, so that a replay that diverges can
@@ -17,7 +19,8 @@ and holds, in TOML:
   revisions.
 
 The models are strict and frozen like the lock's; a record is read by one function (``load``),
-which checks the seal.
+which checks the seal. A field added later is optional and left out when empty, so a record
+written before it keeps its seal and reads as it did.
 """
 
 from __future__ import annotations
@@ -109,14 +112,42 @@ class Meta(_Model):
     created_at: datetime
     where: Literal["container", "host"]
     command: list[Word]
+    # The absolute path the command's first word ran (a bare name as found on PATH, symlinks
+    # kept: a venv's bin/python is that venv). Host records only: in an image it is the image's.
+    program: Text | None = None
     exit_code: int
     lock: Text | None = None
     lock_fingerprint: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     integrity: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
 
 
+# The options of ``run`` that choose the image a record's command ran in, by their ``dest``.
+RestoreOption = Literal["base", "allow_unpinned_base", "skip_local", "wheelhouse", "index_url",
+                        "allow_http", "venv", "python", "engine", "name"]
+
+
+class RestoreOptions(_Model):
+    """The restore options ``run --record`` was given (those not given are absent), reused by
+    ``run --replay`` unless given again. ``wheelhouse`` is relative to the record's directory,
+    as ``lock`` is. An option whose value the lock's scrubbing rules would change (a credential
+    in an index URL) is not kept: it is named in ``withheld``, and a replay must be given it."""
+
+    base: Text | None = None
+    allow_unpinned_base: bool | None = None
+    skip_local: bool | None = None
+    wheelhouse: Text | None = None
+    index_url: Text | None = None
+    allow_http: bool | None = None
+    venv: Text | None = None
+    python: Text | None = None
+    engine: Text | None = None
+    name: Text | None = None
+    withheld: list[RestoreOption] | None = None
+
+
 class Record(_Model):
     record: Meta
+    restore: RestoreOptions | None = None
     context: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")], Scalar] = Field(
         default_factory=dict)
     steps: list[Step] = Field(default_factory=list)
@@ -145,6 +176,9 @@ def dumps(rec: Record) -> str:
     out = ["# envlock replay record: what a run produced and read. Written by envlock; "
            "`envlock run LOCK --replay` re-runs and compares.\n"]
     table(out, "record", form["record"], header=True)
+    if form.get("restore"):
+        table(out, "restore", form["restore"], "the restore options of `run --record`, reused by "
+              "`run --replay` unless given", header=True)
     if form.get("context"):
         table(out, "context", form["context"], "facts of the recording process that can "
               "change numbers", header=True)

@@ -1,5 +1,6 @@
 """Comparing two replay records: the first diverging step, metric or output, the inputs that
-changed, and the facts of the two processes that can explain a divergence.
+changed, and the facts of the two processes that can explain a divergence. A replay whose
+command failed before it recorded anything is a failed command, not a divergence.
 
 Bit-identical by default: two floats are equal when ``float.hex`` is (so ``-0.0`` differs from
 ``0.0``, and NaN equals a NaN), two tensors when their sha256 is. With a tolerance
@@ -19,6 +20,8 @@ from envlock._record import Input, Record, Step, TensorDigest
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
 CONTEXT_PREFIXES = (
+    # Which interpreter and environment the process ran in (sys.executable, sys.prefix).
+    "python.executable", "python.prefix",
     "platform.machine", "platform.cpu_model", "platform.cpu_count",
     "torch.version", "torch.cpu_capability", "torch.cuda", "torch.cudnn", "torch.mkl",
     "torch.mkldnn", "torch.openmp", "torch.build.blas", "torch.build.lapack",
@@ -106,15 +109,20 @@ class InputDrift:
 
 @dataclass(frozen=True)
 class ReplayComparison:
+    """``failed``: the replay's exit code when its command failed before it recorded a step
+    (nothing was compared: there is nothing to compare, and the two processes' facts would
+    explain nothing)."""
+
     divergences: tuple[Divergence, ...] = ()
     inputs: tuple[InputDrift, ...] = ()
     context: tuple[ContextChange, ...] = ()
     steps_compared: int = 0
     tolerance: Tolerance = field(default_factory=Tolerance)
+    failed: int | None = None
 
     @property
     def same(self) -> bool:
-        return not self.divergences and not self.inputs
+        return not self.divergences and not self.inputs and self.failed is None
 
     @property
     def first(self) -> Divergence | None:
@@ -123,6 +131,7 @@ class ReplayComparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "same": self.same,
+            "failed": self.failed,
             "steps_compared": self.steps_compared,
             "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
             "divergences": [vars(d) for d in self.divergences],
@@ -202,7 +211,7 @@ def _outputs(original: Record, replay: Record) -> list[Divergence]:
 
 def input_drift(recorded: Iterable[Input], now: Mapping[str, Input | str]) -> list[InputDrift]:
     """Recorded inputs against the same inputs read now (an ``Input``, or why it could not be
-    read)."""
+    read); one not read now is left out (``--input`` chose others)."""
     out = []
     for rec in recorded:
         cur = now.get(rec.name)
@@ -221,6 +230,25 @@ def input_drift(recorded: Iterable[Input], now: Mapping[str, Input | str]) -> li
     return out
 
 
+def recorded_input_drift(original: Record, other: Record) -> list[InputDrift]:
+    """The inputs two records read, each as it was recorded: changed, or read by one only."""
+    theirs = {i.name: i for i in other.inputs}
+    ours = {i.name for i in original.inputs}
+    out = input_drift(original.inputs, theirs)
+    out += [InputDrift(i.name, "missing", i.sha256 or i.revision or "?", "not recorded")
+            for i in original.inputs if i.name not in theirs]
+    out += [InputDrift(i.name, "added", "not recorded", i.sha256 or i.revision or "?")
+            for i in other.inputs if i.name not in ours]
+    return out
+
+
+def command_failed(original: Record, replay: Record) -> bool:
+    """The replay's command failed before it recorded a step (a missing module, a bad
+    interpreter, a crash at start), where the original did not end the same way."""
+    code = replay.record.exit_code
+    return code != 0 and not replay.steps and code != original.record.exit_code
+
+
 def context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
     keys = sorted(set(original) | set(replay))
     return [ContextChange(k, original.get(k), replay.get(k)) for k in keys
@@ -230,15 +258,18 @@ def context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> l
 def compare_records(original: Record, replay: Record, tol: Tolerance | None = None,
                     inputs_now: Mapping[str, Input | str] | None = None) -> ReplayComparison:
     """The replay against the original: steps first (the first divergence only: everything
-    after it follows from it), then the exit code, then every output."""
+    after it follows from it), then the exit code, then every output. The inputs are the
+    original's read again (``inputs_now``), or without it the two records' own."""
     tol = tol or Tolerance()
+    drift = (input_drift(original.inputs, inputs_now) if inputs_now is not None
+             else recorded_input_drift(original, replay))
+    if command_failed(original, replay):
+        return ReplayComparison(inputs=tuple(drift), tolerance=tol, failed=replay.record.exit_code)
     div = _steps(original.steps, replay.steps, tol)
     if original.record.exit_code != replay.record.exit_code:
         div.append(Divergence("exit code", "the command", str(original.record.exit_code),
                               str(replay.record.exit_code)))
     div += _outputs(original, replay)
-    drift = input_drift(original.inputs, inputs_now if inputs_now is not None
-                        else {i.name: i for i in replay.inputs})
     return ReplayComparison(tuple(div), tuple(drift),
                             tuple(context_changes(original.context, replay.context)),
                             min(len(original.steps), len(replay.steps)), tol)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from envlock._files import FileDigest, file_digest
-from envlock._record import Input, Meta, Output, Record, Step, recorded_command
+from envlock._record import Input, Meta, Output, Record, RestoreOptions, Step, recorded_command
 from envlock._recordcmp import ReplayComparison, context_of, input_drift
+from envlock._textsafe import safe
 from envlock._version import __version__
-from envlock.errors import LockInvalid, UsageError
+from envlock.errors import LockInvalid, OtherProgram, UsageError
 
 # A journal line longer than this is not one step's metrics (the capture line of a big
 # environment is the longest: a few MiB).
@@ -133,9 +135,46 @@ def check_specs(specs: Sequence[str]) -> None:
                 raise UsageError(f"--input: {exc}") from None
 
 
+def resolve_program(word: str, cwd: Path) -> str | None:
+    """The file a command's first word runs, as the child started in ``cwd`` finds it: a word
+    with a slash is a path from ``cwd``, a bare name is looked up on PATH. Absolute, with its
+    symlinks kept (a venv's ``bin/python`` links to the base interpreter, but it is the venv
+    that runs). None: nothing runs by that name."""
+    if os.sep in word:
+        found = os.path.join(cwd, word)
+        return os.path.normpath(found) if os.path.isfile(found) and os.access(found, os.X_OK) else None
+    found_on_path = shutil.which(word)
+    return os.path.abspath(found_on_path) if found_on_path else None
+
+
+def check_program(original: Record, command: Sequence[str], cwd: Path, lock: Any = None,
+                  name: str = "REC") -> None:
+    """Refuse, before anything runs, to replay the recorded command where its first word now
+    runs another program than the record's (``python`` found on another PATH: another
+    interpreter, another environment). The same word given after ``--`` is the same command;
+    another first word (an interpreter's path) is the caller's choice, and a record without
+    ``program`` (older, or made in an image) is not checked. ``lock`` (the record's) and ``name``
+    (the record's path) are for the hint."""
+    recorded = original.record.program
+    if recorded is None or not command or command[0] != original.record.command[0]:
+        return
+    now = resolve_program(command[0], cwd)
+    if now == recorded:
+        return
+    environment = original.context.get("python.prefix")
+    of_lock = lock.python.prefix if lock is not None else None
+    ran = f"{recorded} (Python environment {environment})" if environment else recorded
+    found = f"runs {now}" if now else "is not found"
+    hint = ("activate the environment it ran in" + (f" (the lock's: {of_lock})" if of_lock else "")
+            + f", or give the command to run after --: envlock replay {name} -- {recorded} ...")
+    raise OtherProgram(safe(f"the recorded command's {command[0]!r} {found} here, but the record "
+                            f"ran {ran}: nothing was run"), hint=safe(hint))
+
+
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
-                lock: Any = None, lock_name: str | None = None) -> Record:
+                lock: Any = None, lock_name: str | None = None, program: str | None = None,
+                restore: RestoreOptions | None = None) -> Record:
     steps, context = read_journal(journal)
     if not context and lock is not None:
         context = lock_context(lock)
@@ -144,10 +183,12 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
     if missing:
         raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
-                where=where, command=recorded_command(command), exit_code=exit_code, lock=lock_name,
+                where=where, command=recorded_command(command), program=program, exit_code=exit_code,
+                lock=lock_name,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
-        return Record(record=meta, context=context, steps=steps, outputs=outputs_of(outputs, base),
+        return Record(record=meta, restore=restore, context=context, steps=steps,
+                      outputs=outputs_of(outputs, base),
                       inputs=[v for v in found.values() if isinstance(v, Input)])
     except ValidationError as exc:
         raise LockInvalid(f"the run's record cannot be written: {str(exc).splitlines()[0]}") from None

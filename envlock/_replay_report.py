@@ -1,11 +1,14 @@
 """The text of a replay's verdict: the first divergence, the inputs that changed, and beside
-them the differences between the two processes that can explain a divergence."""
+them the differences between the two processes that can explain a divergence; or, for a
+command that failed before it recorded anything, its exit code and the last lines of its
+stderr."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from envlock._recordcmp import ReplayComparison
+from envlock._recordcmp import InputDrift, ReplayComparison
 from envlock._textsafe import safe
 
 
@@ -20,10 +23,26 @@ def _where(what: str, where: str) -> str:
     return f"{safe(what)} of {safe(where)}" if what == "exit code" else f"{safe(what)} {safe(where)}"
 
 
-def replay_text(cmp: ReplayComparison, original: str) -> str:
+def _drift(d: InputDrift) -> str:
+    """``data content changed: a -> b``; ``data missing: a -> why``; ``x added: ...``."""
+    what = f"{d.what} changed" if d.what in ("content", "revision", "snapshot") else d.what
+    return f"{safe(d.name)} {safe(what)}: {safe(d.original)} -> {safe(d.now)}"
+
+
+def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str] = ()) -> str:
+    """The verdict; ``stderr_tail``: the last lines the replayed command wrote to stderr, shown
+    when it failed."""
     lines: list[str] = []
     tol = cmp.tolerance
     how = "bit-identical" if tol.exact else f"within rtol={tol.rtol!r} atol={tol.atol!r}"
+    if cmp.failed is not None:
+        lines.append(f"FAILED: the replayed command exited with {cmp.failed} before it recorded a "
+                     f"step; nothing was compared with {safe(original)}")
+        if stderr_tail:
+            lines.append("  the last lines of its stderr:")
+            lines += [f"    | {safe(line)}" for line in stderr_tail]
+        lines += [f"  input drift: {_drift(d)}" for d in cmp.inputs]
+        return "\n".join(lines) + "\n"
     if cmp.same:
         lines.append(f"OK: the replay reproduced {safe(original)} ({how}; "
                      f"{cmp.steps_compared} steps compared)")
@@ -37,9 +56,7 @@ def replay_text(cmp: ReplayComparison, original: str) -> str:
             lines.append(f"  also: {_where(d.what, d.where)}: {safe(d.original)} != {safe(d.replay)}")
     else:
         lines.append(f"DRIFT: an input of {safe(original)} changed")
-    for drift in cmp.inputs:
-        lines.append(f"  input drift: {safe(drift.name)} {safe(drift.what)} changed: "
-                     f"{safe(drift.original)} -> {safe(drift.now)}")
+    lines += [f"  input drift: {_drift(d)}" for d in cmp.inputs]
     if cmp.divergences:
         if cmp.context:
             lines.append("  lock differences that can explain it (original -> replay):")
@@ -53,5 +70,4 @@ def replay_text(cmp: ReplayComparison, original: str) -> str:
 def inputs_text(cmp: ReplayComparison, record: str) -> str:
     if not cmp.inputs:
         return f"OK: the inputs of {safe(record)} are unchanged\n"
-    return "".join(f"DRIFT input {safe(d.name)} {safe(d.what)} changed: {safe(d.original)} -> "
-                   f"{safe(d.now)}\n" for d in cmp.inputs)
+    return "".join(f"DRIFT input {_drift(d)}\n" for d in cmp.inputs)

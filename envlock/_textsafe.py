@@ -31,3 +31,26 @@ def safe(value: Any) -> str:
 
 def dash(value: Any) -> str:
     return "-" if value in (None, "", []) else safe(value)
+
+
+class Tail:
+    """The last lines of an output stream fed in chunks as it passes through (a command's
+    stderr), kept to report a command that failed: at most ``keep`` bytes are held, so a
+    chatty training run costs nothing."""
+
+    def __init__(self, lines: int = 20, keep: int = 64 << 10, width: int = 500) -> None:
+        self._lines, self._keep, self._width = lines, keep, width
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > 2 * self._keep:
+            del self._buf[:-self._keep]
+
+    def lines(self) -> list[str]:
+        """The last non-blank lines (a carriage return ends a line, as a progress bar's do),
+        each cut at ``width`` characters; raw text, to be escaped where it is shown."""
+        text = bytes(self._buf[-self._keep:]).decode("utf-8", "replace")
+        rows = [row.rstrip() for row in text.splitlines() if row.strip()]
+        return [row if len(row) <= self._width else row[:self._width] + "…"
+                for row in rows[-self._lines:]]

@@ -91,6 +91,13 @@ class InterpreterNotFound(ProbeFailed):
     does not run (3, like the probe failing: the path may well be right on another machine)."""
 
 
+class OtherProgram(EnvlockError):
+    """A replay's command would run another program than the record's (its first word found
+    elsewhere on PATH: another interpreter, another environment), so nothing ran (3)."""
+
+    exit_code = EXIT_ENV
+
+
 class TorchMissing(EnvlockError):
     """The command needs torch, and the environment has none (3)."""
 

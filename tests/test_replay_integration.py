@@ -92,11 +92,15 @@ def test_record_then_replay_in_the_image(docker_client: Any, base_image: str, wh
     assert record.record.lock == "env.lock"
     capfd.readouterr()
 
+    # The replay reuses the record's --base, --wheelhouse and --name: the same image, no rebuild.
     started = time.perf_counter()
-    assert main(["run", *common, "--replay", rec]) == 0
+    assert main(["run", str(ws / "env.lock"), "--context-dir", str(tmp_path / "work"), "--workspace", str(ws),
+                 "--replay", rec]) == 0
     replayed_s = time.perf_counter() - started
     out, err = capfd.readouterr()
     assert "OK: the replay reproduced" in out and "bit-identical; 16 steps compared" in out, out + err
+    assert (f"reusing the restore options {rec} was recorded with: --base {base_image} --wheelhouse "
+            f"{os.path.abspath(wheelhouse)} --name it-replay-record\n") in err, err
     assert (ws / "env.lock").read_bytes() == lock_bytes
 
     # One numerics change: another thread count (or, on one core, the scalar CPU kernels).

@@ -8,6 +8,7 @@ command that runs, so ``envlock --help`` builds the parser and nothing else.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -208,9 +209,21 @@ def _record_options(g: argparse._ActionsContainer) -> None:
                         "repository in the cache (hf:org/name, hf:datasets/org/name, @ref); repeatable")
 
 
+def _tolerance(text: str) -> float:
+    """A tolerance: a finite number >= 0 (NaN would make every comparison fail or pass, inf
+    every one pass, a negative one none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
 def _tolerance_options(g: argparse._ActionsContainer) -> None:
-    g.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit-identical)")
-    g.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit-identical)")
+    g.add_argument("--rtol", type=_tolerance, default=0.0, help="relative tolerance (default 0: bit-identical)")
+    g.add_argument("--atol", type=_tolerance, default=0.0, help="absolute tolerance (default 0: bit-identical)")
 
 
 def _build_options(p: argparse.ArgumentParser, *, lock: bool = True) -> None:

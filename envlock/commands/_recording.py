@@ -1,5 +1,6 @@
 """What ``run --record/--replay``, ``record`` and ``replay`` share: the journal the command
-writes through ``ENVLOCK_RECORD``, and turning it into a record or a verdict afterwards."""
+writes through ``ENVLOCK_RECORD``, turning it into a record or a verdict afterwards, and the
+restore options a container record keeps for its replay."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from envlock.commands._output import err, out
-from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
+from envlock.commands._output import err, out, say
+from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from envlock._record import Record, RestoreOption, RestoreOptions
+    from envlock._recordcmp import ReplayComparison
 
 JOURNAL = "journal.jsonl"
 
@@ -40,8 +45,6 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
     from envlock._record import check_declared, check_target, load, recorded_command
     from envlock._replay import check_specs
 
-    if getattr(args, "rtol", 0.0) < 0 or getattr(args, "atol", 0.0) < 0:
-        raise UsageError("--rtol and --atol must be >= 0")
     original = load(replay_path) if replay_path else None
     outputs = list(args.output or ([o.path for o in original.outputs] if original else []))
     inputs = list(args.input or ([i.name for i in original.inputs] if original else []))
@@ -73,18 +76,19 @@ def journal_dir() -> Iterator[Path]:
 def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
-           as_json: bool = False) -> int:
+           as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
+           stderr_tail: Sequence[str] = ()) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
-    original (a replay: 0 reproduced, 1 diverged)."""
+    original (a replay: ``verdict``'s exit code)."""
     from envlock._replay import make_record, read_inputs
-    from envlock._replay_report import replay_text
 
     if p.original is None:
         assert p.record_path is not None
         name = (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name)
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
+                          program=program, restore=restore)
         rec.save(p.record_path)
         err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
             f"{len(rec.inputs)} inputs in {p.record_path}\n")
@@ -92,10 +96,100 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
     from envlock._recordcmp import Tolerance, compare_records
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                         outputs=p.outputs, inputs=(), lock=lock)
+                         outputs=p.outputs, inputs=(), lock=lock, program=program)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
+    return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
+
+
+def verdict(cmp: ReplayComparison, original: str, *, as_json: bool, stderr_tail: Sequence[str] = ()) -> int:
+    """Print a comparison; its exit code: 0 reproduced, 1 diverged or an input drifted, 3 the
+    command failed before it recorded a step (it did not run as recorded, which is the
+    environment's: a missing module, another interpreter)."""
+    from envlock._replay_report import replay_text
+
     if as_json:
-        out(json.dumps(cmp.to_dict(), indent=2) + "\n")
+        doc = cmp.to_dict()
+        doc["stderr_tail"] = list(stderr_tail) if cmp.failed is not None else []
+        out(json.dumps(doc, indent=2) + "\n")
     else:
-        out(replay_text(cmp, str(p.record_path or "the record")))
+        out(replay_text(cmp, original, stderr_tail))
+    if cmp.failed is not None:
+        return EXIT_ENV
     return EXIT_OK if cmp.same else EXIT_DRIFT
+
+
+# -- the restore options of a container record ---------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _restore_option_names() -> tuple[RestoreOption, ...]:
+    from envlock._record import RestoreOption
+
+    return get_args(RestoreOption)
+
+
+def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreOptions | None:
+    """The restore options this ``run --record`` was given, as its record keeps them: a
+    wheelhouse relative to the record (as its lock), and a value the lock's scrubbing rules
+    would change (an index URL with a credential) left out and named as withheld, with a note
+    now. Checked before the command runs, so that the record can be written after it."""
+    from pydantic import ValidationError
+
+    from envlock._record import RestoreOptions
+    from envlock.probe.scrub import scrub_string, secret_values, strip_index_url
+
+    kept: dict[str, Any] = {}
+    withheld: list[RestoreOption] = []
+    secrets = secret_values()
+    for name in _restore_option_names():
+        value = getattr(args, name, None)
+        if value is None or value is False:
+            continue
+        if isinstance(value, str):
+            clean = scrub_string(strip_index_url(value) if name == "index_url" else value, secrets)
+            if clean != value:
+                withheld.append(name)
+                continue
+            if name == "wheelhouse":
+                value = os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path)))
+        kept[name] = value
+    if withheld:
+        say(f"{', '.join(map(_flag, withheld))} held a credential and is not kept in {record_path}: "
+            "give it again to `run --replay`")
+    if not kept and not withheld:
+        return None
+    try:
+        return RestoreOptions(**kept, withheld=withheld or None)
+    except ValidationError as exc:
+        where = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        raise UsageError(f"{_flag(where)}: a replay record cannot keep this value "
+                         f"({exc.errors()[0]['msg']})") from None
+
+
+def reuse_restore_options(args: argparse.Namespace, original: Record, record_path: str) -> None:
+    """The restore options ``original`` was recorded with, for each one not given now, set on
+    ``args`` and named in one line; a withheld one (a credential) must be given again."""
+    from envlock._textsafe import safe
+
+    kept = original.restore
+    if kept is None:
+        return
+    missing = [n for n in kept.withheld or () if getattr(args, n, None) in (None, False)]
+    if missing:
+        flags = ", ".join(map(_flag, missing))
+        raise UsageError(f"{record_path} was recorded with {flags}, which held a credential and "
+                         "is not kept in the record", hint=f"give {flags} again with --replay")
+    reused: list[str] = []
+    for name in _restore_option_names():
+        value = getattr(kept, name)
+        if value is None or getattr(args, name, None) not in (None, False):
+            continue
+        if name == "wheelhouse":
+            value = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(record_path)), value))
+        setattr(args, name, value)
+        reused.append(_flag(name) if value is True else f"{_flag(name)} {value}")
+    if reused:
+        say(safe(f"reusing the restore options {record_path} was recorded with: {' '.join(reused)}"))

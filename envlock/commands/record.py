@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
+from typing import IO
 
+from envlock._textsafe import Tail
 from envlock.commands._recording import JOURNAL, finish, journal_dir, plan
-from envlock.errors import EXIT_ENV, UsageError
+from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
+
+# After the command exits, how long a child it left behind may keep its stderr open before
+# envlock stops waiting for the last of it.
+_EXIT_GRACE = 1.0
 
 
 def command_of(args: argparse.Namespace, kind: str) -> list[str]:
@@ -19,18 +28,54 @@ def command_of(args: argparse.Namespace, kind: str) -> list[str]:
                                  lambda command: host_options_parser(kind, command=command))
 
 
-def run_here(command: list[str], journal: Path, base: Path) -> int:
-    """CMD as a child of this process, with the journal's path in its environment."""
+def child_exit(returncode: int) -> int:
+    """A child's return code as the record keeps it and envlock reports it: its own exit code,
+    or for a signal 130 (Ctrl-C, as shells report it) or 3 (killed: by the OOM killer, a
+    scheduler, a limit), never the negative number ``subprocess`` gives."""
+    if returncode >= 0:
+        return returncode
+    return EXIT_INTERRUPTED if returncode == -signal.SIGINT else EXIT_ENV
+
+
+def _copy(stream: IO[bytes], tail: Tail) -> None:
+    """The command's stderr to envlock's as it comes, its last lines kept."""
+    shown = True
+    while chunk := os.read(stream.fileno(), 1 << 16):
+        tail.feed(chunk)
+        if shown:
+            try:
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
+            except (OSError, ValueError):  # envlock's stderr closed: keep draining, or CMD blocks
+                shown = False
+
+
+def run_here(command: list[str], journal: Path, base: Path) -> tuple[int, list[str]]:
+    """CMD as a child of this process, with the journal's path in its environment: (its exit
+    code as ``child_exit`` maps it, the last lines of its stderr, which passes through)."""
     from envlock.runtime.recorder import RECORD_ENV
 
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
+    tail = Tail()
     try:
-        return subprocess.call(command, cwd=base, env={**os.environ, RECORD_ENV: str(journal / JOURNAL)})
+        proc = subprocess.Popen(command, cwd=base, env={**os.environ, RECORD_ENV: str(journal / JOURNAL)},
+                                stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise UsageError(f"{command[0]}: command not found") from None
     except PermissionError:
         raise UsageError(f"{command[0]}: permission denied") from None
+    with proc:
+        assert proc.stderr is not None
+        pump = threading.Thread(target=_copy, args=(proc.stderr, tail), daemon=True)
+        pump.start()
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the command got it too; do not leave it running
+            proc.kill()
+            raise
+        pump.join(_EXIT_GRACE)
+    return child_exit(code), tail.lines()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
         lock = load(lock_path)
     base = Path(args.workspace or ".").resolve()
     p = plan(args, replay_path=None, base=base, command=command)
+    from envlock._replay import resolve_program
+
+    program = resolve_program(command[0], base)
     with journal_dir() as journal:
-        code = run_here(command, journal, base)
-        if code < 0:
-            code = EXIT_ENV if code != -2 else 130
+        code, _ = run_here(command, journal, base)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
-                      lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0))
+                      lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program)

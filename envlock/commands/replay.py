@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-from envlock.commands._output import out
 from envlock.commands._recording import JOURNAL, finish, journal_dir, plan
 from envlock.commands.record import command_of, run_here
-from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
+from envlock.errors import UsageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,17 +22,15 @@ def run(args: argparse.Namespace) -> int:
     if args.against:
         from envlock._record import load as load_record
         from envlock._recordcmp import Tolerance, compare_records
-        from envlock._replay import read_inputs
-        from envlock._replay_report import replay_text
+        from envlock.commands._recording import verdict
 
-        other = load_record(args.against)
-        cmp = compare_records(original, other, Tolerance(args.rtol, args.atol), read_inputs(p.inputs, base))
-        out(json.dumps(cmp.to_dict(), indent=2) + "\n" if args.json else replay_text(cmp, args.rec))
-        return EXIT_OK if cmp.same else EXIT_DRIFT
+        # The two records' own inputs: what each run read, not what the disk holds today.
+        cmp = compare_records(original, load_record(args.against), Tolerance(args.rtol, args.atol))
+        return verdict(cmp, args.rec, as_json=args.json)
     if original.record.where == "container":
         lock = original.record.lock or "env.lock"
         raise UsageError(f"{args.rec} was recorded in the lock's image",
-                         hint=f"replay it there: envlock run {lock} --replay {args.rec} [--base ... --wheelhouse ...]")
+                         hint=f"replay it there: envlock run {lock} --replay {args.rec}")
     if not command:
         from envlock._record import command_to_replay
 
@@ -50,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
             if shown != LOCK_NAME:  # as a lock found upward is named: the reader knows which
                 err(f"envlock: reading {shown}\n")
             lock = load(path)
+    from envlock._replay import check_program
+
+    check_program(original, command, base, lock, args.rec)
     with journal_dir() as journal:
-        code = run_here(command, journal, base)
+        code, stderr_tail = run_here(command, journal, base)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
-                      lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json)
+                      lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json,
+                      stderr_tail=stderr_tail)

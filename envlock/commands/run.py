@@ -22,16 +22,21 @@ def run(args: argparse.Namespace) -> int:
     if args.record and args.replay:
         raise UsageError("--record and --replay: give one (a replay compares with the record it reads)")
     recording = None
+    kept = None
     if args.record or args.replay:
-        from envlock.commands._recording import plan
+        from envlock.commands._recording import kept_restore_options, plan, reuse_restore_options
 
         recording = plan(args, replay_path=args.replay,
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
                          command=command)
-        if not command and recording.original is not None:
-            from envlock._record import command_to_replay
+        if recording.original is not None:
+            reuse_restore_options(args, recording.original, args.replay)
+            if not command:
+                from envlock._record import command_to_replay
 
-            command = command_to_replay(recording.original, args.replay)
+                command = command_to_replay(recording.original, args.replay)
+        else:
+            kept = kept_restore_options(args, args.record)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
@@ -63,18 +68,20 @@ def run(args: argparse.Namespace) -> int:
                                 os_packages_restored=result.plan.os_packages_restored)
         from dataclasses import replace
 
+        from envlock._textsafe import Tail
         from envlock.commands._recording import JOURNAL, finish, journal_dir
         from envlock.runtime.recorder import RECORD_ENV
 
         with journal_dir() as journal:
             inner = "/envlock-record"
             ropts = replace(opts, env={**opts.env, RECORD_ENV: f"{inner}/{JOURNAL}"},
-                            mounts=[(str(journal), inner, False)])
+                            mounts=[(str(journal), inner, False)], stderr_tail=Tail())
             code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
                                 os_packages_restored=result.plan.os_packages_restored)
             return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
                           where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
-                          lock_path=args.lock, tolerance=(args.rtol, args.atol))
+                          lock_path=args.lock, tolerance=(args.rtol, args.atol), restore=kept,
+                          stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envlock._compare import OS_FROM_BASE_ENV
+from envlock._textsafe import Tail
 from envlock.errors import HostIncompatible, UsageError
 from envlock.lock import PROTECTED_ENV, Lock, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
@@ -45,6 +46,8 @@ class RunOptions:
     ssh: bool = False
     ssh_key: str | None = None
     lock_path: Path | None = None  # the lock being replayed, protected when in the workspace
+    # Keeps the last lines of the command's stderr as they pass (a failed replay shows them).
+    stderr_tail: Tail | None = None
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -248,6 +251,8 @@ def _run(engine: ContainerEngine, lock: Lock, image_id: str, command: Sequence[s
     def err(data: bytes) -> None:
         sys.stderr.buffer.write(data)
         sys.stderr.buffer.flush()
+        if opts.stderr_tail is not None:
+            opts.stderr_tail.feed(data)
 
     result = engine.run(spec, on_stdout=out, on_stderr=err)
     return result.exit_code
