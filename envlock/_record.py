@@ -16,7 +16,12 @@ and holds, in TOML:
   a tensor or array as the sha256 of its bytes with its dtype, shape and mean);
 * ``[[outputs]]``: the sha256 of each declared output after the run;
 * ``[[inputs]]``: what the run read: declared data paths (sha256) and Hugging Face cache
-  revisions.
+  revisions;
+* ``[code]``: the code the command ran: the workspace's git commit and the digest of its
+  changes when the command started, and the sha256 of each workspace file the process had
+  loaded (the script, the project's modules), so that an edited script is named;
+* ``[[ranks]]``: each other rank of a multi-process run, as the keys of its context that differ
+  from rank 0's (``[context]``), so that a cause on one rank only is named with its rank.
 
 The models are strict and frozen like the lock's; a record is read by one function (``load``),
 which checks the seal. A field added later is optional and left out when empty, so a record
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -106,6 +111,41 @@ class Input(_Model):
     files_sha256: Hex64 | None = None    # hf: digest of the snapshot's (path, blob) pairs
 
 
+ContextKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")]
+
+
+class Code(_Model):
+    """The code the command ran. ``commit``, ``dirty``, ``untracked`` and ``tree_sha256`` (the
+    lock's ``[git].diff_sha256`` rule: the diff against HEAD and the names of untracked files)
+    describe the workspace when the command started, with the record, the lock and the declared
+    outputs left out (a replay finds them written by the original) and bytecode caches too;
+    absent outside a git repository. ``files``: the sha256 of each file, relative to the
+    workspace, that the process had loaded from it by its first ``envlock.record`` call;
+    ``files_left_out``: how many more there were (over the bound, unreadable), and present
+    whenever the files were looked at (a process that never called ``envlock.record`` was not
+    looked into)."""
+
+    commit: Commit | None = None
+    dirty: bool | None = None
+    untracked: Annotated[int, Field(ge=0)] | None = None
+    tree_sha256: Hex64 | None = None
+    files: dict[Text, Hex64] | None = None
+    files_left_out: Annotated[int, Field(ge=0)] | None = None
+
+    @property
+    def files_known(self) -> bool:
+        return self.files_left_out is not None
+
+
+class RankContext(_Model):
+    """One rank other than 0: the keys of its context whose values differ from rank 0's (its
+    ``process.rank`` always does), and rank 0's keys it lacks."""
+
+    rank: Annotated[int, Field(ge=1)]
+    context: dict[ContextKey, Scalar] = Field(default_factory=dict)
+    absent: list[ContextKey] | None = None
+
+
 class Meta(_Model):
     schema_version: int = RECORD_SCHEMA_VERSION
     tool_version: Text
@@ -148,11 +188,13 @@ class RestoreOptions(_Model):
 class Record(_Model):
     record: Meta
     restore: RestoreOptions | None = None
-    context: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")], Scalar] = Field(
-        default_factory=dict)
+    context: dict[ContextKey, Scalar] = Field(default_factory=dict)
     steps: list[Step] = Field(default_factory=list)
     outputs: list[Output] = Field(default_factory=list)
     inputs: list[Input] = Field(default_factory=list)
+    # Added later: None when absent, so that a record written before them keeps its seal.
+    code: Code | None = None
+    ranks: list[RankContext] | None = None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         save(self, path)
@@ -182,7 +224,10 @@ def dumps(rec: Record) -> str:
     if form.get("context"):
         table(out, "context", form["context"], "facts of the recording process that can "
               "change numbers", header=True)
-    for name in ("steps", "outputs", "inputs"):
+    if form.get("code"):
+        table(out, "code", form["code"], "the code the command ran: the workspace's git state "
+              "when it started, and the sha256 of each workspace file the process loaded", header=True)
+    for name in ("steps", "outputs", "inputs", "ranks"):
         if form.get(name):
             array_of_tables(out, name, form[name])
     return "".join(out)
@@ -304,6 +349,29 @@ def load(path: str | os.PathLike[str]) -> Record:
     text = _files.read_text(path, limit=MAX_RECORD_BYTES, what="a replay record", error=LockInvalid,
                             missing_hint=f"make one with `envlock run env.lock --record {os.fspath(path)} -- CMD`")
     return loads(text, os.fspath(path))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b  # 1 and True are different facts
+
+
+def rank_entry(rank: int, context: Mapping[str, Any], rank0: Mapping[str, Any]) -> RankContext:
+    """Rank ``rank``'s context as a record keeps it: what differs from rank 0's."""
+    differs = {k: v for k, v in context.items() if k not in rank0 or not _same(rank0[k], v)}
+    absent = sorted(k for k in rank0 if k not in context)
+    return RankContext(rank=rank, context=differs, absent=absent or None)
+
+
+def rank_contexts(rec: Record) -> dict[int, dict[str, Any]]:
+    """Every rank's context that the record kept, whole: rank 0's ``[context]``, and each
+    other rank's rebuilt from it and its differences."""
+    out: dict[int, dict[str, Any]] = {0: dict(rec.context)}
+    for entry in rec.ranks or ():
+        gone = set(entry.absent or ())
+        ctx = {k: v for k, v in rec.context.items() if k not in gone}
+        ctx.update(entry.context)
+        out[entry.rank] = ctx
+    return out
 
 
 def scalar_ok(value: Any) -> bool:

@@ -1,6 +1,7 @@
 """Comparing two replay records: the first diverging step, metric or output, the inputs that
-changed, and the facts of the two processes that can explain a divergence. A replay whose
-command failed before it recorded anything is a failed command, not a divergence.
+changed, and what can explain a divergence: the code the two commands ran (an edited script,
+another commit, another command line) and the facts of the two processes, rank by rank. A
+replay whose command failed before it recorded anything is a failed command, not a divergence.
 
 Bit-identical by default: two floats are equal when ``float.hex`` is (so ``-0.0`` differs from
 ``0.0``, and NaN equals a NaN), two tensors when their sha256 is. With a tolerance
@@ -11,11 +12,12 @@ Bit-identical by default: two floats are equal when ``float.hex`` is (so ``-0.0`
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock._record import Input, Record, Step, TensorDigest
+from envlock._record import Input, Record, Step, TensorDigest, rank_contexts
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
@@ -29,12 +31,21 @@ CONTEXT_PREFIXES = (
     "torch.build.parallel_backend", "torch.build.cuda_runtime", "torch.build.cudnn_version",
     "gpu.driver", "gpu.devices.",
     "determinism.", "seeds.", "env.", "process.",
+    # Each distribution's version, as ``packages.<name>`` (see ``context_of``): on a host the
+    # environment a replay runs in is not rebuilt from the lock, and a package upgraded since
+    # is a cause no other fact shows.
+    "packages.",
 )
-# Of the recorded variables, those that select threads, kernels, ISAs or devices.
+# The families of keys the first records had. A family added later (``python``, ``packages``)
+# is compared only when both records have it: a record written before it was kept is not a
+# process without it.
+_FIRST_FAMILIES = frozenset(("platform", "torch", "gpu", "determinism", "seeds", "env", "process"))
+# Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
+# loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
 _NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
                           "CUBLAS", "CUDNN_", "NVIDIA_TF32", "TORCH_", "PYTORCH_", "NCCL_", "XLA_",
                           "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTHONHASHSEED",
-                          "ENVLOCK_SEED")
+                          "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
 _NOT_CONTEXT = ("determinism.process_env", "determinism.torch_loaded", "gpu.devices.*.uuid_sha256",
                 "gpu.devices.*.index", "seeds.seed_source")
 
@@ -63,7 +74,9 @@ def _wild(key: str) -> str:
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
-    flat = flatten(form)
+    flat = flatten({k: v for k, v in form.items() if k != "packages"})
+    flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
+                 if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
     return {k: v for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)
@@ -94,9 +107,26 @@ class Divergence:
 
 @dataclass(frozen=True)
 class ContextChange:
+    """A fact of the processes that differs. ``ranks``: the ranks it differs on, when not on
+    every rank both records kept (empty: on all of them, or a single-process run)."""
+
     key: str
     original: Any
     replay: Any
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CodeChange:
+    """The code the two commands ran differs. ``what``: "file" (``name`` is its path relative
+    to the workspace; a side that did not load it is None), "commit", "tree" (the working
+    tree's changes against its commit) or "command" (the command line, its first word as the
+    program it ran)."""
+
+    what: str
+    name: str
+    original: str | None
+    replay: str | None
 
 
 @dataclass(frozen=True)
@@ -119,6 +149,7 @@ class ReplayComparison:
     steps_compared: int = 0
     tolerance: Tolerance = field(default_factory=Tolerance)
     failed: int | None = None
+    code: tuple[CodeChange, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -136,8 +167,9 @@ class ReplayComparison:
             "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
             "divergences": [vars(d) for d in self.divergences],
             "inputs": [vars(d) for d in self.inputs],
-            "context": [{"key": c.key, "original": c.original, "replay": c.replay}
-                        for c in self.context],
+            "code": [vars(c) for c in self.code],
+            "context": [{"key": c.key, "original": c.original, "replay": c.replay,
+                         "ranks": list(c.ranks)} for c in self.context],
         }
 
 
@@ -249,10 +281,64 @@ def command_failed(original: Record, replay: Record) -> bool:
     return code != 0 and not replay.steps and code != original.record.exit_code
 
 
-def context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
+def _family(key: str) -> str:
+    return key.split(".", 1)[0]
+
+
+def _context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
+    """The keys whose values differ; a family added to records later is compared only when
+    both have it (``_FIRST_FAMILIES``)."""
+    kept = {_family(k) for k in original} & {_family(k) for k in replay}
     keys = sorted(set(original) | set(replay))
     return [ContextChange(k, original.get(k), replay.get(k)) for k in keys
-            if original.get(k) != replay.get(k)]
+            if original.get(k) != replay.get(k) or type(original.get(k)) is not type(replay.get(k))
+            if _family(k) in _FIRST_FAMILIES or _family(k) in kept]
+
+
+def context_changes(original: Record, replay: Record) -> list[ContextChange]:
+    """The process facts that differ, rank by rank, over the ranks both records kept: a
+    change found on every one of them is listed once, plainly; another with its ranks (a
+    variable set on rank 1 only)."""
+    ours, theirs = rank_contexts(original), rank_contexts(replay)
+    ranks = sorted(set(ours) & set(theirs))
+    found: dict[tuple[str, str, str], tuple[ContextChange, list[int]]] = {}
+    for rank in ranks:
+        for change in _context_changes(ours[rank], theirs[rank]):
+            mark = (change.key, repr(change.original), repr(change.replay))
+            found.setdefault(mark, (change, []))[1].append(rank)
+    out = [ContextChange(c.key, c.original, c.replay, () if len(on) == len(ranks) else tuple(on))
+           for c, on in found.values()]
+    return sorted(out, key=lambda c: (c.key, c.ranks))
+
+
+def _commands(original: Record, replay: Record) -> tuple[list[str], list[str]]:
+    """The two commands as run: the first word as the program it found where both records
+    know it (``python`` and the venv's ``bin/python`` given after ``--`` are one command)."""
+    ran, runs = list(original.record.command), list(replay.record.command)
+    if ran and runs and original.record.program and replay.record.program:
+        ran[0], runs[0] = original.record.program, replay.record.program
+    return ran, runs
+
+
+def code_changes(original: Record, replay: Record) -> list[CodeChange]:
+    """What differs in the code the two commands ran: each workspace file the processes loaded
+    (changed, or loaded by one only), the commit, the working tree's changes, the command
+    line. A record written before ``[code]`` compares its command only."""
+    out: list[CodeChange] = []
+    a, b = original.code, replay.code
+    if a is not None and b is not None:
+        if a.files_known and b.files_known:
+            ours, theirs = a.files or {}, b.files or {}
+            out += [CodeChange("file", path, ours.get(path), theirs.get(path))
+                    for path in sorted(set(ours) | set(theirs)) if ours.get(path) != theirs.get(path)]
+        if a.commit and b.commit and a.commit != b.commit:
+            out.append(CodeChange("commit", "", a.commit, b.commit))
+        if a.tree_sha256 and b.tree_sha256 and a.tree_sha256 != b.tree_sha256:
+            out.append(CodeChange("tree", "", a.tree_sha256, b.tree_sha256))
+    ran, runs = _commands(original, replay)
+    if ran != runs:
+        out.append(CodeChange("command", "", shlex.join(ran), shlex.join(runs)))
+    return out
 
 
 def compare_records(original: Record, replay: Record, tol: Tolerance | None = None,
@@ -270,6 +356,6 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
         div.append(Divergence("exit code", "the command", str(original.record.exit_code),
                               str(replay.record.exit_code)))
     div += _outputs(original, replay)
-    return ReplayComparison(tuple(div), tuple(drift),
-                            tuple(context_changes(original.context, replay.context)),
-                            min(len(original.steps), len(replay.steps)), tol)
+    return ReplayComparison(tuple(div), tuple(drift), tuple(context_changes(original, replay)),
+                            min(len(original.steps), len(replay.steps)), tol,
+                            code=tuple(code_changes(original, replay)))

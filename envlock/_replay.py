@@ -5,7 +5,9 @@ The training process writes a journal (``envlock.runtime.recorder``: one JSON li
 it, hashes the declared outputs, reads the declared inputs (data paths, Hugging Face cache
 revisions: ``envlock.probe.inputs``) and seals all of it as a record (``envlock._record``).
 The capture is validated as a lock (``build_lock``, the gate every probed value passes) and
-kept only as the few facts that can explain a divergence (``_recordcmp.context_of``).
+kept only as the few facts that can explain a divergence (``_recordcmp.context_of``). Every
+other rank of a multi-process run leaves its own capture beside the journal, kept as what
+differs from rank 0's; the workspace's git state is read here before the command starts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +24,17 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from envlock._files import FileDigest, file_digest
-from envlock._record import Input, Meta, Output, Record, RestoreOptions, Step, recorded_command
+from envlock._record import (
+    Code,
+    Input,
+    Meta,
+    Output,
+    Record,
+    RestoreOptions,
+    Step,
+    rank_entry,
+    recorded_command,
+)
 from envlock._recordcmp import ReplayComparison, context_of, input_drift
 from envlock._textsafe import safe
 from envlock._version import __version__
@@ -32,36 +45,93 @@ from envlock.errors import LockInvalid, OtherProgram, UsageError
 _MAX_LINE = 64 * 1024 * 1024
 
 
-def read_journal(path: str | os.PathLike[str]) -> tuple[list[Step], dict[str, Any]]:
-    """(the steps, the context of the recording process) from a journal; a missing journal is
-    a run that recorded nothing. A torn last line (the process was killed mid-write) is left
-    out; any other bad line is refused."""
+# More ranks than this on one host is not a training job's; their captures are not read.
+MAX_RANKS = 4096
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a run left: rank 0's steps and context, the workspace files it had loaded (None:
+    its process recorded no capture), and each other rank's context by rank."""
+
+    steps: list[Step] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+    code: dict[str, Any] | None = None
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _journal_lines(path: str | os.PathLike[str]) -> list[bytes] | None:
     try:
         with open(path, "rb") as fh:
-            lines = fh.read().split(b"\n")
+            return fh.read().split(b"\n")
     except FileNotFoundError:
-        return [], {}
+        return None
+
+
+def read_journal(path: str | os.PathLike[str]) -> Journal:
+    """What a run left in its journal and, beside it, its other ranks' captures; a missing
+    journal is a run that recorded nothing. A torn last line (the process was killed
+    mid-write) is left out; any other bad line is refused."""
+    lines = _journal_lines(path)
+    if lines is None:
+        return Journal(ranks=_rank_contexts(path))
     steps: list[Step] = []
     context: dict[str, Any] = {}
+    code: dict[str, Any] | None = None
     last = len(lines) - 1
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
-            if len(raw) > _MAX_LINE:
-                raise ValueError("line too long")
-            row = json.loads(raw)
-            if not isinstance(row, dict):
-                raise ValueError("not an object")
+            row = _row(raw)
             if "capture" in row:
                 context = _context(row)
+                code = row.get("code") if isinstance(row.get("code"), dict) else None
             else:
                 steps.append(Step.model_validate(row))
         except (ValueError, ValidationError) as exc:
             if i >= last - 1 and not raw.endswith(b"}"):
                 break  # the torn last line of a killed process
             raise LockInvalid(f"the run's record journal, line {i + 1}: {str(exc).splitlines()[0]}") from None
-    return steps, context
+    return Journal(steps, context, code, _rank_contexts(path))
+
+
+def _row(raw: bytes) -> dict[str, Any]:
+    if len(raw) > _MAX_LINE:
+        raise ValueError("line too long")
+    row = json.loads(raw)
+    if not isinstance(row, dict):
+        raise ValueError("not an object")
+    return row
+
+
+def _rank_contexts(path: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """The context of each other rank, from the capture it wrote beside the journal
+    (``rank_journal``); a rank killed while it wrote is left out."""
+    from envlock.probe.rules import rank_journal
+
+    journal = Path(path)
+    out: dict[int, dict[str, Any]] = {}
+    prefix = rank_journal(journal.name, 0)[:-1]
+    try:
+        names = sorted(p.name for p in journal.parent.iterdir() if p.name.startswith(prefix))
+    except FileNotFoundError:
+        return out
+    for name in names[:MAX_RANKS]:
+        number = name[len(prefix):]
+        if not number.isdigit() or int(number) < 1:
+            continue
+        raw = (_journal_lines(journal.parent / name) or [b""])[0]
+        try:
+            row = _row(raw)
+        except ValueError:
+            if raw.endswith(b"}"):
+                raise LockInvalid(f"the run's record journal of rank {number} is not a capture") from None
+            continue
+        if "capture" not in row:
+            raise LockInvalid(f"the run's record journal of rank {number} is not a capture")
+        out[int(number)] = _context(row)
+    return out
 
 
 def _context(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,11 +241,45 @@ def check_program(original: Record, command: Sequence[str], cwd: Path, lock: Any
                             f"ran {ran}: nothing was run"), hint=safe(hint))
 
 
+# Bytecode caches are written by the run itself (a replay finds the original's) and derive from
+# sources whose changes the digest already holds.
+_BYTECODE = ("**/__pycache__/**", "**/*.pyc")
+
+
+def workspace_git(base: Path, exclude: Sequence[str | os.PathLike[str]] = ()) -> dict[str, Any] | None:
+    """The workspace's git state as a record's ``[code]`` keeps it, read before the command
+    starts: the probe's git collector (the lock's ``[git]`` rule), with ``exclude`` (the record,
+    the lock, the declared outputs: a replay finds them written by the original) and bytecode
+    caches left out. None outside a git repository or when git cannot say."""
+    from envlock.probe.collect import DEFAULT_GIT_TIMEOUT
+    from envlock.probe.git import GitJob
+
+    timeout = float(os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
+    paths = [os.path.join(base, p) for p in exclude]
+    info, _ = GitJob(str(base), timeout, paths, _BYTECODE).collect()
+    if not info:
+        return None
+    state = {"commit": info.get("commit"), "dirty": info.get("dirty"),
+             "untracked": info.get("untracked"), "tree_sha256": info.get("diff_sha256")}
+    return {k: v for k, v in state.items() if v is not None}
+
+
+def _code(git: Mapping[str, Any] | None, files: Mapping[str, Any] | None) -> Code | None:
+    """A record's ``[code]``: the workspace's git state and the process's workspace files."""
+    data: dict[str, Any] = dict(git or {})
+    if files is not None:
+        data["files"] = files.get("files") or None
+        data["files_left_out"] = files.get("left_out", 0)
+    return Code.model_validate(data) if data else None
+
+
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
                 lock: Any = None, lock_name: str | None = None, program: str | None = None,
-                restore: RestoreOptions | None = None) -> Record:
-    steps, context = read_journal(journal)
+                restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None) -> Record:
+    """``git``: the workspace's state when the command started (``workspace_git``)."""
+    ran = read_journal(journal)
+    context = ran.context
     if not context and lock is not None:
         context = lock_context(lock)
     found = read_inputs(inputs, base)
@@ -187,9 +291,11 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
                 lock=lock_name,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
-        return Record(record=meta, restore=restore, context=context, steps=steps,
+        ranks = [rank_entry(r, ctx, context) for r, ctx in sorted(ran.ranks.items())]
+        return Record(record=meta, restore=restore, context=context, steps=ran.steps,
                       outputs=outputs_of(outputs, base),
-                      inputs=[v for v in found.values() if isinstance(v, Input)])
+                      inputs=[v for v in found.values() if isinstance(v, Input)],
+                      code=_code(git, ran.code), ranks=ranks or None)
     except ValidationError as exc:
         raise LockInvalid(f"the run's record cannot be written: {str(exc).splitlines()[0]}") from None
 

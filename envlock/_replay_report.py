@@ -1,14 +1,14 @@
 """The text of a replay's verdict: the first divergence, the inputs that changed, and beside
-them the differences between the two processes that can explain a divergence; or, for a
-command that failed before it recorded anything, its exit code and the last lines of its
-stderr."""
+them what can explain a divergence (the code the two commands ran, then the differences between
+the two processes, named with their ranks where not every rank differs); or, for a command that
+failed before it recorded anything, its exit code and the last lines of its stderr."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from envlock._recordcmp import InputDrift, ReplayComparison
+from envlock._recordcmp import CodeChange, ContextChange, InputDrift, ReplayComparison
 from envlock._textsafe import safe
 
 
@@ -27,6 +27,26 @@ def _drift(d: InputDrift) -> str:
     """``data content changed: a -> b``; ``data missing: a -> why``; ``x added: ...``."""
     what = f"{d.what} changed" if d.what in ("content", "revision", "snapshot") else d.what
     return f"{safe(d.name)} {safe(what)}: {safe(d.original)} -> {safe(d.now)}"
+
+
+def _code(c: CodeChange) -> str:
+    """``train.py changed: a -> b``; ``git commit: a -> b``; ``command: a -> b``."""
+    if c.what == "file":
+        if c.original is None:
+            return f"{safe(c.name)}: loaded by the replay only ({safe(str(c.replay))})"
+        if c.replay is None:
+            return f"{safe(c.name)}: loaded by the original only ({safe(c.original)})"
+        return f"{safe(c.name)} changed: {safe(c.original)} -> {safe(c.replay)}"
+    what = {"commit": "git commit", "tree": "the working tree's changes against its commit"}.get(c.what, c.what)
+    return f"{safe(what)}: {_value(c.original)} -> {_value(c.replay)}"
+
+
+def _context(c: ContextChange) -> str:
+    """``determinism.num_threads: 2 -> 1``; on some ranks only, ``rank 1: env.X: (none) -> 1``."""
+    where = ""
+    if c.ranks:
+        where = ("rank " if len(c.ranks) == 1 else "ranks ") + ", ".join(map(str, c.ranks)) + ": "
+    return f"{where}{safe(c.key)}: {_value(c.original)} -> {_value(c.replay)}"
 
 
 def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str] = ()) -> str:
@@ -58,12 +78,14 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
         lines.append(f"DRIFT: an input of {safe(original)} changed")
     lines += [f"  input drift: {_drift(d)}" for d in cmp.inputs]
     if cmp.divergences:
-        if cmp.context:
+        if cmp.code or cmp.context:
             lines.append("  lock differences that can explain it (original -> replay):")
-            lines += [f"    {safe(c.key)}: {_value(c.original)} -> {_value(c.replay)}" for c in cmp.context]
+            lines += [f"    {_code(c)}" for c in cmp.code]
+            lines += [f"    {_context(c)}" for c in cmp.context]
         else:
-            lines.append("  no difference in CPU, GPU, threads, world size, determinism flags, BLAS "
-                         "or numerics variables: a nondeterministic operation or a changed input")
+            lines.append("  no difference in code, packages, CPU, GPU, threads, world size, determinism "
+                         "flags, BLAS or numerics variables: a nondeterministic operation or a changed "
+                         "input")
     return "\n".join(lines) + "\n"
 
 

@@ -177,14 +177,25 @@ def test_missing_steps_outputs_and_exit_codes_are_divergences() -> None:
 
 
 def test_the_context_beside_a_divergence_lists_only_what_differs() -> None:
-    a = rec([1.0], context={"determinism.num_threads": 2, "torch.cpu_capability": "AVX2", "x.y": 1})
+    a = rec([1.0], context={"determinism.num_threads": 2, "torch.cpu_capability": "AVX2", "gpu.driver": "550"})
     b = rec([1.5], context={"determinism.num_threads": 1, "torch.cpu_capability": "AVX2"})
     cmp = compare_records(a, b)
     assert [(c.key, c.original, c.replay) for c in cmp.context] == [
-        ("determinism.num_threads", 2, 1), ("x.y", 1, None)]
+        ("determinism.num_threads", 2, 1), ("gpu.driver", "550", None)]
     text = replay_text(cmp, "run.record")
     assert "first divergence: step 0, loss" in text
-    assert "determinism.num_threads: 2 -> 1" in text and "x.y: 1 -> (none)" in text
+    assert "determinism.num_threads: 2 -> 1" in text and "gpu.driver: 550 -> (none)" in text
+
+
+def test_a_family_of_facts_one_record_predates_is_not_a_difference() -> None:
+    """A record written before envlock kept packages (or any family added later) is not a
+    process without packages; its twin: both records have the family, a change is named."""
+    a = rec([1.0], context={"determinism.num_threads": 2})
+    b = rec([1.5], context={"determinism.num_threads": 2, "packages.numpy": "2.4.6", "python.prefix": "/v"})
+    assert compare_records(a, b).context == ()
+    c = rec([1.0], context={"determinism.num_threads": 2, "packages.numpy": "2.4.5", "python.prefix": "/v"})
+    assert [(x.key, x.original, x.replay) for x in compare_records(c, b).context] == [
+        ("packages.numpy", "2.4.5", "2.4.6")]
 
 
 def test_context_keeps_numerics_facts_and_drops_the_rest() -> None:
@@ -209,7 +220,7 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = tmp_path / "journal.jsonl"
     monkeypatch.setenv(recorder.RECORD_ENV, str(path))
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(recorder, "_state", {"path": None, "fh": None})
+    monkeypatch.setattr(recorder, "_state", {"path": None, "fh": None, "ranked": None})
     yield path
     if recorder._state["fh"] is not None:
         recorder._state["fh"].close()
@@ -239,7 +250,8 @@ def test_record_writes_the_capture_then_one_line_per_call(journal: Path) -> None
     envlock.record(1, w=weights, a=np.arange(4, dtype=np.int64), n=np.int64(3), f=np.float32(0.5))
     lines = journal.read_text().splitlines()
     assert len(lines) == 3 + steps_before and "capture" in json.loads(lines[0])
-    steps, context = read_journal(journal)
+    ran = read_journal(journal)
+    steps, context = ran.steps, ran.context
     half = steps.pop(0).metrics["half"]
     assert isinstance(half, TensorDigest) and half.dtype == "bfloat16" and half.mean == 1.0
     assert half.sha256 == hashlib.sha256(b"\x80\x3f" * 3).hexdigest()  # bf16 1.0 is 0x3f80
@@ -277,8 +289,7 @@ def test_only_rank_zero_records(journal: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_a_torn_last_line_is_left_out_and_a_bad_line_refused(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     path.write_text('{"step": 0, "metrics": {"loss": 1.5}}\n{"step": 1, "metr')
-    steps, _ = read_journal(path)
-    assert [s.step for s in steps] == [0]
+    assert [s.step for s in read_journal(path).steps] == [0]
     path.write_text('{"step": "zero", "metrics": {}}\n{"step": 1, "metrics": {}}\n')
     with pytest.raises(LockInvalid, match="journal, line 1"):
         read_journal(path)
@@ -513,7 +524,7 @@ def test_fuzz_the_journal_reader(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "j.jsonl"
     path.write_bytes(b'{"step": 0, "metrics": {"x": 1.5}}\n' + data)
     try:
-        steps, _ = read_journal(path)
+        steps = read_journal(path).steps
     except LockInvalid:
         return
     assert steps[0].metrics == {"x": 1.5}

@@ -33,17 +33,20 @@ class Plan:
     original: Any  # envlock._record.Record | None
     outputs: list[str]
     inputs: list[str]
+    git: dict[str, Any] | None = None  # the workspace's git state before the command ran
 
 
 def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
-         command: Sequence[str]) -> Plan:
+         command: Sequence[str], lock_path: str | None = None) -> Plan:
     """Read the options (and the original record, for a replay) before anything runs, so that
     what would stop the record from being written is exit 2 at once rather than after a
     training run: a bad record or ``--input``, a data path that is not there, a record path
     that cannot be written, a word of ``command`` or a path the record cannot hold. (In a
-    replay a missing input is drift, found when it ends.)"""
+    replay a missing input is drift, found when it ends.) The workspace's git state is read
+    here too, before the command can write to it, without the record, the lock (``lock_path``,
+    or the original record's) and the declared outputs."""
     from envlock._record import check_declared, check_target, load, recorded_command
-    from envlock._replay import check_specs
+    from envlock._replay import check_specs, workspace_git
 
     original = load(replay_path) if replay_path else None
     outputs = list(args.output or ([o.path for o in original.outputs] if original else []))
@@ -60,7 +63,19 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
     target = replay_path or getattr(args, "record", None) or getattr(args, "rec", None)
     if original is None and target is not None:
         check_target(target)
-    return Plan(target, original, outputs, inputs)
+    if original is not None and original.record.lock and lock_path is None and replay_path:
+        lock_path = os.path.join(os.path.dirname(os.path.abspath(replay_path)), original.record.lock)
+    own = [os.path.abspath(p) for p in (target, lock_path) if p]
+    git = workspace_git(base, [*own, *outputs])
+    return Plan(target, original, outputs, inputs, git)
+
+
+def recording_env(journal: str, workspace: str) -> dict[str, str]:
+    """The variables a recorded command runs with: where ``envlock.record`` writes, and the
+    workspace whose files it hashes (``runtime.recorder``)."""
+    from envlock.runtime.recorder import RECORD_ENV, WORKSPACE_ENV
+
+    return {RECORD_ENV: journal, WORKSPACE_ENV: workspace}
 
 
 @contextmanager
@@ -88,7 +103,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
-                          program=program, restore=restore)
+                          program=program, restore=restore, git=p.git)
         rec.save(p.record_path)
         err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
             f"{len(rec.inputs)} inputs in {p.record_path}\n")
@@ -96,7 +111,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
     from envlock._recordcmp import Tolerance, compare_records
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                         outputs=p.outputs, inputs=(), lock=lock, program=program)
+                         outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
     return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from envlock._textsafe import Tail
-from envlock.commands._recording import JOURNAL, finish, journal_dir, plan
+from envlock.commands._recording import JOURNAL, finish, journal_dir, plan, recording_env
 from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
 
 # After the command exits, how long a child it left behind may keep its stderr open before
@@ -53,13 +53,11 @@ def _copy(stream: IO[bytes], tail: Tail) -> None:
 def run_here(command: list[str], journal: Path, base: Path) -> tuple[int, list[str]]:
     """CMD as a child of this process, with the journal's path in its environment: (its exit
     code as ``child_exit`` maps it, the last lines of its stderr, which passes through)."""
-    from envlock.runtime.recorder import RECORD_ENV
-
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
     tail = Tail()
     try:
-        proc = subprocess.Popen(command, cwd=base, env={**os.environ, RECORD_ENV: str(journal / JOURNAL)},
+        proc = subprocess.Popen(command, cwd=base, env={**os.environ, **recording_env(str(journal / JOURNAL), str(base))},
                                 stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise UsageError(f"{command[0]}: command not found") from None
@@ -91,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
         lock = load(lock_path)
     base = Path(args.workspace or ".").resolve()
-    p = plan(args, replay_path=None, base=base, command=command)
+    p = plan(args, replay_path=None, base=base, command=command, lock_path=lock_path)
     from envlock._replay import resolve_program
 
     program = resolve_program(command[0], base)

@@ -46,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
             if shown != LOCK_NAME:  # as a lock found upward is named: the reader knows which
                 err(f"envlock: reading {shown}\n")
             lock = load(path)
-    from envlock._replay import check_program
+    from envlock._replay import check_program, resolve_program
 
     check_program(original, command, base, lock, args.rec)
     with journal_dir() as journal:
         code, stderr_tail = run_here(command, journal, base)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
                       lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json,
-                      stderr_tail=stderr_tail)
+                      program=resolve_program(command[0], base), stderr_tail=stderr_tail)

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
         recording = plan(args, replay_path=args.replay,
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
-                         command=command)
+                         command=command, lock_path=args.lock)
         if recording.original is not None:
             reuse_restore_options(args, recording.original, args.replay)
             if not command:
@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         from envlock._textsafe import Tail
-        from envlock.commands._recording import JOURNAL, finish, journal_dir
-        from envlock.runtime.recorder import RECORD_ENV
+        from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
+        from envlock.restore.context import WORKDIR
 
         with journal_dir() as journal:
             inner = "/envlock-record"
-            ropts = replace(opts, env={**opts.env, RECORD_ENV: f"{inner}/{JOURNAL}"},
+            ropts = replace(opts, env={**opts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
                             mounts=[(str(journal), inner, False)], stderr_tail=Tail())
             code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
                                 os_packages_restored=result.plan.os_packages_restored)

@@ -34,31 +34,34 @@ def _repo_root(path: str) -> Optional[str]:
         path = parent
 
 
-def _git_pathspec(cwd: str, exclude: Sequence[str]) -> List[str]:
+def _git_pathspec(cwd: str, exclude: Sequence[str], exclude_globs: Sequence[str] = ()) -> List[str]:
     """Pathspecs that leave the lock being written out of the git state.
 
     Without them a lock committed to the repository makes the next capture see itself as
     untracked or modified, and every lock of an unchanged environment differs in [git]. A path
     outside the repository would make git fail, so only paths in the same one are named.
+    ``exclude_globs``: patterns from the repository's root (``**/__pycache__/**``).
     """
-    if not exclude:
+    if not exclude and not exclude_globs:
         return []
     root = _repo_root(cwd)
     if root is None:
         return []
     spec = [":(exclude,literal)" + os.path.abspath(p) for p in exclude
             if _repo_root(os.path.dirname(os.path.abspath(p))) == root]
+    spec += [":(exclude,glob,top)" + g for g in exclude_globs]
     return ["--", ":/", *spec] if spec else []
 
 
 class GitJob:
     """All git commands for the capture, started together."""
 
-    def __init__(self, cwd: str, timeout: float, exclude: Sequence[str] = ()) -> None:
+    def __init__(self, cwd: str, timeout: float, exclude: Sequence[str] = (),
+                 exclude_globs: Sequence[str] = ()) -> None:
         env = _git_env()
         git = os.environ.get("ENVLOCK_GIT", "git")
         self.cwd, self.timeout, self.env, self.git = cwd, timeout, env, git
-        spec = _git_pathspec(cwd, exclude)
+        spec = _git_pathspec(cwd, exclude, exclude_globs)
         self.rev = Proc([git, "rev-parse", "HEAD", "--abbrev-ref", "HEAD"], timeout, cwd, env)
         self.status = Proc([git, "status", "--porcelain=v1", "-z", "--untracked-files=all", *spec],
                             timeout, cwd, env)

@@ -164,8 +164,15 @@ PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 
 
 # Set by envlock for one run, never part of an environment: the replay journal's path (a fresh
-# temporary path every run) would give a capture inside a recorded run another lock.
-ENV_NOT_RECORDED = ("ENVLOCK_RECORD", PROBE_RUN_VAR)
+# temporary path every run) would give a capture inside a recorded run another lock, and the
+# workspace it runs in is where, not what.
+ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR)
+
+
+def rank_journal(path: str, rank: int) -> str:
+    """Where rank ``rank`` (not 0) of a recorded run writes its capture: beside the journal
+    ``path`` that rank 0 writes (``envlock.record``), read back when the record is made."""
+    return "%s.rank%d" % (path, rank)
 
 
 def env_allowed(name: str) -> bool:

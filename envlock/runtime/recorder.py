@@ -14,8 +14,12 @@ tolerance needs a number.
 
 The first call also probes this process (the probe, in-process, as ``envlock.capture()``
 does): threads, determinism flags, the CPU capability torch dispatches to and the GPUs are live
-state, and a replay that diverges names which of them differ. Only rank 0 records (``RANK``
-unset or 0, or ``torch.distributed``'s rank); its world size goes with the capture.
+state, and a replay that diverges names which of them differ. With it go the sha256 of the
+workspace files the process has loaded (the script, the project's modules: ``probe.code``), so
+an edited script is named. Only rank 0 records metrics (``RANK`` unset or 0, or
+``torch.distributed``'s rank); every other rank writes its own capture once, to a file of its
+own beside the journal (``rank_journal``), so that a cause on one rank only (a variable set on
+rank 1) can be named with its rank.
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ import os
 import sys
 from typing import Any, TextIO
 
-from envlock.probe.rules import METRIC_NAME
+from envlock.probe.rules import METRIC_NAME, rank_journal
 
 RECORD_ENV = "ENVLOCK_RECORD"
-_state: dict[str, Any] = {"path": None, "fh": None}
+# The directory the command runs in (the workspace), set with ``RECORD_ENV`` by envlock: what
+# ``probe.code`` hashes files from. Without it, the process's working directory.
+WORKSPACE_ENV = "ENVLOCK_WORKSPACE"
+# ``path`` and ``fh``: rank 0's journal; ``ranked``: the journal another rank wrote its capture
+# beside (once per process).
+_state: dict[str, Any] = {"path": None, "fh": None, "ranked": None}
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -92,15 +101,34 @@ def encode(name: str, value: Any) -> Any:
                     "give a number, a tensor or an array")
 
 
-def _open(path: str) -> TextIO:
+def _capture_line(rank: int, world: int) -> str:
+    """This process's capture, its rank and world size, and (rank 0) its workspace files."""
+    from envlock.probe.code import workspace_files
+    from envlock.probe.collect import collect
+
+    doc = collect(torch="auto" if "torch" in sys.modules else "no")
+    line: dict[str, Any] = {"capture": doc, "world_size": world, "rank": rank}
+    if rank == 0:
+        line["code"] = workspace_files(os.environ.get(WORKSPACE_ENV) or os.getcwd())
+    return json.dumps(line) + "\n"
+
+
+def _open(path: str, world: int) -> TextIO:
     fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the process's life
     if fh.tell() == 0:
-        from envlock.probe.collect import collect
-
-        rank, world = _rank_and_world()
-        doc = collect(torch="auto" if "torch" in sys.modules else "no")
-        fh.write(json.dumps({"capture": doc, "world_size": world, "rank": rank}) + "\n")
+        fh.write(_capture_line(0, world))
     return fh
+
+
+def _capture_rank(path: str, rank: int, world: int) -> None:
+    """Another rank's capture, once per process, in its own file (never rank 0's journal:
+    lines of several processes would interleave)."""
+    if _state.get("ranked") == path:
+        return
+    _state["ranked"] = path
+    with open(rank_journal(path, rank), "a", encoding="utf-8") as fh:
+        if fh.tell() == 0:
+            fh.write(_capture_line(rank, world))
 
 
 def record(step: int, /, **metrics: Any) -> None:
@@ -121,13 +149,15 @@ def record(step: int, /, **metrics: Any) -> None:
         if not METRIC_NAME.fullmatch(name):
             raise ValueError(f"envlock.record: metric name {name!r} cannot be recorded: a name is a "
                              "letter or '_', then at most 127 letters, digits or '_' '.' '/' '-'")
-    if _rank_and_world()[0] != 0:
+    rank, world = _rank_and_world()
+    if rank != 0:
+        _capture_rank(path, rank, world)
         return
     row = {"step": int(step), "metrics": {name: encode(name, v) for name, v in metrics.items()}}
     if _state["path"] != path:
         if _state["fh"] is not None:
             _state["fh"].close()
-        _state["fh"], _state["path"] = _open(path), path
+        _state["fh"], _state["path"] = _open(path, world), path
     fh: TextIO = _state["fh"]
     fh.write(json.dumps(row) + "\n")
     fh.flush()
