@@ -27,9 +27,13 @@ _INSTALLED = ("site-packages", "dist-packages")
 
 
 def _installed_roots() -> List[str]:
+    """The interpreter's prefixes, as given and as real paths (a module's ``__file__`` is
+    usually spelled like the first: compared as a string, it is skipped without a ``stat``)."""
     roots = {getattr(sys, name, "") for name in ("prefix", "base_prefix", "exec_prefix",
                                                  "base_exec_prefix")}
-    return sorted(os.path.join(os.path.realpath(r), "") for r in roots if r)
+    both = {os.path.join(os.path.abspath(r), "") for r in roots if r}
+    both |= {os.path.join(os.path.realpath(r), "") for r in roots if r}
+    return sorted(both)
 
 
 def _file_of(module: Any) -> Optional[str]:
@@ -74,7 +78,9 @@ def workspace_files(workspace: str, modules: Optional[Mapping[str, Any]] = None)
     found: Dict[str, str] = {}
     for module in list(modules.values()):
         path = _file_of(module)
-        if path is None:
+        # Most modules of a training process are torch's, numpy's and the standard library's:
+        # the string test skips them before ``realpath`` stats every directory of their path.
+        if path is None or path.startswith(tuple(installed)):
             continue
         real = os.path.realpath(path)
         if not real.startswith(root) or any(real.startswith(r) for r in installed) \

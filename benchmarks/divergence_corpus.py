@@ -1,0 +1,603 @@
+"""A corpus of induced causes: for each way a seeded run can diverge, does the replay diverge,
+and does envlock's verdict name the cause among "lock differences that can explain it"?
+
+    python benchmarks/divergence_corpus.py                     # every case (about 10 min on 2 cores)
+    python benchmarks/divergence_corpus.py --cases omp_threads,edited_script
+    python benchmarks/divergence_corpus.py --skip-compile      # leave out the torch.compile cases
+    python benchmarks/divergence_corpus.py --numpy-alt DIR     # DIR: another numpy build (pip --target)
+    python benchmarks/divergence_corpus.py --json FILE         # every verdict, as envlock printed it
+
+Run it with an interpreter that has torch and numpy and can import envlock (the repository root
+is put on ``PYTHONPATH`` of every command). Each case starts from a sealed record of a seeded
+run made once per baseline (``envlock record``, on this host), induces one cause, replays with
+``envlock replay --json`` and undoes the cause. A baseline's own replay must reproduce it first:
+otherwise the run is nondeterministic and no case of it means anything.
+
+The training script (``TRAIN`` below) is small but takes the paths through which causes reach
+numbers in real runs: a convolution and large reductions on torch's intra-op pool (OpenMP,
+MKL), a numpy dot product (OpenBLAS), a native library loaded by name (``LD_LIBRARY_PATH``), a
+learning rate schedule through libm's ``cos`` (``LD_PRELOAD``), a data file, a Hugging Face
+cache snapshot, a package of the environment, a module of the project, a seed; the compile
+baseline adds ``torch.compile`` (Inductor's C++ backend), the ranks baseline two gloo ranks under
+``torchrun``. A case whose cause is explained only by work not in this tree says so
+(``depends``): its figure is what this tree explains, not what it will.
+
+Prints a markdown table and "explained N of M" (M: the cases whose replay diverged). Exit 0
+when it ran; the figure is the result, not a pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HF_REPO = "corpus/model"
+REV1, REV2 = "1" * 40, "2" * 40
+
+TRAIN = r'''
+"""A seeded run whose numbers every cause of the corpus can reach."""
+import ctypes
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+import corpuspkg
+import envlock
+from helpers import blocks
+
+LR = 0.05
+seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
+if os.environ.get("CORPUS_INTEROP_THREADS"):
+    torch.set_num_interop_threads(int(os.environ["CORPUS_INTEROP_THREADS"]))
+torch.manual_seed(seed)
+
+# Data preparation: a data file, a model config from the Hugging Face cache, a package's
+# constant, a native library found by name, numpy's BLAS.
+data = np.load("data.npy")
+hub = os.environ["HF_HUB_CACHE"]
+folder = os.path.join(hub, "models--corpus--model")
+rev = open(os.path.join(folder, "refs", "main")).read().strip()
+scale = json.load(open(os.path.join(folder, "snapshots", rev, "config.json")))["scale"]
+native = ctypes.CDLL("libcorpusk.so")
+native.corpus_sum.restype = ctypes.c_double
+native.corpus_sum.argtypes = [ctypes.c_void_p, ctypes.c_long]
+flat = np.ascontiguousarray(data, dtype=np.float32).ravel()
+summed = native.corpus_sum(flat.ctypes.data, flat.size)
+big = np.random.default_rng(0).standard_normal(4_000_000)
+prep = float(big @ big) * 1e-6 + summed * 1e-3 + scale * corpuspkg.SCALE + float(data.mean())
+
+x = torch.from_numpy(data).reshape(32, 8, 28, 28) * float(scale * corpuspkg.SCALE)
+w = (torch.randn(16, 8, 3, 3) * 0.1).requires_grad_()
+y = torch.randint(0, 16, (32,))
+
+
+def loss_of(w, x):
+    out = torch.tanh(torch.nn.functional.conv2d(x, w))
+    return torch.nn.functional.cross_entropy(out.mean((2, 3)) * 4, y) + blocks(out) * 1e-4
+
+
+step_loss = torch.compile(loss_of) if os.environ.get("CORPUS_COMPILE") else loss_of
+for step in range(3):
+    lr = LR * (1 + math.cos(math.pi * step / 6)) / 2
+    loss = step_loss(w, x)
+    loss.backward()
+    with torch.no_grad():
+        w -= lr * w.grad
+        w.grad.zero_()
+    envlock.record(step, loss=loss.detach(), lr=lr, prep=prep)
+'''
+
+HELPERS = '''
+"""A module of the project: the training script imports it."""
+
+
+def blocks(out):
+    # A reduction over every element (hundreds of thousands): split across threads.
+    return out.pow(2).sum()
+'''
+
+RANKS_TRAIN = r'''
+"""Two gloo ranks: rank 0 records the loss of each rank and their sum."""
+import torch
+import torch.distributed as dist
+
+import envlock
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+x = torch.randn(2, 4_000_000)  # a sum over millions of elements is split across threads
+w = torch.zeros(1, requires_grad=True)
+for step in range(3):
+    loss = ((x[rank] + w) ** 2).sum() * 1e-6
+    loss.backward()
+    dist.all_reduce(w.grad)
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+        w.grad.zero_()
+    each = [torch.zeros(()) for _ in range(dist.get_world_size())]
+    dist.all_gather(each, loss.detach())
+    envlock.record(step, loss=sum(each), rank_losses=torch.stack(each))
+dist.destroy_process_group()
+'''
+
+# Sets a variable on rank 1 only, as a node's own environment or a per-rank wrapper does.
+LAUNCH = """#!/bin/sh
+if [ "$RANK" = "1" ] && [ -n "$CORPUS_RANK1_THREADS" ]; then export OMP_NUM_THREADS="$CORPUS_RANK1_THREADS"; fi
+exec "$CORPUS_PYTHON" train.py
+"""
+
+NATIVE = """
+/* A library the run loads by name: the sum of n floats. The second build (-O3 -ffast-math)
+   reassociates the sum into vector lanes: same source, other bits. */
+double corpus_sum(const float *x, long n) {
+    float s = 0.0f;
+    for (long i = 0; i < n; i++) s += x[i];
+    return s;
+}
+"""
+
+# A preloaded library that overrides libm's cos (as a vendor's fast libm does), one ulp off.
+PRELOAD = """
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <math.h>
+double cos(double x) {
+    static double (*real)(double);
+    if (!real) real = (double (*)(double))dlsym(RTLD_NEXT, "cos");
+    return nextafter(real(x), 0.0);
+}
+"""
+
+
+@dataclass
+class Induced:
+    """What a case changes for its replay: variables, the command after ``--``, and how to
+    put the files back."""
+
+    env: dict[str, str | None] = field(default_factory=dict)
+    command: list[str] | None = None
+    undo: Callable[[], object] | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    cause: str
+    baseline: str  # "main", "compile" or "ranks"
+    induce: Callable[[Workspace], Induced]
+    # What in the verdict names the cause: "file:PATH", "command", "ctx:KEY", "ctx:KEY@RANK",
+    # "input:NAME"; any one of them is enough.
+    expect: tuple[str, ...]
+    depends: str = ""  # the work a cause needs to be explained, where this tree lacks it
+    needs: str = ""    # "cc": a C compiler; "numpy-alt": --numpy-alt
+
+
+@dataclass
+class Workspace:
+    root: Path           # the project (a git repository)
+    outside: Path        # beside it: libraries, the package, the hub cache
+    env: dict[str, str]  # the baseline's environment
+    baseline: str
+    numpy_alt: Path | None = None
+
+    def edit(self, rel: str, old: str, new: str) -> Callable[[], object]:
+        path = self.root / rel
+        text = path.read_text()
+        assert old in text, (rel, old)
+        path.write_text(text.replace(old, new))
+        return lambda: path.write_text(text)
+
+
+def _env(**changes: str | None) -> Callable[[Workspace], Induced]:
+    return lambda ws: Induced(env=dict(changes))
+
+
+def _edit(rel: str, old: str, new: str) -> Callable[[Workspace], Induced]:
+    return lambda ws: Induced(undo=ws.edit(rel, old, new))
+
+
+def _seed(ws: Workspace) -> Induced:
+    return Induced(command=[sys.executable, "train.py", "--seed", "1"])
+
+
+def _data(ws: Workspace) -> Induced:
+    import numpy as np
+
+    path = ws.root / "data.npy"
+    before = path.read_bytes()
+    arr = np.load(path)
+    arr[0, 0] += np.float32(1e-3)
+    np.save(path, arr)
+    return Induced(undo=lambda: path.write_bytes(before))
+
+
+def _hf_revision(ws: Workspace) -> Induced:
+    hub = ws.outside / "hub"
+    _hf_snapshot(hub, REV2, {"scale": 1.0001})
+    ref = hub / "models--corpus--model" / "refs" / "main"
+    ref.write_text(REV2)
+    return Induced(undo=lambda: ref.write_text(REV1))
+
+
+def _package(ws: Workspace) -> Induced:
+    site = ws.outside / "site"
+    _write_package(site, "1.1", "1.0000001")
+    return Induced(undo=lambda: _write_package(site, "1.0", "1.0"))
+
+
+def _ld_path(ws: Workspace) -> Induced:
+    return Induced(env={"LD_LIBRARY_PATH": str(ws.outside / "lib-fast")})
+
+
+def _ld_in_place(ws: Workspace) -> Induced:
+    lib = ws.outside / "lib" / "libcorpusk.so"
+    before = lib.read_bytes()
+    shutil.copyfile(ws.outside / "lib-fast" / "libcorpusk.so", lib)
+    return Induced(undo=lambda: lib.write_bytes(before))
+
+
+def _preload(ws: Workspace) -> Induced:
+    return Induced(env={"LD_PRELOAD": str(ws.outside / "preload" / "libulpcos.so")})
+
+
+def _numpy_alt(ws: Workspace) -> Induced:
+    assert ws.numpy_alt is not None
+    return Induced(env={"PYTHONPATH": os.pathsep.join([str(ws.numpy_alt), ws.env["PYTHONPATH"]])})
+
+
+def _warm_cache(ws: Workspace) -> Induced:
+    # The baseline compiled into an empty Inductor cache; this replay finds it filled by that
+    # run (every other replay of the compile baseline gets an empty one of its own).
+    return Induced(env={"TORCHINDUCTOR_CACHE_DIR": ws.env["TORCHINDUCTOR_CACHE_DIR"]})
+
+
+def _rank1(ws: Workspace) -> Induced:
+    return Induced(env={"CORPUS_RANK1_THREADS": "2"})
+
+
+INDUCTOR_DEPENDS = "issue 26 item 3: torch.compile state ([torch.compile] settings, variables, caches)"
+NATIVE_DEPENDS = "issue 26 item 1: native libraries as loaded (/proc/self/maps, a sha256 for unowned ones)"
+BLAS_DEPENDS = "issue 26 item 2: BLAS/OpenMP runtimes (threadpoolctl: implementation, version, threads)"
+
+CASES = (
+    Case("omp_threads", "OMP_NUM_THREADS=1 (OpenMP: torch's intra-op pool, OpenBLAS)", "main",
+         _env(OMP_NUM_THREADS="1"), ("ctx:env.OMP_NUM_THREADS", "ctx:determinism.num_threads")),
+    Case("mkl_threads", "MKL_NUM_THREADS=1", "main", _env(MKL_NUM_THREADS="1"),
+         ("ctx:env.MKL_NUM_THREADS",)),
+    Case("openblas_threads", "OPENBLAS_NUM_THREADS=1 (numpy's dot product)", "main",
+         _env(OPENBLAS_NUM_THREADS="1"), ("ctx:env.OPENBLAS_NUM_THREADS",)),
+    Case("interop_threads", "torch's inter-op pool: 1 thread (the script's own setting)", "main",
+         _env(CORPUS_INTEROP_THREADS="1"), ("ctx:determinism.num_interop_threads",)),
+    Case("aten_default", "ATEN_CPU_CAPABILITY=default (no vector kernels)", "main",
+         _env(ATEN_CPU_CAPABILITY="default"), ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY")),
+    Case("aten_avx2", "ATEN_CPU_CAPABILITY=avx2", "main", _env(ATEN_CPU_CAPABILITY="avx2"),
+         ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY")),
+    Case("ld_library_path", "LD_LIBRARY_PATH names another build of a library the run loads",
+         "main", _ld_path, ("ctx:env.LD_LIBRARY_PATH",), needs="cc"),
+    Case("ld_library_path_in_place", "the library on LD_LIBRARY_PATH replaced in place (a module "
+         "system's upgrade)", "main", _ld_in_place, ("ctx:native.",), depends=NATIVE_DEPENDS, needs="cc"),
+    Case("ld_preload", "LD_PRELOAD of a libm whose cos is one ulp off", "main", _preload,
+         ("ctx:env.LD_PRELOAD",), needs="cc"),
+    Case("seed", "another seed (--seed 1 after --)", "main", _seed,
+         ("ctx:seeds.torch_initial_seed", "command")),
+    Case("data_file", "one value of the data file changed", "main", _data, ("input:data.npy",)),
+    Case("hf_revision", "the Hugging Face cache's main moved to another commit", "main",
+         _hf_revision, ("input:hf:models/corpus/model@main",)),
+    Case("package_version", "a package of the environment upgraded in place (1.0 -> 1.1)", "main",
+         _package, ("ctx:packages.corpuspkg",)),
+    Case("edited_script", "the learning rate edited in train.py", "main",
+         _edit("train.py", "LR = 0.05", "LR = 0.06"), ("file:train.py",)),
+    Case("edited_module", "a module of the project edited (helpers.py)", "main",
+         _edit("helpers.py", "out.pow(2).sum()", "out.pow(2).sum() * 1.0001"), ("file:helpers.py",)),
+    Case("numpy_blas", "numpy from another build, with its own OpenBLAS (--numpy-alt)", "main",
+         _numpy_alt, ("ctx:packages.numpy", "ctx:blas."), depends=BLAS_DEPENDS, needs="numpy-alt"),
+    Case("inductor_setting", "an Inductor setting: TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast",
+         "compile", _env(TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG="fast"),
+         ("ctx:env.TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG", "ctx:compile."),
+         depends=INDUCTOR_DEPENDS),
+    Case("compile_cache_warm", "a warm Inductor cache where the original compiled cold", "compile",
+         _warm_cache, ("ctx:compile.",), depends=INDUCTOR_DEPENDS),
+    Case("rank1_threads", "one rank of two: OMP_NUM_THREADS=2 on rank 1 only (torchrun sets 1)",
+         "ranks", _rank1, ("ctx:env.OMP_NUM_THREADS@1", "ctx:determinism.num_threads@1")),
+)
+
+
+# -- the workspace ------------------------------------------------------------------------------
+
+
+def _hf_snapshot(hub: Path, rev: str, config: dict[str, Any]) -> None:
+    """A model in the cache as huggingface_hub lays it out: a blob named by its content, the
+    snapshot's file a link to it."""
+    import hashlib
+
+    folder = hub / "models--corpus--model"
+    body = json.dumps(config).encode()
+    blob = folder / "blobs" / hashlib.sha1(body).hexdigest()
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(body)
+    snap = folder / "snapshots" / rev
+    snap.mkdir(parents=True, exist_ok=True)
+    link = snap / "config.json"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(os.path.relpath(blob, snap))
+    (folder / "refs").mkdir(exist_ok=True)
+
+
+def _write_package(site: Path, version: str, scale: str) -> None:
+    (site / "corpuspkg").mkdir(parents=True, exist_ok=True)
+    (site / "corpuspkg" / "__init__.py").write_text(f"SCALE = {scale}\n")
+    for old in site.glob("corpuspkg-*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"corpuspkg-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: corpuspkg\nVersion: {version}\n")
+    (info / "RECORD").write_text("")
+
+
+def _cc(source: str, out: Path, *flags: str) -> bool:
+    """Build a shared library with the C compiler; False when there is none."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run([cc, "-shared", "-fPIC", *flags, "-o", str(out), str(src), "-lm"], check=True)
+    return True
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=corpus", "-c", "user.email=corpus@localhost", *args],
+                   cwd=root, check=True, stdout=subprocess.DEVNULL)
+
+
+# The variables a case induces: the baseline runs without them, whatever the caller's shell has.
+_INDUCED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+            "LD_PRELOAD", "CORPUS_INTEROP_THREADS", "CORPUS_RANK1_THREADS", "CORPUS_COMPILE")
+
+
+def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) -> Workspace:
+    """A git repository holding the training script, its module and its data, and beside it
+    the libraries, the package and the hub cache the run reads."""
+    import numpy as np
+
+    root, outside = where / "project", where / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    if baseline == "ranks":
+        (root / "train.py").write_text(RANKS_TRAIN)
+        (root / "launch.sh").write_text(LAUNCH)
+        (root / "launch.sh").chmod(0o755)
+    else:
+        (root / "train.py").write_text(TRAIN)
+        (root / "helpers.py").write_text(HELPERS)
+        np.save(root / "data.npy", np.random.default_rng(7).standard_normal((32, 8 * 28 * 28)).astype(np.float32))
+    (root / ".gitignore").write_text("*.record\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "the experiment")
+    hub = outside / "hub"
+    _hf_snapshot(hub, REV1, {"scale": 1.0})
+    (hub / "models--corpus--model" / "refs" / "main").write_text(REV1)
+    _write_package(outside / "site", "1.0", "1.0")
+    lib = outside / "lib" / "libcorpusk.so"
+    if _cc(NATIVE, lib, "-O2"):
+        _cc(NATIVE, outside / "lib-fast" / "libcorpusk.so", "-O3", "-ffast-math")
+        _cc(PRELOAD, outside / "preload" / "libulpcos.so", "-O2")
+    env = {k: v for k, v in os.environ.items() if k not in _INDUCED}
+    env.update(PYTHONPATH=os.pathsep.join([str(outside / "site"), str(REPO)]), HF_HUB_CACHE=str(hub),
+               LD_LIBRARY_PATH=str(lib.parent), ENVLOCK_CACHE_DIR=str(where / "cache"),
+               CORPUS_PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"))
+    env.pop("ENVLOCK_RECORD", None)
+    if baseline == "compile":
+        env["CORPUS_COMPILE"] = "1"
+    return Workspace(root, outside, env, baseline, numpy_alt)
+
+
+def _command(baseline: str) -> list[str]:
+    if baseline == "ranks":
+        return [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2", "--no-python",
+                "./launch.sh"]
+    return [sys.executable, "train.py"]
+
+
+def _envlock(ws: Workspace, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "envlock", *args], cwd=ws.root, env=env,
+                          capture_output=True, text=True)
+
+
+def record(ws: Workspace) -> None:
+    inputs = [] if ws.baseline == "ranks" else ["--input", "data.npy", "--input", f"hf:{HF_REPO}"]
+    done = _envlock(ws, ["record", "base.record", *inputs, "--", *_command(ws.baseline)], ws.env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {ws.baseline} baseline failed to record:\n{done.stderr[-3000:]}")
+
+
+def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
+    """The verdict of a replay with the cause in place, as ``replay --json`` prints it."""
+    env = dict(ws.env)
+    if ws.baseline == "compile":
+        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="cold-", dir=ws.outside)
+    for name, value in induced.env.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    extra = ["--", *induced.command] if induced.command else []
+    done = _envlock(ws, ["replay", "base.record", "--json", *extra], env)
+    try:
+        verdict: dict[str, Any] = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"replay printed no verdict (exit {done.returncode}):\n{done.stderr[-3000:]}") from None
+    verdict["exit"] = done.returncode
+    return verdict
+
+
+# -- judging a verdict --------------------------------------------------------------------------
+
+
+def named(verdict: dict[str, Any]) -> list[str]:
+    """Everything the verdict lists as a possible cause, in the corpus's spelling."""
+    out = []
+    for c in verdict.get("code", []):
+        out.append(f"file:{c['name']}" if c["what"] == "file" else c["what"])
+    for c in verdict.get("context", []):
+        ranks = c.get("ranks") or []
+        out.append(f"ctx:{c['key']}" + "".join(f"@{r}" for r in ranks))
+    out += [f"input:{d['name']}" for d in verdict.get("inputs", [])]
+    return out
+
+
+def explained(verdict: dict[str, Any], expect: tuple[str, ...]) -> bool:
+    """Whether one of ``expect`` is among what the verdict names. ``ctx:KEY`` matches KEY on
+    every rank or any; ``ctx:KEY@R`` only a change listed for rank R; a key ending in "." is a
+    family (``ctx:native.``)."""
+    listed = named(verdict)
+    for want in expect:
+        key, _, rank = want.partition("@")
+        for item in listed:
+            name, *ranks = item.split("@")
+            hit = name.startswith(key) if key.endswith(".") else name == key
+            if hit and (not rank or rank in ranks):
+                return True
+    return False
+
+
+@dataclass
+class Result:
+    case: Case
+    status: str  # "explained", "not explained", "no divergence", "not run"
+    why: str = ""
+    verdict: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _missing(case: Case, have_cc: bool, numpy_alt: Path | None) -> str:
+    if case.needs == "cc" and not have_cc:
+        return "no C compiler to build the libraries"
+    if case.needs == "numpy-alt" and numpy_alt is None:
+        return ("needs a second numpy build: give --numpy-alt DIR (for example "
+                "`pip install --target DIR numpy==1.26.4`, which bundles an older OpenBLAS)")
+    return ""
+
+
+def run_case(ws: Workspace, case: Case) -> Result:
+    start = time.monotonic()
+    induced = case.induce(ws)
+    try:
+        verdict = replay(ws, induced)
+    finally:
+        if induced.undo is not None:
+            induced.undo()
+    seconds = time.monotonic() - start
+    if not verdict.get("divergences"):
+        return Result(case, "no divergence", "the replay reproduced the record: nothing to explain",
+                      verdict, seconds)
+    if explained(verdict, case.expect):
+        return Result(case, "explained", ", ".join(named(verdict)), verdict, seconds)
+    why = "named: " + (", ".join(named(verdict)) or "nothing")
+    if case.depends:
+        why += f"; needs {case.depends}"
+    return Result(case, "not explained", why, verdict, seconds)
+
+
+@contextmanager
+def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str]]:
+    """A workspace with its record, checked to replay bit-identically; (None, why) otherwise."""
+    ws = make_workspace(where / kind, kind, numpy_alt)
+    record(ws)
+    control = replay(ws, Induced())
+    if control.get("divergences"):
+        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control))
+    else:
+        yield ws, ""
+
+
+def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
+               numpy_alt: Path | None = None, keep: Path | None = None) -> list[Result]:
+    cases = [c for c in CASES if (names is None or c.name in names)
+             and not (skip_compile and c.baseline == "compile")]
+    where = keep or Path(tempfile.mkdtemp(prefix="divergence-corpus-"))
+    have_cc = shutil.which(os.environ.get("CC", "cc")) is not None or shutil.which("gcc") is not None
+    results: list[Result] = []
+    try:
+        for kind in ("main", "compile", "ranks"):
+            todo = [c for c in cases if c.baseline == kind]
+            runnable = [c for c in todo if not _missing(c, have_cc, numpy_alt)]
+            results += [Result(c, "not run", _missing(c, have_cc, numpy_alt)) for c in todo if c not in runnable]
+            if not runnable:
+                continue
+            with baseline(kind, where, numpy_alt) as (ws, why):
+                if ws is None:
+                    results += [Result(c, "not run", why) for c in runnable]
+                    continue
+                for case in runnable:
+                    results.append(run_case(ws, case))
+                    sys.stderr.write(f"{case.name}: {results[-1].status}\n")
+    finally:
+        if keep is None:
+            shutil.rmtree(where, ignore_errors=True)
+    order = {c.name: i for i, c in enumerate(CASES)}
+    return sorted(results, key=lambda r: order[r.case.name])
+
+
+def figure(results: list[Result]) -> tuple[int, int]:
+    """(explained, diverged)."""
+    diverged = [r for r in results if r.status in ("explained", "not explained")]
+    return sum(r.status == "explained" for r in diverged), len(diverged)
+
+
+def report(results: list[Result]) -> str:
+    lines = ["| case | cause | replay | named in the verdict |", "|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} |")
+    n, m = figure(results)
+    lines.append("")
+    lines.append(f"explained {n} of {m} (of {len(results)} causes: "
+                 f"{sum(r.status == 'no divergence' for r in results)} did not diverge, "
+                 f"{sum(r.status == 'not run' for r in results)} not run)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile cases")
+    parser.add_argument("--numpy-alt", type=Path, help="a directory holding another numpy build")
+    parser.add_argument("--keep", type=Path, help="build the workspaces here and keep them")
+    parser.add_argument("--json", type=Path, help="write every case's verdict to this file")
+    args = parser.parse_args(argv)
+    names = args.cases.split(",") if args.cases else None
+    unknown = sorted(set(names or ()) - {c.name for c in CASES})
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(unknown)}")
+    results = run_corpus(names, skip_compile=args.skip_compile,
+                         numpy_alt=args.numpy_alt.resolve() if args.numpy_alt else None, keep=args.keep)
+    sys.stdout.write(report(results))
+    if args.json:
+        args.json.write_text(json.dumps([{"case": r.case.name, "status": r.status, "why": r.why,
+                                          "seconds": round(r.seconds, 1), "verdict": r.verdict}
+                                         for r in results], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
