@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -111,7 +112,10 @@ class Input(_Model):
     files_sha256: Hex64 | None = None    # hf: digest of the snapshot's (path, blob) pairs
 
 
-ContextKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")]
+# A key of ``[context]``: ``table.field`` (``packages.<name>``, ``env.<VARIABLE>``); the context is
+# made of keys that match, so no odd variable name can stop a record from being written.
+CONTEXT_KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+ContextKey = Annotated[str, StringConstraints(pattern=f"^{CONTEXT_KEY.pattern}$")]
 
 
 class Code(_Model):

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock._record import Input, Record, Step, TensorDigest, rank_contexts
+from envlock._record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
@@ -81,7 +81,7 @@ def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
     return {k: v for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)
             and (not k.startswith("env.") or k[4:].startswith(_NUMERICS_ENV_PREFIXES))
-            and isinstance(v, (bool, int, float, str)) and v != "" and len(k) <= 200}
+            and isinstance(v, (bool, int, float, str)) and v != "" and CONTEXT_KEY.fullmatch(k)}
 
 
 @dataclass(frozen=True)

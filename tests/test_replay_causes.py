@@ -216,6 +216,8 @@ def test_packages_and_the_loaders_variables_are_context() -> None:
                     "PYTHONPATH": "/src"}}
     assert context_of(form) == {"env.LD_LIBRARY_PATH": "/opt/cuda/lib64", "env.LD_PRELOAD": "/opt/libfast.so",
                                 "packages.numpy": "2.4.6", "packages.six": "1.17.0"}
+    # A key the record cannot hold (a variable's odd name) is left out, not a record refused.
+    assert context_of({"env": {"OMP_A B": "1", "OMP_C": "2"}}) == {"env.OMP_C": "2"}
 
 
 # -- ranks ---------------------------------------------------------------------------------------
