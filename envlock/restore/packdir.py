@@ -60,16 +60,25 @@ class Pack:
     @property
     def oci_archive(self) -> Path | None:
         rel = self.manifest.get("oci_archive")
-        if not rel:
-            return None
-        if str(rel).startswith("/") or ".." in Path(str(rel)).parts:
-            raise UsageError(f"the pack's manifest names an OCI archive outside the pack: {str(rel)[:80]!r}")
-        return self.root / str(rel)
+        return inside(self.root, str(rel), "the pack's manifest names an OCI archive") if rel else None
 
     @property
     def docker_archive(self) -> Path | None:
         rel = self.manifest.get("docker_archive")
-        return self.root / str(rel) if rel else None
+        return inside(self.root, str(rel), "the pack's manifest names a docker-archive") if rel else None
+
+
+def inside(root: Path, rel: str, what: str) -> Path:
+    """``root / rel``, refused (exit 2) unless it is a path inside the pack ``root``: not
+    absolute, no ``..`` step, and no link on the way that leads out. The one rule for every path
+    a pack's own files name (its manifest's archives, the lines of SHA256SUMS): the engine loads
+    and Charliecloud unpacks what they name."""
+    path = root / rel
+    top = os.path.realpath(root)
+    if (not rel or "\0" in rel or rel.startswith("/") or ".." in Path(rel).parts
+            or not os.path.realpath(path).startswith(top.rstrip("/") + "/")):
+        raise UsageError(f"{what} outside the pack: {rel[:80]!r}")
+    return path
 
 
 def is_pack(path: Path) -> bool:
@@ -110,9 +119,9 @@ def check_sums(root: Path) -> None:
     bad = []
     for line in sums.read_text(encoding="utf-8").splitlines():
         digest, sep, rel = line.partition("  ")
-        path = root / rel
-        if not sep or rel.startswith("/") or ".." in Path(rel).parts:
+        if not sep:
             raise UsageError(f"{sums}: not a checksum line: {line[:80]!r}")
+        path = inside(root, rel, f"{sums} names a file")
         if not path.is_file() or path.is_symlink():
             bad.append(f"{rel} (missing)")
         elif sha256_file(path)[7:] != digest:

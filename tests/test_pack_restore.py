@@ -1,0 +1,133 @@
+"""A pack restored, without a real engine: what the build is given (its network, its base),
+the venv target with envlock's own wheel, a Ctrl-C or SIGTERM in the middle, two restores at
+once, and the paths a pack's manifest may name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, LockFactory
+
+from envlock.commands import main
+from envlock.errors import BuildFailed, UsageError
+from envlock.export.pack import PackOptions, pack
+from envlock.restore import context as ctx
+from envlock.restore import packdir
+from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.progress import Progress
+
+from test_restore_run_bundle import make_wheel  # isort: skip
+
+BASE_ID = "sha256:" + "ba" * 32
+BUILT_ID = "sha256:" + "ee" * 32
+LOCK_IMAGE = {"reference": "lab/base:1", "digest": "sha256:" + "ab" * 32}
+
+
+class RecordingEngine(ContainerEngine):
+    """An engine that knows a few images and records what it is asked to do."""
+
+    name = "docker"
+
+    def __init__(self, images: Mapping[str, str] | None = None) -> None:
+        self.images = dict(images or {})  # ref -> image id
+        self.builds: list[dict[str, Any]] = []
+        self.pulls: list[str] = []
+        self.loads: list[Path] = []
+
+    def image(self, ref: str) -> ImageInfo | None:
+        image_id = self.images.get(ref) or (ref if ref in self.images.values() else None)
+        return ImageInfo(id=image_id, size=1) if image_id else None
+
+    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
+        return None
+
+    def pull(self, ref: str) -> ImageInfo:
+        self.pulls.append(ref)
+        self.images[ref] = BASE_ID
+        return ImageInfo(id=BASE_ID)
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.images[ref] = image_id
+
+    def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
+              progress: Progress, network: bool = True, files: Sequence[str] | None = None,
+              dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
+        self.builds.append({"network": network, "dockerfile": (context / dockerfile).read_text()})
+        self.images[tag] = BUILT_ID
+        return BUILT_ID
+
+    def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
+            on_stderr: Callable[[bytes], None] | None = None) -> RunResult:
+        raise AssertionError("the tests restore with --no-verify")
+
+    def remove_stale(self) -> int:
+        return 0
+
+    def save(self, ref: str, dest: Path) -> None:
+        dest.write_bytes(b"docker-archive of " + ref.encode())
+
+    def load(self, archive: Path) -> None:
+        self.loads.append(archive)
+        self.images["loaded"] = BASE_ID
+
+
+@pytest.fixture
+def clean(installer_clean: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No configuration or cache of this machine; uv never taken from the host."""
+    monkeypatch.setenv("ENVLOCK_RESTORE_INSTALLER", "pip")
+    return installer_clean
+
+
+def _house(tmp_path: Path) -> Path:
+    house = tmp_path / "house"
+    house.mkdir(parents=True)
+    make_wheel(house, "six", "1.16.0")
+    return house
+
+
+def _pack(lock: Any, tmp_path: Path, engine: RecordingEngine | None, out: Path | None = None) -> Path:
+    lock_path = tmp_path / "env.lock"
+    lock.save(lock_path)
+    out = out or tmp_path / "pack"
+    pack(lock, lock_path, out, PackOptions(wheelhouses=(_house(tmp_path),), download=False,
+                                           image=engine is not None, oci=False), engine=engine)
+    return out
+
+
+def _restore(monkeypatch: pytest.MonkeyPatch, engine: RecordingEngine, *argv: str) -> int:
+    monkeypatch.setattr("envlock.restore.endpoint.connect", lambda *a, **k: engine)
+    return main(["restore", *argv, "--no-verify", "--name", "t"])
+
+
+# -- every path a pack names stays inside it ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["docker_archive", "oci_archive"])
+@pytest.mark.parametrize("rel", ["/etc/shadow", "../outside.tar", "image/../../x", "link/base.tar"])
+def test_a_pack_manifest_cannot_name_an_archive_outside_the_pack(key: str, rel: str, tmp_path: Path) -> None:
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "pack" / "link").symlink_to(tmp_path)
+    with pytest.raises(UsageError, match="outside the pack") as exc:
+        getattr(packdir.Pack(tmp_path / "pack", {key: rel}), key)
+    assert exc.value.exit_code == 2
+    inside = packdir.Pack(tmp_path / "pack", {key: "image/base.tar"})
+    assert getattr(inside, key) == tmp_path / "pack" / "image" / "base.tar"
+
+
+def test_sha256sums_cannot_name_a_file_through_a_link_out_of_the_pack(tmp_path: Path) -> None:
+    root = tmp_path / "pack"
+    root.mkdir()
+    (tmp_path / "secret").write_text("x")
+    (root / "wheels").symlink_to(tmp_path)
+    (root / "SHA256SUMS").write_text(f"{'0' * 64}  wheels/secret\n")
+    with pytest.raises(UsageError, match="outside the pack"):
+        packdir.check_sums(root)
