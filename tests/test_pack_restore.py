@@ -108,6 +108,90 @@ def _restore(monkeypatch: pytest.MonkeyPatch, engine: RecordingEngine, *argv: st
     return main(["restore", *argv, "--no-verify", "--name", "t"])
 
 
+# -- a pack builds with the network off -----------------------------------------------------------
+
+
+def test_a_pack_of_a_venv_lock_builds_with_the_network_off(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
+    root = _pack(lock, tmp_path, engine)
+    capsys.readouterr()
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    err = capsys.readouterr().err
+    (build,) = engine.builds
+    assert build["network"] is False, err
+    assert f"FROM {BASE_ID}" in build["dockerfile"] and not engine.pulls
+    assert "needs the network" not in err
+
+
+def test_only_os_packages_that_the_image_installs_keep_the_network(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
+    """A system-Python lock with dpkg pins is the one restore whose build fetches something
+    (apt, from the image's sources): the network stays on for it, with a note."""
+    from envlock.restore.restore import restore
+
+    system = restore_lock(image=LOCK_IMAGE,
+                          python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",
+                                  "executable": "/usr/bin/python3"},
+                          os_packages={"manager": "dpkg", "packages": ["python3-six:all=1.16.0-4"]},
+                          packages=[{"name": "six", "version": "1.16.0", "source": "system",
+                                     "os_package": "python3-six", "os_package_version": "1.16.0-4"}])
+    venv = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")],
+                        os_packages={"manager": "dpkg", "packages": ["libc6:amd64=2.36-9"]})
+    notes: dict[str, list[str]] = {}
+    for name, lock in (("system", system), ("venv", venv)):
+        engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
+        notes[name] = []
+        restore(lock, ctx.Options(wheelhouse=_house(tmp_path / name)), engine=engine, name=name,
+                verify=False, network=False, say=notes[name].append)
+        assert engine.builds[0]["network"] is (name == "system"), notes[name]
+    assert any("installed with apt, which needs the network" in n for n in notes["system"])
+    assert not any("network" in n for n in notes["venv"])
+
+
+# -- a pack without its base image says what it needs ---------------------------------------------
+
+
+def test_a_pack_without_its_base_image_says_what_a_restore_needs(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    lock_path = tmp_path / "env.lock"
+    lock.save(lock_path)
+    result = pack(lock, lock_path, tmp_path / "pack", PackOptions(wheelhouses=(_house(tmp_path),),
+                                                                  download=False, image=False), engine=None)
+    wanted = "lab/base@" + LOCK_IMAGE["digest"]
+    note = next(n for n in result.notes if "no base image" in n)
+    assert wanted in note and "--target venv" in note and "--base REF" in note
+    readme = (tmp_path / "pack" / "README.md").read_text()
+    assert "nothing is downloaded" not in readme
+    assert "--no-image" in readme and wanted in readme and "envlock restore . --base REF" in readme
+    assert "docker load" not in readme
+
+    # Restored as it is, the build starts from the lock's image, which the engine pulls (and
+    # envlock says so); with --base, from the image given.
+    engine = RecordingEngine()
+    assert _restore(monkeypatch, engine, str(tmp_path / "pack")) == 0
+    err = capsys.readouterr().err
+    assert "the pack holds no base image" in err and wanted in err and "--base REF" in err
+    assert f"FROM {wanted}" in engine.builds[0]["dockerfile"]
+    mine = RecordingEngine({"my/base:1": "sha256:" + "cc" * 32})
+    assert _restore(monkeypatch, mine, str(tmp_path / "pack"), "--base", "my/base:1") == 0
+    assert "the pack holds no base image" not in capsys.readouterr().err
+    (build,) = mine.builds
+    assert "FROM sha256:" + "cc" * 32 in build["dockerfile"] and build["network"] is False and not mine.pulls
+
+
+def test_a_pack_with_its_base_image_still_promises_nothing_downloaded(restore_lock: LockFactory) -> None:
+    from envlock.export.packreadme import readme
+
+    text = readme(restore_lock(), 2, [], base={"id": BASE_ID, "display": "lab/base:1"}, oci=False, debs=[],
+                  missing_debs=[], skipped=[], size=1, pack_seconds=1.0)
+    assert "nothing is downloaded" in text and "--no-image" not in text
+
+
 # -- every path a pack names stays inside it ------------------------------------------------------
 
 

@@ -159,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
 
     lock = load(lock_path)
     opts = options(args)
-    network = True
     with connect(args.engine) as engine:
         if pack is not None:
             from envlock.restore.packdir import ensure_base
@@ -167,12 +166,17 @@ def run(args: argparse.Namespace) -> int:
             opts = _pack_options(args, pack, opts)
             if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
                 say(f"loaded the base image {pack.base.get('display', '')} from the pack")
-            # Everything the build needs is in the context; apt's OS packages are the exception.
-            network = not (lock.python.prefix_kind == "system" and lock.os_packages)
-            if network:
-                say("note: the lock's OS packages are installed with apt, which needs the network")
+            elif pack.base_id is None and not args.base:
+                from envlock.export.pack import needed_base
+
+                start = needed_base(lock, None) or "the lock's base image"
+                say(f"note: the pack holds no base image (packed with --no-image): the build starts FROM "
+                    f"{start}, which the engine pulls unless it has it; pass --base REF to build from an "
+                    "image it has")
+        # A pack's build needs no network: everything is in its context (restore keeps it for the
+        # lock's OS packages, which only the image's package manager can fetch).
         result = restore_image(args, lock, opts, engine, verify=not args.no_verify,
-                               lock_path=lock_path, network=network)
+                               lock_path=lock_path, network=pack is None)
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")

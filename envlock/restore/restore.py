@@ -152,7 +152,8 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside.
 
     ``network=False`` builds with the engine's network ``none`` (a pack: everything the build
-    needs is in the context)."""
+    needs is in the context), unless the plan installs the lock's OS packages with the image's
+    package manager, which fetches them from its sources (a note says so)."""
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
@@ -162,6 +163,10 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
+    if not network and plan.os_install is not None:
+        say(f"note: the lock's OS packages are installed with {plan.os_install.manager}, which needs "
+            "the network: this build has it")
+        network = True
     key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
     if workdir is None:
