@@ -192,6 +192,40 @@ def test_a_pack_with_its_base_image_still_promises_nothing_downloaded(restore_lo
     assert "nothing is downloaded" in text and "--no-image" not in text
 
 
+# -- the venv target installs envlock's own wheel -------------------------------------------------
+
+
+def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """envlock installed from a checkout (the README's route) is in the lock as a local
+    package; the venv target gets a wheel of the running envlock for it, as the image target
+    does, and never the build of that name the wheelhouse holds."""
+    from envlock.restore import ownwheel
+    from envlock.restore.venvtarget import restore_venv
+
+    def own_wheel(dest: Path) -> Path:  # the real one builds envlock (test_replay.py, slow)
+        wheel = make_wheel(dest, "envlock-ml", "0.1.0")
+        with zipfile.ZipFile(wheel, "a") as zf:
+            zf.writestr("envlock-ml/own.txt", "the running envlock's\n")
+        return wheel
+
+    monkeypatch.setattr(ownwheel, "own_wheel", own_wheel)
+    house = _house(tmp_path)
+    make_wheel(house, "envlock-ml", "0.1.0")  # a pack holds the packing envlock's, of that name
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}"
+    lock = restore_lock(python={"version": mine, "implementation": "cpython", "prefix_kind": "venv",
+                                "prefix": "/opt/venv"},
+                        packages=[("six", "1.16.0"), {"name": "envlock-ml", "version": "0.1.0",
+                                                      "source": "local", "url": "file:///src/envlock"}])
+    for skip_local in (False, True):
+        dest = tmp_path / f"venv-{skip_local}"
+        result = restore_venv(lock, house, dest, ctx.Options(python=sys.executable, skip_local=skip_local),
+                              verify=False)
+        site = next((result.directory / "lib").glob("python*/site-packages"))
+        assert (site / "envlock-ml" / "own.txt").is_file()
+        assert (site / "six-1.16.0.dist-info").is_dir() and not list(dest.glob(".envlock-*"))
+
+
 # -- every path a pack names stays inside it ------------------------------------------------------
 
 

@@ -81,11 +81,27 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
 def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = None
             ) -> tuple[ctx.Plan, dict[str, str]]:
     """The validated plan and the rendered files, ready to write or build."""
+    base = resolve_base(engine, lock, options)
+    options, wheels_for, own = wheel_inputs(lock, options)
+    uv = None
+    if options.wheelhouse is not None:
+        from envlock.restore import uvbin
+
+        uv = uvbin.find(options.wheelhouse, cache_dir() / "uv")
+    plan = ctx.plan(lock, options, base, wheels_for, own, uv)
+    return plan, dockerfile.render(plan)
+
+
+def wheel_inputs(lock: Lock, options: ctx.Options
+                 ) -> tuple[ctx.Options, dict[str, tuple[Path, ...]] | None, Path | None]:
+    """What a plan installs from files, for every target (image, Charliecloud, venv): the
+    wheelhouse's wheels, each build proven against the lock before anything is installed, with
+    the options the wheelhouse adds (its manifest's hashes, its rebuilt local wheels); and a
+    wheel of the running envlock when the lock holds envlock, whatever its source and whatever
+    the wheelhouse holds (see ``ownwheel``). (options, wheels by package or None, own wheel or None)."""
     from envlock.restore.ownwheel import OWN_DIST, own_wheel
 
-    base = resolve_base(engine, lock, options)
     wheels_for = None
-    # envlock itself comes from this envlock, whatever the wheelhouse holds (see ownwheel).
     others = [p for p in lock.packages if p.name != OWN_DIST]
     house = options.wheelhouse
     if house is not None:
@@ -105,13 +121,7 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
         where = cache_dir() / "envlock-wheel"
         where.mkdir(parents=True, exist_ok=True)
         own = own_wheel(where)
-    uv = None
-    if house is not None:
-        from envlock.restore import uvbin
-
-        uv = uvbin.find(house, cache_dir() / "uv")
-    plan = ctx.plan(lock, options, base, wheels_for, own, uv)
-    return plan, dockerfile.render(plan)
+    return options, wheels_for, own
 
 
 def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,

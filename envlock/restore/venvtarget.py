@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from envlock.errors import BuildFailed, HostIncompatible, InterpreterNotFound, UsageError
 from envlock.lock import Lock
 from envlock.restore import context as ctx
-from envlock.restore import dockerfile, wheelhouse
+from envlock.restore import dockerfile
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison
@@ -104,20 +104,19 @@ def _run(argv: list[str], what: str) -> None:
 def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, verify: bool = True,
                  say: Callable[[str], None] = lambda s: None) -> VenvResult:
     """Create the venv ``dest`` with the lock's packages from ``wheels``, then verify it."""
+    from envlock.restore.restore import wheel_inputs
+
     dest = Path(dest).absolute()
     if os.path.lexists(dest) and not (dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())):
         raise UsageError(f"refusing to create a venv at {dest}: it exists and is not an empty directory")
     python = host_python(lock, options.python)
     t0 = time.monotonic()
     options = replace(options, wheelhouse=wheels, venv=str(dest), python=None, base=None)
-    files_for = wheelhouse.select(wheels, lock.packages)
-    wheelhouse.check_builds(lock.packages, files_for)
-    manifest = wheelhouse.read_manifest(wheels)
-    options = replace(options, extra_hashes=manifest or options.extra_hashes,
-                      local_wheels=options.local_wheels | wheelhouse.read_local_wheels(wheels))
-    plan = ctx.plan(lock, options, _NO_IMAGE, files_for)
+    # The plan of the image target: the wheelhouse's wheels proven, envlock's own wheel for envlock.
+    options, files_for, own = wheel_inputs(lock, options)
+    plan = ctx.plan(lock, options, _NO_IMAGE, files_for, own)
     for note in plan.notes:
-        say(f"note: {note}")
+        say(note if note.startswith("warning: ") else f"note: {note}")
     rendered = dockerfile.render(plan)
     say(f"creating {dest} with {python}")
     _run([python, "-m", "venv", str(dest)], "python -m venv")
@@ -125,13 +124,16 @@ def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, 
     install, installer = _installer(venv_python)
     with tempfile.TemporaryDirectory(prefix="envlock-venv-") as tmp:
         for layer in plan.layers:
+            # Each layer finds only its own wheels, as in an image: envlock's layer its own
+            # wheel, never another build of it that the wheelhouse may hold under that name.
+            links = [arg for d in sorted({str(w.parent) for w in plan.wheels.get(layer.name, ())})
+                     for arg in ("--find-links", d)]
             for fname in layer.files():
                 req = Path(tmp) / fname
                 req.write_text(rendered[f"requirements/{fname}"], encoding="utf-8")
                 hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
                 say(f"installing the {layer.name} layer with {installer}")
-                _run([*install, *hashed, "--find-links", str(wheels), "-r", str(req)],
-                     f"{installer} install ({layer.name})")
+                _run([*install, *hashed, *links, "-r", str(req)], f"{installer} install ({layer.name})")
     if plan.remove:
         _run([venv_python, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *plan.remove],
              "pip uninstall (ensurepip's tools the lock does not have)")
