@@ -226,6 +226,90 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
         assert (site / "six-1.16.0.dist-info").is_dir() and not list(dest.glob(".envlock-*"))
 
 
+# -- an interrupted restore leaves nothing in the way of the next ---------------------------------
+
+
+FAKE_PYTHON = """#!/bin/sh
+# Answers the version question like the lock's python, then makes a venv that never finishes.
+case "$1" in
+  -c) echo "3.11.2 cpython" ;;
+  -m) mkdir -p "$3/bin" && : > "$3/bin/python" && : > "$STARTED" && exec sleep 600 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_venv_restore_takes_its_venv_away(
+        signum: int, restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
+    """A real envlock process, stopped while the venv is being made (its python hangs there):
+    it exits as interrupted and the half-made venv is gone, so the same command works again."""
+    import time
+
+    lock_path = tmp_path / "env.lock"
+    restore_lock(packages=[("six", "1.16.0")]).save(lock_path)
+    fake = tmp_path / "python3.11"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    started, dest = tmp_path / "started", tmp_path / "venv"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STARTED": str(started)}
+    proc = subprocess.Popen([sys.executable, "-m", "envlock", "restore", str(lock_path), "--target", "venv",
+                             str(dest), "--wheelhouse", str(_house(tmp_path)), "--python", str(fake),
+                             "--no-verify"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=60)
+        assert (dest / "bin" / "python").exists()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "envlock: interrupted" in err, (proc.returncode, out, err)
+    assert not dest.exists()
+
+
+def test_a_venv_that_a_killed_restore_left_is_named_with_how_to_remove_it(tmp_path: Path) -> None:
+    from envlock.restore.venvtarget import UNFINISHED, refuse_unless_free
+
+    dest = tmp_path / "my venv"
+    (dest / "bin").mkdir(parents=True)
+    (dest / UNFINISHED).write_text("")
+    with pytest.raises(UsageError, match="unfinished venv that an envlock restore left") as exc:
+        refuse_unless_free(dest)
+    assert exc.value.hint == f"remove it (rm -rf '{dest}') and restore again"
+    (dest / UNFINISHED).unlink()
+    with pytest.raises(UsageError, match="exists and is not an empty directory"):
+        refuse_unless_free(dest)
+    refuse_unless_free(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    refuse_unless_free(tmp_path / "empty")
+
+
+def test_a_failed_venv_restore_leaves_an_empty_directory_empty(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
+    """Not only Ctrl-C: a restore that fails takes its half venv away, and a directory the
+    user made for it stays, empty."""
+    from envlock.restore.venvtarget import restore_venv
+
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}"
+    lock = restore_lock(python={"version": mine, "implementation": "cpython", "prefix_kind": "venv",
+                                "prefix": "/opt/venv"}, packages=[("six", "1.16.0")])
+    house = tmp_path / "house"
+    house.mkdir()
+    with zipfile.ZipFile(house / "six-1.16.0-py3-none-any.whl", "w") as zf:  # a wheel pip refuses
+        zf.writestr("six-1.16.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: six\nVersion: 1.16.0\n")
+        zf.writestr("six-1.16.0.dist-info/WHEEL", "Wheel-Version: 9.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("six-1.16.0.dist-info/RECORD", "")
+    dest = tmp_path / "empty"
+    dest.mkdir()
+    with pytest.raises(BuildFailed, match="install"):
+        restore_venv(lock, house, dest, ctx.Options(python=sys.executable), verify=False)
+    assert dest.is_dir() and not any(dest.iterdir())
+
+
 # -- every path a pack names stays inside it ------------------------------------------------------
 
 
