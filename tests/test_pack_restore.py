@@ -333,3 +333,65 @@ def test_sha256sums_cannot_name_a_file_through_a_link_out_of_the_pack(tmp_path: 
     (root / "SHA256SUMS").write_text(f"{'0' * 64}  wheels/secret\n")
     with pytest.raises(UsageError, match="outside the pack"):
         packdir.check_sums(root)
+
+
+# -- two restores of one pack at once -------------------------------------------------------------
+
+
+def test_a_pack_unpacked_by_another_restore_meanwhile_is_used(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second of two restores that unpack one pack at the same time finds the first one's
+    copy in place when it renames its own: it uses that one (it once failed, 'not a readable
+    pack', on the rename's ENOTEMPTY)."""
+    root = _pack(restore_lock(packages=[("six", "1.16.0")]), tmp_path, None, tmp_path / "p.tar")
+    work = tmp_path / "work"
+    real = packdir.extract_data
+    other: list[Path] = []
+
+    def slow_extract(archive: Path, dest: Path, *, not_what: str) -> None:
+        real(archive, dest, not_what=not_what)
+        if not other:  # the other restore runs its whole unpack while this one is at the end of its
+            other.append(dest)
+            other.append(packdir.open_pack(archive, work).root)
+
+    monkeypatch.setattr(packdir, "extract_data", slow_extract)
+    opened = packdir.open_pack(root, work)
+    assert opened.root == other[1] and (opened.root / "env.lock").is_file()
+    assert [p.name for p in work.iterdir()] == [opened.root.name]  # no temporary copy left
+
+
+def test_a_second_restore_of_a_lock_waits_for_the_first_ones_build(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
+    """While one restore writes and builds a lock's context, another restore of that lock
+    waits for it (and says so) instead of rewriting the context under the build."""
+    from envlock.restore import cachedir
+    from envlock.restore.restore import cache_dir, restore
+
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    workdir = cache_dir() / f"t-{lock.short_id}"
+    workdir.mkdir(parents=True)
+    engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
+    waiting = threading.Event()
+    said: list[str] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        if text.startswith("waiting for another restore"):
+            waiting.set()
+
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            restore(lock, ctx.Options(), engine=engine, name="t", verify=False, say=say)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    with cachedir.hold(workdir, exclusive=True):  # the first restore, building
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert waiting.wait(60), said
+        assert not engine.builds
+    thread.join(60)
+    assert not thread.is_alive() and not errors and len(engine.builds) == 1
+

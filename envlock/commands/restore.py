@@ -72,12 +72,13 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
                   *, verify: bool, lock_path: Path | None = None, network: bool = True) -> RestoreResult:
     """The lock's image, built or found in the cache, with a build failure's log tail shown."""
     from envlock.errors import BuildFailed
-    from envlock.restore.restore import image_name, restore
+    from envlock.restore import cachedir
+    from envlock.restore.restore import cache_dir, image_name, restore
 
     name = image_name(lock_path or Path(args.lock), args.name)
     tag = f"envlock/{name}:{lock.short_id}"
     try:
-        with _terminate_as_interrupt():
+        with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
             return restore(lock, options, engine=engine, name=name,
                            workdir=Path(args.context_dir) if args.context_dir else None,
                            verify=verify, use_cache=not args.no_cache, say=say, network=network,
@@ -138,10 +139,14 @@ def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Option
 
 def run(args: argparse.Namespace) -> int:
     from envlock.commands._lockpath import lock_arg
+    from envlock.restore import cachedir
+    from envlock.restore.restore import cache_dir
 
     kind, venv_dir = _target(args)
     args.lock = lock_arg(args.lock)
-    with _terminate_as_interrupt():
+    # The unpacked pack, the build context and envlock's own wheel stay in the cache while this
+    # restore uses them: `envlock cache prune` refuses to run meanwhile.
+    with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
         return _restore(args, kind, venv_dir)
 
 
@@ -151,10 +156,11 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
     from envlock.restore.packdir import is_pack
 
     if is_pack(lock_path):
+        from envlock.restore.cachedir import PACKS
         from envlock.restore.packdir import open_pack
         from envlock.restore.restore import cache_dir
 
-        pack = open_pack(lock_path, cache_dir() / "packs")
+        pack = open_pack(lock_path, cache_dir() / PACKS)
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)

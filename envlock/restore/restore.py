@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
 from envlock.probe import imageref
+from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
-from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison
@@ -87,7 +87,7 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
     if options.wheelhouse is not None:
         from envlock.restore import uvbin
 
-        uv = uvbin.find(options.wheelhouse, cache_dir() / "uv")
+        uv = uvbin.find(options.wheelhouse, cache_dir() / cachedir.UV)
     plan = ctx.plan(lock, options, base, wheels_for, own, uv)
     return plan, dockerfile.render(plan)
 
@@ -118,7 +118,7 @@ def wheel_inputs(lock: Lock, options: ctx.Options
             options = dataclasses.replace(options, local_wheels=options.local_wheels | local_wheels)
     own = None
     if len(others) != len(lock.packages):
-        where = cache_dir() / "envlock-wheel"
+        where = cache_dir() / cachedir.OWN_WHEELS
         where.mkdir(parents=True, exist_ok=True)
         own = own_wheel(where)
     return options, wheels_for, own
@@ -191,31 +191,37 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
                              hint="pass --context-dir DIR (a directory of your own), or make the "
                                   "cache directory yours and private (chmod 700)")
     workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     context_dir = workdir / "context"
     labels = {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_OPTIONS: options_key(options)}
     t0 = time.monotonic()
-    found = engine.find_image(cache_labels(plan, key)) if use_cache else None
-    if found is not None:
-        image_id, cached = found.id, True
-        if not any(imageref.same_ref(t, tag) for t in found.tags):
-            engine.tag(image_id, tag)
-        say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
-    else:
-        # envlock's own context of an earlier build of this lock is replaced; anything else
-        # at that place (a user's --context-dir) is refused.
-        dockerfile.write_context(plan, context_dir, rendered, force=True)
-        log_path = workdir / "build.log"
-        build_kw: dict[str, Any] = {} if network else {"network": False}
-        if plan.split_torch:
-            layer_id = torch_layer(engine, plan, context_dir, workdir, use_cache=use_cache, say=say,
-                                   quiet=quiet, build_kw=build_kw)
-            build_kw.update(files=dockerfile.main_build_files(plan, rendered),
-                            buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
-        say(f"building {tag} from {plan.base.display} (context: {context_dir})")
-        with build_stage(engine, build_kw, dockerfile.staged(plan)):
-            image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                    progress=progress or make_progress(quiet=quiet), **build_kw)
-        cached = False
+    # One restore of a lock at a time writes and builds its context; another waits, then finds
+    # the image this one built.
+    with cachedir.hold(workdir, exclusive=True,
+                       waiting=lambda: say(f"waiting for another restore of this lock ({workdir} is in use)")):
+        cachedir.touch(workdir)
+        found = engine.find_image(cache_labels(plan, key)) if use_cache else None
+        if found is not None:
+            image_id, cached = found.id, True
+            if not any(imageref.same_ref(t, tag) for t in found.tags):
+                engine.tag(image_id, tag)
+            say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
+        else:
+            # envlock's own context of an earlier build of this lock is replaced; anything else
+            # at that place (a user's --context-dir) is refused.
+            dockerfile.write_context(plan, context_dir, rendered, force=True)
+            log_path = workdir / "build.log"
+            build_kw: dict[str, Any] = {} if network else {"network": False}
+            if plan.split_torch:
+                layer_id = torch_layer(engine, plan, context_dir, workdir, use_cache=use_cache, say=say,
+                                       quiet=quiet, build_kw=build_kw)
+                build_kw.update(files=dockerfile.main_build_files(plan, rendered),
+                                buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
+            say(f"building {tag} from {plan.base.display} (context: {context_dir})")
+            with build_stage(engine, build_kw, dockerfile.staged(plan)):
+                image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
+                                        progress=progress or make_progress(quiet=quiet), **build_kw)
+            cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)
     comparison = None
