@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
-                _canary, _export, _record, _replay):
+                _cache, _canary, _export, _record, _replay):
         add(sub)
     return parser
 
@@ -291,6 +291,36 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.add_argument("--skip-local", action="store_true", help=_SKIP_LOCAL_HELP)
     p.set_defaults(handler="pack")
+
+
+def _cache(sub: Subparsers) -> None:
+    p = sub.add_parser("cache", help="list or prune what restore keeps in envlock's cache",
+                       description="Restore keeps unpacked packs, build contexts (an offline one holds "
+                                   "every wheel), wheels of envlock itself and uv binaries in "
+                                   "~/.cache/envlock/restore; each is made again when it is needed.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    ls = actions.add_parser("list", help="every entry with its size and when a restore last used it")
+    ls.add_argument("--json", action="store_true", help="print the entries as JSON")
+    prune = actions.add_parser("prune", help="remove every entry, or those unused for --older-than "
+                                             "(refused while a restore runs)")
+    prune.add_argument("--older-than", metavar="AGE", type=_age,
+                       help="only entries no restore used for AGE: 30d, 12h, 45m (a bare number is days)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    p.set_defaults(handler="cache")
+
+
+def _age(text: str) -> float:
+    """``30d``, ``12h``, ``45m`` or a number of days, in seconds."""
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "d")
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30d, 12h or 45m")
+    return value * units[unit]
 
 
 # -- canary, export ------------------------------------------------------------------------------
