@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from envlock._recordcmp import ReplayComparison
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 
 
 def _value(v: Any) -> str:
@@ -26,11 +26,11 @@ def replay_text(cmp: ReplayComparison, original: str) -> str:
     how = "bit-identical" if tol.exact else f"within rtol={tol.rtol!r} atol={tol.atol!r}"
     if cmp.same:
         lines.append(f"OK: the replay reproduced {safe(original)} ({how}; "
-                     f"{cmp.steps_compared} steps compared)")
+                     f"{plural(cmp.steps_compared, 'step')} compared)")
         return "\n".join(lines) + "\n"
     if cmp.divergences:
         first = cmp.divergences[0]
-        lines.append(f"DIVERGED from {safe(original)} ({how}; {cmp.steps_compared} steps compared)")
+        lines.append(f"DIVERGED from {safe(original)} ({how}; {plural(cmp.steps_compared, 'step')} compared)")
         lines.append(f"  first divergence: {_where(first.what, first.where)}: "
                      f"{safe(first.original)} (original) != {safe(first.replay)} (replay)")
         for d in cmp.divergences[1:]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from envlock._textsafe import plural
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, UsageError
 
@@ -79,8 +80,8 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name)
         rec.save(p.record_path)
-        err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
-            f"{len(rec.inputs)} inputs in {p.record_path}\n")
+        err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
+            f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
         return exit_code
     from envlock._recordcmp import Tolerance, compare_records
 
