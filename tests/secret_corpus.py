@@ -183,8 +183,9 @@ def _key_block(kind: str, body: str, end: bool = True) -> str:
 _KEY_BLOCKS = [
     ("env-value", "CUDA_MPS_CLIENT_CERT", _key_block("", "{s}")),
     ("env-value", "NCCL_IB_TLS_MATERIAL", _key_block("RSA ", "{s}")),
-    ("env-value", "TORCH_CORPUS_KEY_CUT", _key_block("EC ", "{s}", end=False)),
-    ("env-value", "HF_ENDPOINT_CLIENT", "https://h.example/x?cert=" + quote(_key_block("OPENSSH ", "{s}"), safe="")),
+    ("env-value", "TORCH_CORPUS_PEM_CUT", _key_block("EC ", "{s}", end=False)),
+    ("env-value", "HF_ENDPOINT_CLIENT",
+     "https://h.example/x?cert=" + quote(_key_block("OPENSSH ", "{s}"), safe="").replace("%7Bs%7D", "{s}")),
     ("note", "", "deploy key: " + _key_block("OPENSSH ", "{s}") + " (rotate monthly)"),
     ("note", "", "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF{s}\n-----END PGP PRIVATE KEY BLOCK-----"),
 ]
@@ -333,17 +334,23 @@ ORDINARY = [
     Case("note", "", "see https://discuss.pytorch.org/t/nan-loss-with-amp/123456 and /t/cuda-12-1-fails/98765", ""),
     Case("note", "", "demo keys sk_live_demo pk_live_0123456789abcdefghijABCD AIzawesome dckr_pat_x", ""),
     Case("note", "", "pypi-mirror-snapshot-2024-01-15-for-the-whole-cluster and sk-learn-0123456789abcdefABCDEF0123456789-x", ""),
-    # twins of the key blocks: a certificate and a public key are no secret, nor the words
-    Case("env-value", "CUDA_MPS_CLIENT_CERT", "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUb3Blbg==\n"
-                                              "-----END CERTIFICATE-----", ""),
-    Case("note", "", "pubkey -----BEGIN PUBLIC KEY----- MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE -----END PUBLIC KEY-----", ""),
-    Case("note", "", "the PRIVATE KEY section of the docs; BEGIN and END markers", ""),
-    # twins of the encoded forms: "Basic" before a word that is no user:password, and the
-    # base64 and escapes of other text
-    Case("note", "", "Basic training run; basic dGVzdA== is 'test'; Basic auth is off", ""),
-    Case("env-value", "TORCH_CORPUS_OK_11", "https://h.example/a%20b/c%2Bd?q=dGVzdDpub3RzZWNyZXQ", ""),
-    # secret-named variables whose value could not be a credential (a plain word, a slug):
-    # redacted as a variable, kept wherever else the same text appears
-    Case("env-echo", "MY_API_KEY", "experiments", ""),
-    Case("env-echo", "WANDB_API_KEY", "run-2024-01-15-baseline", ""),
 ]
+
+def _public(where: str, name: str, template: str, kind: str) -> Case:
+    """The twin of a key block: the same block as a certificate or a public key, which are no
+    secret (a note on one line: show prints a line break in a value escaped, and markdown
+    collapses spaces)."""
+    value = template.replace("{s}", "MIIBszCCAVmgAwIBAg").replace("PRIVATE KEY", kind).replace("PRIVATE%20KEY", quote(kind))
+    return Case(where, name, " ".join(value.split()) if where == "note" else value, "")
+
+
+ORDINARY += [_public(*block, "PUBLIC KEY" if n % 2 else "CERTIFICATE") for n, block in enumerate(_KEY_BLOCKS)]
+# Twins of the encoded forms: the same encodings of a value no variable holds ("Basic" with a
+# user:password is a credential whoever wrote it, so that one has no twin), and "Basic" before
+# what is no user:password.
+ORDINARY += [Case("env-value", f"TORCH_CORPUS_OK_ENC_{n:02d}", encode("Qa2w+/=@:!other"), "")
+             for n, encode in enumerate(_ENCODINGS) if "Basic" not in encode("x")]
+ORDINARY.append(Case("note", "", "Basic training run; basic dGVzdA== is 'test'; Basic auth is off", ""))
+# Secret-named variables whose value could not be a credential (a plain word, a slug): redacted
+# as a variable, kept wherever else the same text appears.
+ORDINARY += [Case("env-echo", "MY_API_KEY", "experiments", ""), Case("env-echo", "WANDB_API_KEY", "run-2024-01-15-baseline", "")]
