@@ -38,6 +38,7 @@ from envlock._comparison import (
     Words,
     dump,
 )
+from envlock._textsafe import plural
 from envlock.lock import (
     Determinism,
     GpuDevice,
@@ -140,7 +141,7 @@ def _gpu(c: Collector, old: Lock, new: Lock) -> None:
     if len(a.devices) != len(b.devices):
         now = f"in {c.words.new}" if c.words.is_diff else "now"
         c.add("gpu", "gpu.devices", len(a.devices), len(b.devices), "warning",
-              f"{len(a.devices)} GPU(s) in {c.words.old}, {len(b.devices)} {now}")
+              f"{plural(len(a.devices), 'GPU')} in {c.words.old}, {len(b.devices)} {now}")
     for i, (da, db) in enumerate(zip(a.devices, b.devices, strict=False)):
         c.fields("gpu", f"gpu.devices[{i}]", dump(da), dump(db), _GPU_DEVICE)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envlock._record import Input, Record, Step, TensorDigest
+from envlock._textsafe import plural
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
@@ -193,7 +194,7 @@ def _steps(original: list[Step], replay: list[Step], tol: Tolerance) -> list[Div
         n = min(len(original), len(replay))
         nxt = original[n] if len(original) > n else replay[n]
         return [Divergence("steps", f"step {nxt.step} (row {n + 1})",
-                           f"{len(original)} steps recorded", f"{len(replay)} steps recorded")]
+                           f"{plural(len(original), 'step')} recorded", f"{plural(len(replay), 'step')} recorded")]
     return []
 
 

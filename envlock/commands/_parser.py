@@ -8,9 +8,10 @@ command that runs, so ``envlock --help`` builds the parser and nothing else.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
-from collections.abc import Callable
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeAlias
 
 from envlock._version import __version__
 
@@ -20,18 +21,77 @@ EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", 
 _LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
               "repository root)")
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Subparsers: TypeAlias = "argparse._SubParsersAction[_CommandParser]"
+
+
+# How close a mistyped word must be to a right one to be suggested: "verfy" and "vrfy" are
+# verify, "--deeep" is --deep, but "--deeep" is no --help (difflib's default, 0.6, said it was).
+_CLOSE = 0.75
+
+
+def _closest(word: str, choices: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=_CLOSE)
+    return close[0] if close else None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, answering a mistyped word with the closest right one: a subcommand
+    or another choice (``envlock verfy``: did you mean 'verify'?) and an option
+    (``--deeep``: did you mean --deep?)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's one check of a value against ``choices`` (the subcommand's name included);
+        # its message, with the suggestion before the list of choices.
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            close = _closest(str(value), names)
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{hint} (choose from {', '.join(map(repr, names))})")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.unrecognized(extras)
+        return parsed
+
+    def unrecognized(self, extras: list[str]) -> NoReturn:
+        """argparse's "unrecognized arguments" error, with the option each mistyped one is
+        closest to (``--deeep``: did you mean --deep?)."""
+        options = list(self._option_string_actions)
+        hints = {word: close for word in extras if word.startswith("-")
+                 if (close := _closest(word.split("=", 1)[0], options))}
+        if len(hints) == 1:
+            hint = f" (did you mean {next(iter(hints.values()))}?)"
+        else:
+            hint = "".join(f"; {word}: did you mean {close}?" for word, close in hints.items())
+            hint = f" ({hint[2:]})" if hint else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+class _CommandParser(Parser):
+    """A subcommand's parser: an argument it does not know is its own error, shown with its own
+    usage (``envlock verify --deeep``); argparse hands such words up to the top-level parser,
+    which printed the usage of ``envlock`` itself."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.unrecognized(extras)
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="envlock",
         description="Lock, verify and replay deep-learning environments.",
         epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
                "3 environment problem (engine, interpreter, build)",
     )
     parser.add_argument("--version", action="version", version=f"envlock {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     sub.required = True
     for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
                 _cache, _canary, _export, _record, _replay):
@@ -171,7 +231,7 @@ def _run(sub: Subparsers) -> None:
 def run_options_parser(*, command: bool) -> argparse.ArgumentParser:
     """``run``'s options (all but the lock) for what argparse's REMAINDER left unparsed: the
     options between the lock and ``--``, or before the command (``command``: the rest is it)."""
-    parser = argparse.ArgumentParser(prog="envlock run", add_help=False)
+    parser = Parser(prog="envlock run", add_help=False)
     _build_options(parser, lock=False)
     _run_options(parser)
     if command:
@@ -419,7 +479,7 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
 def host_options_parser(kind: str, *, command: bool = False) -> argparse.ArgumentParser:
     """``record``'s or ``replay``'s options for what REMAINDER left unparsed (before ``--``, or
     before the command: ``command``)."""
-    parser = argparse.ArgumentParser(prog=f"envlock {kind}", add_help=False)
+    parser = Parser(prog=f"envlock {kind}", add_help=False)
     _host_record_options(parser, kind)
     if command:
         parser.add_argument("cmd", nargs=argparse.REMAINDER)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 from envlock.commands._output import err, out, say_link
 from envlock.errors import EXIT_OK
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
         first = lock.unreadable[0]
         raise CaptureIncomplete(
-            f"{len(lock.unreadable)} thing(s) could not be captured, so no lock was written "
+            f"{plural(len(lock.unreadable), 'thing')} could not be captured, so no lock was written "
             f"(--strict); first: {first.section}{' ' + first.item if first.item else ''}: {first.error}",
             hint="fix or remove what the probe cannot read, or capture without --strict to "
                  "record it as [[unreadable]] (verify then fails)")

@@ -91,6 +91,40 @@ _NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # likely to be part of a version, a path or a flag than a credential, and replacing it there
 # would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
 MIN_SECRET_LEN = 8
+# The separators of names and paths: the words between them are what a directory, a run or a
+# package is called ("my-experiments", "run_2024.01", "/home/alice/data").
+_NAME_SEPARATORS = "-_./"
+# One word of a name this long is no name (a directory or run is called a few short words);
+# it is a generated token or a passphrase written as one word.
+LONG_WORD = 16
+
+
+def could_be_credential(value: str) -> bool:
+    """True when ``value`` may be a credential, so the last-line scrub replaces it wherever it
+    appears; False when it is shaped like a name, so replacing it elsewhere would rewrite the
+    names of directories, runs and packages that merely share it.
+
+    By length and character mix: MIN_SECRET_LEN characters or more, and one of
+
+    * a character that names do not hold: anything but letters, digits and ``- _ . /`` (a
+      symbol, a space, a ":" or "@", ``hunter2!``, ``p@ss word``);
+    * a word (a run between ``- _ . /``) that mixes letters and digits (``tok3nvalue99``,
+      hex, ``Summer2024``): names keep their numbers apart (``run-2024``, ``cuda-12.1``);
+    * a word of LONG_WORD characters or more (``correcthorsebatterystaple``).
+
+    So a plain word or a slug of words and numbers (``experiments``, ``my-experiments``,
+    ``run-2024-01-15``) is not scrubbed from elsewhere: the variable's own value is still
+    redacted whatever it holds, and a credential of such a shape is only as safe as its name.
+    Case does not count: a directory may well be called ``MyExperiments``.
+    """
+    value = value.strip()
+    if len(value) < MIN_SECRET_LEN:
+        return False
+    if any(not (c.isalnum() or c in _NAME_SEPARATORS) for c in value):
+        return True
+    words = re.split("[" + re.escape(_NAME_SEPARATORS) + "]+", value)
+    return any(len(w) >= LONG_WORD or (any(c.isalpha() for c in w) and any(c.isdigit() for c in w))
+               for w in words)
 
 
 def _name_words(name: str) -> List[str]:
