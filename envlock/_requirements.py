@@ -93,6 +93,11 @@ def _numbers(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
+def _at_least(what: str, have: str, need: str, met: str, failed: str) -> Check:
+    """Version ``have`` against ``need``: met, or failed, with the message of each."""
+    return Check(what, "ok", met) if _numbers(have) >= _numbers(need) else Check(what, "fail", failed)
+
+
 def judge(req: Requires, host: Host) -> list[Check]:
     """One check per declared requirement (none for what the lock does not declare)."""
     checks: list[Check] = []
@@ -102,19 +107,16 @@ def judge(req: Requires, host: Host) -> list[Check]:
             why = (f"the driver did not answer ({host.gpu_error})" if host.gpu_error
                    else "no NVIDIA driver on this host")
             checks.append(Check(what, "unchecked", why))
-        elif _numbers(host.cuda_driver) >= _numbers(req.cuda_driver):
-            checks.append(Check(what, "ok", f"the driver supports CUDA {host.cuda_driver}"))
         else:
-            checks.append(Check(what, "fail", f"the driver supports CUDA {host.cuda_driver} only: "
-                                              "upgrade it, or run on another host"))
+            has = f"the driver supports CUDA {host.cuda_driver}"
+            checks.append(_at_least(what, host.cuda_driver, req.cuda_driver, has,
+                                    f"{has} only: upgrade it, or run on another host"))
     if req.glibc:
         what = f"glibc >= {req.glibc}"
         if host.libc == "glibc" and host.libc_version:
-            if _numbers(host.libc_version) >= _numbers(req.glibc):
-                checks.append(Check(what, "ok", f"this host has glibc {host.libc_version}"))
-            else:
-                checks.append(Check(what, "fail", f"this host has glibc {host.libc_version}: the "
-                                                  "environment's wheels were built for a newer one"))
+            has = f"this host has glibc {host.libc_version}"
+            checks.append(_at_least(what, host.libc_version, req.glibc, has,
+                                    f"{has}: the environment's wheels were built for a newer one"))
         elif host.libc:
             checks.append(Check(what, "fail", f"this host's C library is {host.libc}, not glibc"))
         else:

@@ -106,13 +106,19 @@ def test_a_library_from_outside_any_package_is_named_by_its_soname_and_hash(tmp_
         assert libc.get("os_package") == "libc6" and "sha256" not in libc
 
 
-def test_a_library_a_distribution_ships_is_vouched_for_by_its_record(tmp_path: Path) -> None:
+def _fastmath(tmp_path: Path) -> tuple[Path, Path]:
+    """(a site directory, the library its distribution "fastmath" ships and lists in RECORD)."""
     site = tmp_path / "site"
     dist = make_dist(site, "fastmath", "1.0")
     (site / "fastmath").mkdir()
     lib = build_library(site / "fastmath", "libfastmath.so.2", "libfastmath.so.2")
     with (dist / "RECORD").open("a") as fh:
         fh.write("fastmath/libfastmath.so.2,sha256=abc,100\n")
+    return site, lib
+
+
+def test_a_library_a_distribution_ships_is_vouched_for_by_its_record(tmp_path: Path) -> None:
+    site, lib = _fastmath(tmp_path)
     out = probe_after_loading([lib], _env(tmp_path, site))
     entry = next(e for e in out["native"]["libraries"] if e["name"] == "libfastmath.so.2")
     assert entry == {"name": "libfastmath.so.2", "path": str(lib.resolve()),
@@ -121,12 +127,7 @@ def test_a_library_a_distribution_ships_is_vouched_for_by_its_record(tmp_path: P
 
 def test_the_same_soname_from_another_file_is_told_apart(tmp_path: Path) -> None:
     """Two copies of one library (the wheel's, a cluster module's): same name, other owner."""
-    site = tmp_path / "site"
-    dist = make_dist(site, "fastmath", "1.0")
-    (site / "fastmath").mkdir()
-    shipped = build_library(site / "fastmath", "libfastmath.so.2", "libfastmath.so.2")
-    with (dist / "RECORD").open("a") as fh:
-        fh.write("fastmath/libfastmath.so.2,sha256=abc,100\n")
+    site, shipped = _fastmath(tmp_path)
     elsewhere = tmp_path / "module" / "libfastmath.so.2"
     elsewhere.parent.mkdir()
     shutil.copy(shipped, elsewhere)
@@ -233,7 +234,7 @@ def test_importing_threadpoolctl_leaves_the_environment_as_it_was(monkeypatch: p
     environment of the process it describes (nor record its own mark in [env])."""
     monkeypatch.delitem(sys.modules, "threadpoolctl", raising=False)
     monkeypatch.delenv("KMP_DUPLICATE_LIB_OK", raising=False)
-    runtimes, source = native.collect_runtimes(native.loaded_libraries())
+    _, source = native.collect_runtimes(native.loaded_libraries())
     assert source == "threadpoolctl" and "KMP_DUPLICATE_LIB_OK" not in os.environ
     monkeypatch.delitem(sys.modules, "threadpoolctl")
     monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "FALSE")  # the user's own setting stays

@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_STRICT_HELP = ("warnings count as drift too (with --requirements: so does a requirement that "
+                "cannot be checked here)")
+_REQUIREMENTS_HELP = ("judge this host only against the lock's [requires] (driver CUDA, glibc, GPU "
+                      "architectures, CPU features): what it cannot check, it says")
 _REQUIRE_HELP = ("declare what a host needs, in [requires]: cuda_driver=12.4, glibc=2.28, "
                  "gpu_archs=sm_80,sm_90, cpu_features=avx2,fma (an empty value removes one); "
                  "repeatable")
@@ -76,12 +80,8 @@ def _verify(sub: Subparsers) -> None:
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
-    p.add_argument("--strict", action="store_true",
-                   help="warnings count as drift too (with --requirements: so does a requirement "
-                        "that cannot be checked here)")
-    p.add_argument("--requirements", action="store_true",
-                   help="judge this host only against the lock's [requires] (driver CUDA, glibc, "
-                        "GPU architectures, CPU features): what it cannot check, it says")
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
+    p.add_argument("--requirements", action="store_true", help=_REQUIREMENTS_HELP)
     p.add_argument("--all", action="store_true",
                    help="also list info-level differences, and every file --deep finds")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")

@@ -176,15 +176,8 @@ class Database:
 
     def owners(self, dirs: Iterable[str]) -> Dict[str, Tuple[str, str]]:
         """{directory: (package, version)} for the given dist-info/egg-info directories."""
-        wanted = set(dirs)
-        if not wanted:
-            return {}
-        if self.manager == "apk":
-            names = self.apk_dirs or {}
-            found = {d: names[d] for d in wanted if d in names}
-        elif self.manager == "dpkg":
-            found = self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted, DISTRIBUTIONS)
-        else:
+        found = self._listing(set(dirs), DISTRIBUTIONS)
+        if not found:
             return {}
         versions = dict((p["name"], p["version"]) for p in self.packages)
         versions.update(("%s:%s" % (p["name"], p["arch"]), p["version"]) for p in self.packages)
@@ -199,18 +192,19 @@ class Database:
     def file_owners(self, paths: Iterable[str]) -> Dict[str, str]:
         """{path: package} for the given files (shared libraries): dpkg's file lists, apk's
         database; rpm is not asked (a subprocess per file), so its files have no owner here."""
-        wanted = set(paths)
+        return {p: owner.split(":", 1)[0] for p, owner in self._listing(set(paths), LIBRARIES).items()
+                if re.match(_NAME_RE, owner.split(":", 1)[0])}
+
+    def _listing(self, wanted: Set[str], kind: Tuple[bytes, str]) -> Dict[str, str]:
+        """{path: the package (dpkg: its list's name) that lists it} of the wanted paths."""
         if not wanted:
             return {}
         if self.manager == "apk":
             names = self.apk_dirs or {}
-            found = {p: names[p] for p in wanted if p in names}
-        elif self.manager == "dpkg":
-            found = self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted, LIBRARIES)
-        else:
-            return {}
-        return {p: owner.split(":", 1)[0] for p, owner in found.items()
-                if re.match(_NAME_RE, owner.split(":", 1)[0])}
+            return {p: names[p] for p in wanted if p in names}
+        if self.manager == "dpkg":
+            return self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted, kind)
+        return {}
 
 
 # Directories a merged-/usr system links from / into /usr: a file mapped from /usr/lib/x/libc.so.6

@@ -425,7 +425,7 @@ COMPILE_SETTINGS = (
     ("inductor", "benchmark_fusion"), ("inductor", "split_reductions"),
     ("inductor", "online_softmax"), ("inductor", "shape_padding"),
     ("inductor", "comprehensive_padding"), ("inductor", "layout_optimization"),
-    ("inductor", "force_same_precision"), ("inductor", "cpp_wrapper"),
+    ("inductor", "cpp_wrapper"),
     ("inductor", "force_disable_caches"), ("inductor", "fx_graph_cache"),
     ("inductor", "autotune_local_cache"), ("inductor", "cpp.simdlen"),
     ("inductor", "cpp.threads"), ("inductor", "cpp.dynamic_threads"),
