@@ -142,7 +142,7 @@ def _soname(fh: Any) -> Optional[str]:
             fh.seek(strtab - vaddr + offset + soname)
             raw = fh.read(256).split(b"\0", 1)[0]
             name = raw.decode("utf-8", "replace")
-            return name if re.match(r"^[A-Za-z0-9_.+-]{1,200}$", name) else None
+            return name if re.fullmatch(r"[A-Za-z0-9_.+-]{1,200}", name) else None
     return None
 
 

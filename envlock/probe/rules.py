@@ -368,12 +368,12 @@ def numerics_library(name: str) -> bool:
 # other code, possibly other bits, and minutes of start-up), "none" when neither is: torch's
 # kernels cannot run there at all.
 KERNELS = ("native", "ptx", "none")
-_ARCH_RE = r"^(sm|compute)_(\d+?)(\d)([af]?)$"
+_ARCH_RE = r"(sm|compute)_(\d+?)(\d)([af]?)"
 
 
 def parse_arch(arch: str) -> Optional[Tuple[str, int, int, str]]:
     """("sm" or "compute", major, minor, suffix) of ``sm_86``, ``compute_90``, ``sm_90a``."""
-    m = re.match(_ARCH_RE, arch)
+    m = re.fullmatch(_ARCH_RE, arch)
     if not m:
         return None
     return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
@@ -382,7 +382,7 @@ def parse_arch(arch: str) -> Optional[Tuple[str, int, int, str]]:
 def kernels_for(capability: str, arch_list: List[str]) -> Optional[str]:
     """"native", "ptx" or "none" for a GPU of ``capability`` ("8.6") and a build's arch list;
     None when either is not CUDA's (a ROCm build's gfx names, an unreadable capability)."""
-    m = re.match(r"^(\d+)\.(\d+)$", capability or "")
+    m = re.fullmatch(r"(\d+)\.(\d+)", capability or "")
     archs = [a for a in (parse_arch(x) for x in arch_list) if a is not None]
     if not m or not archs:
         return None
