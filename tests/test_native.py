@@ -225,8 +225,8 @@ def test_without_threadpoolctl_runtimes_are_named_from_the_files(monkeypatch: py
     runtimes, source = native.collect_runtimes(paths)
     assert source == "maps"
     assert [(r["api"], r["implementation"], r["library"]) for r in runtimes] == [
-        ("openmp", "openmp", "libgomp.so.1"), ("blas", "openblas", "libscipy_openblas64_-32a4b2a6.so"),
-        ("openmp", "openmp", "libiomp5.so"), ("blas", "mkl", "libmkl_rt.so.2")]
+        ("blas", "mkl", "libmkl_rt.so.2"), ("blas", "openblas", "libscipy_openblas64_-32a4b2a6.so"),
+        ("openmp", "openmp", "libgomp.so.1"), ("openmp", "openmp", "libiomp5.so")]
 
 
 def test_importing_threadpoolctl_leaves_the_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:

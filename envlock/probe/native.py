@@ -282,7 +282,7 @@ def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     threadpoolctl = _import_threadpoolctl()
     if threadpoolctl is not None:
         try:
-            return [_from_threadpoolctl(i) for i in threadpoolctl.threadpool_info()], "threadpoolctl"
+            return _sorted([_from_threadpoolctl(i) for i in threadpoolctl.threadpool_info()]), "threadpoolctl"
         except Exception:
             pass
     out = []
@@ -291,7 +291,12 @@ def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
         found = runtime_of(leaf)
         if found is not None and not path.endswith(_DELETED):
             out.append({"api": found[0], "implementation": found[1], "library": leaf, "path": path})
-    return out, "maps"
+    return _sorted(out), "maps"
+
+
+def _sorted(runtimes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """In one order whatever order the libraries were loaded in (threadpoolctl lists them so)."""
+    return sorted(runtimes, key=lambda r: (r["api"], r["implementation"], r["library"], r["path"]))
 
 
 # threadpoolctl sets this on import (os.environ.setdefault) so that a second Intel OpenMP runtime
