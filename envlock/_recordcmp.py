@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envlock._compare_native import context_form
 from envlock._record import Input, Record, Step, TensorDigest
 from envlock._textsafe import plural
+from envlock.probe.rules import COMPILE_ENV_PREFIXES
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
@@ -30,12 +32,13 @@ CONTEXT_PREFIXES = (
     "torch.build.parallel_backend", "torch.build.cuda_runtime", "torch.build.cudnn_version",
     "gpu.driver", "gpu.devices.",
     "determinism.", "seeds.", "env.", "process.",
+    "torch.cuda_libraries.", "native.libraries.", "native.runtimes.", "compile.",
 )
 # Of the recorded variables, those that select threads, kernels, ISAs or devices.
 _NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
                           "CUBLAS", "CUDNN_", "NVIDIA_TF32", "TORCH_", "PYTORCH_", "NCCL_", "XLA_",
                           "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTHONHASHSEED",
-                          "ENVLOCK_SEED")
+                          "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD", *COMPILE_ENV_PREFIXES)
 _NOT_CONTEXT = ("determinism.process_env", "determinism.torch_loaded", "gpu.devices.*.uuid_sha256",
                 "gpu.devices.*.index", "seeds.seed_source")
 
@@ -64,7 +67,7 @@ def _wild(key: str) -> str:
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
-    flat = flatten(form)
+    flat = flatten(context_form(dict(form)))
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
     return {k: v for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)

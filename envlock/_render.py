@@ -62,6 +62,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
     rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
     if lock.os_packages is not None:
         rows.append(("os packages", f"{len(lock.os_packages.packages)} ({lock.os_packages.manager})"))
+    rows += native_rows(lock)
     d = lock.determinism
     if d.torch_loaded:
         rows.append(("determinism",
@@ -95,6 +96,35 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
             + ("; ..." if len(lock.unreadable) > 5 else "")))
     if lock.envlock.note:
         rows.append(("note", lock.envlock.note))
+    return rows
+
+
+def native_rows(lock: Lock) -> list[tuple[str, str]]:
+    """The native code the capturing process ran, torch.compile's state and what a host needs."""
+    rows = []
+    if lock.native is not None:
+        libs = lock.native.libraries
+        unowned = sum(1 for lib in libs if lib.sha256 or lib.deleted)
+        rows.append(("libraries", f"{len(libs)} loaded" + (
+            f" ({unowned} no package vouches for)" if unowned else "")))
+        for rt in lock.native.runtimes:
+            bits = [b for b in (rt.version, rt.architecture, rt.threading_layer,
+                                f"{rt.num_threads} threads" if rt.num_threads is not None else None) if b]
+            rows.append((rt.api, f"{rt.implementation} {rt.library}" + (f" ({', '.join(bits)})" if bits else "")))
+    if lock.compile is not None:
+        c = lock.compile
+        caches = ", ".join(f"{x.kind} {x.files} files" for x in c.caches)
+        rows.append(("compile", ", ".join(x for x in (
+            f"triton {c.triton}" if c.triton else None,
+            f"{len(c.settings)} settings read" if c.settings else "settings not read (not imported)",
+            f"caches: {caches}" if caches else None) if x)))
+    if lock.requires is not None:
+        r = lock.requires
+        rows.append(("requires", ", ".join(x for x in (
+            f"driver CUDA >= {r.cuda_driver}" if r.cuda_driver else None,
+            f"glibc >= {r.glibc}" if r.glibc else None,
+            f"GPU {' '.join(r.gpu_archs)}" if r.gpu_archs else None,
+            f"CPU {' '.join(r.cpu_features)}" if r.cpu_features else None) if x) or "nothing declared"))
     return rows
 
 

@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_STRICT_HELP = ("warnings count as drift too (with --requirements: so does a requirement that "
+                "cannot be checked here)")
+_REQUIREMENTS_HELP = ("judge this host only against the lock's [requires] (driver CUDA, glibc, GPU "
+                      "architectures, CPU features): what it cannot check, it says")
+_REQUIRE_HELP = ("declare what a host needs, in [requires]: cuda_driver=12.4, glibc=2.28, "
+                 "gpu_archs=sm_80,sm_90, cpu_features=avx2,fma (an empty value removes one); "
+                 "repeatable")
+
+
 def _capture(sub: Subparsers) -> None:
     p = sub.add_parser("capture", help="record this environment into env.lock")
     p.add_argument("-o", "--output", default="env.lock", help="lock file to write ('-' for stdout)")
@@ -122,6 +131,8 @@ def _capture(sub: Subparsers) -> None:
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
     p.add_argument("--strict", action="store_true",
                    help="write no lock (exit 3) when anything could not be captured ([[unreadable]])")
+    p.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
+                   help=_REQUIRE_HELP)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler="capture")
 
@@ -131,7 +142,8 @@ def _verify(sub: Subparsers) -> None:
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
-    p.add_argument("--strict", action="store_true", help="warnings count as drift too")
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
+    p.add_argument("--requirements", action="store_true", help=_REQUIREMENTS_HELP)
     p.add_argument("--all", action="store_true",
                    help="also list info-level differences, and every file --deep finds")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -183,6 +195,8 @@ def _fmt(sub: Subparsers) -> None:
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--check", action="store_true", help="only report whether it would change")
+    p.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
+                   help=_REQUIRE_HELP)
     p.set_defaults(handler="fmt")
 
 

@@ -14,6 +14,11 @@ def run(args: argparse.Namespace) -> int:
     # pydantic and the models while the probe runs.
     from envlock._capture import capture
 
+    updates = None
+    if args.require:  # a bad --require is exit 2 before the probe runs
+        from envlock._requirements import requirement_updates
+
+        updates = requirement_updates(args.require)
     if args.in_image:
         # Lock an image that is not running: the probe runs in a throwaway container.
         from envlock.restore.inimage import capture_in_image
@@ -49,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
                  "record it as [[unreadable]] (verify then fails)")
     from envlock.lock import dumps, save
 
+    if updates:
+        from envlock._requirements import with_requirements
+        from envlock.lock import seal
+
+        lock = seal(with_requirements(lock, updates))
     if args.output != "-":
         path = save(lock, args.output, force=args.force, reseal=False)
         say_link(path)

@@ -96,9 +96,11 @@ def _open(path: str) -> TextIO:
     fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the process's life
     if fh.tell() == 0:
         from envlock.probe.collect import collect
+        from envlock.probe.statcache import file_cache_allowed
 
         rank, world = _rank_and_world()
-        doc = collect(torch="auto" if "torch" in sys.modules else "no")
+        doc = collect(torch="auto" if "torch" in sys.modules else "no",
+                      hash_cache=file_cache_allowed())
         fh.write(json.dumps({"capture": doc, "world_size": world, "rank": rank}) + "\n")
     return fh
 
