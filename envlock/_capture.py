@@ -32,9 +32,11 @@ def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str
                          cwd: str | None = None, deep: bool = False,
                          git_exclude: Sequence[str] = ()) -> dict[str, Any]:
     from envlock.probe.collect import collect
+    from envlock.probe.statcache import file_cache_allowed
 
     return collect(torch="auto" if torch else "no", canary=canary, image=image, cwd=cwd,
-                   deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude])
+                   deep=deep, git_exclude=[os.path.abspath(p) for p in git_exclude],
+                   hash_cache=file_cache_allowed())
 
 
 class StartedProbe:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from envlock import _compare_native as native
 from envlock import _compare_packages as driftpkgs
 from envlock._comparison import (
     SEVERITY_RANK,
@@ -38,6 +39,7 @@ from envlock._comparison import (
     Words,
     dump,
 )
+from envlock._textsafe import plural
 from envlock.lock import (
     Determinism,
     GpuDevice,
@@ -50,6 +52,7 @@ from envlock.lock import (
     TorchInfo,
     severities,
 )
+from envlock.probe.rules import COMPILE_ENV_PREFIXES, is_path_variable
 
 # How a change of each field counts, as its model declares it (``Policy`` beside the field).
 _PLATFORM = severities(Platform)
@@ -140,7 +143,7 @@ def _gpu(c: Collector, old: Lock, new: Lock) -> None:
     if len(a.devices) != len(b.devices):
         now = f"in {c.words.new}" if c.words.is_diff else "now"
         c.add("gpu", "gpu.devices", len(a.devices), len(b.devices), "warning",
-              f"{len(a.devices)} GPU(s) in {c.words.old}, {len(b.devices)} {now}")
+              f"{plural(len(a.devices), 'GPU')} in {c.words.old}, {len(b.devices)} {now}")
     for i, (da, db) in enumerate(zip(a.devices, b.devices, strict=False)):
         c.fields("gpu", f"gpu.devices[{i}]", dump(da), dump(db), _GPU_DEVICE)
 
@@ -167,6 +170,13 @@ def _determinism(c: Collector, old: Lock, new: Lock) -> None:
     seeded = _reported_by_seeds(old, new)
     c.fields("determinism", "determinism.env", {k: v for k, v in env_a.items() if k not in seeded},
              {k: v for k, v in env_b.items() if k not in seeded}, {}, default="breaking")
+
+
+def _compile_variables(names: set[str]) -> dict[str, Severity]:
+    """torch.compile's variables choose kernels (a warning to look at); those that name a cache
+    directory are info here, the caches' contents being compared under ``compile.caches``."""
+    return {n: "info" if is_path_variable(n) else "warning"
+            for n in names if n.startswith(COMPILE_ENV_PREFIXES)}
 
 
 def _reported_by_seeds(old: Lock, new: Lock) -> set[str]:
@@ -269,9 +279,11 @@ def _is_process_state(d: Difference, names: set[str]) -> bool:
     for prefix in ("determinism.env.", "env."):
         if path.startswith(prefix):
             return path[len(prefix):] in names
-    # torch's knobs (and which were set too late) are set by the process; their defaults follow
-    # from the torch build and the variables above, which stay compared.
-    return path.startswith("determinism.") and path != "determinism.torch_loaded"
+    # torch's knobs (and which were set too late) and torch.compile's settings are set by the
+    # process; their defaults follow from the torch build and the variables above, which stay
+    # compared.
+    return (path.startswith("determinism.") and path != "determinism.torch_loaded") \
+        or path.startswith("compile.settings.")
 
 
 def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict: bool = False,
@@ -290,7 +302,9 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     c.fields("platform", "platform", dump(old.platform), dump(new.platform), _PLATFORM)
     _python(c, old, new)
     _torch(c, old, new)
+    native.cuda_libraries(c, old, new)
     _gpu(c, old, new)
+    native.device_kernels(c, old, new)
     _determinism(c, old, new)
     seeds_a, seeds_b = dump(old.seeds), dump(new.seeds)
     if not new.determinism.torch_loaded:
@@ -300,6 +314,7 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     c.fields("seeds", "seeds", seeds_a, seeds_b, _SEEDS)
     _hash_seed_hint(c)
     env_rules: dict[str, Severity] = {k: "warning" for k in _ENV_WARNING}
+    env_rules.update(_compile_variables(set(old.env) | set(new.env)))
     # A numerics variable is reported once, as determinism.env.X (where it is breaking).
     numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
     c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
@@ -307,6 +322,9 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     driftpkgs.packages(c, old, new)
     driftpkgs.conda(c, old, new)
     driftpkgs.os_packages(c, old, new)
+    native.libraries(c, old, new)
+    native.runtimes(c, old, new)
+    native.compile_state(c, old, new)
     _unreadable(c, old, new)
     _canary(c, old, new)
     gold, gnew = dump(old.git), dump(new.git)

@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from envlock._comparison import Collector, Severity, dump
+from envlock._textsafe import agree, plural
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -122,7 +123,7 @@ def os_packages(c: Collector, old: Lock, new: Lock) -> None:
             more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
             parts.append(f"{len(names)} {kind} ({shown}{more})")
     c.add("os_packages", "os_packages", _os_side(old_soft), _os_side(new_soft), "warning",
-          f"{total} other OS package(s) differ: " + "; ".join(parts))
+          f"{plural(total, 'other OS package')} {agree(total, 'differs', 'differ')}: " + "; ".join(parts))
 
 
 def _os_side(versions: dict[str, str]) -> str | None:

@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 
 Severity = Literal["breaking", "warning", "info"]
 ProcessState = Literal["compare", "report"]
-SEVERITY_RANK = {"breaking": 0, "warning": 1, "info": 2}
+SEVERITIES: tuple[Severity, ...] = ("breaking", "warning", "info")
+SEVERITY_RANK = {s: rank for rank, s in enumerate(SEVERITIES)}
+
+
+def counts_text(counts: Mapping[str, int], *, zeros: bool = True) -> str:
+    """How every report counts differences: "1 breaking, 2 warnings, 45 info" (severities
+    without a difference left out unless ``zeros``)."""
+    return ", ".join(plural(counts.get(s, 0), s) if s == "warning" else f"{counts.get(s, 0)} {s}"
+                     for s in SEVERITIES if zeros or counts.get(s))
 
 
 # NamedTuples: immutable values, equal when their fields are, changed only through
@@ -109,7 +117,7 @@ class Comparison(NamedTuple):
         return {
             "ok": self.ok,
             "strict": self.strict,
-            "counts": {s: self.count(s) for s in ("breaking", "warning", "info")},
+            "counts": {s: self.count(s) for s in SEVERITIES},
             "differences": [d.to_dict() for d in self.differences],
             "process_state": [d.to_dict() for d in self.process],
         }

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from envlock._textsafe import agree, plural
+
 if TYPE_CHECKING:
     from envlock._comparison import Comparison, Difference
     from envlock.lock import Lock
@@ -37,7 +39,7 @@ def differences(report: dict[str, Any], limit: int | None = DEFAULT_FILES_SHOWN)
         if len(shown) < len(files):
             rest = len(files) - len(shown)
             out.append(Difference("files", f"files.{name}", None, f"{rest} more", "breaking",
-                                  f"{name}: {rest} more file(s) differ from RECORD (--all lists them)"))
+                                  f"{name}: {plural(rest, 'more file')} {agree(rest, 'differs', 'differ')} from RECORD (--all lists them)"))
     return out
 
 
@@ -85,13 +87,13 @@ def summary(report: dict[str, Any] | None) -> str:
     bad = len(report.get("dists", {}))
     if cached:
         # Said in full: a user who suspects more than an edit needs to know what was trusted.
-        head = (f"deep: {files} files ({gb:.2f} GB) in {secs:.2f}s; "
+        head = (f"deep: {plural(files, 'file')} ({gb:.2f} GB) in {secs:.2f}s; "
                 f"{report.get('hashed_files', files - cached)} re-hashed, {cached} unchanged "
                 f"since the last check by size/mtime/ctime (--no-cache re-hashes all); ")
     else:
-        head = (f"deep: {files} files, {gb:.2f} GB hashed in {secs:.2f}s "
-                f"({gb / secs:.2f} GB/s, {report.get('workers', 1)} workers); ")
-    return head + (f"{bad} distribution(s) differ from RECORD" if bad
+        head = (f"deep: {plural(files, 'file')}, {gb:.2f} GB hashed in {secs:.2f}s "
+                f"({gb / secs:.2f} GB/s, {plural(report.get('workers', 1), 'worker')}); ")
+    return head + (f"{plural(bad, 'distribution')} {agree(bad, 'differs', 'differ')} from RECORD" if bad
                    else "every file matches RECORD") + "\n"
 
 

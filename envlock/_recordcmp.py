@@ -17,7 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envlock._compare_native import context_form
 from envlock._record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
+from envlock._textsafe import plural
+from envlock.probe.rules import COMPILE_ENV_PREFIXES
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.
@@ -31,21 +34,22 @@ CONTEXT_PREFIXES = (
     "torch.build.parallel_backend", "torch.build.cuda_runtime", "torch.build.cudnn_version",
     "gpu.driver", "gpu.devices.",
     "determinism.", "seeds.", "env.", "process.",
+    "torch.cuda_libraries.", "native.libraries.", "native.runtimes.", "compile.",
     # Each distribution's version, as ``packages.<name>`` (see ``context_of``): on a host the
     # environment a replay runs in is not rebuilt from the lock, and a package upgraded since
     # is a cause no other fact shows.
     "packages.",
 )
-# The families of keys the first records had. A family added later (``python``, ``packages``)
-# is compared only when both records have it: a record written before it was kept is not a
-# process without it.
-_FIRST_FAMILIES = frozenset(("platform", "torch", "gpu", "determinism", "seeds", "env", "process"))
+# The families of keys added to records after the first ones. Such a family is compared only
+# when both records have it: a record written before it was kept is not a process without it.
+_ADDED_LATER = ("python.", "packages.", "native.libraries.", "native.runtimes.", "compile.",
+                "torch.cuda_libraries.")
 # Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
 # loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
 _NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
                           "CUBLAS", "CUDNN_", "NVIDIA_TF32", "TORCH_", "PYTORCH_", "NCCL_", "XLA_",
                           "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTHONHASHSEED",
-                          "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
+                          "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD", *COMPILE_ENV_PREFIXES)
 _NOT_CONTEXT = ("determinism.process_env", "determinism.torch_loaded", "gpu.devices.*.uuid_sha256",
                 "gpu.devices.*.index", "seeds.seed_source")
 
@@ -74,7 +78,7 @@ def _wild(key: str) -> str:
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
-    flat = flatten({k: v for k, v in form.items() if k != "packages"})
+    flat = flatten(context_form({k: v for k, v in form.items() if k != "packages"}))
     flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
                  if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
@@ -225,7 +229,7 @@ def _steps(original: list[Step], replay: list[Step], tol: Tolerance) -> list[Div
         n = min(len(original), len(replay))
         nxt = original[n] if len(original) > n else replay[n]
         return [Divergence("steps", f"step {nxt.step} (row {n + 1})",
-                           f"{len(original)} steps recorded", f"{len(replay)} steps recorded")]
+                           f"{plural(len(original), 'step')} recorded", f"{plural(len(replay), 'step')} recorded")]
     return []
 
 
@@ -282,17 +286,18 @@ def command_failed(original: Record, replay: Record) -> bool:
 
 
 def _family(key: str) -> str:
-    return key.split(".", 1)[0]
+    """The family added later that ``key`` belongs to ("" for the first ones)."""
+    return next((f for f in _ADDED_LATER if key.startswith(f)), "")
 
 
 def _context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
     """The keys whose values differ; a family added to records later is compared only when
-    both have it (``_FIRST_FAMILIES``)."""
-    kept = {_family(k) for k in original} & {_family(k) for k in replay}
+    both have it (``_ADDED_LATER``)."""
+    kept = {_family(k) for k in original} & {_family(k) for k in replay} | {""}
     keys = sorted(set(original) | set(replay))
     return [ContextChange(k, original.get(k), replay.get(k)) for k in keys
             if original.get(k) != replay.get(k) or type(original.get(k)) is not type(replay.get(k))
-            if _family(k) in _FIRST_FAMILIES or _family(k) in kept]
+            if _family(k) in kept]
 
 
 def context_changes(original: Record, replay: Record) -> list[ContextChange]:

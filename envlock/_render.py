@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from envlock._escape import markdown_code, markdown_text
-from envlock._textsafe import dash, safe
+from envlock._textsafe import agree, dash, plural, safe
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison, Difference
@@ -62,6 +62,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
     rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
     if lock.os_packages is not None:
         rows.append(("os packages", f"{len(lock.os_packages.packages)} ({lock.os_packages.manager})"))
+    rows += native_rows(lock)
     d = lock.determinism
     if d.torch_loaded:
         rows.append(("determinism",
@@ -77,7 +78,7 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
     seed_bits.append(f"PYTHONHASHSEED={s.python_hash_seed}" if s.python_hash_seed is not None else "hash randomization on")
     rows.append(("seeds", ", ".join(seed_bits)))
     if lock.canary:
-        rows.append(("canary", f"{len(lock.canary.results)} kernels hashed"))
+        rows.append(("canary", f"{plural(len(lock.canary.results), 'kernel')} hashed"))
     if lock.git:
         g = lock.git
         state = []
@@ -98,6 +99,35 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
     return rows
 
 
+def native_rows(lock: Lock) -> list[tuple[str, str]]:
+    """The native code the capturing process ran, torch.compile's state and what a host needs."""
+    rows = []
+    if lock.native is not None:
+        libs = lock.native.libraries
+        unowned = sum(1 for lib in libs if lib.sha256 or lib.deleted)
+        rows.append(("libraries", f"{len(libs)} loaded" + (
+            f" ({unowned} no package vouches for)" if unowned else "")))
+        for rt in lock.native.runtimes:
+            bits = [b for b in (rt.version, rt.architecture, rt.threading_layer,
+                                f"{rt.num_threads} threads" if rt.num_threads is not None else None) if b]
+            rows.append((rt.api, f"{rt.implementation} {rt.library}" + (f" ({', '.join(bits)})" if bits else "")))
+    if lock.compile is not None:
+        c = lock.compile
+        caches = ", ".join(f"{x.kind} {x.files} files" for x in c.caches)
+        rows.append(("compile", ", ".join(x for x in (
+            f"triton {c.triton}" if c.triton else None,
+            f"{len(c.settings)} settings read" if c.settings else "settings not read (not imported)",
+            f"caches: {caches}" if caches else None) if x)))
+    if lock.requires is not None:
+        r = lock.requires
+        rows.append(("requires", ", ".join(x for x in (
+            f"driver CUDA >= {r.cuda_driver}" if r.cuda_driver else None,
+            f"glibc >= {r.glibc}" if r.glibc else None,
+            f"GPU {' '.join(r.gpu_archs)}" if r.gpu_archs else None,
+            f"CPU {' '.join(r.cpu_features)}" if r.cpu_features else None) if x) or "nothing declared"))
+    return rows
+
+
 def show_text(lock: Lock, name: str = "env.lock") -> str:
     rows = summary_rows(lock)
     width = max(len(k) for k, _ in rows)
@@ -115,16 +145,16 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
     torch_part = (f"torch {safe(t.version)} (CUDA {dash(t.cuda)}, cuDNN {dash(t.cudnn)})" if t
                   else "torch not captured")
     gpu = lock.gpu
-    gpu_part = f"{len(gpu.devices)} GPU(s), driver {dash(gpu.driver)}" if gpu and gpu.devices else "no GPU"
+    gpu_part = f"{plural(len(gpu.devices), 'GPU')}, driver {dash(gpu.driver)}" if gpu and gpu.devices else "no GPU"
     n = len(lock.packages)
     summary = (f"wrote {safe(path)}  id {lock.short_id}\n"
                + (f"  {safe(locked)}\n" if locked else "")
                + f"  python {safe(lock.python.version)} ({safe(lock.python.prefix_kind)}), {torch_part}, "
-               f"{gpu_part}, {n} package{'' if n == 1 else 's'}\n")
+               f"{gpu_part}, {plural(n, 'package')}\n")
     notes = []
     changed = [safe(p.name) for p in lock.packages if p.files_changed]
     if changed:
-        notes.append(f"  note: files differ from RECORD in {len(changed)} distribution(s) "
+        notes.append(f"  note: files differ from RECORD in {plural(len(changed), 'distribution')} "
                      f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}): "
                      "see files_changed\n")
     notes += [f"  note: {safe(section)} not captured: {safe(reason)}\n"
@@ -133,7 +163,7 @@ def capture_summary(lock: Lock, path: str, locked: str | None, *,
     if lock.unreadable:
         items = [f"{u.section} {u.item}: {u.error}" if u.item else f"{u.section}: {u.error}"
                  for u in lock.unreadable]
-        notes.append(f"  warning: {len(items)} thing(s) could not be captured, so verify fails "
+        notes.append(f"  warning: {plural(len(items), 'thing')} could not be captured, so verify fails "
                      f"until they can ([[unreadable]]): {'; '.join(items[:3])}"
                      f"{'; ...' if len(items) > 3 else ''}\n")
     return summary, "".join(notes)
@@ -158,7 +188,7 @@ def show_markdown(lock: Lock, name: str = "env.lock") -> str:
     out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
     # Every value is the lock's (a note, an OS name, a version): inert markdown that reads as written.
     out += [f"| {k} | {markdown_text(v, inline=True)} |" for k, v in shared_rows(lock)]
-    out += ["", f"<details><summary>{len(lock.packages)} packages</summary>", "",
+    out += ["", f"<details><summary>{plural(len(lock.packages), 'package')}</summary>", "",
             "| package | version | source |", "|---|---|---|"]
     out += [f"| {markdown_text(p.name, inline=True)} | {markdown_text(p.version, inline=True)} "
             f"| {markdown_text(p.source, inline=True)} |" for p in lock.packages]
@@ -184,7 +214,22 @@ def differences_text(differences: Iterable[Difference]) -> str:
 
 
 def counts_line(cmp: Comparison) -> str:
-    return f"{cmp.count('breaking')} breaking, {cmp.count('warning')} warning, {cmp.count('info')} info"
+    # Imported here: `show` renders no comparison and does not load the comparison types.
+    from envlock._comparison import SEVERITIES, counts_text
+
+    return counts_text({s: cmp.count(s) for s in SEVERITIES})
+
+
+def _verify_head(cmp: Comparison, lock: Lock, name: str, environment: str | None = None) -> str:
+    against = f" against {safe(environment)}" if environment else ""
+    return f"{safe(name)} (id {lock.short_id}){against}: {counts_line(cmp)}\n"
+
+
+def verify_brief(cmp: Comparison, lock: Lock, name: str) -> str:
+    """A check that passed, in verify's words and short (``run`` prints it before its command's
+    output): the head line and every difference that counts, each named; a count of warnings
+    alone left the reader to guess which."""
+    return _verify_head(cmp, lock, name) + differences_text(d for d in cmp.differences if d.severity != "info")
 
 
 def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = False,
@@ -204,8 +249,7 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
     )
 
     shown = [d for d in cmp.differences if show_info or d.severity != "info"]
-    against = f" against {safe(environment)}" if environment else ""
-    head = f"{safe(name)} (id {lock.short_id}){against}: {counts_line(cmp)}\n"
+    head = _verify_head(cmp, lock, name, environment)
     elsewhere = captured_from is not None and not cmp.ok
     if elsewhere:
         name, captured_from = safe(name), safe(captured_from)
@@ -219,17 +263,17 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
         if body:
             body = f"  details ({min(limit, len(shown))} of {len(shown)}):\n" + body
         left = len(shown) - limit + hidden
-        tail = f"  ({left} more differences; --all lists every one)\n" if left else ""
+        tail = f"  ({plural(left, 'more difference')}; --all lists every one)\n" if left else ""
     else:
         body = differences_text(shown)
-        tail = f"  ({hidden} info differences hidden; --all shows them)\n" if hidden and body else ""
+        tail = f"  ({plural(hidden, 'info difference')} hidden; --all shows them)\n" if hidden and body else ""
     tail += ("" if restored else image_hint(cmp, lock, name)) + process_state_text(cmp)
     if cmp.ok:
         verdict = "OK: the environment matches the lock\n"
     elif cmp.breaking:
-        verdict = f"DRIFT: {len(cmp.breaking)} breaking difference(s)\n"
+        verdict = f"DRIFT: {plural(len(cmp.breaking), 'breaking difference')}\n"
     else:
-        verdict = f"DRIFT: {cmp.count('warning')} warning(s), which count as drift with --strict\n"
+        verdict = f"DRIFT: {plural(cmp.count('warning'), 'warning')}, which {agree(cmp.count('warning'), 'counts', 'count')} as drift with --strict\n"
     return head + body + tail + verdict
 
 
@@ -291,7 +335,7 @@ def canary_check_text(cmp: Comparison, name: str) -> str:
         return f"OK: same bytes as the canary in {name}\n"
     body = "".join(f"  {d.severity.upper() if d.severity == 'breaking' else d.severity}  "
                    f"{d.describe()}\n" for d in shown)
-    verdict = (f"NUMERIC DRIFT: {len(cmp.breaking)} kernel(s) differ from {name}\n"
+    verdict = (f"NUMERIC DRIFT: {plural(len(cmp.breaking), 'kernel')} {agree(len(cmp.breaking), 'differs', 'differ')} from {name}\n"
                if cmp.breaking else "OK: no breaking difference\n")
     return body + verdict
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from envlock._recordcmp import CodeChange, ContextChange, InputDrift, ReplayComparison
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 
 
 def _value(v: Any) -> str:
@@ -65,11 +65,11 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
         return "\n".join(lines) + "\n"
     if cmp.same:
         lines.append(f"OK: the replay reproduced {safe(original)} ({how}; "
-                     f"{cmp.steps_compared} steps compared)")
+                     f"{plural(cmp.steps_compared, 'step')} compared)")
         return "\n".join(lines) + "\n"
     if cmp.divergences:
         first = cmp.divergences[0]
-        lines.append(f"DIVERGED from {safe(original)} ({how}; {cmp.steps_compared} steps compared)")
+        lines.append(f"DIVERGED from {safe(original)} ({how}; {plural(cmp.steps_compared, 'step')} compared)")
         lines.append(f"  first divergence: {_where(first.what, first.where)}: "
                      f"{safe(first.original)} (original) != {safe(first.replay)} (replay)")
         for d in cmp.divergences[1:]:

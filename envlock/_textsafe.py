@@ -1,4 +1,5 @@
-"""Text a terminal shows literally: the one escaping rule for everything envlock prints.
+"""Text a terminal shows literally: the one escaping rule for everything envlock prints, and the
+one way a count is written ("1 output", "2 outputs").
 
 Apart from ``render`` so that the report modules ``render`` puts together can use it without the
 two importing each other.
@@ -54,3 +55,14 @@ class Tail:
         rows = [row.rstrip() for row in text.splitlines() if row.strip()]
         return [row if len(row) <= self._width else row[:self._width] + "…"
                 for row in rows[-self._lines:]]
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1 ("1 output", "2 outputs", "0 steps");
+    ``many`` where adding "s" is not the plural ("shadowed copies")."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"
+
+
+def agree(n: int, one: str, many: str) -> str:
+    """The verb that agrees with a count of ``n``: ``agree(1, "differs", "differ")``."""
+    return one if n == 1 else many

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock._comparison import Comparison, Difference
-from envlock._textsafe import dash, safe
+from envlock._comparison import Comparison, Difference, counts_text
+from envlock._textsafe import dash, plural, safe
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -39,7 +39,31 @@ def _severity_counts(diffs: Iterable[Difference]) -> str:
     counts: dict[str, int] = {}
     for d in diffs:
         counts[d.severity] = counts.get(d.severity, 0) + 1
-    return ", ".join(f"{counts[s]} {s}" for s in ("breaking", "warning", "info") if s in counts)
+    return counts_text(counts, zeros=False)
+
+
+def _package_changes(pkgs: Iterable[Difference]) -> str:
+    """What the package differences are, by what changed: "1 package removed, url removed in
+    1 package, installer changed in 24 packages". A whole package added or removed is said so;
+    a field is named ("1 removed" read as a missing package where a URL was removed)."""
+    kinds: dict[tuple[str, str], int] = {}
+    for d in pkgs:
+        how = "added" if d.old is None else "removed" if d.new is None else "changed"
+        table, _, rest = d.path.partition(".")
+        field = rest.partition(".")[2]  # packages.NAME.FIELD; a package name holds no dot
+        what = "shadowed copy" if table == "duplicates" else field or "package"
+        kinds[(what, how)] = kinds.get((what, how), 0) + 1
+    parts = []
+    # Whole packages first, then shadowed copies, then the fields that changed most often.
+    order = {"package": 0, "shadowed copy": 1}
+    for (what, how), n in sorted(kinds.items(), key=lambda kv: (order.get(kv[0][0], 2), -kv[1])):
+        if what == "shadowed copy":
+            parts.append(f"{plural(n, what, 'shadowed copies')} {'gone' if how == 'removed' else 'appeared'}")
+        elif what == "package":
+            parts.append(f"{plural(n, 'package')} {how}")
+        else:
+            parts.append(f"{what} {how} in {plural(n, 'package')}")
+    return ", ".join(parts)
 
 
 def verify_summary(cmp: Comparison, lock: Lock) -> str:
@@ -66,11 +90,7 @@ def verify_summary(cmp: Comparison, lock: Lock) -> str:
         rows.append(("image", _change(cmp, path, img.digest or img.id)))
     pkgs = cmp.by_category("packages")
     if pkgs:
-        added = sum(1 for d in pkgs if d.old is None)
-        removed = sum(1 for d in pkgs if d.new is None)
-        kinds = [f"{n} {what}" for n, what in ((added, "added"), (removed, "removed"),
-                                                (len(pkgs) - added - removed, "changed")) if n]
-        rows.append(("packages", f"{_severity_counts(pkgs)} ({', '.join(kinds)})"))
+        rows.append(("packages", f"{_severity_counts(pkgs)} ({_package_changes(pkgs)})"))
     else:
         rows.append(("packages", f"{len(lock.packages)} (unchanged)"))
     # Every other category (platform, OS packages, determinism variables, ...) as counts.

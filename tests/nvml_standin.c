@@ -10,10 +10,14 @@
  *   STANDIN_NVML_MODE    ok (default) | fail (nvmlInit returns NVML_ERROR_DRIVER_NOT_LOADED)
  *                        | hang (nvmlInit never returns, like a wedged driver)
  *   STANDIN_NVML_DRIVER  driver version string (default 580.82.07)
+ *   STANDIN_NVML_CUDA    the CUDA version the driver supports, as NVML encodes it (default 13000)
+ *   STANDIN_NVML_CC      compute capabilities of the two devices, "MAJOR.MINOR,MAJOR.MINOR"
+ *                        (default 8.0,9.0: another GPU against the same torch build)
  *
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 nvml_standin.c
  * The values below are mirrored by tests/test_scenarios_gpu.py (EXPECTED_GPU).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -106,7 +110,8 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cuda_driver_version) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (cuda_driver_version == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *cuda_driver_version = 13000;
+    const char *v = getenv("STANDIN_NVML_CUDA");
+    *cuda_driver_version = v ? atoi(v) : 13000;
     return NVML_SUCCESS;
 }
 
@@ -141,6 +146,13 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
     if (device == NULL || major == NULL || minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *major = device->cc_major;
     *minor = device->cc_minor;
+    const char *cc = getenv("STANDIN_NVML_CC");
+    if (cc != NULL) {
+        int m0, n0, m1, n1;
+        if (sscanf(cc, "%d.%d,%d.%d", &m0, &n0, &m1, &n1) != 4) return NVML_ERROR_INVALID_ARGUMENT;
+        *major = device == &devices[0] ? m0 : m1;
+        *minor = device == &devices[0] ? n0 : n1;
+    }
     return NVML_SUCCESS;
 }
 

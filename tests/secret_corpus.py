@@ -5,6 +5,8 @@ output (``secret``). ``ORDINARY``: inputs that carry none and must come out verb
 entry says where it enters a capture:
 
 * ``env-name``   a variable whose *name* says it holds a secret (value = the secret);
+* ``env-encoded`` a secret-named variable (value) whose value reappears encoded (``secret``:
+  percent-encoded, base64, base64 of "user:value") in an allow-listed variable and the note;
 * ``env-value``  an allow-listed variable whose *value* carries one (a URL, a token);
 * ``det-env``    a numerics variable recorded in ``[determinism.env]``;
 * ``direct-url`` the ``url`` of a distribution's PEP 610 ``direct_url.json``;
@@ -17,7 +19,11 @@ Secrets are unique per entry so that a leak names its input.
 
 from __future__ import annotations
 
+import base64
+import re
+from collections.abc import Callable
 from typing import NamedTuple
+from urllib.parse import quote, quote_plus
 
 
 class Case(NamedTuple):
@@ -166,6 +172,46 @@ _NOTES = [
 ]
 
 
+def _key_block(kind: str, body: str, end: bool = True) -> str:
+    """A PEM private key (``kind`` "RSA ", "OPENSSH ", "" ...) around ``body``."""
+    head = f"-----BEGIN {kind}PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC{body}\nKx9vQ0==\n"
+    return head + (f"-----END {kind}PRIVATE KEY-----" if end else "")
+
+
+# A key block is a secret wherever it appears, whatever the name of what holds it: (where,
+# name, template); {s} is in the key's body.
+_KEY_BLOCKS = [
+    ("env-value", "CUDA_MPS_CLIENT_CERT", _key_block("", "{s}")),
+    ("env-value", "NCCL_IB_TLS_MATERIAL", _key_block("RSA ", "{s}")),
+    ("env-value", "TORCH_CORPUS_PEM_CUT", _key_block("EC ", "{s}", end=False)),
+    ("env-value", "HF_ENDPOINT_CLIENT",
+     "https://h.example/x?cert=" + quote(_key_block("OPENSSH ", "{s}"), safe="").replace("%7Bs%7D", "{s}")),
+    ("note", "", "deploy key: " + _key_block("OPENSSH ", "{s}") + " (rotate monthly)"),
+    ("note", "", "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF{s}\n-----END PGP PRIVATE KEY BLOCK-----"),
+]
+
+
+def _lower_escapes(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), text)
+
+
+def _b64(text: str, urlsafe: bool = False) -> str:
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    return encode(text.encode()).decode()
+
+
+# A secret variable's value with characters a URL must escape, and the forms it is pasted in.
+_ENCODINGS: list[Callable[[str], str]] = [
+    lambda v: quote(v, safe=""),
+    lambda v: _lower_escapes(quote(v, safe="")),
+    lambda v: quote_plus(v + " tail"),
+    lambda v: _b64(v),
+    lambda v: "Authorization: Basic " + _b64("alice:" + v),
+    lambda v: _b64("bo:" + v, urlsafe=True).rstrip("="),
+    lambda v: "x" + _b64("deploy:" + v)[1:],  # a base64 word the value sits inside of
+]
+
+
 def _build_leaks() -> list[Case]:
     out: list[Case] = []
     i = 0
@@ -198,6 +244,14 @@ def _build_leaks() -> list[Case]:
         i += 1
         s = _s(i)
         out.append(Case(where, name, template.format(s=s, jwt=_jwt(s)), s))
+    for where, name, template in _KEY_BLOCKS:
+        i += 1
+        s = _s(i)
+        out.append(Case(where, name, template.replace("{s}", s), s))
+    for n, encode in enumerate(_ENCODINGS):
+        i += 1
+        value = f"{_s(i)}+/=@:!"
+        out.append(Case("env-encoded", f"TORCH_CORPUS_ENC_{n:02d}_PASSWORD", value, encode(value)))
     return out
 
 
@@ -281,3 +335,22 @@ ORDINARY = [
     Case("note", "", "demo keys sk_live_demo pk_live_0123456789abcdefghijABCD AIzawesome dckr_pat_x", ""),
     Case("note", "", "pypi-mirror-snapshot-2024-01-15-for-the-whole-cluster and sk-learn-0123456789abcdefABCDEF0123456789-x", ""),
 ]
+
+def _public(where: str, name: str, template: str, kind: str) -> Case:
+    """The twin of a key block: the same block as a certificate or a public key, which are no
+    secret (a note on one line: show prints a line break in a value escaped, and markdown
+    collapses spaces)."""
+    value = template.replace("{s}", "MIIBszCCAVmgAwIBAg").replace("PRIVATE KEY", kind).replace("PRIVATE%20KEY", quote(kind))
+    return Case(where, name, " ".join(value.split()) if where == "note" else value, "")
+
+
+ORDINARY += [_public(*block, "PUBLIC KEY" if n % 2 else "CERTIFICATE") for n, block in enumerate(_KEY_BLOCKS)]
+# Twins of the encoded forms: the same encodings of a value no variable holds ("Basic" with a
+# user:password is a credential whoever wrote it, so that one has no twin), and "Basic" before
+# what is no user:password.
+ORDINARY += [Case("env-value", f"TORCH_CORPUS_OK_ENC_{n:02d}", encode("Qa2w+/=@:!other"), "")
+             for n, encode in enumerate(_ENCODINGS) if "Basic" not in encode("x")]
+ORDINARY.append(Case("note", "", "Basic training run; basic dGVzdA== is 'test'; Basic auth is off", ""))
+# Secret-named variables whose value could not be a credential (a plain word, a slug): redacted
+# as a variable, kept wherever else the same text appears.
+ORDINARY += [Case("env-echo", "MY_API_KEY", "experiments", ""), Case("env-echo", "WANDB_API_KEY", "run-2024-01-15-baseline", "")]

@@ -114,6 +114,37 @@ def test_argparse_exits_become_return_values(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out.startswith("usage: envlock show")
 
 
+def test_a_mistyped_word_is_answered_with_the_right_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verfy"]) == EXIT_USAGE
+    assert "invalid choice: 'verfy'; did you mean 'verify'? (choose from 'capture', " in capsys.readouterr().err
+    assert main(["diff", "a", "b", "--format", "jsn"]) == EXIT_USAGE
+    assert "invalid choice: 'jsn'; did you mean 'json'?" in capsys.readouterr().err
+    # an option the subcommand does not know: its usage, not the program's, and the option meant
+    assert main(["verify", "--deeep"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: envlock verify ") and "[--deep]" in err, err
+    assert err.endswith("envlock verify: error: unrecognized arguments: --deeep (did you mean --deep?)\n")
+    assert main(["verify", "--deeep=1", "--jsn"]) == EXIT_USAGE
+    assert "(--deeep=1: did you mean --deep?; --jsn: did you mean --json?)" in capsys.readouterr().err
+    # the options run parses after the lock, and record's
+    assert main(["run", str(tmp_path / "env.lock"), "--gpuss", "all", "--", "true"]) == EXIT_USAGE
+    assert "envlock run: error: unrecognized arguments: --gpuss all (did you mean --gpus?)" in capsys.readouterr().err
+    assert main(["record", str(tmp_path / "r.rec"), "--outptu", "x", "--", "true"]) == EXIT_USAGE
+    assert "(did you mean --output?)" in capsys.readouterr().err
+
+
+def test_twin_no_suggestion_where_nothing_is_close(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zzzz"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "invalid choice: 'zzzz' (choose from" in err and "did you mean" not in err
+    assert main(["verify", "a.lock", "b.lock"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: envlock verify ") and err.endswith("unrecognized arguments: b.lock\n"), err
+    assert main(["run", "--deeep", "x"]) == EXIT_USAGE  # run has no --deep; --help is not close
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --deeep" in err and "did you mean" not in err
+
+
 def test_the_program_is_console_main() -> None:
     """The console script and ``python -m envlock`` run the same wrapper."""
     with open(REPO / "pyproject.toml", "rb") as fh:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from helpers import make_lock, probe_doc, run_cli
 
@@ -123,3 +124,25 @@ def test_seed_variables_are_reported_once_as_seeds() -> None:
                                 "hash_randomization": False})
     paths = sorted(d.path for d in compare(lock(5, "1"), lock(6, "2")).differences)
     assert paths == ["seeds.python_hash_seed", "seeds.seed"]
+
+
+def test_a_count_of_one_is_singular(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """"1 outputs", "1 breaking difference(s)", "0 warning": every count reads as English."""
+    import sys
+
+    from envlock.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["record", "r.record", "--output", "x", "--", sys.executable, "-c", "open('x', 'w').write('1')"]) == 0
+    assert "envlock: recorded 0 steps, 1 output and 0 inputs in r.record" in capsys.readouterr().err
+    old = make_lock(packages=[{"name": "six", "version": "1.16.0"}])
+    text = verify_text(compare(old, make_lock(packages=[{"name": "six", "version": "1.17.0"}])), old, "env.lock")
+    assert text.splitlines()[0].endswith(": 1 breaking, 0 warnings, 0 info")
+    assert text.splitlines()[-1] == "DRIFT: 1 breaking difference"
+    assert "# 1 distribution, sorted by name." in lockio.dumps(old)
+    # twin: other counts keep their plural
+    two = make_lock(packages=[{"name": "six", "version": "1.16.0"}, {"name": "idna", "version": "3.10"}])
+    assert "# 2 distributions, sorted by name." in lockio.dumps(two)
+    text = verify_text(compare(two, make_lock()), two, "env.lock")
+    assert text.splitlines()[-1] == "DRIFT: 2 breaking differences"

@@ -233,9 +233,9 @@ def test_first_files_per_dist_then_all(tmp_path: Path, venv: Path) -> None:
     res = _verify(venv, lock, "--deep")
     assert res.returncode == 1
     assert res.stdout.count("demo-pkg: modified:") == 10
-    assert "demo-pkg: 4 more file(s) differ from RECORD (--all lists them)" in res.stdout
+    assert "demo-pkg: 4 more files differ from RECORD (--all lists them)" in res.stdout
     res = _verify(venv, lock, "--deep", "--all")
-    assert res.stdout.count("demo-pkg: modified:") == 14 and "more file(s)" not in res.stdout
+    assert res.stdout.count("demo-pkg: modified:") == 14 and "more file" not in res.stdout
 
 
 def test_capture_deep_catches_a_file_edited_before_capture(tmp_path: Path, venv: Path) -> None:
@@ -244,7 +244,7 @@ def test_capture_deep_catches_a_file_edited_before_capture(tmp_path: Path, venv:
     init.write_bytes(original + b"# local patch\n")
     lock = tmp_path / "env.lock"
     res = run_cli("capture", "--python", str(venv), "-o", str(lock), "--deep", cwd=tmp_path)
-    assert "files differ from RECORD in 1 distribution(s) (demo-pkg)" in res.stderr
+    assert "files differ from RECORD in 1 distribution (demo-pkg)" in res.stderr
     import tomllib
 
     data = tomllib.loads(lock.read_text())

@@ -34,3 +34,28 @@ def test_a_hostile_name_is_escaped_and_a_nameless_row_keeps_its_index() -> None:
     with pytest.raises(LockInvalid, match=r"packages\.0\.") as info:
         from_dict(data, verify_seal=False)
     assert "(package" not in info.value.message
+
+
+def test_an_unknown_key_is_named_before_what_it_left_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt key said "envlock.tool_version: Field required (and 1 more)": the key to fix
+    was the one more. The unknown key comes first, with its table and the key it was meant to be."""
+    lock = save(make_lock(packages=[("aaa", "1.0"), ("torch", "2.5.0")]), tmp_path / "env.lock")
+    text = lock.read_text()
+    lock.write_text(text.replace("\ntool_version = ", "\ntool_versoin = ", 1))
+    assert main(["fmt", str(lock)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'tool_versoin' in [envlock]; did you mean 'tool_version'? (and 1 more)" in err, err
+    assert "Field required" not in err
+    # in a row: the table as the file writes it, and the package
+    data = make_lock(packages=[("aaa", "1.0"), ("torch", "2.5.0")]).model_dump(mode="json", exclude_none=True)
+    data["packages"][1]["colour\x1b[2J"] = "red"
+    with pytest.raises(LockInvalid) as info:
+        from_dict(data, verify_seal=False)
+    assert info.value.message.endswith("unknown key 'colour\\x1b[2J' in [[packages]] (package torch)")
+
+
+def test_twin_a_missing_key_alone_is_still_named_as_missing() -> None:
+    data = make_lock().model_dump(mode="json", exclude_none=True)
+    del data["envlock"]["tool_version"]
+    with pytest.raises(LockInvalid, match=r"envlock\.tool_version: Field required$"):
+        from_dict(data, verify_seal=False)

@@ -41,11 +41,14 @@ def test_the_fingerprint_leaves_out_host_facts_and_process_state() -> None:
 
     spelled = {
         "envlock": True, "probe": True, "git": True, "env": True, "canary": True,
+        # What a process loaded depends on what it imported; caches and requirements are not
+        # the environment: one stack keeps one id whoever captured it.
+        "native": True, "compile": True, "requires": True,
         "image": {"source", "reference", "container_id", "in_container", "engine", "digest", "id"},
         "platform": {"kernel", "cpu_model", "cpu_count", "os_pretty_name"},
         "python": {"executable", "prefix"},
         "torch": {"cuda_available", "device_count", "cpu_capability"},
-        "gpu": {"devices": {"__all__": {"uuid_sha256", "index"}}},
+        "gpu": {"devices": {"__all__": {"uuid_sha256", "index", "torch_kernels"}}},
         "determinism": set(Determinism.model_fields) - {"env"},
         "seeds": {"seed", "seed_source", "torch_initial_seed"},
         "packages": {"__all__": {"installer", "requested", "files_sha256"}},
@@ -68,5 +71,5 @@ def test_policies_stay_out_of_the_json_schema() -> None:
 def test_table_comments_are_declared_on_the_lock() -> None:
     comments = {name: p.comment for name, p in policies(Lock).items() if p.comment}
     assert set(comments) == {"image", "torch", "gpu", "determinism", "env", "git", "canary", "unreadable",
-                             "probe"}
+                             "probe", "requires", "native", "compile"}
     assert all(isinstance(p, Policy) for p in policies(Lock).values())

@@ -95,3 +95,11 @@ def test_a_missing_library_is_quiet_only_without_a_driver(
     info, error = gpu.collect_gpu(None, 5)
     assert info is None
     assert (error is not None and error.startswith("NVML unavailable: OSError")) if driver else error is None
+
+
+def test_the_standin_reports_other_gpus_and_driver_cuda_when_asked(env: dict[str, str]) -> None:
+    """What the device-against-build checks run on: another GPU generation, an older driver."""
+    out = _query(env, STANDIN_NVML_CC="7.0,12.1", STANDIN_NVML_CUDA="12040")
+    info = out["info"]
+    assert isinstance(info, dict) and info["cuda_driver"] == "12.4"
+    assert [d["compute_capability"] for d in info["devices"]] == ["7.0", "12.1"]

@@ -244,7 +244,7 @@ def test_drift_reports_breaking_ones_alone_and_the_rest_in_one_line() -> None:
                                                      ("os_packages", "warning")]
     assert diffs[0].describe() == "OS package libc6 2.36-9 -> 2.36-10"
     line = diffs[1].describe()
-    assert line.startswith("32 other OS package(s) differ: 1 changed (libgl1); 1 added (ffmpeg); 30 removed (")
+    assert line.startswith("32 other OS packages differ: 1 changed (libgl1); 1 added (ffmpeg); 30 removed (")
     assert "and 22 more" in line and len(line) < 300
     assert compare(old, old).by_category("os_packages") == ()
 

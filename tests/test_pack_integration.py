@@ -68,10 +68,18 @@ def fresh_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     yield
 
 
+# Run by every build FROM the base (an ONBUILD trigger): the network interfaces the build saw,
+# written into the image, where the test reads them. A build with the engine's network `none`
+# has only the loopback interface.
+BUILD_NET = "/etc/envlock-test-build-net"
+
+
 def _own_base(client: Any, base: str) -> str:
-    """A copy of ``base`` with an id of its own, which this test may delete."""
+    """A copy of ``base`` with an id of its own, which this test may delete, that records the
+    network of every build made from it."""
     tag = f"envlock-test/packbase:{uuid.uuid4().hex[:12]}"
-    dockerfile = f"FROM {base}\nLABEL org.envlock.test.pack={tag.rsplit(':', 1)[1]}\n"
+    dockerfile = (f"FROM {base}\nLABEL org.envlock.test.pack={tag.rsplit(':', 1)[1]}\n"
+                  f'ONBUILD RUN ["sh", "-c", "ls /sys/class/net > {BUILD_NET}"]\n')
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     return tag
 
@@ -126,6 +134,9 @@ def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], w
                                     # ignores the latter and rootless Podman then needs slirp4netns.
                                     remove=True, network_mode="none").decode()
         assert ran.split() == ["42", "1.16.0"]
+        if not engine:  # on Docker: Podman's builder may drop ONBUILD (OCI images carry none)
+            seen = client.containers.run(tag, ["cat", BUILD_NET], remove=True, network_mode="none").decode()
+            assert seen.split() == ["lo"], f"the restore's build had a network: {seen.split()}"
     finally:
         _remove(client, *restored, f"envlock-pack/base:{lock.short_id}", own, base_id)
     return timings

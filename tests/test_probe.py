@@ -285,7 +285,8 @@ def test_every_probe_file_is_python38_syntax_and_stdlib_only() -> None:
                 assert node.level == 1, f"{f.name}: {ast.unparse(node)}"
                 names = [node.module] if node.module else [a.name for a in node.names]
                 assert set(names) <= own, f"{f.name}: {ast.unparse(node)}"
-    assert third_party == {"torch", "pynvml"}  # both optional, imported only when present
+    # All optional, imported only when present.
+    assert third_party == {"torch", "pynvml", "threadpoolctl"}
 
 
 def test_importing_the_rules_imports_no_collector() -> None:

@@ -274,9 +274,10 @@ class Scans:
         self.calls = 0
         real = ospkgs.dpkg_owners
 
-        def counted(info_dir: str, wanted: set[str], reads: Any = None) -> dict[str, str]:
+        def counted(info_dir: str, wanted: set[str], reads: Any = None,
+                    kind: tuple[bytes, str] = ospkgs.DISTRIBUTIONS) -> dict[str, str]:
             self.calls += 1
-            return real(info_dir, wanted, reads)
+            return real(info_dir, wanted, reads, kind)
 
         monkeypatch.setattr(ospkgs, "dpkg_owners", counted)
 

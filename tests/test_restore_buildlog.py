@@ -92,6 +92,22 @@ def test_podman_numbers_the_steps_of_each_stage_and_ends_its_messages_with_a_new
     assert list(failed.tail) == ["working", engine_says]
 
 
+@pytest.mark.parametrize("engine", ["", "podman-"])
+def test_the_images_a_build_committed_are_known_and_none_it_found(engine: str) -> None:
+    """What an interrupted build must take away: the images its steps committed, never the
+    base a FROM names nor a step the builder found in its cache."""
+    chunks = recorded(f"{engine}ok")
+    log, _ = parse(chunks)
+    ids = [m.group(1) for c in chunks for m in [re.match(r"^\s*-{2,3}> ([0-9a-f]+)\s*$", str(c.get("stream")))]
+           if m]
+    base_and_cached = {"211db7b59d4d", "c3842c9424c1"} if not engine else {"7ff9264e240"}
+    assert base_and_cached <= set(ids)
+    assert log.committed == [i for i in ids if i not in base_and_cached]
+    # Docker names the FROM's base again in the second stage: it is still not this build's.
+    assert ids.count("211db7b59d4d") == (0 if engine else 2) and len(log.committed) == 8
+    assert log.committed[-1] == ("9c8635f51dce" if not engine else "4ac98032648")
+
+
 def test_reading_stops_at_the_first_error_as_the_engine_does() -> None:
     chunks = recorded("command-fails")
     log, _ = parse([*chunks, {"stream": "Step 3/3 : RUN after\n"}, {"error": "second"}])

@@ -461,3 +461,39 @@ def test_a_build_stage_is_removed_by_its_build_id_after_the_build_whatever_its_o
     with build_stage(eng, kw, False):  # no stage in that Dockerfile: no argument, nothing removed
         pass
     assert kw == {} and api.gone == ["stage", "failed-stage"]
+
+
+def test_an_interrupted_build_removes_the_images_its_steps_committed(tmp_path: Path) -> None:
+    """Ctrl-C (or SIGTERM) during a build: the engine cancels it when the connection closes, and
+    the images its steps had committed go, newest first, each alone; the base and a step taken
+    from the cache stay. The step that was running holds its parent until its container is gone:
+    that conflict is waited out."""
+    from docker.errors import APIError
+
+    class Interrupted(FakeAPI):
+        def __init__(self) -> None:
+            super().__init__([{"stream": "Step 1/5 : FROM base\n"}, {"stream": " ---> 0123456789ab\n"},
+                              {"stream": "Step 2/5 : USER root\n"}, {"stream": " ---> Using cache\n"},
+                              {"stream": " ---> 1111111111aa\n"},
+                              {"stream": "Step 3/5 : COPY wheels /tmp/w\n"}, {"stream": " ---> 2222222222bb\n"},
+                              {"stream": "Step 4/5 : RUN pip install\n"},
+                              {"stream": " ---> Running in c0ffee\n"}, {"stream": " ---> 3333333333cc\n"},
+                              {"stream": "Step 5/5 : RUN sleep 600\n"}, {"stream": " ---> Running in beef\n"}])
+            self.calls: list[tuple[str, bool, bool]] = []
+            self.busy = 2  # the cancelled step's container is removed after two tries
+
+        def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+            yield from self.chunks
+            raise KeyboardInterrupt
+
+        def remove_image(self, image: str, force: bool = False, noprune: bool = False) -> None:
+            self.calls.append((image, force, noprune))
+            if image == "3333333333cc" and self.busy:
+                self.busy -= 1
+                raise APIError("conflict", response=type("R", (), {"status_code": 409, "reason": "Conflict"})())
+
+    api = Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        engine(api).build(tmp_path, tag="t:1", labels={}, log_path=tmp_path / "build.log",
+                          progress=PlainProgress(io.StringIO()))
+    assert api.calls == [("3333333333cc", False, True)] * 3 + [("2222222222bb", False, True)]

@@ -239,3 +239,70 @@ def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: st
     # False: the cache hit ran the final image, not Podman's labelled build stage with the wheels.
     assert code == 4 and "podman 1.16.0 False" in out
     no_leftover_containers(podman_client)
+
+
+BUILD_UNTIL_INTERRUPTED = """
+import sys
+from pathlib import Path
+from envlock.restore.endpoint import connect
+from envlock.restore.progress import PlainProgress
+
+with connect() as engine:
+    try:
+        engine.build(Path(sys.argv[1]), tag=sys.argv[3], labels={}, log_path=Path(sys.argv[2]),
+                     progress=PlainProgress(sys.stderr))
+    except KeyboardInterrupt:
+        sys.exit(130)
+"""
+
+
+def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, base_image: str,
+                                                            tmp_path: Path) -> None:
+    """A real build in an envlock process of its own, interrupted (SIGINT) while its last step
+    runs: the images its earlier steps committed are gone, the base is not."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from docker.errors import ImageNotFound
+
+    from envlock.restore.buildlog import BuildLog
+
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "a.txt").write_text(uuid.uuid4().hex)  # no step of this build is in any cache
+    (context / "Dockerfile").write_text(
+        f"FROM {base_image}\nRUN [\"sh\", \"-c\", \"echo {uuid.uuid4().hex} > /one\"]\nCOPY a.txt /a.txt\n"
+        "RUN [\"sleep\", \"600\"]\n")
+    log = tmp_path / "build.log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_UNTIL_INTERRUPTED, str(context), str(log),
+                             f"envlock-test/interrupted:{uuid.uuid4().hex[:12]}"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the progress lines, as the build goes
+            seen.append(line)
+            if "sleep" in line:
+                break
+        assert any("sleep" in line for line in seen), seen
+        time.sleep(1)  # the step's container starts: the daemon then has it to cancel too
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    parsed = BuildLog()
+    for line in log.read_text().splitlines():
+        parsed.feed({"stream": line + "\n"})
+    assert len(parsed.committed) == 2, log.read_text()  # the RUN and the COPY before the sleep
+    for image in parsed.committed:
+        with pytest.raises(ImageNotFound):
+            docker_client.images.get(image)
+    docker_client.images.get(base_image)

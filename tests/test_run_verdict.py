@@ -51,3 +51,21 @@ def test_twin_no_verify_says_it_was_not_checked(fake_run: Path, capsys: pytest.C
     assert main(["run", str(fake_run), "--no-verify", "--", "true"]) == 0
     err = capsys.readouterr().err
     assert "built but not verified (--no-verify)" in err and "inside" not in err
+
+
+def test_a_warning_is_named_not_only_counted(fake_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The check passed with a warning: `run` said "0 breaking, 1 warning, 45 info" and not
+    which. The warning is named as verify names it; the info differences stay counted only."""
+    from envlock._comparison import Comparison, Difference
+    from envlock.lock import load
+
+    lock = load(fake_run)
+    warning = Difference("packages", "duplicates.six", "1.16.0", None, "warning", "shadowed copy of six 1.16.0 gone")
+    infos = tuple(Difference("packages", f"packages.p{i}.installer", "pip", "uv", "info") for i in range(3))
+    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, Comparison((warning, *infos))))
+    assert main(["run", str(fake_run), "--", "true"]) == 0
+    err = capsys.readouterr().err
+    head, *rest = err.splitlines()
+    assert head.endswith(": 0 breaking, 1 warning, 3 info")
+    assert rest == ["  warning  duplicates.six  shadowed copy of six 1.16.0 gone"], err

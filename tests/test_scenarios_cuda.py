@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import tomllib
-from scenario_steps import Steps, envlock, ok
+from scenario_steps import Steps, build_nvml_standin, envlock, ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -104,3 +105,57 @@ def _pins(path: Path) -> dict[str, str]:
             name, _, version = line.partition("==")
             pins[name.strip()] = version.split()[0] if version else ""
     return pins
+
+
+def test_f_device_against_build_and_cuda_libraries_as_loaded(cuda_venv: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The CUDA build against the NVML stand-in's GPUs: one the build has no kernels for (7.0,
+    Volta, dropped by cu130), one it has (8.9 runs sm_86 cubins); the CUDA libraries torch
+    loaded against those it was built with; a cuDNN preloaded from another file; and a
+    requirements check on a driver too old for the build."""
+    steps = Steps("f device against build", capsys)
+    standin = build_nvml_standin(tmp_path)
+    gpus = {"LD_LIBRARY_PATH": str(standin), "ENVLOCK_NVML_TIMEOUT": "5", "STANDIN_NVML_CC": "7.0,8.9"}
+    lock = tmp_path / "gpu.lock"
+    python = str(cuda_venv / "bin" / "python")
+    with steps.step("capture"):
+        ok(envlock("capture", "--python", python, "--no-cache", "-o", str(lock), cwd=tmp_path, env=gpus))
+    doc = tomllib.loads(lock.read_text())
+    assert [(d["compute_capability"], d["torch_kernels"]) for d in doc["gpu"]["devices"]] == [
+        ("7.0", "none"), ("8.9", "native")]
+    cuda = doc["torch"]["cuda_libraries"]
+    assert cuda["cudart"] == {"built": "13.0", "loaded": "13.0"}
+    assert cuda["cudnn"]["built"] == cuda["cudnn"]["loaded"] == doc["torch"]["cudnn"]
+    assert cuda["nccl"]["built"] == cuda["nccl"]["loaded"] == doc["torch"]["nccl"]
+    assert cuda["cublas"]["loaded"].startswith("13.")
+    libs = {entry["name"]: entry for entry in doc["native"]["libraries"]}
+    assert libs["libcudnn.so.9"]["distribution"] == "nvidia-cudnn-cu13"
+    assert libs["libcudnn.so.9"]["file"] == "nvidia/cudnn/lib/libcudnn.so.9"
+    assert libs["libcudart.so.13"]["distribution"].startswith("nvidia-cuda-runtime")
+    # This venv has no threadpoolctl: the OpenMP runtime is named from its file alone.
+    assert doc["native"]["runtimes_source"] == "maps"
+    assert [(r["api"], r["library"]) for r in doc["native"]["runtimes"]] == [("openmp", "libgomp.so.1")]
+    assert doc["requires"]["cuda_driver"] == "13.0" and doc["requires"]["gpu_archs"] == doc["torch"]["arch_list"]
+    with steps.step("verify (a GPU without kernels)"):
+        out = ok(envlock("verify", str(lock), "--python", python, cwd=tmp_path, env=gpus), 1)
+        assert "gpu.devices[0].torch_kernels" in out and "has no kernels for it" in out, out
+    with steps.step("verify --requirements (old driver)"):
+        out = ok(envlock("verify", str(lock), "--requirements", "--python", python, cwd=tmp_path,
+                         env={**gpus, "STANDIN_NVML_CUDA": "12040"}), 1)
+        assert "FAIL          NVIDIA driver supporting CUDA >= 13.0: the driver supports CUDA 12.4" in out, out
+        assert "GPU 0 (NVIDIA A100-SXM4-80GB, compute capability 7.0): the build has no kernels" in out
+        assert "ok            GPU architecture" in out and "compute capability 8.9): native kernels" in out
+    with steps.step("verify (cuDNN preloaded from another file)"):
+        # A copy of the wheel's libcudnn.so.9 elsewhere (its engines beside it, as links): what
+        # a cluster's module would put in front; torch's RPATH would win over LD_LIBRARY_PATH.
+        other = tmp_path / "cluster-cudnn"
+        other.mkdir()
+        wheel = Path(libs["libcudnn.so.9"]["path"])
+        shutil.copy(wheel, other / wheel.name)
+        for sub in wheel.parent.glob("libcudnn_*"):
+            (other / sub.name).symlink_to(sub)
+        out = ok(envlock("verify", str(lock), "--python", python, cwd=tmp_path,
+                         env={**gpus, "STANDIN_NVML_CC": "8.0,8.9", "LD_PRELOAD": str(other / wheel.name)}), 1)
+        assert "native.libraries.libcudnn.so.9" in out, out
+        assert f"{wheel} (distribution nvidia-cudnn-cu13) in the lock" in out
+        assert f"{other / wheel.name} (no package vouches for it" in out

@@ -62,6 +62,10 @@ def _env_for(cases: list[Case], root: Path, project: Path, site: Path) -> tuple[
             notes.append(f"run with {value}")
         if case.where == "env-echo":
             env[f"TORCH_ECHO_{n:03d}"] = value
+        if case.where == "env-encoded":
+            env[case.name] = value
+            env[f"TORCH_ECHO_{n:03d}"] = f"prefix {case.secret} suffix"
+            notes.append(f"pasted {case.secret} here")
         if case.where == "note":
             notes.append(value)
     return env, "\n".join(notes)
@@ -280,7 +284,7 @@ def test_over_redaction_corpus_in_every_output(world: World, rendered: dict[str,
 def _placed(data: dict[str, Any], case: Case) -> tuple[dict[str, Any], str]:
     """``data`` (a lock as a dict) with ``case`` put where it enters, and that field's path."""
     data = json.loads(json.dumps(data))
-    if case.where in ("env-name", "env-value"):
+    if case.where in ("env-name", "env-value", "env-encoded"):
         data.setdefault("env", {})[case.name] = case.value
         return data, f"env.{case.name}"
     if case.where == "det-env":

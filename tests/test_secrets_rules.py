@@ -77,19 +77,31 @@ def test_url_passwords_leave_user_names_and_plain_urls(tmp_path: Path) -> None:
     assert scrub.scrub_document(doc, scrub.secret_values(environ)) == doc
 
 
-def test_a_secret_that_is_a_word_does_not_rename_installed_packages() -> None:
-    # POSTGRES_PASSWORD=requests made the capture fail: packages.13.name was '<redacted>'.
-    secrets = scrub.secret_values({"POSTGRES_PASSWORD": "requests"})
-    doc = {"packages": [{"name": "requests", "version": "2.34.2", "source": "url",
-                         "url": "https://files.example.org/requests/requests-2.34.2.whl"}],
-           "duplicates": [{"name": "requests", "version": "2.0", "active_version": "2.34.2", "path_index": 1}],
-           "os_packages": {"manager": "dpkg", "packages": ["python3-requests:all=2.28.1"]},
-           "envlock": {"note": "db password requests"}}
+def test_a_secret_that_is_a_package_name_does_not_rename_installed_packages() -> None:
+    # POSTGRES_PASSWORD=requests made the capture fail: packages.13.name was '<redacted>'. A
+    # plain word is no longer scrubbed from elsewhere at all (see the next test); a value that
+    # could be a credential and is also a package's name still leaves the package alone.
+    name = "nvidia-cublas-cu12"
+    secrets = scrub.secret_values({"POSTGRES_PASSWORD": name})
+    assert secrets == [name]
+    doc = {"packages": [{"name": name, "version": "12.4.5.8", "source": "url",
+                         "url": f"https://files.example.org/{name}/{name}-12.4.5.8.whl"}],
+           "duplicates": [{"name": name, "version": "2.0", "active_version": "12.4.5.8", "path_index": 1}],
+           "os_packages": {"manager": "dpkg", "packages": [f"{name}:all=2.28.1"]},
+           "envlock": {"note": f"db password {name}"}}
     out = scrub.scrub_lock_document(doc, secrets)
-    assert out["packages"][0]["name"] == "requests" and out["duplicates"][0]["name"] == "requests"
-    assert out["os_packages"]["packages"] == ["python3-requests:all=2.28.1"]
+    assert out["packages"][0]["name"] == name and out["duplicates"][0]["name"] == name
+    assert out["os_packages"]["packages"] == [f"{name}:all=2.28.1"]
     # Everywhere else the value is still a secret (leak twin): the URL and the note lose it.
-    assert "requests" not in out["packages"][0]["url"] and "requests" not in out["envlock"]["note"]
+    assert name not in out["packages"][0]["url"] and name not in out["envlock"]["note"]
+
+
+def test_a_secret_that_is_a_plain_word_is_not_scrubbed_from_elsewhere() -> None:
+    # Over-redaction twin: POSTGRES_PASSWORD=requests names a package, a directory, a word of
+    # the note far more often than it is a credential; only its own variable is redacted.
+    assert scrub.secret_values({"POSTGRES_PASSWORD": "requests", "MY_API_KEY": "experiments",
+                                "DB_PASSWORD": "run-2024-01-15"}) == []
+    assert scrub.env_value("POSTGRES_PASSWORD", "requests") == rules.REDACTED
 
 
 def test_package_rows_still_lose_url_credentials() -> None:
@@ -299,6 +311,7 @@ def _lock_one_by_one(doc: dict[str, Any], secrets: list[str]) -> object:
     os_pkgs = doc.get("os_packages")
     if isinstance(os_pkgs, dict) and isinstance(os_pkgs.get("packages"), list):
         out["os_packages"]["packages"] = _one_by_one(os_pkgs["packages"], [])
+    scrub._say_which_paths_changed(doc, out)  # not the pre-check's concern: the same note
     return out
 
 
@@ -306,6 +319,9 @@ _PIECES = st.sampled_from([
     "plain", "/srv/data", "torch", "2.4.1+cu121", "ghp_" + "a" * 36, "hf_" + "B" * 34,
     "AKIA" + "ABCDEFGHIJKLMNOP", "sk-" + "x1" * 20, "https://u:pw123456789@h/x", "git@github.com:o/r",
     "a@b", "://", "\n", " ", "-", "_", "Sx9secretvalue", "Sx9secret\nvalue", "requests", "é",
+    # the secret's encoded forms, and the other shapes scrub_text removes, whole and in parts
+    "Sx9secret%76alue", "%53x9secretvalu%65", "%", "+", "%2B", "U3g5c2VjcmV0dmFsdWU=", "dTpTeDlzZWNyZXR2YWx1ZQ==",
+    "Basic ", "dGVzdDpwdw==", "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----",
 ])
 _TEXT = st.lists(_PIECES, max_size=4).map("".join)
 _DOC = st.recursive(_TEXT | st.integers() | st.booleans() | st.none(),

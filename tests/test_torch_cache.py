@@ -66,6 +66,9 @@ def test_second_run_is_cached_and_says_so(tmp_path: Path, warm: Path) -> None:
     assert cached["probe"]["torch_facts"] == "cached" and live["probe"]["torch_facts"] == "live"
     assert cached["torch"] == live["torch"]
     assert cached["determinism"] == live["determinism"]
+    # What `import torch` mapped, and the runtimes among it, come from the cache too.
+    assert cached["native"] == live["native"] and any(
+        lib["name"].startswith("libtorch_cpu") for lib in cached["native"]["libraries"])
     assert not (tmp_path / "fresh").exists(), "--no-cache neither reads nor writes the cache"
     res = run_cli("capture", "-o", str(tmp_path / "env.lock"), cwd=tmp_path,
                   env={"ENVLOCK_CACHE_DIR": str(warm)})

@@ -30,7 +30,7 @@ def test_many_differences_lead_with_a_summary_then_the_first_details() -> None:
     assert "torch" in summary[1] and "2.13.0+cu130 -> 1.13.0a0" in summary[1]
     assert "cuDNN 91200 -> -" in summary[1] and "CUDA 13.0" in summary[1]
     packages = next(x for x in summary if x.strip().startswith("packages"))
-    assert "31 breaking (1 added, 5 removed, 25 changed)" in packages
+    assert "31 breaking (5 packages removed, 1 package added, version changed in 25 packages)" in packages
     shown = [x for x in lines if x.lstrip().startswith(("BREAKING", "warning"))]
     assert len(shown) == DETAIL_LINES
     assert len(lines) < 30
@@ -59,3 +59,17 @@ def test_lock_of_an_image_checked_outside_it_points_at_restore() -> None:
     # The check of a restored image is another image by design: no hint to restore it again.
     inside = verify_text(cmp, old, "env.lock inside envlock/x:1", restored=True)
     assert "envlock restore" not in inside and "describes the image" not in inside
+
+
+def test_the_summary_says_what_of_a_package_changed() -> None:
+    """"packages 26 info (1 removed, ...)" read as a missing package where a URL was removed:
+    a field is named, a whole package is called a package."""
+    url = "https://files.example.org/pkg00-1.0-py3-none-any.whl"
+    old = make_lock(packages=[{**p, "source": "url", "url": url} if p["name"] == "pkg00" else p for p in _pkgs(14, "1.0")]
+                    + [{"name": "gone", "version": "1"}])
+    new = make_lock(packages=[{**p, "installer": "uv"} if p["name"] != "pkg00" else {**p, "source": "url"}
+                              for p in _pkgs(14, "1.0")])
+    text = verify_text(compare(old, new), old, "env.lock", show_info=True)
+    packages = next(x for x in text.splitlines() if x.strip().startswith("packages"))
+    assert packages.split(None, 1)[1] == ("1 breaking, 1 warning, 13 info (1 package removed, "
+                                          "installer changed in 13 packages, url removed in 1 package)"), text

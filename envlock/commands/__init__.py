@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[..., int] = importlib.import_module(f"envlock.commands.{args.handler}").run
     try:
         return handler(args)
-    except SystemExit as exc:  # the options after a REMAINDER, parsed by the handler (run, record)
+    except SystemExit as exc:  # the options `run`, `record` and `replay` parse after the command's split
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except EnvlockError as exc:
         err(f"envlock: error: {exc.message}\n")

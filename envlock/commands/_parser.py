@@ -8,9 +8,10 @@ command that runs, so ``envlock --help`` builds the parser and nothing else.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
-from collections.abc import Callable
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeAlias
 
 from envlock._version import __version__
 
@@ -20,23 +21,91 @@ EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", 
 _LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
               "repository root)")
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Subparsers: TypeAlias = "argparse._SubParsersAction[_CommandParser]"
+
+
+# How close a mistyped word must be to a right one to be suggested: "verfy" and "vrfy" are
+# verify, "--deeep" is --deep, but "--deeep" is no --help (difflib's default, 0.6, said it was).
+_CLOSE = 0.75
+
+
+def _closest(word: str, choices: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=_CLOSE)
+    return close[0] if close else None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, answering a mistyped word with the closest right one: a subcommand
+    or another choice (``envlock verfy``: did you mean 'verify'?) and an option
+    (``--deeep``: did you mean --deep?)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's one check of a value against ``choices`` (the subcommand's name included);
+        # its message, with the suggestion before the list of choices.
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            close = _closest(str(value), names)
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{hint} (choose from {', '.join(map(repr, names))})")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.unrecognized(extras)
+        return parsed
+
+    def unrecognized(self, extras: list[str]) -> NoReturn:
+        """argparse's "unrecognized arguments" error, with the option each mistyped one is
+        closest to (``--deeep``: did you mean --deep?)."""
+        options = list(self._option_string_actions)
+        hints = {word: close for word in extras if word.startswith("-")
+                 if (close := _closest(word.split("=", 1)[0], options))}
+        if len(hints) == 1:
+            hint = f" (did you mean {next(iter(hints.values()))}?)"
+        else:
+            hint = "".join(f"; {word}: did you mean {close}?" for word, close in hints.items())
+            hint = f" ({hint[2:]})" if hint else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+class _CommandParser(Parser):
+    """A subcommand's parser: an argument it does not know is its own error, shown with its own
+    usage (``envlock verify --deeep``); argparse hands such words up to the top-level parser,
+    which printed the usage of ``envlock`` itself."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.unrecognized(extras)
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="envlock",
         description="Lock, verify and replay deep-learning environments.",
         epilog="exit codes: 0 ok, 1 drift/differences, 2 usage or invalid/tampered lock, "
                "3 environment problem (engine, interpreter, build)",
     )
     parser.add_argument("--version", action="version", version=f"envlock {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     sub.required = True
     for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
-                _canary, _export, _record, _replay):
+                _cache, _canary, _export, _record, _replay):
         add(sub)
     return parser
+
+
+_STRICT_HELP = ("warnings count as drift too (with --requirements: so does a requirement that "
+                "cannot be checked here)")
+_REQUIREMENTS_HELP = ("judge this host only against the lock's [requires] (driver CUDA, glibc, GPU "
+                      "architectures, CPU features): what it cannot check, it says")
+_REQUIRE_HELP = ("declare what a host needs, in [requires]: cuda_driver=12.4, glibc=2.28, "
+                 "gpu_archs=sm_80,sm_90, cpu_features=avx2,fma (an empty value removes one); "
+                 "repeatable")
 
 
 def _capture(sub: Subparsers) -> None:
@@ -62,6 +131,8 @@ def _capture(sub: Subparsers) -> None:
     p.add_argument("--force", action="store_true", help="overwrite a file that is not an env.lock, or a lock of a newer schema")
     p.add_argument("--strict", action="store_true",
                    help="write no lock (exit 3) when anything could not be captured ([[unreadable]])")
+    p.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
+                   help=_REQUIRE_HELP)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler="capture")
 
@@ -71,7 +142,8 @@ def _verify(sub: Subparsers) -> None:
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--python", help="verify this interpreter (default: chosen as capture does)")
     p.add_argument("--no-torch", action="store_true", help="do not import torch")
-    p.add_argument("--strict", action="store_true", help="warnings count as drift too")
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
+    p.add_argument("--requirements", action="store_true", help=_REQUIREMENTS_HELP)
     p.add_argument("--all", action="store_true",
                    help="also list info-level differences, and every file --deep finds")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -123,6 +195,8 @@ def _fmt(sub: Subparsers) -> None:
     p = sub.add_parser("fmt", help="validate, normalise and re-seal a lock after a deliberate edit")
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--check", action="store_true", help="only report whether it would change")
+    p.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
+                   help=_REQUIRE_HELP)
     p.set_defaults(handler="fmt")
 
 
@@ -171,7 +245,7 @@ def _run(sub: Subparsers) -> None:
 def run_options_parser(*, command: bool) -> argparse.ArgumentParser:
     """``run``'s options (all but the lock) for what argparse's REMAINDER left unparsed: the
     options between the lock and ``--``, or before the command (``command``: the rest is it)."""
-    parser = argparse.ArgumentParser(prog="envlock run", add_help=False)
+    parser = Parser(prog="envlock run", add_help=False)
     _build_options(parser, lock=False)
     _run_options(parser)
     if command:
@@ -293,6 +367,36 @@ def _pack(sub: Subparsers) -> None:
     p.set_defaults(handler="pack")
 
 
+def _cache(sub: Subparsers) -> None:
+    p = sub.add_parser("cache", help="list or prune what restore keeps in envlock's cache",
+                       description="Restore keeps unpacked packs, build contexts (an offline one holds "
+                                   "every wheel), wheels of envlock itself and uv binaries in "
+                                   "~/.cache/envlock/restore; each is made again when it is needed.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    ls = actions.add_parser("list", help="every entry with its size and when a restore last used it")
+    ls.add_argument("--json", action="store_true", help="print the entries as JSON")
+    prune = actions.add_parser("prune", help="remove every entry, or those unused for --older-than "
+                                             "(refused while a restore runs)")
+    prune.add_argument("--older-than", metavar="AGE", type=_age,
+                       help="only entries no restore used for AGE: 30d, 12h, 45m (a bare number is days)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    p.set_defaults(handler="cache")
+
+
+def _age(text: str) -> float:
+    """``30d``, ``12h``, ``45m`` or a number of days, in seconds."""
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "d")
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30d, 12h or 45m")
+    return value * units[unit]
+
+
 # -- canary, export ------------------------------------------------------------------------------
 
 
@@ -389,7 +493,7 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
 def host_options_parser(kind: str, *, command: bool = False) -> argparse.ArgumentParser:
     """``record``'s or ``replay``'s options for what REMAINDER left unparsed (before ``--``, or
     before the command: ``command``)."""
-    parser = argparse.ArgumentParser(prog=f"envlock {kind}", add_help=False)
+    parser = Parser(prog=f"envlock {kind}", add_help=False)
     _host_record_options(parser, kind)
     if command:
         parser.add_argument("cmd", nargs=argparse.REMAINDER)

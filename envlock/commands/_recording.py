@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from envlock._textsafe import plural
 from envlock.commands._output import err, out, say
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
 
@@ -105,8 +106,8 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
                           program=program, restore=restore, git=p.git)
         rec.save(p.record_path)
-        err(f"envlock: recorded {len(rec.steps)} steps, {len(rec.outputs)} outputs and "
-            f"{len(rec.inputs)} inputs in {p.record_path}\n")
+        err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
+            f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
         return exit_code
     from envlock._recordcmp import Tolerance, compare_records
 

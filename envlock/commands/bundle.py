@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from envlock._textsafe import plural
 from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import say
 from envlock.errors import EXIT_OK
@@ -33,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
         say(f"note: not bundled: {', '.join(result.skipped)}")
     downloaded = sum(1 for _, origin in result.origins if origin == "index")
     found = f" ({len(result.files) - downloaded} found on disk, {downloaded} downloaded)" if result.origins else ""
-    sys.stdout.write(f"bundled {len(result.files)} files{found} for {lock.short_id} into {result.directory}; "
+    sys.stdout.write(f"bundled {plural(len(result.files), 'file')}{found} for {lock.short_id} into {result.directory}; "
                      f"replay offline with: envlock restore {args.lock} --wheelhouse {result.directory}\n")
     return EXIT_OK

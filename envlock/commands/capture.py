@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 from envlock.commands._output import err, out, say_link
 from envlock.errors import EXIT_OK
 
@@ -14,6 +14,11 @@ def run(args: argparse.Namespace) -> int:
     # pydantic and the models while the probe runs.
     from envlock._capture import capture
 
+    updates = None
+    if args.require:  # a bad --require is exit 2 before the probe runs
+        from envlock._requirements import requirement_updates
+
+        updates = requirement_updates(args.require)
     if args.in_image:
         # Lock an image that is not running: the probe runs in a throwaway container.
         from envlock.restore.inimage import capture_in_image
@@ -43,12 +48,17 @@ def run(args: argparse.Namespace) -> int:
 
         first = lock.unreadable[0]
         raise CaptureIncomplete(
-            f"{len(lock.unreadable)} thing(s) could not be captured, so no lock was written "
+            f"{plural(len(lock.unreadable), 'thing')} could not be captured, so no lock was written "
             f"(--strict); first: {first.section}{' ' + first.item if first.item else ''}: {first.error}",
             hint="fix or remove what the probe cannot read, or capture without --strict to "
                  "record it as [[unreadable]] (verify then fails)")
     from envlock.lock import dumps, save
 
+    if updates:
+        from envlock._requirements import with_requirements
+        from envlock.lock import seal
+
+        lock = seal(with_requirements(lock, updates))
     if args.output != "-":
         path = save(lock, args.output, force=args.force, reseal=False)
         say_link(path)

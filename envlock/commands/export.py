@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock._textsafe import plural
 from envlock.commands._lockpath import lock_arg
 
 if TYPE_CHECKING:
@@ -181,6 +182,6 @@ def run(args: argparse.Namespace) -> int:
         atomic_write(out, text)
     except OSError as exc:
         raise EnvlockError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    sys.stderr.write(f"wrote {out} ({args.to}, {len(text.encode())} bytes)\n")
+    sys.stderr.write(f"wrote {out} ({args.to}, {plural(len(text.encode()), 'byte')})\n")
     return EXIT_OK
 

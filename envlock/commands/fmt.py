@@ -16,7 +16,12 @@ def run(args: argparse.Namespace) -> int:
 
     path = Path(args.lock)
     before = read_text(path)
-    lock = seal(load(path, verify_seal=False))
+    lock = load(path, verify_seal=False)
+    if args.require:
+        from envlock._requirements import requirement_updates, with_requirements
+
+        lock = with_requirements(lock, requirement_updates(args.require))
+    lock = seal(lock)
     after = dumps(lock, path.name)
     if after == before:
         out(f"{path} is already normalised and sealed (id {lock.short_id})\n")

@@ -7,6 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from envlock._textsafe import plural
 from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import say
 from envlock.errors import EXIT_OK
@@ -34,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
     rebuilt = [r.name for r in result.wheels if r.origin == "rebuilt"]
     extra = f", {len(rebuilt)} rebuilt from installed files ({', '.join(rebuilt)})" if rebuilt else ""
     image = f", base image {result.base['id'][7:19]}" if result.base else ", no base image"
-    sys.stdout.write(f"packed {lock.short_id} into {result.directory}: {len(result.wheels)} wheels{extra}"
-                     f"{image}, {len(result.debs)} debs, {result.size / 1e6:.0f} MB in "
-                     f"{result.seconds:.1f}s; restore offline with: envlock restore {result.directory}\n")
+    how = (f"restore offline with: envlock restore {result.directory}" if result.base else
+           f"restore offline with: envlock restore {result.directory} --target venv DIR (a container "
+           "restore needs its base image: see the note above)")
+    sys.stdout.write(f"packed {lock.short_id} into {result.directory}: {plural(len(result.wheels), 'wheel')}{extra}"
+                     f"{image}, {plural(len(result.debs), 'deb')}, {result.size / 1e6:.0f} MB in "
+                     f"{result.seconds:.1f}s; {how}\n")
     return EXIT_OK

@@ -10,8 +10,12 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from envlock.commands._output import say
@@ -37,6 +41,25 @@ def options(args: argparse.Namespace) -> Options:
                    allow_http=args.allow_http, image_name=image_name(Path(args.lock), args.name))
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a job scheduler) stops a restore as Ctrl-C does, so that its cleanup
+    runs: the build stage and the steps of an interrupted build removed, an unfinished venv taken
+    away. Only around a restore: a command that ``run`` replays handles its own signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _report_build_failure(exc: Any) -> None:
     if exc.log_tail:
         sys.stderr.write("envlock: last lines of the build log:\n")
@@ -49,15 +72,17 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
                   *, verify: bool, lock_path: Path | None = None, network: bool = True) -> RestoreResult:
     """The lock's image, built or found in the cache, with a build failure's log tail shown."""
     from envlock.errors import BuildFailed
-    from envlock.restore.restore import image_name, restore
+    from envlock.restore import cachedir
+    from envlock.restore.restore import cache_dir, image_name, restore
 
     name = image_name(lock_path or Path(args.lock), args.name)
     tag = f"envlock/{name}:{lock.short_id}"
     try:
-        return restore(lock, options, engine=engine, name=name,
-                       workdir=Path(args.context_dir) if args.context_dir else None,
-                       verify=verify, use_cache=not args.no_cache, say=say, network=network,
-                       quiet=args.quiet)
+        with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
+            return restore(lock, options, engine=engine, name=name,
+                           workdir=Path(args.context_dir) if args.context_dir else None,
+                           verify=verify, use_cache=not args.no_cache, say=say, network=network,
+                           quiet=args.quiet)
     except EnvlockError as exc:
         hint_earlier_image(exc, engine, tag, options)
         if isinstance(exc, BuildFailed):
@@ -114,18 +139,28 @@ def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Option
 
 def run(args: argparse.Namespace) -> int:
     from envlock.commands._lockpath import lock_arg
+    from envlock.restore import cachedir
+    from envlock.restore.restore import cache_dir
 
     kind, venv_dir = _target(args)
     args.lock = lock_arg(args.lock)
+    # The unpacked pack, the build context and envlock's own wheel stay in the cache while this
+    # restore uses them: `envlock cache prune` refuses to run meanwhile.
+    with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
+        return _restore(args, kind, venv_dir)
+
+
+def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
     pack: Pack | None = None
     lock_path = Path(args.lock)
     from envlock.restore.packdir import is_pack
 
     if is_pack(lock_path):
+        from envlock.restore.cachedir import PACKS
         from envlock.restore.packdir import open_pack
         from envlock.restore.restore import cache_dir
 
-        pack = open_pack(lock_path, cache_dir() / "packs")
+        pack = open_pack(lock_path, cache_dir() / PACKS)
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)
@@ -159,7 +194,6 @@ def run(args: argparse.Namespace) -> int:
 
     lock = load(lock_path)
     opts = options(args)
-    network = True
     with connect(args.engine) as engine:
         if pack is not None:
             from envlock.restore.packdir import ensure_base
@@ -167,12 +201,17 @@ def run(args: argparse.Namespace) -> int:
             opts = _pack_options(args, pack, opts)
             if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
                 say(f"loaded the base image {pack.base.get('display', '')} from the pack")
-            # Everything the build needs is in the context; apt's OS packages are the exception.
-            network = not (lock.python.prefix_kind == "system" and lock.os_packages)
-            if network:
-                say("note: the lock's OS packages are installed with apt, which needs the network")
+            elif pack.base_id is None and not args.base:
+                from envlock.export.pack import needed_base
+
+                start = needed_base(lock, None) or "the lock's base image"
+                say(f"note: the pack holds no base image (packed with --no-image): the build starts FROM "
+                    f"{start}, which the engine pulls unless it has it; pass --base REF to build from an "
+                    "image it has")
+        # A pack's build needs no network: everything is in its context (restore keeps it for the
+        # lock's OS packages, which only the image's package manager can fetch).
         result = restore_image(args, lock, opts, engine, verify=not args.no_verify,
-                               lock_path=lock_path, network=network)
+                               lock_path=lock_path, network=pack is None)
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")

@@ -50,17 +50,17 @@ def run(args: argparse.Namespace) -> int:
         # replay should start fast.
         result = restore_image(args, lock, options(args), engine, verify=False)
         if not result.cached and not args.no_verify:
-            from envlock._render import verify_text
+            from envlock._render import verify_brief, verify_text
             from envlock.restore.restore import verify_image_for
 
             _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
-            report = verify_text(cmp, lock, f"{args.lock} inside {result.tag}", restored=True)
+            checked = f"{args.lock} inside {result.tag}"
             if not cmp.ok:
-                sys.stderr.write(report)
+                sys.stderr.write(verify_text(cmp, lock, checked, restored=True))
                 say("refusing to run in an image that does not match the lock (--no-verify overrides)")
                 return EXIT_DRIFT
             # The verdict of the check just run, in verify's words, before the command's output.
-            sys.stderr.write(report.splitlines(keepends=True)[0])
+            sys.stderr.write(verify_brief(cmp, lock, checked))
         elif not result.cached:
             say(f"{result.tag} was built but not verified (--no-verify)")
         if recording is None:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 def run(args: argparse.Namespace) -> int:
     args.lock = lock_arg(args.lock)
+    if args.requirements:
+        return _requirements(args)
     if args.fleet_node:
         return _node(args)
     if args.fleet:
@@ -70,6 +72,34 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
 
             out(inputs_text(inputs, args.record))
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
+
+
+def _requirements(args: argparse.Namespace) -> int:
+    """``--requirements``: this host against the lock's [requires] alone (no torch is imported:
+    no requirement asks torch, so a CPU-only runner checks a GPU lock in a second)."""
+    from envlock._capture import capture
+    from envlock._requirements import check as check_requirements
+    from envlock._requirements import host_of
+    from envlock._requirements_report import requirements_text
+    from envlock.lock import load
+    from envlock.probe.system import cpu_flags
+
+    other = [flag for flag, on in (("--fleet", args.fleet or args.fleet_node), ("--deep", args.deep),
+                                   ("--record", args.record), ("--no-torch", args.no_torch)) if on]
+    if other:
+        raise UsageError(f"--requirements judges the host alone; it does not go with {other[0]}")
+    lock = load(args.lock)  # an invalid or tampered lock is exit 2 before anything runs
+    target = choose(args.python)
+    if target.warning:
+        err(f"envlock: warning: {target.warning}\n")
+    current = capture(python=target.python, torch=False, in_process=False, cache=not args.no_cache)
+    result = check_requirements(lock, host_of(current, cpu_flags()), strict=args.strict)
+    if args.json:
+        out(json.dumps({"lock": str(args.lock), "id": lock.short_id, **result.to_dict()},
+                       indent=2) + "\n")
+    else:
+        out(requirements_text(result, str(args.lock), lock.short_id))
+    return EXIT_OK if result.ok else EXIT_DRIFT
 
 
 def _node(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envlock._comparison import counts_text
 from envlock._escape import github_output, markdown_code, markdown_text
 
 FAIL_ON = ("breaking", "warning", "never")
@@ -42,8 +43,7 @@ def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str
             else f"`{markdown_code(base_name or '?', table=False)}` → `{markdown_code(lock_name, table=False)}`")
     verdict = {"none": "no drift", "warning": "warnings only", "breaking": "**breaking drift**"}[level]
     out = [f"### envlock {command}: {verdict}", "",
-           f"{what}: {counts.get('breaking', 0)} breaking, {counts.get('warning', 0)} warning, "
-           f"{counts.get('info', 0)} info.", ""]
+           f"{what}: {counts_text(counts)}.", ""]
     shown = [d for d in result.get("differences", []) if d.get("severity") != "info"]
     if shown:
         out += ["| severity | what | difference |", "|---|---|---|"]

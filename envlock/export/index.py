@@ -36,8 +36,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envlock.errors import IndexUnavailable, UsageError
-from envlock.probe.rules import REDACTED
-from envlock.probe.scrub import strip_index_url, strip_url, url_tokens
+from envlock.probe.scrub import scrub_string, strip_index_url, url_tokens
 from envlock.probe.statcache import cache_dir, read_cache, write_cache
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -211,11 +210,9 @@ class SimpleIndex:
     def public_file(self, url: str) -> str:
         """The URL of a file this index lists, as an output may carry it: ``strip_url`` (a
         presigned ``X-Amz-Signature``, ``X-Goog-Signature`` or SAS ``sig`` goes) and the
-        index's own tokens replaced. Not ``public``: a file's path holds content hashes."""
-        url = strip_url(url)
-        for token in self._tokens:
-            url = url.replace(token, REDACTED)
-        return url
+        index's own tokens replaced, in any form (``scrub_string``: percent-encoded too). Not
+        ``public``: a file's path holds content hashes."""
+        return scrub_string(url, self._tokens)
 
     def _cache_path(self, name: str) -> Path | None:
         if self.cache is None:

@@ -176,6 +176,18 @@ def _run_tool(argv: Sequence[str]) -> tuple[int, str]:
     return proc.returncode, proc.stderr or proc.stdout
 
 
+def needed_base(lock: Lock, base: str | None) -> str | None:
+    """The base image a container restore of a pack without one starts from (as a restore
+    chooses it: ``--base``, the lock's image, the table), or None when the lock names none
+    that a restore could use (the restore then says why)."""
+    from envlock.restore.context import choose_base
+
+    try:
+        return choose_base(lock, Options(base=base)).ref
+    except EnvlockError:
+        return None
+
+
 # -- the pack itself ------------------------------------------------------------------------------
 
 
@@ -231,6 +243,12 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                 raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
             base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
             notes += image_notes
+        pulled_base = None if base else needed_base(lock, options.base)
+        if not base:
+            start = pulled_base or "the lock's base image"
+            notes.append("the pack holds no base image (--no-image): `envlock restore PACK --target venv DIR` "
+                         f"needs no network, but a container restore starts from {start}, which the engine "
+                         "pulls unless it has it (or pass `envlock restore PACK --base REF` with an image it has)")
         apptainer = _apptainer(lock, directory, base, notes)
         manifest = {
             "envlock_pack": PACK_FORMAT,
@@ -251,7 +269,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         seconds = time.monotonic() - t0
         (directory / README).write_text(
             readme(lock, len(rows), [r.name for r in rows if r.origin == "rebuilt"], base=base, oci=oci, debs=debs, missing_debs=missing_debs,
-                   skipped=skipped, size=_size(directory), pack_seconds=seconds),
+                   skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base),
             encoding="utf-8")
         (directory / SUMS).write_text(_sums(directory), encoding="utf-8")
         size = _size(directory)

@@ -137,6 +137,24 @@ class TorchBuild(_Model):
         default_factory=dict)
 
 
+LibraryVersion = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+-]{0,63}$")]
+
+
+class CudaLibrary(_Model):
+    """``[torch.cuda_libraries.NAME]``: a CUDA library torch uses, as built and as loaded.
+
+    ``built``: the version torch reports it was compiled against (CUDA, cuDNN), else the one its
+    wheel pins (NCCL); ``loaded``: what the library mapped into the process says of itself. A
+    cuDNN 8 from ``LD_LIBRARY_PATH`` under a torch built for cuDNN 9 shows here as both.
+    """
+
+    built: Annotated[LibraryVersion | None, CUSTOM] = None
+    loaded: Annotated[LibraryVersion | None, CUSTOM] = None
+
+
+CudaLibraryName = Literal["cudart", "cudnn", "cublas", "nccl"]
+
+
 class TorchInfo(_Model):
     """``[torch]``: the stack as loaded, not as ldconfig or pip would describe it.
 
@@ -162,6 +180,9 @@ class TorchInfo(_Model):
     cuda_available: Annotated[bool | None, Policy("warning", fingerprint=False)] = None
     device_count: Annotated[int | None, HOST] = None
     build: Annotated[TorchBuild | None, CUSTOM] = None
+    # None, not an empty table, when absent: a default that dumps as {} would enter the canonical
+    # form of every lock written before it existed and break their seals.
+    cuda_libraries: Annotated[dict[CudaLibraryName, CudaLibrary] | None, CUSTOM] = None
 
 
 class GpuDevice(_Model):
@@ -171,6 +192,10 @@ class GpuDevice(_Model):
     memory_total_mib: Annotated[int | None, WARNING] = None
     mig_mode: Annotated[bool | None, WARNING] = None
     uuid_sha256: Annotated[HexSha256 | None, NOT_COMPARED] = None  # the card, not the stack
+    # What the torch build has for this GPU (``rules.kernels_for``): "native" cubins, "ptx" only
+    # (JIT-compiled by the driver: other code, slow first start) or "none" (cannot run). Derived
+    # from compute_capability and [torch].arch_list, which the fingerprint already covers.
+    torch_kernels: Annotated[Literal["native", "ptx", "none"] | None, Policy("custom", fingerprint=False)] = None
 
 
 class GpuInfo(_Model):
@@ -365,6 +390,116 @@ class Canary(_Model):
         return settings
 
 
+PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(check_clean)]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(check_clean)]
+
+
+class Library(_Model):
+    """One shared library mapped into the captured process, and who vouches for its file.
+
+    At most one owner: the distribution whose RECORD lists the file (``file`` is the path
+    RECORD gives it), the conda package or the OS package whose file list holds it; a library
+    nobody vouches for carries its ``sha256``. Libraries are paired by ``name`` (the soname, or
+    the file name when there is none).
+    """
+
+    name: Annotated[ShortText, CUSTOM]
+    # Where it was mapped from on the capturing host (another venv has another prefix).
+    path: Annotated[PathText, Policy("custom", fingerprint=False)]
+    distribution: Annotated[DistName | None, CUSTOM] = None
+    file: Annotated[PathText | None, CUSTOM] = None
+    conda_package: Annotated[ShortText | None, CUSTOM] = None
+    os_package: Annotated[OsPackageName | None, CUSTOM] = None
+    sha256: Annotated[HexSha256 | None, CUSTOM] = None
+    # The file was deleted or replaced after the process mapped it (an upgrade under a running
+    # job): nothing on disk vouches for what runs.
+    deleted: Annotated[bool | None, CUSTOM] = None
+
+
+RuntimeWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
+
+
+class Runtime(_Model):
+    """A BLAS or OpenMP runtime the process loaded, as threadpoolctl (or the file name) tells."""
+
+    api: Annotated[RuntimeWord, CUSTOM]  # "blas", "openmp"
+    implementation: Annotated[RuntimeWord, CUSTOM]  # "openblas", "mkl", "blis", "openmp"
+    library: Annotated[ShortText, CUSTOM]
+    path: Annotated[PathText, Policy("custom", fingerprint=False)]
+    version: Annotated[ShortText | None, CUSTOM] = None
+    threading_layer: Annotated[ShortText | None, CUSTOM] = None
+    # OpenBLAS's core type, MKL's code path: the kernels picked for this CPU.
+    architecture: Annotated[ShortText | None, CUSTOM] = None
+    num_threads: Annotated[int | None, CUSTOM] = None
+
+
+class Native(_Model):
+    """``[native]``: native code as loaded in the captured process."""
+
+    libraries: Annotated[list[Library], CUSTOM] = Field(default_factory=list)
+    runtimes: Annotated[list[Runtime], CUSTOM] = Field(default_factory=list)
+    # "threadpoolctl" when it was importable where the probe ran, else "maps" (file names only).
+    runtimes_source: Annotated[Literal["threadpoolctl", "maps"] | None, NOT_COMPARED] = None
+
+    @field_validator("libraries")
+    @classmethod
+    def _sorted(cls, libraries: list[Library]) -> list[Library]:
+        return sorted(libraries, key=lambda lib: (lib.name, lib.path))
+
+
+class CompileCache(_Model):
+    """One compile or autotune cache directory: what it held, digested (bounded)."""
+
+    kind: Annotated[Literal["inductor", "triton"], CUSTOM]
+    path: Annotated[PathText, Policy("custom", fingerprint=False)]
+    files: Annotated[int, CUSTOM] = 0
+    bytes: Annotated[int, CUSTOM] = 0
+    # sha256 of the sorted (relative path, size) of its files; ``truncated``: past the bound.
+    sha256: Annotated[HexSha256 | None, CUSTOM] = None
+    truncated: Annotated[bool | None, CUSTOM] = None
+
+
+CompileSetting = Annotated[str, StringConstraints(pattern=r"^(inductor|dynamo)\.[a-z0-9_.]{1,100}$")]
+
+
+class Compile(_Model):
+    """``[compile]``: torch.compile's state. ``settings`` are read only where the process had
+    imported Inductor's or Dynamo's config (a training process that compiles); a fresh probe's
+    follow from torch's version and the TORCHINDUCTOR_*/TORCHDYNAMO_* variables in ``[env]``."""
+
+    triton: Annotated[Version | None, CUSTOM] = None
+    settings: Annotated[dict[CompileSetting, Scalar], Policy("custom", process=True)] = Field(
+        default_factory=dict)
+    caches: Annotated[list[CompileCache], CUSTOM] = Field(default_factory=list)
+
+    @field_validator("settings")
+    @classmethod
+    def _clean_settings(cls, settings: dict[str, Scalar]) -> dict[str, Scalar]:
+        for value in settings.values():
+            if isinstance(value, str):
+                check_clean(value)
+        return dict(sorted(settings.items()))
+
+
+MajorMinor = Annotated[str, StringConstraints(pattern=r"^\d{1,4}\.\d{1,4}$")]
+
+
+class Requires(_Model):
+    """``[requires]``: what a host needs to run this environment, declared (derived at capture,
+    editable by hand or ``--require``) and judged by ``verify --requirements`` alone, apart from
+    what the capturing host had."""
+
+    # The CUDA version the driver must support (NVML's, as [gpu].cuda_driver records it).
+    cuda_driver: Annotated[MajorMinor | None, NOT_COMPARED] = None
+    glibc: Annotated[MajorMinor | None, NOT_COMPARED] = None
+    # As torch.cuda.get_arch_list() spells them: a GPU needs a cubin for its architecture, or PTX.
+    gpu_archs: Annotated[list[Annotated[str, StringConstraints(pattern=r"^(sm|compute)_\d{2,4}[af]?$")]], NOT_COMPARED] = Field(
+        default_factory=list)
+    # As /proc/cpuinfo spells them.
+    cpu_features: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,32}$")]], NOT_COMPARED] = Field(
+        default_factory=list)
+
+
 class Unreadable(_Model):
     """What the probe could not capture (a whole section, or one item of it: a distribution
     whose files are a device, a FIFO, oversized, or hold values no lock may carry), and why.
@@ -394,6 +529,9 @@ class LockData(_Model):
     # Every table is compared by a function of its own in drift (the fields inside by their
     # own policies); ``comment`` is the line written under the table's header.
     envlock: Annotated[Meta, NOT_COMPARED]
+    requires: Annotated[Requires | None, Policy("ignored", fingerprint=False, comment=(
+        "What a host needs, declared: edit by hand (then `envlock fmt`) or set with --require; "
+        "`envlock verify --requirements` judges a host by it alone."))] = None
     image: Annotated[Image, Policy("custom", comment=(
         "Container the environment ran in; `source` says where each value came from."))] = Field(
         default_factory=Image)
@@ -414,6 +552,11 @@ class LockData(_Model):
         "Working tree of the capture (informational, outside the fingerprint)."))] = None
     canary: Annotated[Canary | None, Policy("custom", fingerprint=False, comment=(
         "sha256 of fixed, seeded kernels' outputs: numeric drift that versions miss."))] = None
+    native: Annotated[Native | None, Policy("custom", fingerprint=False, comment=(
+        "Shared libraries mapped into the captured process and who vouches for each file; "
+        "BLAS/OpenMP runtimes."))] = None
+    compile: Annotated[Compile | None, Policy("custom", fingerprint=False, comment=(
+        "torch.compile: Inductor/Dynamo settings (where the process had them), Triton, caches."))] = None
     conda: Annotated[Conda | None, CUSTOM] = None
     os_packages: Annotated[OsPackages | None, CUSTOM] = None
     packages: Annotated[list[Package], CUSTOM] = Field(default_factory=list)

@@ -8,6 +8,7 @@ the models by hand.
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -22,9 +23,8 @@ from envlock.lock._seal import check_seal
 from envlock.lock._text import parse_toml, read_text
 
 
-def _where(loc: tuple[Any, ...], data: Any) -> str:
-    """``packages.14.version (package torch)``: the path of the field, and the name of the row
-    it is in when it has one (the user edits the lock by package, not by index)."""
+def _row(loc: tuple[Any, ...], data: Any) -> str | None:
+    """The name of the innermost named row ``loc`` passes through (``[[packages]]`` by name)."""
     node, named = data, None
     for key in loc:
         if isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
@@ -33,18 +33,43 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
             named = name if isinstance(name, str) and name else named
         else:
             node = node.get(key) if isinstance(node, dict) else None
+    return named
+
+
+def _where(loc: tuple[Any, ...], data: Any) -> str:
+    """``packages.14.version (package torch)``: the path of the field, and the name of the row
+    it is in when it has one (the user edits the lock by package, not by index)."""
+    named = _row(loc, data)
     where = ".".join(safe(p) for p in loc) or "(document)"
     return f"{where} (package {safe(named[:80])})" if named else where
 
 
+def _table(loc: tuple[Any, ...], data: Any) -> str:
+    """``[envlock]``, ``[[packages]] (package torch)``: the table ``loc`` names, as the TOML
+    file writes it."""
+    if not loc:
+        return "the top level"
+    name = ".".join(safe(p) for p in loc if not isinstance(p, int))
+    named = _row(loc, data)
+    table = f"[[{name}]]" if any(isinstance(p, int) for p in loc) else f"[{name}]"
+    return f"{table} (package {safe(named[:80])})" if named else table
+
+
 def _first_error(exc: ValidationError, data: Any = None) -> str:
-    err = exc.errors()[0]
-    loc = _where(tuple(err["loc"]), data)
+    """The error a user fixes first. An unknown key comes before every other: a misspelt key
+    also makes the right one missing, and "tool_version: Field required" hid the key to fix."""
+    errors = exc.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    err = unknown[0] if unknown else errors[0]
     extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{loc}: {msg}{extra}"
+    loc = tuple(err["loc"])
+    if not unknown:
+        return f"{_where(loc, data)}: {err['msg']}{extra}"
+    key, parent = str(loc[-1]), loc[:-1]
+    missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent]
+    close = difflib.get_close_matches(key, missing, n=1)
+    hint = f"; did you mean '{safe(close[0])}'?" if close else ""
+    return f"unknown key '{safe(key)}' in {_table(parent, data)}{hint}{extra}"
 
 
 def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool = True) -> Lock:

@@ -19,6 +19,7 @@ from typing import Any
 
 import envlock.lock._text as _text
 import envlock.lock._toml as _toml
+from envlock._textsafe import plural
 from envlock._version import __version__
 from envlock.errors import EnvlockError, LockTooLarge, UsageError
 from envlock.lock._model import SCHEMA_VERSION, LockData
@@ -45,7 +46,7 @@ def _os_packages_table(out: list[str], table: dict[str, Any]) -> None:
     # One pin per line: hundreds of them on a single line would make a diff of two locks show
     # one giant changed line instead of one line per changed OS package.
     specs = table.get("packages", [])
-    out.append(f"\n# {len(specs)} OS packages installed by {_toml.string(table['manager'])[1:-1]}, "
+    out.append(f"\n# {plural(len(specs), 'OS package')} installed by {_toml.string(table['manager'])[1:-1]}, "
                "as name:arch=version.\n")
     out += ["[os_packages]\n", f"manager = {_toml.string(table['manager'])}\n", "packages = ["]
     out.extend(f"\n    {_toml.string(s)}," for s in specs)
@@ -74,7 +75,7 @@ def dumps(lock: LockData, name: str = "env.lock") -> str:
             _os_packages_table(out, rows)
             continue
         if key == "packages":
-            out.append(f"\n# {len(rows)} distributions, sorted by name. record_sha256 names the exact build.\n")
+            out.append(f"\n# {plural(len(rows), 'distribution')}, sorted by name. record_sha256 names the exact build.\n")
         elif key == "unreadable":
             out.append(f"\n# {_SECTION_COMMENTS['unreadable']}\n")
         else:

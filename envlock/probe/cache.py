@@ -30,7 +30,7 @@ from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record,
 # cached: a seed set through envlock makes the run live.
 # ---------------------------------------------------------------------------------------------
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the libraries and runtimes import torch loads, the CUDA libraries
 CACHE_MAX_ENTRIES = 64
 # Everything torch, its BLAS/OpenMP runtimes, CUDA or the dynamic loader read at import.
 _KEY_ENV_PREFIXES = (

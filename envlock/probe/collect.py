@@ -16,20 +16,32 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import statcache
 from .cache import cache_read, cache_write, torch_cache_key
 from .env import collect_env
+from .files import read_text
 from .flags import DOCUMENT_MARKER, FLAGS, INT, REPEATED, SWITCH
 from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
-from .packages import collect_conda, collect_packages, record_sha256
+from .native import collect_runtimes, loaded_libraries
+from .packages import RecordReader, collect_conda, collect_packages
 from .procs import run_tool
-from .rules import unreadable
+from .requires import derive as derive_requires
+from .requires import wheel_glibc
+from .rules import kernels_for, unreadable
 from .scrub import scrub_lock_document, secret_values
 from .source import PROBE_VERSION
 from .statcache import Clock, RecordDigests, load_os_packages
 from .system import collect_platform, collect_python
-from .torchstack import collect_determinism, collect_seeds, collect_torch, want_torch
+from .torchstack import (
+    collect_determinism,
+    collect_seeds,
+    collect_torch,
+    cuda_libraries,
+    torch_pins,
+    want_torch,
+)
 
 DEFAULT_GIT_TIMEOUT = 5.0
 # Sections a lock cannot do without: when one cannot be collected, the lock says so in
@@ -48,13 +60,19 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
             deep: bool = False, cache: bool = False, progress: bool = False,
             processes: bool = False, git_exclude: Sequence[str] = (),
-            now_ns: Clock = time.time_ns) -> Dict[str, Any]:
+            now_ns: Clock = time.time_ns, hash_cache: Optional[bool] = None) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
 
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
     (see the ``cache`` module); only for a fresh interpreter, never a training process.
+
+    ``hash_cache``: reuse the hashes of loaded libraries no package vouches for, and which OS
+    package lists a library, while the files' stat is unchanged (``filehashes``, ``statcache``);
+    they describe files, not the process, so a training process may use them too (its capture
+    then hashes a library from outside any package once, not at every start). None: as
+    ``cache``. Without it nothing is read or written.
 
     ``now_ns``: the clock the stat-keyed caches judge a file's age by (``statcache``).
     """
@@ -83,22 +101,27 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     locations: Dict[str, str] = {}
     deep_locations: List[Tuple[str, str, str]] = []
     records = guard("cache", lambda: RecordDigests(now_ns)) if cache else None
+    reader = RecordReader()
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
-                                                      records or record_sha256, failed))
+                                                      records or reader, failed))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
+    databases: List[Any] = []
     os_packages = guard("os_packages", lambda: collect_os_packages(
-        doc["packages"], locations, cache=cache, now_ns=now_ns))
+        doc["packages"], locations, cache=cache, now_ns=now_ns, found=databases))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
         guard("deep", lambda: _deep_check(doc, deep_locations, progress, processes, cache, now_ns))
-    conda = guard("conda", lambda: collect_conda(failed))
+    conda_libraries: Dict[str, str] = {}
+    conda = guard("conda", lambda: collect_conda(failed, conda_libraries))
     if conda is not None:
         doc["conda"] = conda
     key = guard("cache", lambda: torch_cache_key(records)) \
         if cache and _cacheable(torch, canary) else None
-    if records is not None:
-        records.save()
+
+    def libraries_of(record: str) -> Optional[List[str]]:
+        scanned = records.scan(record) if records is not None else None
+        return scanned[1] if scanned is not None else reader.libraries_of(record)
     facts = cache_read(key) if key else None
     gpu = None
     if facts is not None:
@@ -118,17 +141,18 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             info = guard("torch", lambda: collect_torch(torch_mod))
             if info:
                 doc["torch"] = info
+                libs = guard("torch", lambda: cuda_libraries(
+                    torch_mod, loaded_libraries(), torch_pins(_metadata_head(locations.get("torch")))))
+                if libs:
+                    info["cuda_libraries"] = libs
         elif why:
             errors["torch"] = why
         gpu = guard("gpu", lambda: collect_gpu(torch_mod, nvml_timeout))
         doc["determinism"] = guard("determinism", lambda: collect_determinism(torch_mod)) or {}
-        if key and "torch" in doc and "torch" not in errors and "determinism" not in errors:
-            # The flags of this fresh interpreter, minus what is read live on every run.
-            flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
-            cache_write(key, {"torch": doc["torch"], "determinism": flags})
     if gpu:
         if gpu[0] is not None:
             doc["gpu"] = gpu[0]
+            guard("gpu", lambda: _device_kernels(doc))
         elif gpu[1]:  # None: no NVIDIA driver on this host, which is no error
             errors["gpu"] = gpu[1]
     doc["seeds"] = guard("seeds", lambda: collect_seeds(torch_mod)) or {}
@@ -137,6 +161,38 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         result = guard("canary", lambda: run_canary(torch_mod))
         if result:
             doc["canary"] = result
+    # Native code as loaded, read after everything this run imports (torch, NVML, the canary):
+    # with cached facts, the libraries and runtimes `import torch` loaded come from the cache.
+    loaded = guard("native", loaded_libraries) or []
+    if facts is not None:
+        loaded = sorted(set(loaded) | set(facts.get("libraries") or ()))
+        runtimes = (facts.get("runtimes") or [], facts.get("runtimes_source") or "maps")
+    else:
+        runtimes = guard("native", lambda: collect_runtimes(loaded)) or ([], "maps")
+    native = guard("native", lambda: _native(
+        loaded, runtimes, deep_locations, libraries_of, conda_libraries, databases,
+        cache if hash_cache is None else hash_cache, now_ns))
+    if native is not None:
+        doc["native"] = native
+    if "torch" in doc:
+        from .compilestate import collect_compile
+
+        compiled = guard("compile", lambda: collect_compile(doc["packages"]))
+        if compiled is not None:
+            doc["compile"] = compiled
+    requires = guard("requires", lambda: derive_requires(
+        doc.get("torch"), wheel_glibc(deep_locations, libraries_of)))
+    if requires:
+        doc["requires"] = requires
+    if records is not None:
+        records.save()
+    if facts is None and key and "torch" in doc and "torch" not in errors \
+            and "determinism" not in errors and "native" not in errors:
+        # The flags of this fresh interpreter, minus what is read live on every run; the files
+        # importing torch mapped and the runtimes among them.
+        flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
+        cache_write(key, {"torch": doc["torch"], "determinism": flags, "libraries": loaded,
+                          "runtimes": runtimes[0], "runtimes_source": runtimes[1]})
     git, git_error = git_job.collect()
     if git is not None:
         doc["git"] = {k: v for k, v in git.items() if v is not None}
@@ -152,20 +208,69 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
 
 
 def collect_os_packages(packages: List[Dict[str, Any]], locations: Dict[str, str],
-                        root: str = "/", cache: bool = False, now_ns: Clock = time.time_ns
-                        ) -> Optional[Dict[str, Any]]:
+                        root: str = "/", cache: bool = False, now_ns: Clock = time.time_ns,
+                        found: Optional[List[Any]] = None) -> Optional[Dict[str, Any]]:
     """``[os_packages]`` of ``root``; distributions an OS package owns become source "system".
 
     ``cache``: reuse the parsed database while its file is unchanged (``statcache.load_os_packages``).
+    ``found``, when given, receives the database (which also names the owners of libraries).
     """
     from . import ospkgs
 
     db = load_os_packages(root, run_tool, now_ns) if cache else ospkgs.load(root, run_tool)
     if db is None:
         return None
+    if found is not None:
+        found.append(db)
     ospkgs.mark_system(packages, locations, db)
     doc: Dict[str, Any] = db.document()
     return doc
+
+
+def _metadata_head(dist_info: Optional[str]) -> str:
+    """The header block of a dist-info's METADATA ("" when there is none to read)."""
+    if not dist_info:
+        return ""
+    text = read_text(os.path.join(dist_info, "METADATA"), 1 << 18) or ""
+    return text.split("\n\n", 1)[0]
+
+
+def _device_kernels(doc: Dict[str, Any]) -> None:
+    """Each GPU's ``torch_kernels``: what the torch build has for its compute capability."""
+    arch_list = (doc.get("torch") or {}).get("arch_list") or []
+    for device in doc["gpu"].get("devices") or []:
+        found = kernels_for(str(device.get("compute_capability") or ""), arch_list)
+        if found:
+            device["torch_kernels"] = found
+
+
+def _native(loaded: List[str], runtimes: Tuple[List[Dict[str, Any]], str],
+            dists: List[Tuple[str, str, str]], libraries_of: Callable[[str], Optional[List[str]]],
+            conda_libraries: Dict[str, str], databases: List[Any], hash_cache: bool,
+            now_ns: Clock) -> Dict[str, Any]:
+    """``[native]``: every library mapped into this process and who vouches for it, and the
+    BLAS/OpenMP runtimes among them."""
+    from .filehashes import FileHashes
+    from .native import NoHashes, describe_libraries, distribution_files
+
+    owners = distribution_files(dists, libraries_of)
+    hashes = FileHashes([NATIVE_HASHES], now_ns=now_ns) if hash_cache else NoHashes()
+    db = databases[0] if databases else None
+    if db is not None and hash_cache:
+        # Which package lists a library is a fact of dpkg's files, remembered by their stat
+        # (``statcache``) in a training process too: reading every list costs tens of ms.
+        db.dpkg_owners = lambda info_dir, wanted, kind: statcache.dpkg_owners(
+            info_dir, wanted, now_ns, kind)
+    libraries = describe_libraries(loaded, owners, conda_libraries,
+                                   db.file_owners if db is not None else None, hashes)
+    out: Dict[str, Any] = {"libraries": libraries, "runtimes": runtimes[0]}
+    if runtimes[0]:
+        out["runtimes_source"] = runtimes[1]
+    return out
+
+
+# The stat cache of the loaded libraries' hashes, apart from --deep's per site directory.
+NATIVE_HASHES = "<native libraries>"
 
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,

@@ -92,23 +92,29 @@ def parse_dpkg_status(text: str) -> List[Dict[str, str]]:
 
 
 def parse_apk_installed(text: str) -> Tuple[List[Dict[str, str]], Dict[str, str]]:
-    """(packages, {directory: package name}) of Alpine's ``/lib/apk/db/installed``.
+    """(packages, {path: package name}) of Alpine's ``/lib/apk/db/installed``.
 
-    The database lists each package's directories (``F:``) and files (``R:``); the directory
-    map is what tells which package owns a ``*.dist-info`` directory, with no second read.
+    The database lists each package's directories (``F:``) and files (``R:``); the path map is
+    what tells which package owns a ``*.dist-info`` directory or a shared library, with no
+    second read.
     """
     out: List[Dict[str, str]] = []
     dirs: Dict[str, str] = {}
     for stanza in text.split("\n\n"):
         fields: Dict[str, str] = {}
         owned: List[str] = []
+        directory = ""
         for line in stanza.split("\n"):
             if len(line) < 2 or line[1] != ":":
                 continue
             key, value = line[0], line[2:]
             if key == "F":
+                directory = value
                 if value.endswith((".dist-info", ".egg-info")):
                     owned.append("/" + value)
+            elif key == "R":
+                if directory and (value.endswith(".so") or ".so." in value):
+                    owned.append("/%s/%s" % (directory, value))
             elif key in "PVAo" and key not in fields:
                 fields[key] = value.strip()
         name, version = fields.get("P"), fields.get("V")
@@ -156,7 +162,8 @@ class Database:
         self.apk_dirs = apk_dirs
         self._specs = specs  # what specs() returned when the database was read (a cache)
         # Who lists which path among dpkg's file lists (the probe's cache may stand in).
-        self.dpkg_owners: Callable[[str, Set[str]], Dict[str, str]] = dpkg_owners
+        self.dpkg_owners: Callable[[str, Set[str], Tuple[bytes, str]], Dict[str, str]] = \
+            lambda info_dir, wanted, kind: dpkg_owners(info_dir, wanted, kind=kind)
 
     def specs(self) -> List[str]:
         if self._specs is None:
@@ -169,15 +176,8 @@ class Database:
 
     def owners(self, dirs: Iterable[str]) -> Dict[str, Tuple[str, str]]:
         """{directory: (package, version)} for the given dist-info/egg-info directories."""
-        wanted = set(dirs)
-        if not wanted:
-            return {}
-        if self.manager == "apk":
-            names = self.apk_dirs or {}
-            found = {d: names[d] for d in wanted if d in names}
-        elif self.manager == "dpkg":
-            found = self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted)
-        else:
+        found = self._listing(set(dirs), DISTRIBUTIONS)
+        if not found:
             return {}
         versions = dict((p["name"], p["version"]) for p in self.packages)
         versions.update(("%s:%s" % (p["name"], p["arch"]), p["version"]) for p in self.packages)
@@ -189,23 +189,73 @@ class Database:
                 out[d] = (bare, version)
         return out
 
+    def file_owners(self, paths: Iterable[str]) -> Dict[str, str]:
+        """{path: package} for the given files (shared libraries): dpkg's file lists, apk's
+        database; rpm is not asked (a subprocess per file), so its files have no owner here."""
+        return {p: owner.split(":", 1)[0] for p, owner in self._listing(set(paths), LIBRARIES).items()
+                if re.match(_NAME_RE, owner.split(":", 1)[0])}
+
+    def _listing(self, wanted: Set[str], kind: Tuple[bytes, str]) -> Dict[str, str]:
+        """{path: the package (dpkg: its list's name) that lists it} of the wanted paths."""
+        if not wanted:
+            return {}
+        if self.manager == "apk":
+            names = self.apk_dirs or {}
+            return {p: names[p] for p in wanted if p in names}
+        if self.manager == "dpkg":
+            return self.dpkg_owners(os.path.join(self.root, DPKG_INFO), wanted, kind)
+        return {}
+
+
+# Directories a merged-/usr system links from / into /usr: a file mapped from /usr/lib/x/libc.so.6
+# is listed by its package as /lib/x/libc.so.6 on Debian 12 (and as /usr/lib/... on newer ones).
+_MERGED_DIRS = ("/lib/", "/lib32/", "/lib64/", "/libx32/", "/bin/", "/sbin/")
+
+
+def merged_usr_spellings(path: str) -> Tuple[str, ...]:
+    """``path`` and, under a merged-/usr directory, its other spelling (first: ``path``)."""
+    for top in _MERGED_DIRS:
+        if path.startswith("/usr" + top):
+            return path, path[len("/usr"):]
+        if path.startswith(top):
+            return path, "/usr" + path
+    return (path,)
+
+
+def _one_file(path: str) -> str:
+    """The spelling two names of one file under merged /usr share."""
+    return min(merged_usr_spellings(path), key=len)
+
+
+# What dpkg_owners looks for: (a byte string every list that can hold one contains, the word in
+# the names of the lists read first). Python distributions are almost always in python3-* lists,
+# shared libraries in lib* ones.
+DISTRIBUTIONS = (b"-info\n", "python")
+LIBRARIES = (b".so", "lib")
+
 
 def dpkg_owners(info_dir: str, wanted: Set[str],
-                reads: Optional[List[Tuple[str, Optional[os.stat_result]]]] = None) -> Dict[str, str]:
-    """Scan dpkg's ``*.list`` file lists for the wanted paths; python packages first.
+                reads: Optional[List[Tuple[str, Optional[os.stat_result]]]] = None,
+                kind: Tuple[bytes, str] = DISTRIBUTIONS) -> Dict[str, str]:
+    """Scan dpkg's ``*.list`` file lists for the wanted paths (``kind``: DISTRIBUTIONS for
+    dist-info directories, LIBRARIES for shared objects).
 
-    A Debian system holds hundreds of lists; the ones that own Python distributions are almost
-    always named python3-*, so those are read first and the scan stops once all are found. Each
-    list is searched for whole lines with bytes.find (memmem), never split into lines.
-    ``reads`` receives each list read, in order, with its stat taken before the read (None when
-    it could not be read): everything the answer depends on besides the directory's listing.
+    A Debian system holds hundreds of lists; the likely owners are read first and the scan
+    stops once all are found. Each list is searched for whole lines with bytes.find (memmem),
+    never split into lines. ``reads`` receives each list read, in order, with its stat taken
+    before the read (None when it could not be read): everything the answer depends on besides
+    the directory's listing.
     """
     try:
         names = [n for n in os.listdir(info_dir) if n.endswith(".list")]
     except OSError:
         return {}
-    names.sort(key=lambda n: (0 if "python" in n else 1, n))
+    hint, first = kind
+    names.sort(key=lambda n: (0 if first in n else 1, n))
     targets = dict((b"\n" + p.encode("utf-8", "surrogateescape") + b"\n", p) for p in wanted)
+    # Both spellings of a merged-/usr file may be wanted, and only one is listed: the scan is
+    # done when every file is found under one of them.
+    files = set(_one_file(p) for p in wanted)
     found: Dict[str, str] = {}
     for fname in names:
         try:
@@ -217,12 +267,12 @@ def dpkg_owners(info_dir: str, wanted: Set[str],
             if reads is not None:
                 reads.append((fname, None))
             continue
-        if b"-info\n" not in data:
+        if hint not in data:
             continue
         for needle, path in targets.items():
             if path not in found and needle in data:
                 found[path] = fname[:-5]
-        if len(found) == len(targets):
+        if len(set(_one_file(p) for p in found)) == len(files):
             break
     return found
 

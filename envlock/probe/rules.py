@@ -26,7 +26,8 @@ METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,127}")
 ENV_PREFIXES = (
     "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "OMP_", "MKL_",
     "KMP_", "OPENBLAS_", "NVIDIA_", "NVTE_", "TRITON_", "XLA_", "JAX_", "HF_", "TRANSFORMERS_",
-    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_", "ATEN_",
+    "ACCELERATE_", "ENVLOCK_", "GOMP_", "ONEDNN_", "DNNL_", "ATEN_", "TORCHINDUCTOR_",
+    "TORCHDYNAMO_",
 )
 ENV_NAMES = (
     "PYTHONHASHSEED", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PIP_INDEX_URL",
@@ -48,6 +49,9 @@ NUMERICS_ENV = (
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
     "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
 )
+# The variables that configure torch.compile (Inductor, Dynamo, Triton): they choose kernels, so
+# a changed one can explain a divergence; their paths name caches (``[compile].caches``).
+COMPILE_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TRITON_", "TORCH_COMPILE_")
 # ---------------------------------------------------------------------------------------------
 # Secrets: which variables hold one, and what of a value may be kept.
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +95,40 @@ _NAME_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # likely to be part of a version, a path or a flag than a credential, and replacing it there
 # would corrupt the lock. The variable's own [env] entry is redacted whatever its length.
 MIN_SECRET_LEN = 8
+# The separators of names and paths: the words between them are what a directory, a run or a
+# package is called ("my-experiments", "run_2024.01", "/home/alice/data").
+_NAME_SEPARATORS = "-_./"
+# One word of a name this long is no name (a directory or run is called a few short words);
+# it is a generated token or a passphrase written as one word.
+LONG_WORD = 16
+
+
+def could_be_credential(value: str) -> bool:
+    """True when ``value`` may be a credential, so the last-line scrub replaces it wherever it
+    appears; False when it is shaped like a name, so replacing it elsewhere would rewrite the
+    names of directories, runs and packages that merely share it.
+
+    By length and character mix: MIN_SECRET_LEN characters or more, and one of
+
+    * a character that names do not hold: anything but letters, digits and ``- _ . /`` (a
+      symbol, a space, a ":" or "@", ``hunter2!``, ``p@ss word``);
+    * a word (a run between ``- _ . /``) that mixes letters and digits (``tok3nvalue99``,
+      hex, ``Summer2024``): names keep their numbers apart (``run-2024``, ``cuda-12.1``);
+    * a word of LONG_WORD characters or more (``correcthorsebatterystaple``).
+
+    So a plain word or a slug of words and numbers (``experiments``, ``my-experiments``,
+    ``run-2024-01-15``) is not scrubbed from elsewhere: the variable's own value is still
+    redacted whatever it holds, and a credential of such a shape is only as safe as its name.
+    Case does not count: a directory may well be called ``MyExperiments``.
+    """
+    value = value.strip()
+    if len(value) < MIN_SECRET_LEN:
+        return False
+    if any(not (c.isalnum() or c in _NAME_SEPARATORS) for c in value):
+        return True
+    words = re.split("[" + re.escape(_NAME_SEPARATORS) + "]+", value)
+    return any(len(w) >= LONG_WORD or (any(c.isalpha() for c in w) and any(c.isdigit() for c in w))
+               for w in words)
 
 
 def _name_words(name: str) -> List[str]:
@@ -347,3 +385,103 @@ def read_knobs(torch: Any, names: Optional[List[str]] = None) -> Dict[str, Any]:
         if isinstance(value, (bool, int, str)):
             out[knob.name] = value
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Native code: which loaded libraries change numbers, and which GPUs a torch build has kernels for.
+# ---------------------------------------------------------------------------------------------
+
+# Libraries whose file decides kernels or reductions: CUDA's math libraries and runtime, NCCL,
+# the OpenMP runtimes, MKL, OpenBLAS and BLIS (and ROCm's counterparts). One of them loaded
+# from another file than the lock's is drift: a cluster's module system putting its cuDNN on
+# LD_LIBRARY_PATH in front of the nvidia-* wheel's is the classic divergence nothing else sees.
+# Matched on the file's soname (or name) after "lib", up to a character that cannot continue
+# the word: libcublasLt, libcudnn_ops.so.9, libgomp-a34b3233.so.1, libscipy_openblas64_-xx.so.
+_NUMERICS_LIBRARY = (
+    r"^lib(?:cudart|cudnn|cublas|cufft|curand|cusolver|cusparse|nccl|nvrtc|nvJitLink|gomp|"
+    r"iomp5|omp|mkl|openblas|scipy_openblas|blis|flexiblas|blas|cblas|lapack|amdhip64|MIOpen|"
+    r"rccl|rocblas|hipblas)(?![a-z])")
+
+
+def numerics_library(name: str) -> bool:
+    """True for a library (by soname or file name) whose file can change a run's numbers."""
+    return re.match(_NUMERICS_LIBRARY, name) is not None
+
+
+# What a GPU gets from a CUDA build of torch (``torch.cuda.get_arch_list()``): "native" when a
+# cubin for its architecture is there (sm_XY runs on compute capability X.Z for Z >= Y; an
+# architecture-specific sm_XYa only on X.Y itself), "ptx" when only PTX for an older or equal
+# architecture is (compute_XY: the driver JIT-compiles it at first use, with its own compiler:
+# other code, possibly other bits, and minutes of start-up), "none" when neither is: torch's
+# kernels cannot run there at all.
+KERNELS = ("native", "ptx", "none")
+_ARCH_RE = r"(sm|compute)_(\d+?)(\d)([af]?)"
+
+
+def parse_arch(arch: str) -> Optional[Tuple[str, int, int, str]]:
+    """("sm" or "compute", major, minor, suffix) of ``sm_86``, ``compute_90``, ``sm_90a``."""
+    m = re.fullmatch(_ARCH_RE, arch)
+    if not m:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+
+
+def kernels_for(capability: str, arch_list: List[str]) -> Optional[str]:
+    """"native", "ptx" or "none" for a GPU of ``capability`` ("8.6") and a build's arch list;
+    None when either is not CUDA's (a ROCm build's gfx names, an unreadable capability)."""
+    m = re.fullmatch(r"(\d+)\.(\d+)", capability or "")
+    archs = [a for a in (parse_arch(x) for x in arch_list) if a is not None]
+    if not m or not archs:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    for kind, a_major, a_minor, suffix in archs:
+        if kind == "sm" and a_major == major and (a_minor == minor if suffix == "a" else a_minor <= minor):
+            return "native"
+    for kind, a_major, a_minor, _ in archs:
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return "ptx"
+    return "none"
+
+
+# The CPU features behind the kernels torch's dispatcher picked (``torch.backends.cpu.
+# get_cpu_capability()``): a host without them runs other kernels (AVX2 instead of AVX512),
+# with other reduction orders. As /proc/cpuinfo spells them.
+CPU_CAPABILITY_FEATURES = {
+    "AVX512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "AVX2": ("avx2", "fma"),
+    "SVE256": ("sve",),
+    "ZVECTOR": ("vx",),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: the settings that change numerics or kernel choice, as (config, attribute path).
+# Read only from a config module the process already imported: importing torch._inductor takes
+# seconds, more than a capture may cost, and a fresh interpreter's values follow from torch's
+# version and the TORCHINDUCTOR_*/TORCHDYNAMO_* variables, which are recorded anyway.
+# ---------------------------------------------------------------------------------------------
+
+COMPILE_MODULES = {"inductor": "torch._inductor.config", "dynamo": "torch._dynamo.config"}
+COMPILE_SETTINGS = (
+    ("inductor", "max_autotune"), ("inductor", "max_autotune_pointwise"),
+    ("inductor", "max_autotune_gemm"), ("inductor", "max_autotune_gemm_backends"),
+    ("inductor", "max_autotune_gemm_search_space"), ("inductor", "autotune_fallback_to_aten"),
+    ("inductor", "coordinate_descent_tuning"), ("inductor", "fallback_random"),
+    ("inductor", "deterministic"), ("inductor", "emulate_precision_casts"),
+    ("inductor", "use_fast_math"), ("inductor", "freezing"), ("inductor", "epilogue_fusion"),
+    ("inductor", "benchmark_fusion"), ("inductor", "split_reductions"),
+    ("inductor", "online_softmax"), ("inductor", "shape_padding"),
+    ("inductor", "comprehensive_padding"), ("inductor", "layout_optimization"),
+    ("inductor", "cpp_wrapper"),
+    ("inductor", "force_disable_caches"), ("inductor", "fx_graph_cache"),
+    ("inductor", "autotune_local_cache"), ("inductor", "cpp.simdlen"),
+    ("inductor", "cpp.threads"), ("inductor", "cpp.dynamic_threads"),
+    ("inductor", "cpp.fallback_scatter_reduce_sum"),
+    ("inductor", "cpp.enable_floating_point_contract_flag"),
+    ("inductor", "cpp.enable_unsafe_math_opt_flag"), ("inductor", "triton.cudagraphs"),
+    ("inductor", "triton.persistent_reductions"), ("inductor", "triton.cooperative_reductions"),
+    ("inductor", "triton.multi_kernel"), ("inductor", "triton.divisible_by_16"),
+    ("dynamo", "assume_static_by_default"), ("dynamo", "automatic_dynamic_shapes"),
+    ("dynamo", "capture_scalar_outputs"), ("dynamo", "specialize_float"),
+    ("dynamo", "recompile_limit"), ("dynamo", "optimize_ddp"),
+)

@@ -1,18 +1,35 @@
 """Scrubbing: what of a string may enter a lock.
 
-URLs lose their credentials wherever they appear, token-shaped words go, and the values of
-the variables that hold a secret (``rules.looks_secret``) are replaced wherever they appear in
-the probe's document. The functions only ever remove: a string that needs nothing removed comes
-back unchanged, which is how the model tells a clean value. Stdlib only, Python >= 3.8.
+URLs lose their credentials wherever they appear, token-shaped words, private key blocks and
+Basic credentials go, and the values of the variables that hold a secret
+(``rules.looks_secret``) are replaced wherever they appear in the probe's document, raw,
+percent-encoded or in base64. The functions only ever remove: a string that needs nothing
+removed comes back unchanged, which is how the model tells a clean value. Stdlib only,
+Python >= 3.8.
+
+Which values are replaced wherever they appear (``secret_values``): only those that could be a
+credential by their length and character mix (``rules.could_be_credential``: 8 characters or
+more, and a symbol, a word mixing letters and digits, or a word of 16 characters or more). A
+plain word or a slug (``MY_API_KEY=experiments``) stays elsewhere: replacing it rewrote the
+project directory in every path of the lock. Where a path does lose a component to a secret
+value, the lock says so in ``[probe].errors`` (``paths``): it no longer names a real location.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from functools import lru_cache
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .rules import INDEX_VARIABLES, MIN_SECRET_LEN, REDACTED, looks_secret, secret_query_key
+from .rules import (
+    INDEX_VARIABLES,
+    MIN_SECRET_LEN,
+    REDACTED,
+    could_be_credential,
+    looks_secret,
+    secret_query_key,
+)
 
 # ---------------------------------------------------------------------------------------------
 # URL hygiene: applied to every URL that reaches the document, wherever it came from.
@@ -225,12 +242,65 @@ def _strip_scp(text: str) -> str:
     return re.sub(_SCP_WORD, lambda m: _scp_word(m.group(0)), text)
 
 
+# A private key is a secret wherever it appears, whatever the variable or note holding it is
+# called (CUDA_MPS_CLIENT_CERT): the block from its BEGIN line to its END line goes, or to the
+# end of the string when the END line is missing (a key cut short is still most of a key). The
+# words may be joined by spaces, "+" or "%20" (a key in a URL or a form). A certificate or a
+# public key is no secret and stays. The dashes are counted (PEM has 5, SSH2 4): an unbounded
+# run would make the search quadratic in a long run of dashes.
+_KEY_SEP = r"(?:[ +]|%20)"
+_KEY_WORDS = rf"(?:[A-Z0-9]+{_KEY_SEP})*?PRIVATE{_KEY_SEP}KEY(?:{_KEY_SEP}BLOCK)?"
+_KEY_BLOCK = (rf"(?s)-{{3,5}} ?BEGIN{_KEY_SEP}{_KEY_WORDS} ?-{{3,5}}"
+              rf"(?:.*?-{{3,5}} ?END{_KEY_SEP}{_KEY_WORDS} ?-{{3,5}}|.*)")
+# HTTP Basic credentials (``Authorization: Basic dXNlcjpwYXNz``): base64 of "user:password",
+# a credential whoever wrote it. Only what decodes to printable text holding a ":" goes, so
+# "Basic training" or "basic dGVzdA==" ("test") stay. The scheme's name is matched case by
+# case and its word boundary checked by ``_basic``: a case-blind pattern, or one that starts
+# with a look-behind, is searched several times slower, in every document. The base64 is
+# bounded (a user:password is far shorter): "Basic+Basic+..." is one long run of base64
+# characters, which every "Basic" in it would otherwise read to its end.
+_BASIC = r"[Bb][Aa][Ss][Ii][Cc](?:\s+|%20|\+)([A-Za-z0-9+/]{4,512}={0,2})(?![A-Za-z0-9+/=])"
+
+
+def _user_password(b64: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        text = base64.b64decode(b64 + "=" * (-len(b64) % 4), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return False
+    return ":" in text and text.isprintable()
+
+
+def _basic(m: "re.Match[str]") -> str:
+    before = m.string[m.start() - 1:m.start()]
+    if (before and (before.isalnum() or before == "_")) or not _user_password(m.group(1)):
+        return m.group(0)
+    return m.group(0)[:m.start(1) - m.start(0)] + REDACTED
+
+
+def _shaped(text: str) -> bool:
+    """True when ``scrub_text`` may remove something from ``text`` that holds no URL or scp
+    remote: a token shape, a private key block or Basic credentials (never a false "no")."""
+    return (_TOKEN_SHAPES_RE.search(text) is not None or _key_block(text)
+            or re.search(_BASIC, text) is not None)
+
+
+def _key_block(text: str) -> bool:
+    return "PRIVATE" in text and re.search(_KEY_BLOCK, text) is not None
+
+
 def scrub_text(text: str) -> str:
-    """``text`` with every embedded URL and scp remote stripped and token-shaped words removed."""
+    """``text`` with private key blocks, Basic credentials and token-shaped words removed, and
+    every embedded URL and scp remote stripped."""
+    if _key_block(text):
+        text = re.sub(_KEY_BLOCK, REDACTED, text)
     if "://" in text:
         text = re.sub(_URL, lambda m: strip_url(m.group(0)), text)
     if "@" in text:
         text = _strip_scp(text)
+    text = re.sub(_BASIC, _basic, text)
     return _TOKEN_SHAPES_RE.sub(REDACTED, text)
 
 
@@ -283,15 +353,18 @@ def env_value(name: str, value: str) -> str:
 def secret_values(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """Values of the variables that hold a secret, to scrub from the whole document.
 
-    Only values that can be a credential: at least MIN_SECRET_LEN long, and not the location
-    of something on this machine (a secret-named variable may hold a path to a key file; its
-    directory must not vanish from every path in the lock).
+    Only values that could be a credential (``rules.could_be_credential``: a plain word or a
+    slug of words and numbers names a directory or a run far more often than it is a password,
+    and replacing it rewrote every path holding it), and not the location of something on this
+    machine (a secret-named variable may hold a path to a key file; its directory must not
+    vanish from every path in the lock). The forms they travel in (percent-encoded, base64)
+    are ``scrub_string``'s.
     """
     values = set()
     for name, value in (os.environ if environ is None else environ).items():
         values.update(_url_passwords(value))
         values.update(url_tokens(value, name in INDEX_VARIABLES))
-        if not looks_secret(name) or len(value.strip()) < MIN_SECRET_LEN or value == REDACTED:
+        if not looks_secret(name) or not could_be_credential(value) or value == REDACTED:
             continue
         if os.path.isabs(value) and os.path.exists(value):
             continue
@@ -303,8 +376,9 @@ def _url_passwords(value: str) -> List[str]:
     """Passwords of the URLs in any variable (``PIP_INDEX_URL=https://alice:PW@host``): the
     URL itself is stripped wherever it goes, but the password alone, pasted into ``--note``,
     is a secret too. The user name is not (it is often part of a home directory's path), nor a
-    short plain word (``postgres://postgres:postgres@localhost``, a development default that
-    also names directories and packages: replacing it everywhere would corrupt the lock)."""
+    password that could not be a credential (``postgres://postgres:postgres@localhost``, a
+    development default that also names directories and packages: replacing it everywhere
+    would corrupt the lock)."""
     if "://" not in value or "@" not in value:
         return []
     out = []
@@ -314,9 +388,7 @@ def _url_passwords(value: str) -> List[str]:
             continue
         userinfo = _split_authority(m.group(0)[scheme.end():])[0]
         password = userinfo.partition(":")[2]
-        for candidate in (password, _unquote(password)):
-            if len(candidate.strip()) >= MIN_SECRET_LEN and not (candidate.isalpha() and len(candidate) < 16):
-                out.append(candidate)
+        out += [c for c in (password, _unquote(password)) if could_be_credential(c)]
     return out
 
 
@@ -324,7 +396,9 @@ def url_tokens(value: str, index: bool) -> List[str]:
     """The tokens the URLs of a variable carry in their path or query (``HF_ENDPOINT=
     https://h/?token=T``, ``PIP_INDEX_URL=https://pypi.fury.io/T/acme/``): the URL is stripped
     wherever it goes, and the token alone, pasted into ``--note``, goes too. Only what the URL
-    rules remove, and only as long as a credential (MIN_SECRET_LEN)."""
+    rules remove, and only what could be a credential (``rules.could_be_credential``): a plain
+    word or a number is more likely to stand elsewhere in the lock as something else
+    (?download, /t/12345678/)."""
     if "://" not in value:
         return []
     out = []
@@ -337,26 +411,176 @@ def url_tokens(value: str, index: bool) -> List[str]:
         pieces = re.split(r"[/?&;=]", url.partition("://")[2])
         left = set(re.split(r"[/?&;=]", kept.partition("://")[2]))
         for piece in pieces:
-            # A plain word or a number is more likely to stand elsewhere in the lock as
-            # something else (?download, /t/12345678/) than to be a credential: kept.
-            if piece in left or "@" in piece or len(piece) < MIN_SECRET_LEN or piece.isdigit() \
-                    or (piece.isalpha() and len(piece) < 16):
+            if piece in left or "@" in piece or not could_be_credential(piece):
                 continue
             out += [piece, _unquote(piece)]
     return out
 
 
-def scrub_string(text: str, secrets: List[str]) -> str:
-    """One string as it may enter a lock: URLs stripped, secret values replaced.
+# ---------------------------------------------------------------------------------------------
+# Secret values in every form they travel in. A value pasted into a URL or a form is
+# percent-encoded (any character may be, "%2B" or "%2b"; a space may be "+"), and one in an
+# Authorization header or a config file is base64, alone or as "user:value". The base64 of a
+# text holding the value holds, whatever surrounds it, one of three strings (one for each
+# offset of the value modulo 3 bytes), in the standard or the URL-safe alphabet: its "cores".
+# Where a core is found, the whole base64 word around it goes (its first and last characters
+# carry bits of the value too).
+# ---------------------------------------------------------------------------------------------
 
-    Repeated until nothing changes, so that what it returns passes the model's own check
-    (``scrub_text(x) == x``) even when a replacement makes a new pattern appear."""
+_URLSAFE = str.maketrans("+/", "-_")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_BASE64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_")
+
+
+class _Secret(NamedTuple):
+    value: str
+    cores: Tuple[str, ...]
+
+
+def _utf8(text: str) -> bytes:
+    # A value read from os.environ carries undecodable bytes as lone surrogates.
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _base64_cores(value: str) -> Tuple[str, ...]:
+    import base64
+
+    data = _utf8(value)
+    out: List[str] = []
+    for k in range(3):
+        encoded = base64.b64encode(b"\0" * k + data).decode("ascii")
+        # The characters whose 6 bits all come from the value: after the k bytes before it,
+        # before the bits of whatever follows it.
+        core = encoded[-(-8 * k // 6):8 * (k + len(data)) // 6]
+        if len(core) >= MIN_SECRET_LEN:
+            out += [core, core.translate(_URLSAFE)]
+    return tuple(dict.fromkeys(out))
+
+
+@lru_cache(maxsize=16)
+def _prepared(secrets: Tuple[str, ...]) -> Tuple[_Secret, ...]:
+    return tuple(_Secret(s, _base64_cores(s)) for s in secrets if s)
+
+
+def _decoded(text: str, plus: bool) -> Tuple[str, List[int]]:
+    """``text`` with its percent-escapes decoded (UTF-8 sequences as one character; with
+    ``plus``, "+" read as a space), and where each decoded character starts in ``text``
+    (one entry more: the end)."""
+    chars: List[str] = []
+    starts: List[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        run = bytearray()
+        offsets: List[int] = []
+        while i + 2 < n and text[i] == "%" and text[i + 1] in _HEX and text[i + 2] in _HEX:
+            run.append(int(text[i + 1:i + 3], 16))
+            offsets.append(i)
+            i += 3
+        p = 0
+        while p < len(run):
+            lead = run[p]
+            size = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
+            try:
+                char = bytes(run[p:p + size]).decode("utf-8")
+            except UnicodeDecodeError:
+                char, size = bytes(run[p:p + 1]).decode("utf-8", "surrogateescape"), 1
+            chars.append(char)
+            starts.append(offsets[p])
+            p += size
+        if run:
+            continue
+        chars.append(" " if plus and text[i] == "+" else text[i])
+        starts.append(i)
+        i += 1
+    starts.append(n)
+    return "".join(chars), starts
+
+
+def _finds(text: str, needle: str) -> List[int]:
+    out, at = [], text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + 1)
+    return out
+
+
+def _base64_word(text: str, start: int, end: int) -> Tuple[int, int]:
+    """The base64 word around ``text[start:end]``: its alphabet (both) and up to two "="."""
+    while start > 0 and text[start - 1] in _BASE64_CHARS:
+        start -= 1
+    while end < len(text) and text[end] in _BASE64_CHARS:
+        end += 1
+    for _ in range(2):
+        if text[end:end + 1] == "=":
+            end += 1
+    return start, end
+
+
+def _secret_spans(text: str, secrets: Tuple[_Secret, ...], decode: bool = True) -> List[Tuple[int, int]]:
+    """Where ``text`` holds a secret value in any of its forms, as (start, end) spans; with
+    ``decode`` False, only its forms as written (no percent-escape or "+" read)."""
+    spans: List[Tuple[int, int]] = []
+    for s in secrets:
+        spans += [(at, at + len(s.value)) for at in _finds(text, s.value)]
+        for core in s.cores:
+            spans += [_base64_word(text, at, at + len(core)) for at in _finds(text, core)]
+    if decode and "%" in text:
+        spans += _decoded_spans(text, secrets, plus=False)
+    if decode and "+" in text and any(" " in s.value for s in secrets):
+        spans += _decoded_spans(text, secrets, plus=True)
+    return spans
+
+
+def _decoded_spans(text: str, secrets: Tuple[_Secret, ...], plus: bool) -> List[Tuple[int, int]]:
+    view, starts = _decoded(text, plus)
+    spans = []
+    for s in secrets:
+        spans += [(starts[at], starts[at + len(s.value)]) for at in _finds(view, s.value)]
+        for core in () if plus else s.cores:
+            for at in _finds(view, core):
+                a, b = _base64_word(view, at, at + len(core))
+                spans.append((starts[a], starts[b]))
+    return spans
+
+
+def _redact_spans(text: str, spans: List[Tuple[int, int]], mark: str = REDACTED) -> str:
+    """``text`` with each span (overlapping ones merged) replaced by ``mark``."""
+    out, last = [], 0
+    for start, end in sorted(spans):
+        if start < last:
+            last = max(last, end)
+            continue
+        out += [text[last:start], mark]
+        last = end
+    return "".join(out) + text[last:]
+
+
+# What a value replaced before the URL rules run reads as until they have: a character a URL
+# may hold (a private-use one). "<redacted>" would end a URL there, and the URL rules would no
+# longer see the userinfo it stands in ("https://u:<redacted>@host" kept its user).
+_HELD = "\ue000"
+
+
+def scrub_string(text: str, secrets: List[str]) -> str:
+    """One string as it may enter a lock: secret values replaced in every form, URLs stripped.
+
+    The values first: a URL rule that cuts a URL short (at an unescaped "#" of a value) would
+    leave the value's first part, which no longer matches, in the text. Repeated until nothing
+    changes, so that what it returns passes the model's own check (``scrub_text(x) == x``)
+    even when a replacement makes a new pattern appear."""
+    prepared = _prepared(tuple(secrets))
     for _ in range(4):
         before = text
+        spans = _secret_spans(text, prepared) if prepared else []
+        held = _HELD not in text
+        if spans:
+            text = _redact_spans(text, spans, _HELD if held else REDACTED)
         text = scrub_text(text)
-        for secret in secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
+        if spans and held:
+            text = text.replace(_HELD, REDACTED)
         if text == before:
             break
     return text
@@ -372,26 +596,34 @@ class _Precheck:
     """Which strings of one document ``scrub_string`` can change, decided for all at once.
 
     ``scrub_string`` changes a string only if it holds "://" or "@" (URLs, scp remotes), a
-    token shape, or a secret value. The last two are searched once in all the document's
-    strings joined by newlines: a token shape matched inside one string matches there too (no
-    part of the pattern matches a newline, and a newline is a non-word character like a
-    string's edge), and a value inside one string is inside the joined text. So when the
-    joined text holds no token shape, a string without "://", "@" and the secrets found in the
-    joined text comes back from ``scrub_string`` unchanged, and is not scrubbed one by one.
+    shape ``scrub_text`` removes (``_shaped``: a token, a private key block, Basic
+    credentials), or a secret value in one of its forms. Shapes and values as written are
+    searched once in all the document's strings joined by newlines: a shape's match inside one
+    string has a match there too (its start holds no newline, and a newline is a non-word
+    character like a string's edge), and a value or a base64 core inside one string is inside
+    the joined text. Encoded forms are searched once in the strings that can hold one (a "%",
+    or a "+" when a value holds a space) joined: decoding is local to each escape, so it does
+    not cross the newline. So when the joined text holds no shape, a string without "://",
+    "@" and the secrets found comes back from ``scrub_string`` unchanged, and is not scrubbed
+    one by one.
     """
 
     def __init__(self, doc: Any, secrets: List[str]) -> None:
         parts: List[str] = []
         _strings(doc, parts)
         joined = "\n".join(parts)
-        self.tokens = _TOKEN_SHAPES_RE.search(joined) is not None
-        self.present = [s for s in secrets if s in joined]
+        self.tokens = _shaped(joined)
+        prepared = _prepared(tuple(secrets))
+        spaced = any(" " in s for s in secrets)
+        encoded = "\n".join(p for p in parts if "%" in p or (spaced and "+" in p))
+        self.present = tuple(s for s in prepared
+                             if _secret_spans(joined, (s,), decode=False) or _secret_spans(encoded, (s,)))
 
     def clean(self, text: str, secrets: bool = True) -> bool:
         """True when ``scrub_string(text, ...)`` would return ``text`` as it is."""
         if self.tokens or "://" in text or "@" in text:
             return False
-        return not (secrets and any(s in text for s in self.present))
+        return not (secrets and self.present and _secret_spans(text, self.present))
 
 
 def _strings(doc: Any, out: List[str]) -> None:
@@ -446,8 +678,44 @@ def scrub_lock_document(doc: Dict[str, Any], secrets: List[str]) -> Dict[str, An
                     out[table][i][k] = _scrub_leaf(row[k], [], check)
     if isinstance(pins, list):
         out["os_packages"]["packages"] = _scrub_tree(pins, [], check)
+    _say_which_paths_changed(doc, out)
     _keep_image_whole(doc, out)
     return out
+
+
+# A path with a component replaced (a project directory named like a token, a secret value
+# that is a directory's name) names no real location any more: the lock says so, in
+# [probe].errors, rather than hand on "/srv/<redacted>/.venv" as if it were the environment's.
+_PATHS_SHOWN = 3
+
+
+def _say_which_paths_changed(doc: Dict[str, Any], out: Dict[str, Any]) -> None:
+    if out == doc:  # the common case, compared in C; the walk below is Python
+        return
+    changed: List[str] = []
+    _changed_paths(doc, out, "", changed)
+    if not changed:
+        return
+    shown = ", ".join(changed[:_PATHS_SHOWN]) + (", ..." if len(changed) > _PATHS_SHOWN else "")
+    probe = out.setdefault("probe", {})
+    if isinstance(probe, dict) and isinstance(probe.setdefault("errors", {}), dict):
+        probe["errors"]["paths"] = (
+            f"{len(changed)} {'path' if len(changed) == 1 else 'paths'} ({shown}) had a secret "
+            f"variable's value or a token in a component, written {REDACTED}: "
+            f"{'it names' if len(changed) == 1 else 'they name'} no real location")
+
+
+def _changed_paths(doc: Any, out: Any, where: str, found: List[str]) -> None:
+    """The dotted keys (as scrubbed: a key may hold a secret too) of every absolute path that
+    the scrub changed."""
+    if isinstance(doc, dict) and isinstance(out, dict):
+        for v, (k, w) in zip(doc.values(), out.items()):  # noqa: B905 (3.8)
+            _changed_paths(v, w, f"{where}.{k}" if where else str(k), found)
+    elif isinstance(doc, list) and isinstance(out, list):
+        for i, (v, w) in enumerate(zip(doc, out)):  # noqa: B905 (3.8)
+            _changed_paths(v, w, f"{where}.{i}", found)
+    elif isinstance(doc, str) and doc.startswith("/") and out != doc:
+        found.append(where)
 
 
 # Image identity: a reference or digest with a word replaced is another image (or no valid

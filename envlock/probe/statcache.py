@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import ospkgs
 from .files import atomic_json, read_regular, sha256
-from .packages import MAX_RECORD, record_sha256
+from .packages import MAX_RECORD, record_libraries, record_sha256
 
-RECORDS_FORMAT = 2  # 1: [size, mtime_ns, ino, digest] for big RECORDs only
+RECORDS_FORMAT = 3  # 1: [size, mtime_ns, ino, digest] for big RECORDs only; 2: scans listed any ".so" in a name
 
 
 def cache_dir() -> str:
@@ -29,6 +29,13 @@ def cache_dir() -> str:
         return override
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "envlock")
+
+
+def file_cache_allowed() -> bool:
+    """Whether a training process's probe may remember what it learnt of files by their stat
+    (the hashes of libraries no package vouches for; never its torch facts, which are live):
+    unless ``$ENVLOCK_NO_CACHE`` says to trust no cache."""
+    return not os.environ.get("ENVLOCK_NO_CACHE")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,13 +153,7 @@ def scan_record(path: str) -> Optional[Tuple[str, List[str]]]:
         data = read_regular(path, MAX_RECORD)  # a regular file, bounded (files.py)
     except OSError:
         return None
-    libs = []
-    for line in data.splitlines():
-        rel = line.split(b",", 1)[0].decode("utf-8", "surrogateescape")
-        leaf = rel.rsplit("/", 1)[-1]
-        if ".so" in leaf and not rel.startswith("../"):
-            libs.append(rel)
-    return sha256(data).hexdigest(), libs
+    return sha256(data).hexdigest(), record_libraries(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,14 +361,17 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None,
                                "packages": db.packages, "apk_dirs": db.apk_dirs,
                                "specs": db.specs()})
     if db is not None:
-        db.dpkg_owners = lambda info_dir, wanted: dpkg_owners(info_dir, wanted, now_ns)
+        db.dpkg_owners = lambda info_dir, wanted, kind: dpkg_owners(info_dir, wanted, now_ns, kind)
     return db
 
 
-def _owners_key(info_dir: str, wanted: Set[str]) -> Tuple[str, List[Any]]:
+def _owners_key(info_dir: str, wanted: Set[str], kind: Tuple[bytes, str] = ospkgs.DISTRIBUTIONS
+                ) -> Tuple[str, List[Any]]:
     names = sorted(wanted)
-    digest = sha256(json.dumps([info_dir, names]).encode("utf-8")).hexdigest()
-    return os.path.join(cache_dir(), "ospkgs-owners-%s.json" % digest[:32]), [info_dir, _parser_digest(), names]
+    how = [kind[0].decode("ascii"), kind[1]]  # the scan's order decides which lists it reads
+    digest = sha256(json.dumps([info_dir, names, how]).encode("utf-8")).hexdigest()
+    return (os.path.join(cache_dir(), "ospkgs-owners-%s.json" % digest[:32]),
+            [info_dir, _parser_digest(), names, how])
 
 
 def owners_from_entry(entry: Any, key: List[Any], info_dir: str) -> Optional[Dict[str, str]]:
@@ -395,26 +399,28 @@ def owners_from_entry(entry: Any, key: List[Any], info_dir: str) -> Optional[Dic
     return found
 
 
-def dpkg_owners(info_dir: str, wanted: Set[str], now_ns: Clock = time.time_ns) -> Dict[str, str]:
+def dpkg_owners(info_dir: str, wanted: Set[str], now_ns: Clock = time.time_ns,
+                kind: Tuple[bytes, str] = ospkgs.DISTRIBUTIONS) -> Dict[str, str]:
     """``ospkgs.dpkg_owners``, remembered by the stat of dpkg's info directory (a list added or
     removed changes it) and of every list the scan read (the scan stops at the last one it
     needs, so the lists after it cannot change the answer). A system Python's capture on a
     desktop-sized Debian would otherwise read a few hundred lists on every run."""
-    path, key = _owners_key(info_dir, wanted)
+    path, key = _owners_key(info_dir, wanted, kind)
     found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
     if found is not None:
         return found
     try:
         listing = os.stat(info_dir)
     except OSError:
-        return ospkgs.dpkg_owners(info_dir, wanted)
+        return ospkgs.dpkg_owners(info_dir, wanted, kind=kind)
     reads: List[Tuple[str, Optional[os.stat_result]]] = []
-    found = ospkgs.dpkg_owners(info_dir, wanted, reads)
+    found = ospkgs.dpkg_owners(info_dir, wanted, reads, kind)
     done = [(name, st) for name, st in reads if st is not None]
     if len(done) == len(reads) and settled(listing, now_ns) \
             and all(settled(st, now_ns) for _, st in done) \
             and write_cache(path, {"format": OSPKGS_FORMAT, "key": key, "dir": stat_key(listing),
                                    "reads": [[name, stat_key(st)] for name, st in done],
                                    "found": found}):
-        prune("ospkgs-owners-", OWNERS_MAX_ENTRIES)  # one per set of system distributions
+        # One per set of system distributions, and one per process's set of system libraries.
+        prune("ospkgs-owners-", OWNERS_MAX_ENTRIES)
     return found

@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import sysconfig
-from typing import Any, Dict
+from typing import Any, Dict, FrozenSet, Optional
 
 from .files import read_text
 
@@ -77,3 +77,15 @@ def collect_python() -> Dict[str, Any]:
         "executable": sys.executable or None,
         "prefix": sys.prefix,
     }
+
+
+def cpu_flags() -> Optional[FrozenSet[str]]:
+    """The CPU's features as /proc/cpuinfo spells them (x86 ``flags``, Arm ``Features``), or
+    None where they cannot be read."""
+    text = read_text("/proc/cpuinfo", 1 << 16)
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")) and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .env import process_set_env
 from .files import sha256
@@ -193,3 +193,80 @@ def want_torch(mode: str) -> Tuple[Any, Optional[str]]:
         return torch, None
     except Exception as exc:
         return None, "import torch failed: %s: %s" % (type(exc).__name__, exc)
+
+
+# -- the CUDA libraries torch loaded, against those it was built with ---------------------------
+
+# torch's wheel pins the CUDA libraries it was released with (``nvidia-nccl-cu13==2.29.7``):
+# for NCCL and, in older wheels, cuBLAS and the CUDA runtime, that pin is the only "built with"
+# torch reports. (cuda-toolkit[...] metapackages pin through extras, one level further: left out.)
+_PIN_RE = r"(?im)^Requires-Dist:\s*nvidia-(cuda-runtime|cudnn|cublas|nccl)(?:-cu\d+)?\s*==\s*([0-9][0-9.]*)"
+_PIN_NAMES = {"cuda-runtime": "cudart", "cudnn": "cudnn", "cublas": "cublas", "nccl": "nccl"}
+
+
+def torch_pins(metadata: str) -> Dict[str, str]:
+    """{cudart|cudnn|cublas|nccl: version} that torch's METADATA pins with ``==``."""
+    return {_PIN_NAMES[m.group(1).lower()]: m.group(2) for m in re.finditer(_PIN_RE, metadata)}
+
+
+def _loaded(paths: List[str], stem: str) -> Optional[str]:
+    """The mapped file whose name is ``stem`` followed by nothing or a version (libcudart.so.13)."""
+    for path in paths:
+        leaf = path.rsplit("/", 1)[-1]
+        if leaf == stem or leaf.startswith(stem + "."):
+            return path
+    return None
+
+
+def _ask(path: Optional[str], call: Callable[[Any, Any], Optional[str]]) -> Optional[str]:
+    """``call(ctypes, library)`` on a library this process has already loaded (RTLD_NOLOAD: never
+    loads one, so a capture cannot change what the process runs)."""
+    if path is None:
+        return None
+
+    def run() -> Optional[str]:
+        import ctypes
+
+        return call(ctypes, ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+    return quiet(run)  # type: ignore[no-any-return]
+
+
+def _cudart_version(ct: Any, lib: Any) -> Optional[str]:
+    v = ct.c_int()
+    if lib.cudaRuntimeGetVersion(ct.byref(v)) != 0 or v.value <= 0:
+        return None
+    return "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
+
+
+def _cublas_version(ct: Any, lib: Any) -> Optional[str]:
+    parts = []
+    for kind in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL (libraryPropertyType)
+        v = ct.c_int()
+        if lib.cublasGetProperty(kind, ct.byref(v)) != 0:
+            return None
+        parts.append(str(v.value))
+    return ".".join(parts)
+
+
+def cuda_libraries(torch: Any, paths: List[str], pins: Dict[str, str]) -> Dict[str, Dict[str, str]]:
+    """{cudart|cudnn|cublas|nccl: {built, loaded}} of a CUDA build of torch.
+
+    ``loaded``: what the library mapped into this process says of itself. ``built``: what torch
+    reports it was compiled against (CUDA, cuDNN), else the version its wheel pins (``pins``).
+    """
+    cuda = quiet(lambda: torch.version.cuda)
+    if not cuda:
+        return {}
+    found = {
+        "cudart": (str(cuda), _ask(_loaded(paths, "libcudart.so"), _cudart_version)),
+        "cudnn": (quiet(lambda: ".".join(str(x) for x in torch._C._cudnn.getCompileVersion())),
+                  quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))),
+        "cublas": (None, _ask(_loaded(paths, "libcublas.so"), _cublas_version)),
+        "nccl": (None, quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))),
+    }
+    out: Dict[str, Dict[str, str]] = {}
+    for name, (built, loaded) in found.items():
+        entry = {k: str(v) for k, v in (("built", built or pins.get(name)), ("loaded", loaded)) if v}
+        if entry:
+            out[name] = entry
+    return out

@@ -23,6 +23,8 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Engine chatter between steps: nothing a user needs to see in a failure report.
 _NOISE_RE = re.compile(r"^\s*(--->|-->|Removing intermediate container|Running in|Using cache)")
 _BUILT_RE = re.compile(r"^Successfully built ([0-9a-f]{12,64})\s*$")
+# The image a step ends with: " ---> 1a2b3c4d5e6f" (Docker), "--> 1a2b3c4d5e6" (Podman).
+_IMAGE_RE = re.compile(r"^\s*-{2,3}> ([0-9a-f]{11,64})\s*$")
 # pip and most tools say what went wrong in their last such line; the engine's own message only
 # says that the command failed.
 _CAUSE_PREFIXES = ("ERROR", "error:", "envlock:")
@@ -65,6 +67,10 @@ class BuildLog:
     image_id: str | None = None
     error: str | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    # The images this build committed, oldest first (short ids): not a FROM's base, not a step
+    # the builder took from its cache. What an interrupted build leaves behind.
+    committed: list[str] = field(default_factory=list)
+    _not_ours: bool = False  # the next image line names an image that was there before
 
     def feed(self, chunk: Mapping[str, Any]) -> Fed:
         """Read one chunk. After an error chunk the build is over: ``error`` is set."""
@@ -90,8 +96,17 @@ class BuildLog:
             m = _STEP_RE.match(line)
             if m:
                 self.step = Step(int(m.group(1)), int(m.group(2)), m.group(3))
+                # Docker names the base after a FROM (its ONBUILD triggers commit after it).
+                self._not_ours = m.group(3).upper().startswith("FROM ")
                 yield self.step
                 continue
+            if "Using cache" in line and _NOISE_RE.match(line):
+                self._not_ours = True
+            image = _IMAGE_RE.match(line)
+            if image:
+                if not self._not_ours:
+                    self.committed.append(image.group(1))
+                self._not_ours = False
             built = _BUILT_RE.match(line)
             if built and self.image_id is None:
                 self.image_id = built.group(1)

@@ -19,6 +19,7 @@ import socket
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from envlock.restore.buildlog import BuildLog, Step, shorten
 from envlock.restore.engine import LABEL_OWNER, ContainerEngine, ImageInfo, RunResult, RunSpec
 from envlock.restore.progress import Progress
 
+# How long an interrupted build's last step may keep its image in use once the build is cancelled.
+_CANCEL_SECONDS = 15.0
 DOCKER_HINT = ("start Docker (e.g. `sudo systemctl start docker`) or point DOCKER_HOST at a running "
                "engine; for Podman: `systemctl --user start podman.socket` and --engine podman")
 
@@ -331,9 +334,10 @@ class DockerEngine(ContainerEngine):
                         break
             except KeyboardInterrupt:
                 # Closing the connection makes the daemon cancel the build; forcerm removes
-                # its intermediate containers.
+                # its intermediate containers, and the images its steps committed go here.
                 with contextlib.suppress(Exception):
                     self.client.close()
+                self._remove_committed(parsed.committed)
                 raise
             except (APIError, BuildError) as exc:
                 log.write(parsed.fail(_short(exc)))
@@ -350,6 +354,29 @@ class DockerEngine(ContainerEngine):
             raise BuildFailed("the build finished but the engine does not know the image",
                               log_tail=list(parsed.tail), log_path=str(log_path))
         return info.id
+
+    def _remove_committed(self, images: Sequence[str]) -> None:
+        """Remove the step images of an interrupted build, newest first, each alone (``noprune``:
+        an image that was there before stays) and unforced (an image something else uses stays).
+        The step the daemon was running when the build was cancelled keeps its image for a
+        moment, until its container is gone: that conflict is waited out, a few seconds at most."""
+        from docker.errors import APIError, NotFound
+
+        deadline = time.monotonic() + _CANCEL_SECONDS
+        for image in reversed(images):
+            while True:
+                try:
+                    self.api.remove_image(image, noprune=True)
+                except NotFound:
+                    pass
+                except APIError as exc:
+                    if exc.status_code == 409 and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                        continue
+                    return  # its parents are its parents still: they stay too
+                except Exception:
+                    return
+                break
 
     # containers
 

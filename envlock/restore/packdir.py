@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import HashMismatch, UsageError
+from envlock.restore.cachedir import touch
 
 if TYPE_CHECKING:
     from envlock.restore.engine import ContainerEngine
@@ -60,16 +63,25 @@ class Pack:
     @property
     def oci_archive(self) -> Path | None:
         rel = self.manifest.get("oci_archive")
-        if not rel:
-            return None
-        if str(rel).startswith("/") or ".." in Path(str(rel)).parts:
-            raise UsageError(f"the pack's manifest names an OCI archive outside the pack: {str(rel)[:80]!r}")
-        return self.root / str(rel)
+        return inside(self.root, str(rel), "the pack's manifest names an OCI archive") if rel else None
 
     @property
     def docker_archive(self) -> Path | None:
         rel = self.manifest.get("docker_archive")
-        return self.root / str(rel) if rel else None
+        return inside(self.root, str(rel), "the pack's manifest names a docker-archive") if rel else None
+
+
+def inside(root: Path, rel: str, what: str) -> Path:
+    """``root / rel``, refused (exit 2) unless it is a path inside the pack ``root``: not
+    absolute, no ``..`` step, and no link on the way that leads out. The one rule for every path
+    a pack's own files name (its manifest's archives, the lines of SHA256SUMS): the engine loads
+    and Charliecloud unpacks what they name."""
+    path = root / rel
+    top = os.path.realpath(root)
+    if (not rel or "\0" in rel or rel.startswith("/") or ".." in Path(rel).parts
+            or not os.path.realpath(path).startswith(top.rstrip("/") + "/")):
+        raise UsageError(f"{what} outside the pack: {rel[:80]!r}")
+    return path
 
 
 def is_pack(path: Path) -> bool:
@@ -79,24 +91,35 @@ def is_pack(path: Path) -> bool:
 
 
 def _extract(archive: Path, into: Path) -> Path:
-    """Unpack a pack's tar once (keyed by its size and mtime) into ``into``."""
+    """Unpack a pack's tar once (keyed by its path, size and mtime) into ``into``.
+
+    Into a private temporary directory first, renamed into place whole: two restores of one
+    pack at once each unpack their own copy, the first rename wins and the second uses it (a
+    rename never replaces a directory that holds files), and an unpack cut short by Ctrl-C
+    leaves no half pack that a later restore would take for the whole one."""
     st = archive.stat()
     key = hashlib.sha256(f"{archive.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = into / f"pack-{key}"
     if (dest / PACK_MANIFEST).is_file():
+        touch(dest)
         return dest
-    tmp = into / f".pack-{key}.{os.getpid()}.tmp"
-    tmp.mkdir(parents=True, exist_ok=False)
+    into.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".pack-{key}.", suffix=".tmp", dir=into))
     try:
         extract_data(archive, tmp, not_what=f"{archive} is not a pack")
-        os.replace(tmp, dest)
+        if not (tmp / PACK_MANIFEST).is_file():
+            raise UsageError(f"{archive} is not a pack: it has no {PACK_MANIFEST}")
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / PACK_MANIFEST).is_file():
+                raise
+            # Another restore unpacked the same pack meanwhile: the same files, already checked
+            # against SHA256SUMS or about to be.
     except (tarfile.TarError, OSError) as exc:
         raise UsageError(f"{archive} is not a readable pack: {exc}") from None
     finally:
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -110,9 +133,9 @@ def check_sums(root: Path) -> None:
     bad = []
     for line in sums.read_text(encoding="utf-8").splitlines():
         digest, sep, rel = line.partition("  ")
-        path = root / rel
-        if not sep or rel.startswith("/") or ".." in Path(rel).parts:
+        if not sep:
             raise UsageError(f"{sums}: not a checksum line: {line[:80]!r}")
+        path = inside(root, rel, f"{sums} names a file")
         if not path.is_file() or path.is_symlink():
             bad.append(f"{rel} (missing)")
         elif sha256_file(path)[7:] != digest:

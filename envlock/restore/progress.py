@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any, Protocol
 
+from envlock._textsafe import plural
+
 
 class Progress(Protocol):
     def step(self, number: int, total: int, text: str) -> None: ...
@@ -28,8 +30,8 @@ class _Counted:
         self.steps, self.total = max(self.steps, number), max(self.total, total)
 
     def summary(self) -> str:
-        steps = f"{self.steps}/{self.total} steps" if self.total else "no steps"
-        return f"envlock: build: {steps}, {self.lines} lines of output (all in build.log)\n"
+        steps = f"{self.steps}/{plural(self.total, 'step')}" if self.total else "no steps"
+        return f"envlock: build: {steps}, {plural(self.lines, 'line')} of output (all in build.log)\n"
 
 
 class PlainProgress(_Counted):

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
 from envlock.probe import imageref
+from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
-from envlock.restore import dockerfile, values
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison
@@ -81,11 +81,27 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
 def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = None
             ) -> tuple[ctx.Plan, dict[str, str]]:
     """The validated plan and the rendered files, ready to write or build."""
+    base = resolve_base(engine, lock, options)
+    options, wheels_for, own = wheel_inputs(lock, options)
+    uv = None
+    if options.wheelhouse is not None:
+        from envlock.restore import uvbin
+
+        uv = uvbin.find(options.wheelhouse, cache_dir() / cachedir.UV)
+    plan = ctx.plan(lock, options, base, wheels_for, own, uv)
+    return plan, dockerfile.render(plan)
+
+
+def wheel_inputs(lock: Lock, options: ctx.Options
+                 ) -> tuple[ctx.Options, dict[str, tuple[Path, ...]] | None, Path | None]:
+    """What a plan installs from files, for every target (image, Charliecloud, venv): the
+    wheelhouse's wheels, each build proven against the lock before anything is installed, with
+    the options the wheelhouse adds (its manifest's hashes, its rebuilt local wheels); and a
+    wheel of the running envlock when the lock holds envlock, whatever its source and whatever
+    the wheelhouse holds (see ``ownwheel``). (options, wheels by package or None, own wheel or None)."""
     from envlock.restore.ownwheel import OWN_DIST, own_wheel
 
-    base = resolve_base(engine, lock, options)
     wheels_for = None
-    # envlock itself comes from this envlock, whatever the wheelhouse holds (see ownwheel).
     others = [p for p in lock.packages if p.name != OWN_DIST]
     house = options.wheelhouse
     if house is not None:
@@ -102,16 +118,10 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
             options = dataclasses.replace(options, local_wheels=options.local_wheels | local_wheels)
     own = None
     if len(others) != len(lock.packages):
-        where = cache_dir() / "envlock-wheel"
+        where = cache_dir() / cachedir.OWN_WHEELS
         where.mkdir(parents=True, exist_ok=True)
         own = own_wheel(where)
-    uv = None
-    if house is not None:
-        from envlock.restore import uvbin
-
-        uv = uvbin.find(house, cache_dir() / "uv")
-    plan = ctx.plan(lock, options, base, wheels_for, own, uv)
-    return plan, dockerfile.render(plan)
+    return options, wheels_for, own
 
 
 def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
@@ -152,7 +162,8 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     """Build (or find) the image of ``lock`` and, when ``verify``, prove it from inside.
 
     ``network=False`` builds with the engine's network ``none`` (a pack: everything the build
-    needs is in the context)."""
+    needs is in the context), unless the plan installs the lock's OS packages with the image's
+    package manager, which fetches them from its sources (a note says so)."""
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
@@ -162,6 +173,10 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
+    if not network and plan.os_install is not None:
+        say(f"note: the lock's OS packages are installed with {plan.os_install.manager}, which needs "
+            "the network: this build has it")
+        network = True
     key = dockerfile.context_key(plan, rendered)
     tag = f"envlock/{name}:{lock.short_id}"
     if workdir is None:
@@ -176,31 +191,37 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
                              hint="pass --context-dir DIR (a directory of your own), or make the "
                                   "cache directory yours and private (chmod 700)")
     workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     context_dir = workdir / "context"
     labels = {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_OPTIONS: options_key(options)}
     t0 = time.monotonic()
-    found = engine.find_image(cache_labels(plan, key)) if use_cache else None
-    if found is not None:
-        image_id, cached = found.id, True
-        if not any(imageref.same_ref(t, tag) for t in found.tags):
-            engine.tag(image_id, tag)
-        say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
-    else:
-        # envlock's own context of an earlier build of this lock is replaced; anything else
-        # at that place (a user's --context-dir) is refused.
-        dockerfile.write_context(plan, context_dir, rendered, force=True)
-        log_path = workdir / "build.log"
-        build_kw: dict[str, Any] = {} if network else {"network": False}
-        if plan.split_torch:
-            layer_id = torch_layer(engine, plan, context_dir, workdir, use_cache=use_cache, say=say,
-                                   quiet=quiet, build_kw=build_kw)
-            build_kw.update(files=dockerfile.main_build_files(plan, rendered),
-                            buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
-        say(f"building {tag} from {plan.base.display} (context: {context_dir})")
-        with build_stage(engine, build_kw, dockerfile.staged(plan)):
-            image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                    progress=progress or make_progress(quiet=quiet), **build_kw)
-        cached = False
+    # One restore of a lock at a time writes and builds its context; another waits, then finds
+    # the image this one built.
+    with cachedir.hold(workdir, exclusive=True,
+                       waiting=lambda: say(f"waiting for another restore of this lock ({workdir} is in use)")):
+        cachedir.touch(workdir)
+        found = engine.find_image(cache_labels(plan, key)) if use_cache else None
+        if found is not None:
+            image_id, cached = found.id, True
+            if not any(imageref.same_ref(t, tag) for t in found.tags):
+                engine.tag(image_id, tag)
+            say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
+        else:
+            # envlock's own context of an earlier build of this lock is replaced; anything else
+            # at that place (a user's --context-dir) is refused.
+            dockerfile.write_context(plan, context_dir, rendered, force=True)
+            log_path = workdir / "build.log"
+            build_kw: dict[str, Any] = {} if network else {"network": False}
+            if plan.split_torch:
+                layer_id = torch_layer(engine, plan, context_dir, workdir, use_cache=use_cache, say=say,
+                                       quiet=quiet, build_kw=build_kw)
+                build_kw.update(files=dockerfile.main_build_files(plan, rendered),
+                                buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
+            say(f"building {tag} from {plan.base.display} (context: {context_dir})")
+            with build_stage(engine, build_kw, dockerfile.staged(plan)):
+                image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
+                                        progress=progress or make_progress(quiet=quiet), **build_kw)
+            cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)
     comparison = None

@@ -11,12 +11,14 @@ and CPU are the host's: the comparison reports them, as any ``verify`` on anothe
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,12 +26,14 @@ from typing import TYPE_CHECKING
 from envlock.errors import BuildFailed, HostIncompatible, InterpreterNotFound, UsageError
 from envlock.lock import Lock
 from envlock.restore import context as ctx
-from envlock.restore import dockerfile, wheelhouse
+from envlock.restore import dockerfile
 
 if TYPE_CHECKING:
     from envlock._comparison import Comparison
 
 INSTALL_TIMEOUT = 3600.0
+# In DIR from before ``python -m venv`` until the last install is done (``unfinished``).
+UNFINISHED = ".envlock-unfinished"
 # Stands for "no image": the plan validates a base it never builds FROM here.
 _NO_IMAGE = ctx.BaseChoice("sha256:" + "0" * 64, "--base", True, "sha256:" + "0" * 64)
 
@@ -119,40 +123,86 @@ def _run(argv: list[str], what: str) -> None:
         raise BuildFailed(f"{what} failed (exit {proc.returncode})", log_tail=tail)
 
 
+def refuse_unless_free(dest: Path) -> None:
+    """``dest`` must not exist, or be an empty directory; a directory an interrupted restore left
+    (it still holds the marker) is named as such, with how to remove it."""
+    if not os.path.lexists(dest):
+        return
+    if dest.is_dir() and not dest.is_symlink():
+        if os.path.lexists(dest / UNFINISHED):
+            raise UsageError(f"refusing to create a venv at {dest}: it is an unfinished venv that an "
+                             "envlock restore left when it was killed",
+                             hint=f"remove it (rm -rf {shlex.quote(str(dest))}) and restore again")
+        if not any(dest.iterdir()):
+            return
+    raise UsageError(f"refusing to create a venv at {dest}: it exists and is not an empty directory")
+
+
+@contextlib.contextmanager
+def unfinished(dest: Path) -> Iterator[None]:
+    """``dest`` while the venv is made in it: marked unfinished, and taken away again when the
+    restore stops before the end (a failed install, Ctrl-C, SIGTERM), so the next try finds
+    nothing in its way; an empty directory that was there is left empty. Only a restore killed
+    outright (SIGKILL) leaves it behind, with the marker that names it envlock's."""
+    existed = dest.is_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    marker = dest / UNFINISHED
+    marker.write_text("a venv an envlock restore is still making, or was killed while making\n",
+                      encoding="utf-8")
+    try:
+        yield
+    except BaseException:
+        # The marker goes last: a second Ctrl-C during the removal still leaves it there.
+        for child in dest.iterdir():
+            if child.name != UNFINISHED:
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
+        if not existed:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
+    marker.unlink()
+
+
 def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, verify: bool = True,
                  say: Callable[[str], None] = lambda s: None) -> VenvResult:
     """Create the venv ``dest`` with the lock's packages from ``wheels``, then verify it."""
+    from envlock.restore.restore import wheel_inputs
+
     dest = Path(dest).absolute()
-    if os.path.lexists(dest) and not (dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())):
-        raise UsageError(f"refusing to create a venv at {dest}: it exists and is not an empty directory")
+    refuse_unless_free(dest)
     python = host_python(lock, options.python)
     t0 = time.monotonic()
     options = replace(options, wheelhouse=wheels, venv=str(dest), python=None, base=None)
-    files_for = wheelhouse.select(wheels, lock.packages)
-    wheelhouse.check_builds(lock.packages, files_for)
-    manifest = wheelhouse.read_manifest(wheels)
-    options = replace(options, extra_hashes=manifest or options.extra_hashes,
-                      local_wheels=options.local_wheels | wheelhouse.read_local_wheels(wheels))
-    plan = ctx.plan(lock, options, _NO_IMAGE, files_for)
+    # The plan of the image target: the wheelhouse's wheels proven, envlock's own wheel for envlock.
+    options, files_for, own = wheel_inputs(lock, options)
+    plan = ctx.plan(lock, options, _NO_IMAGE, files_for, own)
     for note in plan.notes:
-        say(f"note: {note}")
+        say(note if note.startswith("warning: ") else f"note: {note}")
     rendered = dockerfile.render(plan)
-    say(f"creating {dest} with {python}")
-    _run([python, "-m", "venv", str(dest)], "python -m venv")
     venv_python = str(dest / "bin" / "python")
     install, installer = _installer(venv_python)
-    with tempfile.TemporaryDirectory(prefix="envlock-venv-") as tmp:
-        for layer in plan.layers:
-            for fname in layer.files():
-                req = Path(tmp) / fname
-                req.write_text(rendered[f"requirements/{fname}"], encoding="utf-8")
-                hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
-                say(f"installing the {layer.name} layer with {installer}")
-                _run([*install, *hashed, "--find-links", str(wheels), "-r", str(req)],
-                     f"{installer} install ({layer.name})")
-    if plan.remove:
-        _run([venv_python, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *plan.remove],
-             "pip uninstall (ensurepip's tools the lock does not have)")
+    with unfinished(dest):
+        say(f"creating {dest} with {python}")
+        _run([python, "-m", "venv", str(dest)], "python -m venv")
+        with tempfile.TemporaryDirectory(prefix="envlock-venv-") as tmp:
+            for layer in plan.layers:
+                # Each layer finds only its own wheels, as in an image: envlock's layer its own
+                # wheel, never another build of it that the wheelhouse may hold under that name.
+                links = [arg for d in sorted({str(w.parent) for w in plan.wheels.get(layer.name, ())})
+                         for arg in ("--find-links", d)]
+                for fname in layer.files():
+                    req = Path(tmp) / fname
+                    req.write_text(rendered[f"requirements/{fname}"], encoding="utf-8")
+                    hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+                    say(f"installing the {layer.name} layer with {installer}")
+                    _run([*install, *hashed, *links, "-r", str(req)], f"{installer} install ({layer.name})")
+        if plan.remove:
+            _run([venv_python, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *plan.remove],
+                 "pip uninstall (ensurepip's tools the lock does not have)")
     seconds = time.monotonic() - t0
     comparison = None
     if verify:

@@ -1,0 +1,241 @@
+"""The comparator's sections for what runs beneath the packages: the native libraries a process
+loaded and the BLAS/OpenMP runtimes among them (``[native]``), torch.compile's state
+(``[compile]``), the CUDA libraries torch loaded against those it was built with, and what the
+torch build has for each GPU.
+
+A lock written before these tables existed has none of them: a section absent on either side
+is not compared (absent is not drift). What a process loaded depends on what it imported, so a
+library or runtime present on one side only is reported as info, never counted; one loaded on
+both sides from another file is drift when it is one of the libraries that decide numerics
+(``rules.numerics_library``), named with both paths.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from envlock._comparison import Collector
+from envlock.lock import CudaLibrary, Library, Lock, Runtime
+from envlock.probe.rules import numerics_library
+
+_CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL"}
+# torch.cudnn and torch.nccl already are the loaded cuDNN and NCCL (compared as [torch]).
+_LOADED_ELSEWHERE = {"cudnn", "nccl"}
+_RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
+
+
+def _identity(lib: Library) -> tuple[str, ...]:
+    """What makes two entries the same file: its owner and its place in the owner (the path of
+    a venv differs between hosts, a RECORD's relative path does not), or its bytes."""
+    if lib.deleted:
+        return ("deleted", lib.path)
+    if lib.distribution:
+        return ("distribution", lib.distribution, lib.file or lib.name)
+    if lib.conda_package:
+        return ("conda", lib.conda_package, lib.name)
+    if lib.os_package:
+        return ("os", lib.os_package, lib.path)
+    return ("sha256", lib.sha256 or lib.path)
+
+
+def where(lib: Library) -> str:
+    """A library's file and who vouches for it, as messages name it."""
+    if lib.deleted:
+        return f"{lib.path} (deleted or replaced after it was loaded)"
+    if lib.distribution:
+        return f"{lib.path} (distribution {lib.distribution})"
+    if lib.conda_package:
+        return f"{lib.path} (conda package {lib.conda_package})"
+    if lib.os_package:
+        return f"{lib.path} (OS package {lib.os_package})"
+    return f"{lib.path} (no package vouches for it; sha256 {(lib.sha256 or '?')[:12]})"
+
+
+def _by_name(libraries: Iterable[Library]) -> dict[str, list[Library]]:
+    out: dict[str, list[Library]] = {}
+    for lib in libraries:
+        out.setdefault(lib.name, []).append(lib)
+    return out
+
+
+def libraries(c: Collector, old: Lock, new: Lock) -> None:
+    if old.native is None or new.native is None:
+        return
+    w = c.words
+    a, b = _by_name(old.native.libraries), _by_name(new.native.libraries)
+    for name in sorted(set(a) | set(b)):
+        numerics = numerics_library(name)
+        if name not in a or name not in b:
+            if numerics:  # the other process did not load it: it imported less, or other things
+                side = w.old if name in a else w.new
+                only = a.get(name) or b.get(name) or []
+                c.add("native", f"native.libraries.{name}", where(only[0]) if name in a else None,
+                      where(only[0]) if name in b else None, "info",
+                      f"{name} was loaded only in {side}'s process ({where(only[0])})")
+            continue
+        ids_a, ids_b = sorted(map(_identity, a[name])), sorted(map(_identity, b[name]))
+        if ids_a == ids_b:
+            continue
+        before, after = "; ".join(map(where, a[name])), "; ".join(map(where, b[name]))
+        here = w.where_new() if w.is_diff else "now"
+        c.add("native", f"native.libraries.{name}", before, after,
+              "breaking" if numerics else "info",
+              f"{name} is loaded from another file: {before} in {w.old}, {after} {here}")
+
+
+def _pair_runtimes(a: Sequence[Runtime], b: Sequence[Runtime]
+                   ) -> tuple[list[tuple[Runtime, Runtime]], list[Runtime], list[Runtime]]:
+    """Runtimes paired by (api, implementation) where each side has one of that kind (numpy's
+    OpenBLAS changes its file name with every numpy), else by file name."""
+    pairs: list[tuple[Runtime, Runtime]] = []
+    left, right = list(a), list(b)
+    for rt in list(left):
+        kind = (rt.api, rt.implementation)
+        same_a = [x for x in left if (x.api, x.implementation) == kind]
+        same_b = [x for x in right if (x.api, x.implementation) == kind]
+        match = same_b[0] if len(same_a) == 1 and len(same_b) == 1 else next(
+            (x for x in same_b if x.library == rt.library), None)
+        if match is not None:
+            pairs.append((rt, match))
+            left.remove(rt)
+            right.remove(match)
+    return pairs, left, right
+
+
+def runtimes(c: Collector, old: Lock, new: Lock) -> None:
+    if old.native is None or new.native is None:
+        return
+    pairs, only_a, only_b = _pair_runtimes(old.native.runtimes, new.native.runtimes)
+    for ra, rb in pairs:
+        label = f"{ra.implementation} ({ra.api})"
+        for field in _RUNTIME_FIELDS:
+            va, vb = getattr(ra, field), getattr(rb, field)
+            if va is not None and vb is not None and va != vb:  # a file name alone says neither
+                c.add("native", f"native.runtimes.{ra.api}.{ra.implementation}.{field}", va, vb,
+                      "warning", f"{label} {field.replace('_', ' ')}: {va} -> {vb}")
+    for side, rt in [(c.words.old, r) for r in only_a] + [(c.words.new, r) for r in only_b]:
+        c.add("native", f"native.runtimes.{rt.api}.{rt.implementation}",
+              rt.library if side == c.words.old else None,
+              rt.library if side == c.words.new else None, "info",
+              f"{rt.implementation} ({rt.api}, {rt.library}) was loaded only in {side}'s process")
+
+
+def compile_state(c: Collector, old: Lock, new: Lock) -> None:
+    a, b = old.compile, new.compile
+    if a is None or b is None:
+        return
+    if a.triton != b.triton:  # the triton package's own change is judged with the packages
+        c.add("compile", "compile.triton", a.triton, b.triton, "info")
+    if a.settings and b.settings:  # read only where the process had imported them
+        for key in sorted(set(a.settings) | set(b.settings)):
+            va, vb = a.settings.get(key), b.settings.get(key)
+            if va != vb:
+                c.add("compile", f"compile.settings.{key}", va, vb,
+                      "breaking" if va is not None and vb is not None else "warning",
+                      f"torch.compile setting {key}: {va} -> {vb}" if va is not None and vb is not None
+                      else "")
+    caches_a = {x.kind: x for x in a.caches}
+    caches_b = {x.kind: x for x in b.caches}
+    for kind in sorted(set(caches_a) & set(caches_b)):
+        ca, cb = caches_a[kind], caches_b[kind]
+        if (ca.files, ca.sha256) != (cb.files, cb.sha256):
+            state = ("cold (empty)" if not cb.files else "warm") if cb.files != ca.files else "other entries"
+            c.add("compile", f"compile.caches.{kind}", f"{ca.files} files", f"{cb.files} files",
+                  "info", f"{kind} cache {cb.path}: {ca.files} files -> {cb.files} ({state}; "
+                  "a compiled model runs the kernels its cache and autotuning pick)")
+        elif ca.path != cb.path:
+            c.add("compile", f"compile.caches.{kind}.path", ca.path, cb.path, "info")
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version))
+
+
+def mismatch(built: str, loaded: str) -> str | None:
+    """How far ``loaded`` is from ``built``, on the parts both name ("13.0" against "13.0.96"):
+    None when they agree, "major" for another major version, "older" or "newer" otherwise."""
+    a, b = _numbers(built), _numbers(loaded)
+    n = min(len(a), len(b))
+    if not n or a[:n] == b[:n]:
+        return None
+    if a[0] != b[0]:
+        return "major"
+    return "older" if b[:n] < a[:n] else "newer"
+
+
+def _mismatch_text(name: str, lib: CudaLibrary) -> str:
+    return f"torch was built against {_CUDA_LABELS[name]} {lib.built}; the process loaded {lib.loaded}"
+
+
+def cuda_libraries(c: Collector, old: Lock, new: Lock) -> None:
+    """The CUDA libraries torch loaded: a version torch was not built against (a cuDNN from
+    LD_LIBRARY_PATH; in a verify whenever this environment has one, in a diff when B has one A
+    did not), and a loaded runtime or cuBLAS that changed."""
+    a = (old.torch.cuda_libraries if old.torch else None) or {}
+    b = (new.torch.cuda_libraries if new.torch else None) or {}
+    for name in sorted(set(a) | set(b)):
+        la, lb = a.get(name), b.get(name)
+        if lb is not None and lb.built and lb.loaded and not (c.words.is_diff and la == lb):
+            how = mismatch(lb.built, lb.loaded)
+            if how is not None:
+                c.add("torch", f"torch.cuda_libraries.{name}", la.loaded if la else None, lb.loaded,
+                      "breaking" if how == "major" else "warning",
+                      _mismatch_text(name, lb) + (" (another major version: its kernels and API "
+                                                  "differ)" if how == "major" else ""))
+                continue
+        if name in _LOADED_ELSEWHERE or la is None or lb is None:
+            continue
+        if la.loaded != lb.loaded and la.loaded and lb.loaded:
+            c.add("torch", f"torch.cuda_libraries.{name}.loaded", la.loaded, lb.loaded, "breaking",
+                  f"{_CUDA_LABELS[name]} loaded: {la.loaded} -> {lb.loaded}")
+
+
+def device_kernels(c: Collector, old: Lock, new: Lock) -> None:
+    """A GPU the torch build has no kernels for (breaking) or only PTX for (warning): in a
+    verify whenever this host has one (its GPU code cannot run, or runs JIT-compiled code), in
+    a diff when B has one that A did not."""
+    if new.gpu is None or new.torch is None:
+        return
+    before = {d.index: d.torch_kernels for d in old.gpu.devices} if old.gpu else {}
+    for device in new.gpu.devices:
+        kernels = device.torch_kernels
+        if kernels not in ("ptx", "none") or (c.words.is_diff and before.get(device.index) == kernels):
+            continue
+        archs = ", ".join(new.torch.arch_list) or "none"
+        what = (f"GPU {device.index} ({device.name}, compute capability "
+                f"{device.compute_capability}): torch {new.torch.version}")
+        if kernels == "none":
+            c.add("gpu", f"gpu.devices[{device.index}].torch_kernels", before.get(device.index),
+                  kernels, "breaking", f"{what} has no kernels for it (built for {archs})")
+        else:
+            c.add("gpu", f"gpu.devices[{device.index}].torch_kernels", before.get(device.index),
+                  kernels, "warning", f"{what} has only PTX for it, which the driver JIT-compiles "
+                  f"(other code than a native build's; built for {archs})")
+
+
+def context_form(form: dict[str, Any]) -> dict[str, Any]:
+    """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
+    pairs them, for a replay record's flat ``[context]`` (``_recordcmp.context_of``): a list
+    flattened by position would pair the 12th library of one run with the 12th of the other.
+    Only the libraries that decide numerics are kept, each as where it was loaded from."""
+    out = dict(form)
+    native = form.get("native")
+    if isinstance(native, dict):
+        libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
+        runtimes_ = native.get("runtimes") or ()
+        out["native"] = {
+            "libraries": {name: "; ".join(where(x) for x in group)
+                          for name, group in _by_name(libs).items() if numerics_library(name)},
+            "runtimes": {f"{r['api']}.{r['implementation']}": {
+                k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
+                for r in runtimes_},
+        }
+    compiled = form.get("compile")
+    if isinstance(compiled, dict):
+        out["compile"] = {
+            "triton": compiled.get("triton"), "settings": compiled.get("settings") or {},
+            "caches": {x["kind"]: {"files": x.get("files"), "sha256": x.get("sha256")}
+                       for x in compiled.get("caches") or ()}}
+    return out

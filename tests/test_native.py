@@ -1,0 +1,242 @@
+"""Native code as loaded (``envlock/probe/native.py``): the libraries /proc/self/maps lists, their
+sonames read from the ELF file, who vouches for each file (a distribution's RECORD, an OS
+package's file list, or its sha256, remembered by stat), and the BLAS/OpenMP runtimes.
+
+Libraries are real shared objects compiled here with gcc and loaded with ctypes in a fresh
+interpreter, so what is checked is what the kernel maps and the probe reads back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, make_dist
+
+from envlock.probe import native, ospkgs, statcache
+from envlock.probe.filehashes import FileHashes
+
+LOAD_AND_PROBE = """
+import ctypes, json, sys
+for path in sys.argv[1:]:
+    ctypes.CDLL(path)
+from envlock.probe.collect import collect
+doc = collect(torch="no", cache=True)
+print(json.dumps({"native": doc.get("native"), "errors": doc["probe"]["errors"]}))
+"""
+
+
+def build_library(directory: Path, name: str, soname: str | None, body: str = "int f(void){return 1;}") -> Path:
+    """A real shared object (gcc), with ``soname`` as its DT_SONAME when given."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "gcc is needed to build test libraries (scripts/test.sh installs it)"
+    source = directory / f"{name}.c"
+    source.write_text(body + "\n")
+    out = directory / name
+    flags = [f"-Wl,-soname,{soname}"] if soname else []
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(out), str(source), *flags], check=True, timeout=120)
+    return out
+
+
+def probe_after_loading(paths: list[Path], env: dict[str, str]) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-c", LOAD_AND_PROBE, *map(str, paths)], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    out: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _env(tmp_path: Path, *path: Path) -> dict[str, str]:
+    pythonpath = os.pathsep.join([str(REPO), *map(str, path)])
+    return {**os.environ, "PYTHONPATH": pythonpath, "ENVLOCK_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def test_maps_lines_become_one_path_per_shared_object() -> None:
+    maps = "\n".join([
+        "7f00-7f01 r--p 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        "7f01-7f02 r-xp 00001000 08:01 11 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        "7f02-7f03 r--p 00000000 08:01 12 /venv/site/torch/lib/libtorch_cpu.so",
+        "7f03-7f04 r--p 00000000 08:01 13 /venv/site/numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
+        "7f04-7f05 r--p 00000000 08:01 14 /opt/old/libgomp.so.1 (deleted)",
+        "7f05-7f06 rw-p 00000000 00:00 0 [heap]",
+        "7f06-7f07 rw-p 00000000 00:00 0",
+        "7f07-7f08 r--p 00000000 08:01 15 /usr/share/locale/locale-archive",
+        "7f08-7f09 r--p 00000000 08:01 16 /data/model.sorted",
+        # The interpreter's own extension modules: which are mapped says what the probe imported.
+        "7f09-7f0a r--p 00000000 08:01 17 /usr/lib/python3.11/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so",
+    ])
+    assert native.mapped_libraries(maps) == [
+        "/opt/old/libgomp.so.1 (deleted)",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        "/venv/site/numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
+        "/venv/site/torch/lib/libtorch_cpu.so",
+    ]
+
+
+def test_the_soname_comes_from_the_elf_file(tmp_path: Path) -> None:
+    named = build_library(tmp_path, "libdemo.so.1.2.3", "libdemo.so.1")
+    bare = build_library(tmp_path, "libbare.so", None)
+    text = tmp_path / "libtext.so"
+    text.write_text("not an ELF file")
+    assert native.elf_soname(str(named)) == "libdemo.so.1"
+    assert native.elf_soname(str(bare)) is None
+    assert native.elf_soname(str(text)) is None
+    assert native.elf_soname(str(tmp_path / "missing.so")) is None
+    libc = [p for p in native.loaded_libraries() if "/libc.so" in p or "/libc-" in p]
+    assert libc and native.elf_soname(libc[0]) == "libc.so.6"
+
+
+def test_a_library_from_outside_any_package_is_named_by_its_soname_and_hash(tmp_path: Path) -> None:
+    lib = build_library(tmp_path, "libstandin.so.1.0", "libstandin.so.1")
+    out = probe_after_loading([lib], _env(tmp_path))
+    entry = next(e for e in out["native"]["libraries"] if e["path"] == str(lib))
+    assert entry == {"name": "libstandin.so.1", "path": str(lib),
+                     "sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}
+    assert "native" not in out["errors"]
+    db = ospkgs.load("/")
+    if db is not None and db.manager == "dpkg":  # the test image is Debian: libc is libc6's
+        libc = next(e for e in out["native"]["libraries"] if e["name"] == "libc.so.6")
+        assert libc.get("os_package") == "libc6" and "sha256" not in libc
+
+
+def _fastmath(tmp_path: Path) -> tuple[Path, Path]:
+    """(a site directory, the library its distribution "fastmath" ships and lists in RECORD)."""
+    site = tmp_path / "site"
+    dist = make_dist(site, "fastmath", "1.0")
+    (site / "fastmath").mkdir()
+    lib = build_library(site / "fastmath", "libfastmath.so.2", "libfastmath.so.2")
+    with (dist / "RECORD").open("a") as fh:
+        fh.write("fastmath/libfastmath.so.2,sha256=abc,100\n")
+    return site, lib
+
+
+def test_a_library_a_distribution_ships_is_vouched_for_by_its_record(tmp_path: Path) -> None:
+    site, lib = _fastmath(tmp_path)
+    out = probe_after_loading([lib], _env(tmp_path, site))
+    entry = next(e for e in out["native"]["libraries"] if e["name"] == "libfastmath.so.2")
+    assert entry == {"name": "libfastmath.so.2", "path": str(lib.resolve()),
+                     "distribution": "fastmath", "file": "fastmath/libfastmath.so.2"}
+
+
+def test_the_same_soname_from_another_file_is_told_apart(tmp_path: Path) -> None:
+    """Two copies of one library (the wheel's, a cluster module's): same name, other owner."""
+    site, shipped = _fastmath(tmp_path)
+    elsewhere = tmp_path / "module" / "libfastmath.so.2"
+    elsewhere.parent.mkdir()
+    shutil.copy(shipped, elsewhere)
+    ours = probe_after_loading([shipped], _env(tmp_path, site))
+    theirs = probe_after_loading([elsewhere], _env(tmp_path, site))
+    a = next(e for e in ours["native"]["libraries"] if e["name"] == "libfastmath.so.2")
+    b = next(e for e in theirs["native"]["libraries"] if e["name"] == "libfastmath.so.2")
+    assert a["distribution"] == "fastmath" and "distribution" not in b
+    assert b["sha256"] == hashlib.sha256(shipped.read_bytes()).hexdigest()
+
+
+def test_hashes_are_remembered_by_stat_and_taken_again_when_the_file_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(statcache, "SETTLE_NS", 0)
+    lib = build_library(tmp_path, "libonce.so", "libonce.so")
+    hashed: list[str] = []
+    real = native.file_sha256
+
+    def counted(path: str) -> str | None:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(native, "file_sha256", counted)
+
+    def describe() -> dict[str, Any]:
+        entries = native.describe_libraries([str(lib)], {}, {}, None, FileHashes(["<t>"], racy_ns=0))
+        return entries[0]
+
+    first = describe()
+    assert hashed == [str(lib)] and first["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert describe() == first and hashed == [str(lib)]  # the stat is unchanged: not read again
+    data = lib.read_bytes()
+    lib.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    again = describe()
+    assert hashed == [str(lib), str(lib)] and again["sha256"] != first["sha256"]
+
+
+def test_no_cache_hashes_every_library_and_writes_nothing(tmp_path: Path) -> None:
+    lib = build_library(tmp_path, "libnocache.so", "libnocache.so")
+    entries = native.describe_libraries([str(lib)], {}, {}, None, native.NoHashes())
+    assert entries[0]["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+
+
+def test_a_deleted_library_is_told_as_such() -> None:
+    entries = native.describe_libraries(["/opt/old/libgomp.so.1 (deleted)"], {}, {}, None,
+                                        native.NoHashes())
+    assert entries == [{"name": "libgomp.so.1", "path": "/opt/old/libgomp.so.1", "deleted": True}]
+
+
+def test_os_owners_are_looked_up_in_merged_usr_spellings(tmp_path: Path) -> None:
+    """dpkg lists /lib/x86_64-linux-gnu/libc.so.6; a merged-/usr system maps /usr/lib/..."""
+    root = Path(__file__).parent / "fixtures" / "ospkgs" / "dpkg"
+    db = ospkgs.load(str(root))
+    assert db is not None
+    listed = (root / "var/lib/dpkg/info/libc6:amd64.list").read_text().split()
+    lib = next(p for p in listed if "/libc.so" in p)
+    mapped = "/usr" + lib if not lib.startswith("/usr/") else lib
+    entries = native.describe_libraries([mapped], {}, {}, db.file_owners, native.NoHashes())
+    assert entries[0]["os_package"] == "libc6" and "sha256" not in entries[0]
+
+
+def test_apk_names_the_package_of_a_library() -> None:
+    text = ("P:openblas\nV:0.3.28-r0\nA:x86_64\nF:usr/lib\nR:libopenblas.so.3\nR:README\n\n"
+            "P:py3-numpy\nV:2.1-r0\nA:x86_64\nF:usr/lib/python3.12/site-packages/numpy-2.1.dist-info\n"
+            "R:METADATA\n")
+    _, paths = ospkgs.parse_apk_installed(text)
+    assert paths["/usr/lib/libopenblas.so.3"] == "openblas"
+    assert paths["/usr/lib/python3.12/site-packages/numpy-2.1.dist-info"] == "py3-numpy"
+    assert "/usr/lib/README" not in paths
+    db = ospkgs.Database("apk", [], "/", paths)
+    assert db.file_owners(["/usr/lib/libopenblas.so.3", "/usr/lib/libother.so"]) == {
+        "/usr/lib/libopenblas.so.3": "openblas"}
+
+
+def test_runtimes_through_threadpoolctl_with_real_numpy_and_torch() -> None:
+    import numpy  # noqa: F401  (loads OpenBLAS)
+    import threadpoolctl  # noqa: F401  (a dev dependency: the tests exercise it)
+    import torch  # noqa: F401  (loads its OpenMP runtime)
+
+    runtimes, source = native.collect_runtimes(native.loaded_libraries())
+    assert source == "threadpoolctl"
+    blas = next(r for r in runtimes if r["api"] == "blas")
+    assert blas["implementation"] == "openblas" and blas["version"] and blas["architecture"]
+    assert isinstance(blas["num_threads"], int) and blas["num_threads"] >= 1
+    openmp = next(r for r in runtimes if r["api"] == "openmp")
+    assert openmp["library"].startswith("libgomp") and "/torch/" in openmp["path"]
+
+
+def test_without_threadpoolctl_runtimes_are_named_from_the_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # an import of it now fails
+    paths = ["/venv/site/torch/lib/libgomp.so.1", "/venv/site/numpy.libs/libscipy_openblas64_-32a4b2a6.so",
+             "/usr/lib/libiomp5.so", "/opt/intel/lib/libmkl_rt.so.2", "/usr/lib/libc.so.6",
+             "/usr/lib/libompitrace.so"]
+    runtimes, source = native.collect_runtimes(paths)
+    assert source == "maps"
+    assert [(r["api"], r["implementation"], r["library"]) for r in runtimes] == [
+        ("blas", "mkl", "libmkl_rt.so.2"), ("blas", "openblas", "libscipy_openblas64_-32a4b2a6.so"),
+        ("openmp", "openmp", "libgomp.so.1"), ("openmp", "openmp", "libiomp5.so")]
+
+
+def test_importing_threadpoolctl_leaves_the_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """threadpoolctl sets KMP_DUPLICATE_LIB_OK when imported; a capture must not change the
+    environment of the process it describes (nor record its own mark in [env])."""
+    monkeypatch.delitem(sys.modules, "threadpoolctl", raising=False)
+    monkeypatch.delenv("KMP_DUPLICATE_LIB_OK", raising=False)
+    _, source = native.collect_runtimes(native.loaded_libraries())
+    assert source == "threadpoolctl" and "KMP_DUPLICATE_LIB_OK" not in os.environ
+    monkeypatch.delitem(sys.modules, "threadpoolctl")
+    monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "FALSE")  # the user's own setting stays
+    native.collect_runtimes(native.loaded_libraries())
+    assert os.environ["KMP_DUPLICATE_LIB_OK"] == "FALSE"
