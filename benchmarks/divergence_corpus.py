@@ -74,7 +74,7 @@ hub = os.environ["HF_HUB_CACHE"]
 folder = os.path.join(hub, "models--corpus--model")
 rev = open(os.path.join(folder, "refs", "main")).read().strip()
 scale = json.load(open(os.path.join(folder, "snapshots", rev, "config.json")))["scale"]
-native = ctypes.CDLL("libcorpusk.so")
+native = ctypes.CDLL("libblas_corpus.so")
 native.corpus_sum.restype = ctypes.c_double
 native.corpus_sum.argtypes = [ctypes.c_void_p, ctypes.c_long]
 flat = np.ascontiguousarray(data, dtype=np.float32).ravel()
@@ -144,7 +144,8 @@ exec "$CORPUS_PYTHON" train.py
 """
 
 NATIVE = """
-/* A library the run loads by name: the sum of n floats. The second build (-O3 -ffast-math)
+/* A site's own BLAS-like kernel library, loaded by name (as a cluster module or Debian's
+   alternatives provide libblas): the sum of n floats. The second build (-O3 -ffast-math)
    reassociates the sum into vector lanes: same source, other bits. */
 double corpus_sum(const float *x, long n) {
     float s = 0.0f;
@@ -247,9 +248,9 @@ def _ld_path(ws: Workspace) -> Induced:
 
 
 def _ld_in_place(ws: Workspace) -> Induced:
-    lib = ws.outside / "lib" / "libcorpusk.so"
+    lib = ws.outside / "lib" / "libblas_corpus.so"
     before = lib.read_bytes()
-    shutil.copyfile(ws.outside / "lib-fast" / "libcorpusk.so", lib)
+    shutil.copyfile(ws.outside / "lib-fast" / "libblas_corpus.so", lib)
     return Induced(undo=lambda: lib.write_bytes(before))
 
 
@@ -290,9 +291,10 @@ CASES = (
     Case("aten_avx2", "ATEN_CPU_CAPABILITY=avx2", "main", _env(ATEN_CPU_CAPABILITY="avx2"),
          ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY")),
     Case("ld_library_path", "LD_LIBRARY_PATH names another build of a library the run loads",
-         "main", _ld_path, ("ctx:env.LD_LIBRARY_PATH",), needs="cc"),
+         "main", _ld_path, ("ctx:env.LD_LIBRARY_PATH", "ctx:native.libraries.libblas_corpus.so"), needs="cc"),
     Case("ld_library_path_in_place", "the library on LD_LIBRARY_PATH replaced in place (a module "
-         "system's upgrade)", "main", _ld_in_place, ("ctx:native.",), depends=NATIVE_DEPENDS, needs="cc"),
+         "system's upgrade)", "main", _ld_in_place, ("ctx:native.libraries.libblas_corpus.so",),
+         depends=NATIVE_DEPENDS, needs="cc"),
     Case("ld_preload", "LD_PRELOAD of a libm whose cos is one ulp off", "main", _preload,
          ("ctx:env.LD_PRELOAD",), needs="cc"),
     Case("seed", "another seed (--seed 1 after --)", "main", _seed,
@@ -307,7 +309,7 @@ CASES = (
     Case("edited_module", "a module of the project edited (helpers.py)", "main",
          _edit("helpers.py", "out.pow(2).sum()", "out.pow(2).sum() * 1.0001"), ("file:helpers.py",)),
     Case("numpy_blas", "numpy from another build, with its own OpenBLAS (--numpy-alt)", "main",
-         _numpy_alt, ("ctx:packages.numpy", "ctx:blas."), depends=BLAS_DEPENDS, needs="numpy-alt"),
+         _numpy_alt, ("ctx:packages.numpy", "ctx:native.runtimes."), depends=BLAS_DEPENDS, needs="numpy-alt"),
     Case("inductor_setting", "an Inductor setting: TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast",
          "compile", _env(TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG="fast"),
          ("ctx:env.TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG", "ctx:compile."),
@@ -398,9 +400,9 @@ def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) ->
     _hf_snapshot(hub, REV1, {"scale": 1.0})
     (hub / "models--corpus--model" / "refs" / "main").write_text(REV1)
     _write_package(outside / "site", "1.0", "1.0")
-    lib = outside / "lib" / "libcorpusk.so"
+    lib = outside / "lib" / "libblas_corpus.so"
     if _cc(NATIVE, lib, "-O2"):
-        _cc(NATIVE, outside / "lib-fast" / "libcorpusk.so", "-O3", "-ffast-math")
+        _cc(NATIVE, outside / "lib-fast" / "libblas_corpus.so", "-O3", "-ffast-math")
         _cc(PRELOAD, outside / "preload" / "libulpcos.so", "-O2")
     env = {k: v for k, v in os.environ.items() if k not in _INDUCED}
     env.update(PYTHONPATH=os.pathsep.join([str(outside / "site"), str(REPO)]), HF_HUB_CACHE=str(hub),
@@ -566,15 +568,14 @@ def figure(results: list[Result]) -> tuple[int, int]:
 
 
 def report(results: list[Result]) -> str:
-    lines = ["| case | cause | replay | named in the verdict |", "|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} |")
+    """The markdown table, then the figure."""
     n, m = figure(results)
-    lines.append("")
-    lines.append(f"explained {n} of {m} (of {len(results)} causes: "
-                 f"{sum(r.status == 'no divergence' for r in results)} did not diverge, "
-                 f"{sum(r.status == 'not run' for r in results)} not run)")
-    return "\n".join(lines) + "\n"
+    count = {status: sum(r.status == status for r in results) for status in ("no divergence", "not run")}
+    return "\n".join([
+        "| case | cause | replay | named in the verdict |", "|---|---|---|---|",
+        *(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} |" for r in results), "",
+        f"explained {n} of {m} (of {len(results)} causes: {count['no divergence']} did not diverge, "
+        f"{count['not run']} not run)"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
