@@ -282,6 +282,15 @@ _WHY = {"string_too_long": "is longer than a record keeps ({max_length} characte
         "string_unicode": "holds bytes that are not UTF-8 text"}
 
 
+def holds(text: str) -> bool:
+    """Whether a record's text field can hold ``text`` (printable, at most 4096 characters)."""
+    try:
+        _TEXT.validate_python(text)
+    except ValidationError:
+        return False
+    return True
+
+
 def _check(adapter: TypeAdapter[str], value: str, what: str) -> None:
     try:
         adapter.validate_python(value)

@@ -32,6 +32,7 @@ from envlock._record import (
     Record,
     RestoreOptions,
     Step,
+    holds,
     rank_entry,
     recorded_command,
 )
@@ -265,11 +266,15 @@ def workspace_git(base: Path, exclude: Sequence[str | os.PathLike[str]] = ()) ->
 
 
 def _code(git: Mapping[str, Any] | None, files: Mapping[str, Any] | None) -> Code | None:
-    """A record's ``[code]``: the workspace's git state and the process's workspace files."""
+    """A record's ``[code]``: the workspace's git state and the process's workspace files (a
+    path the record cannot hold, a terminal control in a file's name, is counted as left
+    out rather than refusing the record after the run)."""
     data: dict[str, Any] = dict(git or {})
     if files is not None:
-        data["files"] = files.get("files") or None
-        data["files_left_out"] = files.get("left_out", 0)
+        found = files.get("files") or {}
+        kept = {path: digest for path, digest in found.items() if isinstance(path, str) and holds(path)}
+        data["files"] = kept or None
+        data["files_left_out"] = files.get("left_out", 0) + len(found) - len(kept)
     return Code.model_validate(data) if data else None
 
 

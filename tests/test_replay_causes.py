@@ -316,3 +316,14 @@ def test_a_record_without_ranks_reads_as_one_process() -> None:
     assert rank_contexts(old) == {0: dict(old.context)}
     r = rec([1.0], context={"process.rank": 0}, record=meta())
     assert rank_contexts(r) == {0: {"process.rank": 0}}
+
+
+def test_a_file_name_the_record_cannot_hold_is_counted_not_fatal(tmp_path: Path) -> None:
+    """A module whose file name holds a terminal control is left out of ``[code]`` (and counted),
+    rather than the record refused after the training run."""
+    journal = tmp_path / "journal.jsonl"
+    doc = collect(torch="no")
+    journal.write_text(json.dumps({"capture": doc, "world_size": 1, "rank": 0, "code": {
+        "files": {"train.py": "a" * 64, "odd\x1b[2Jname.py": "b" * 64}, "left_out": 1}}) + "\n")
+    r = make_record(journal, command=["python", "train.py"], exit_code=0, where="host", base=tmp_path)
+    assert r.code == Code(files={"train.py": "a" * 64}, files_left_out=2)
