@@ -327,3 +327,19 @@ def test_a_file_name_the_record_cannot_hold_is_counted_not_fatal(tmp_path: Path)
         "files": {"train.py": "a" * 64, "odd\x1b[2Jname.py": "b" * 64}, "left_out": 1}}) + "\n")
     r = make_record(journal, command=["python", "train.py"], exit_code=0, where="host", base=tmp_path)
     assert r.code == Code(files={"train.py": "a" * 64}, files_left_out=2)
+
+
+def test_a_tensor_metric_needs_no_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image restored from a lock without numpy: ``Tensor.numpy()`` raises there, and a
+    tensor metric (two gloo ranks' losses, stacked) failed the run."""
+    import torch
+
+    def no_numpy(*_: Any) -> Any:
+        raise RuntimeError("Numpy is not available")
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)[:, 1:]  # a view, not contiguous
+    expected = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    assert recorder.encode("w", t) == {"sha256": expected, "dtype": "float32", "shape": [2, 2], "mean": 3.0}
+    half = recorder.encode("h", torch.ones(3, dtype=torch.bfloat16))
+    assert half["sha256"] == hashlib.sha256(b"\x80\x3f" * 3).hexdigest()

@@ -60,9 +60,9 @@ def _tensor(value: Any) -> dict[str, Any] | None:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
-        # The raw bytes, whatever the dtype (bfloat16 and float8 have no numpy type): viewed as
-        # uint8, which numpy hands over in one copy.
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        # The raw bytes, whatever the dtype (bfloat16 and float8 have no numpy type), without
+        # numpy (a restored image need not have it): a clone's storage holds exactly them.
+        data = bytes(t.clone().untyped_storage()) if t.numel() else b""
         mean = float(t.double().mean()) if t.numel() and not t.is_complex() else None
         return _digest(data, str(t.dtype).removeprefix("torch."), list(t.shape), mean)
     numpy = sys.modules.get("numpy")
