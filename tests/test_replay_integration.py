@@ -7,6 +7,8 @@ cache revision. A replay as recorded is bit-identical (exit 0); one with another
 diverges (exit 1) and names the first step and the thread settings beside it; an edited data file
 and a moved revision are named as drift. envlock reaches the container through the workspace
 (a copy of the package beside the script), since the image holds only the lock's packages.
+Then two gloo ranks under ``torchrun`` in the same image: each rank's context is kept, and a
+variable set on rank 1 only is named with its rank.
 """
 
 from __future__ import annotations
@@ -122,7 +124,50 @@ def test_record_then_replay_in_the_image(docker_client: Any, base_image: str, wh
     assert "input drift: data content changed" in out, out + err
     assert f"input drift: hf:models/org/tiny@main revision changed: {REV1} -> {REV2}" in out
     assert "first divergence" not in out  # the run itself reproduced
+    _two_ranks(ws, common, capfd)
     no_leftover_containers(docker_client)
     timings = {"record_s": round(recorded_s, 1), "replay_s": round(replayed_s, 1)}
     (tmp_path / "timings.json").write_text(json.dumps(timings))
     print("replay timings", json.dumps(timings), os.cpu_count(), "cpus")
+
+
+RANKS = """
+import torch
+import torch.distributed as dist
+
+import envlock
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+x = torch.randn(2, 4_000_000)  # a sum over millions of elements is split across threads
+for step in range(2):
+    loss = (x[rank] * (step + 1)).sum()
+    each = [torch.zeros(()) for _ in range(dist.get_world_size())]
+    dist.all_gather(each, loss)
+    envlock.record(step, rank_losses=torch.stack(each))
+dist.destroy_process_group()
+"""
+# torchrun sets OMP_NUM_THREADS=1 for every rank; this wrapper gives rank 1 two threads when asked.
+LAUNCH = """if [ "$RANK" = 1 ] && [ -n "$RANK1_THREADS" ]; then export OMP_NUM_THREADS=$RANK1_THREADS; fi
+exec python ranks.py
+"""
+
+
+def _two_ranks(ws: Path, common: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    (ws / "ranks.py").write_text(RANKS)
+    (ws / "launch.sh").write_text(LAUNCH)
+    rec = str(ws / "ranks.record")
+    assert main(["run", *common, "--record", rec, "--", "torchrun", "--nproc_per_node=2", "--no-python",
+                 "sh", "launch.sh"]) == 0
+    record = load(rec)
+    assert record.context["process.world_size"] == 2 and record.ranks is not None
+    assert [r.rank for r in record.ranks] == [1] and record.ranks[0].context["process.rank"] == 1
+    assert record.code is not None and record.code.files is not None and "ranks.py" in record.code.files
+    capfd.readouterr()
+    assert main(["run", *common, "--replay", rec]) == 0
+    assert main(["run", *common, "--replay", rec, "-e", "RANK1_THREADS=2"]) == 1
+    out, err = capfd.readouterr()
+    explained = out.split("lock differences that can explain it", 1)[1]
+    assert "    rank 1: env.OMP_NUM_THREADS: 1 -> 2\n" in explained, out + err
+    assert "    rank 1: determinism.num_threads: 1 -> 2\n" in explained
