@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envlock._textsafe import safe
 from envlock.errors import HashMismatch, UsageError
 
 if TYPE_CHECKING:
@@ -113,10 +114,11 @@ def check_sums(root: Path) -> None:
         path = root / rel
         if not sep or rel.startswith("/") or ".." in Path(rel).parts:
             raise UsageError(f"{sums}: not a checksum line: {line[:80]!r}")
+        # A name is the pack's text, shown as such: a control character in it is escaped.
         if not path.is_file() or path.is_symlink():
-            bad.append(f"{rel} (missing)")
+            bad.append(f"{safe(rel)} (missing)")
         elif sha256_file(path)[7:] != digest:
-            bad.append(f"{rel} (changed)")
+            bad.append(f"{safe(rel)} (changed)")
     if bad:
         raise HashMismatch(f"the pack {root} is damaged: " + ", ".join(bad),
                            hint="copy the pack again from its archive")
