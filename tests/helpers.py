@@ -4,17 +4,42 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+import pytest
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def unavailable(reason: str, *, required_env: str = "ENVLOCK_REQUIRE_ENGINE") -> NoReturn:
+    """What a test needs is missing: a failure where ``required_env`` is 1, a skip otherwise.
+
+    ``scripts/test.sh`` exports ENVLOCK_REQUIRE_ENGINE=1 before it sets anything up (engines,
+    images, wheelhouse, tools, caches), and ENVLOCK_REQUIRE_PODMAN, ENVLOCK_REQUIRE_PODMAN_ROOTLESS
+    and ENVLOCK_REQUIRE_SLURM once it has set those up: under it a missing piece is a broken
+    setup, never a test quietly left out. A plain ``pytest`` without that setup skips.
+    """
+    if os.environ.get(required_env) == "1":
+        pytest.fail(f"{reason} ({required_env}=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def needs_tool(name: str) -> str:
+    """The path of the program ``name``, which ``scripts/test.sh`` installs (``unavailable``
+    without it)."""
+    path = shutil.which(name)
+    if path is None:
+        unavailable(f"{name} is not installed (scripts/test.sh installs it)")
+    return path
 
 
 def make_dist(

@@ -58,11 +58,11 @@ def test_a_pack_carries_a_definition_that_builds_from_its_own_files(
     installs = [line for line in text.splitlines() if " -m pip install " in line]
     assert installs and all("--no-index --find-links /tmp/envlock-wheels/pack" in line for line in installs)
     assert "/opt/venv/bin/python -m pip install" in text and "python3 -m venv /opt/venv" in text
-    for line in text.splitlines():
-        if line.startswith("    apptainer/requirements/"):
-            src = line.split()[0]
-            assert (out / src).is_file()
-            assert "six==1.16.0" in (out / src).read_text() or "pip==" in (out / src).read_text()
+    copied = [line.split()[0] for line in text.splitlines() if line.startswith("    apptainer/requirements/")]
+    assert copied, text
+    for src in copied:
+        assert (out / src).is_file()
+        assert "six==1.16.0" in (out / src).read_text() or "pip==" in (out / src).read_text()
     assert "export CUBLAS_WORKSPACE_CONFIG=:4096:8" in text
     assert "export PATH=/opt/venv/bin:\"$PATH\"" in text
     assert text.rstrip().endswith('exec "$@"')

@@ -173,11 +173,21 @@ def test_index_listing_is_bound_to_its_index_and_owner(home: Path) -> None:
     dst.parent.mkdir(mode=0o700, parents=True)
     dst.write_bytes(src.read_bytes())
     assert two.files("demo", Version("1.0"))[0].sha256 == "2" * 64 and two.fetches == 1
-    if ROOT:
-        os.chown(src, _nobody(), -1)
-        again = _Counting("http://127.0.0.1:1/one/simple", home, "1" * 64)
-        again.files("demo", Version("1.0"))
-        assert again.fetches == 1
+
+
+@needs_root
+def test_index_listing_another_user_owns_is_a_miss(home: Path) -> None:
+    one = _Counting("http://127.0.0.1:1/one/simple", home, "1" * 64)
+    one.files("demo", Version("1.0"))
+    src = one._cache_path("demo")
+    assert src is not None and src.is_file()
+    mine = _Counting("http://127.0.0.1:1/one/simple", home, "1" * 64)
+    mine.files("demo", Version("1.0"))
+    assert mine.fetches == 0  # the twin: this user's own entry is used
+    os.chown(src, _nobody(), -1)
+    again = _Counting("http://127.0.0.1:1/one/simple", home, "1" * 64)
+    again.files("demo", Version("1.0"))
+    assert again.fetches == 1
 
 
 @needs_root
@@ -185,7 +195,7 @@ def test_index_listing_is_bound_to_its_index_and_owner(home: Path) -> None:
 def test_poisoned_torch_facts_in_a_shared_directory_are_not_captured(tmp_path: Path) -> None:
     """End to end, as reported: another user's entry for this very key, in a shared 0777
     directory, and a probe that must import torch instead of recording CUDA 99.9-poisoned."""
-    pytest.importorskip("torch")
+    import torch  # noqa: F401 - a pinned dev dependency: without it this test would check nothing, so fail
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)

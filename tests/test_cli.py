@@ -167,7 +167,12 @@ def test_unwritable_destinations(tmp_path: Path) -> None:
     locked.chmod(0o500)
     try:
         res = run_cli("capture", "--no-torch", "-o", str(locked / "env.lock"), cwd=tmp_path)
-        if os.geteuid() != 0:  # root writes anywhere
+        if os.geteuid() == 0:  # root writes anywhere
+            assert res.returncode == 0 and (locked / "env.lock").is_file(), res.stderr
+        else:
             assert res.returncode == 3 and "cannot write" in _one_line_error(res)
     finally:
         locked.chmod(0o700)
+    # Where no one may create a file, root included: /proc takes no new files.
+    res = run_cli("capture", "--no-torch", "-o", "/proc/envlock-test.lock", cwd=tmp_path)
+    assert res.returncode == 3 and "cannot write /proc/envlock-test.lock" in _one_line_error(res)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from helpers import REPO, run_cli
 
 from envlock import lock as lockio
@@ -57,12 +56,12 @@ def test_canary_without_torch_is_an_environment_problem(tmp_path: Path) -> None:
 
 
 def test_canary_under_an_interpreter_without_torch_exits_3(tmp_path: Path) -> None:
-    base = getattr(sys, "_base_executable", None)
-    if not base or base == sys.executable:
-        pytest.skip("not running in a virtual environment: no torch-free base interpreter at hand")
-    has_torch = subprocess.run([base, "-c", "import torch"], capture_output=True, check=False).returncode == 0
-    if has_torch:
-        pytest.skip(f"{base} has torch")
-    res = run_cli("canary", "--python", base, cwd=tmp_path)
+    # A fresh venv sees no site-packages but its own, which hold nothing: no torch, wherever
+    # this interpreter came from.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    bare = str(tmp_path / "venv" / "bin" / "python")
+    has_torch = subprocess.run([bare, "-c", "import torch"], capture_output=True, check=False).returncode == 0
+    assert not has_torch
+    res = run_cli("canary", "--python", bare, cwd=tmp_path)
     assert res.returncode == 3, res.stderr
     assert "torch is not installed" in res.stderr

@@ -30,7 +30,7 @@ from envlock.probe.filehashes import FileHashes
 
 INFO = "demo-1.0.dist-info"
 # One private site per test that edits files; all are aged by the one clock of ``Aged``.
-SITES = ("clean", "utime", "inode", "racy", "corrupt", "added", "nocache", "fuzz", "bounded")
+SITES = ("clean", "utime", "inode", "racy", "corrupt", "added", "nocache", "fuzz", "bounded", "theirs")
 
 
 def _rec(data: bytes) -> str:
@@ -214,16 +214,26 @@ def test_corrupt_truncated_foreign_or_wrong_type_cache_is_ignored_and_rewritten(
         assert report["hashed_files"] == 23 and report["dists"] == {}, name
         again = _check(site, cache, aged.now_ns)  # rewritten: now loadable and used
         assert again["hashed_files"] == 0 and again["dists"] == {}, name
-    if os.getuid() == 0:  # another user's file, valid in every other way, vouches for nothing
-        theirs = tmp_path / "theirs"
-        theirs.mkdir()
-        Path(filehashes.cache_path([str(site)], str(theirs))).write_bytes(valid)
-        os.chown(filehashes.cache_path([str(site)], str(theirs)), 12345, 12345)
-        assert _check(site, theirs, aged.now_ns)["hashed_files"] == 23
     # A directory where the file should be: nothing to read, nothing written, no exception.
     blocked = tmp_path / "blocked"
     os.makedirs(filehashes.cache_path([str(site)], str(blocked)))
     assert _check(site, blocked, aged.now_ns)["dists"] == {}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="handing a file to another user needs root")
+def test_another_users_cache_vouches_for_nothing(aged: Aged, tmp_path: Path) -> None:
+    """Another user's file, valid in every other way, is not read: every file is hashed."""
+    site = aged("theirs")
+    good = tmp_path / "good"
+    _check(site, good, aged.now_ns)
+    _check(site, good, aged.now_ns)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    Path(filehashes.cache_path([str(site)], str(theirs))).write_bytes(
+        Path(filehashes.cache_path([str(site)], str(good))).read_bytes())
+    assert _check(site, theirs, aged.now_ns)["hashed_files"] == 0  # the twin: as its owner's, it is used
+    os.chown(filehashes.cache_path([str(site)], str(theirs)), 12345, 12345)
+    assert _check(site, theirs, aged.now_ns)["hashed_files"] == 23
 
 
 def test_added_and_missing_files_are_named_with_a_warm_cache(

@@ -9,7 +9,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import make_dist
+from helpers import make_dist, unavailable
 
 from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.probe import packages
@@ -62,7 +62,7 @@ def test_a_real_second_copy_is_still_a_duplicate(tmp_path: Path, monkeypatch: py
 def test_pip_editable_src_layout_after_a_wheel_build(tmp_path: Path, wheelhouse: Path) -> None:
     """The real sequence: pip install -e, then build a wheel, which leaves src/mypkg.egg-info."""
     if not any(wheelhouse.glob("setuptools-*.whl")):
-        pytest.skip("the test wheelhouse holds no setuptools wheel (scripts/test.sh WHEEL_SPECS)")
+        unavailable("the test wheelhouse holds no setuptools wheel (scripts/test.sh WHEEL_SPECS)")
     proj = tmp_path / "proj"
     (proj / "src" / "mypkg").mkdir(parents=True)
     (proj / "src" / "mypkg" / "__init__.py").write_text("")

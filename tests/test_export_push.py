@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory
+from helpers import LockFactory, unavailable
 from test_restore_integration import cache_home, capture, small_source  # noqa: F401 (fixtures)
 
 from envlock.commands import main
@@ -27,7 +27,7 @@ REGISTRY_BIN = "/usr/bin/docker-registry"
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[str]:
     if not Path(REGISTRY_BIN).exists():
-        pytest.skip("docker-registry is not installed (scripts/test.sh installs it)")
+        unavailable("docker-registry is not installed (scripts/test.sh installs it)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from export_index import layout, serve
-from helpers import LockFactory, run_cli
+from helpers import LockFactory, run_cli, unavailable
 from packaging.pylock import Pylock
 
 SMALL = ("six==1.17.0", "idna==3.10", "attrs==24.2.0", "tomli==2.0.1")
@@ -99,7 +99,7 @@ def test_pylock_installs_the_lock_with_uv(isolated: Path, index: str) -> None:
 def test_pylock_installs_with_pip(isolated: Path, index: str) -> None:
     wheel = os.environ.get("ENVLOCK_TEST_PIP_WHEEL")
     if not wheel or not Path(wheel).is_file():
-        pytest.skip("ENVLOCK_TEST_PIP_WHEEL (pip >= 26.1, set by scripts/test.sh) is not available")
+        unavailable("ENVLOCK_TEST_PIP_WHEEL (pip >= 26.1, set by scripts/test.sh) is not available")
     lock = captured(isolated, index, SMALL)
     out = isolated / "pylock.toml"
     assert run_cli("export", str(lock), "--to", "pylock", "-o", str(out),

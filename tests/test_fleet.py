@@ -7,13 +7,12 @@ The same paths on a real four-node Slurm are in test_fleet_slurm.py.
 from __future__ import annotations
 
 import json
-import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import make_lock, run_cli
+from helpers import make_lock, needs_tool, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,17 +225,23 @@ def _run_job(tmp_path: Path, script: str, *, preflight_rc: int) -> tuple[subproc
                           timeout=60, check=False), calls
 
 
+def _venv_job() -> str:
+    return slurm.render(make_lock(), argv=["sh", "-c", 'echo "ran in $VIRTUAL_ENV"; exit 4'],
+                        venv="/shared/venvs/train", lock_path="/shared/env.lock", nodes=3)
+
+
+def test_venv_job_passes_shellcheck(tmp_path: Path) -> None:
+    (tmp_path / "lint.sh").write_text(_venv_job())
+    sc = subprocess.run([needs_tool("shellcheck"), "-s", "bash", str(tmp_path / "lint.sh")],
+                        capture_output=True, text=True, check=False)
+    assert sc.returncode == 0, sc.stdout
+
+
 def test_venv_job_runs_preflight_then_records_each_node(tmp_path: Path) -> None:
-    lock = make_lock()
-    script = slurm.render(lock, argv=["sh", "-c", 'echo "ran in $VIRTUAL_ENV"; exit 4'],
-                          venv="/shared/venvs/train", lock_path="/shared/env.lock", nodes=3)
+    script = _venv_job()
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
     (tmp_path / "lint.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "lint.sh")], check=False).returncode == 0
-    if shutil.which("shellcheck"):  # test.sh installs it
-        sc = subprocess.run(["shellcheck", "-s", "bash", str(tmp_path / "lint.sh")],
-                            capture_output=True, text=True, check=False)
-        assert sc.returncode == 0, sc.stdout
     r, calls = _run_job(tmp_path, script, preflight_rc=0)
     assert (calls / "envlock").read_text().splitlines()[:3] == ["verify", "/shared/env.lock", "--fleet"]
     assert "ran in /shared/venvs/train" in r.stdout

@@ -17,18 +17,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import pytest
-from helpers import REPO
+from helpers import REPO, unavailable
 
 pytestmark = pytest.mark.integration
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("ENVLOCK_REQUIRE_SLURM") == "1":
-        pytest.fail(f"{reason} (ENVLOCK_REQUIRE_SLURM=1)")
-    pytest.skip(reason)
+def _unavailable(reason: str) -> NoReturn:
+    unavailable(reason, required_env="ENVLOCK_REQUIRE_SLURM")
 
 
 class Cluster(NamedTuple):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import needs_tool, unavailable
 
 from envlock.commands import main
 
@@ -204,24 +205,18 @@ def rootless_podman() -> Iterator[tuple[Any, str]]:
     """A rootless Podman service: an unprivileged user's ``podman system service`` on a socket
     in its own XDG_RUNTIME_DIR (``scripts/podman-rootless.sh``, which needs root to create the
     user); (client, API URL). Skipped where it cannot be set up, unless
-    ENVLOCK_REQUIRE_PODMAN_ROOTLESS=1 asks for it."""
-    import shutil
-
+    ENVLOCK_REQUIRE_PODMAN_ROOTLESS=1 (scripts/test.sh, as root with Podman working) asks for it."""
     import docker
 
-    def unavailable(why: str) -> None:
-        if os.environ.get("ENVLOCK_REQUIRE_PODMAN_ROOTLESS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-
+    required = "ENVLOCK_REQUIRE_PODMAN_ROOTLESS"
     if os.geteuid() != 0 or not shutil.which("podman"):
-        unavailable("rootless Podman is set up by root with podman installed")
+        unavailable("rootless Podman is set up by root with podman installed", required_env=required)
     proc = subprocess.run(["bash", str(ROOTLESS_SCRIPT), "start"], capture_output=True, text=True,
                           timeout=600, check=False)
     urls = [line.split("=", 1)[1] for line in proc.stdout.splitlines()
             if line.startswith("export ENVLOCK_TEST_PODMAN_ROOTLESS_HOST=")]
     if proc.returncode != 0 or not urls:
-        unavailable(f"rootless Podman could not start: {proc.stderr.strip()[-600:]}")
+        unavailable(f"rootless Podman could not start: {proc.stderr.strip()[-600:]}", required_env=required)
     client = docker.DockerClient(base_url=urls[0])
     try:
         yield client, urls[0]
@@ -259,8 +254,8 @@ def torch_env(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> tup
 
 def _offline() -> list[str]:
     """A prefix that runs a command with no network at all (a network namespace of its own)."""
-    if not shutil.which("unshare") or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
-        pytest.skip("unshare -n is not permitted here (it needs root)")
+    if subprocess.run([needs_tool("unshare"), "-n", "true"], check=False).returncode:
+        unavailable("unshare -n is not permitted here (it needs root, as scripts/test.sh runs)")
     return ["unshare", "-n"]
 
 
@@ -310,9 +305,9 @@ def test_one_pack_restores_the_same_weights_with_every_target(
         torch_env: tuple[Path, Path], tmp_path: Path, fresh_caches: None) -> None:
     """pack -> base and caches gone -> restore offline with Docker, Podman, Charliecloud and as
     a venv -> each verifies inside -> the example training gives one sha256 of its weights."""
-    if not shutil.which("ch-image"):
-        pytest.skip("Charliecloud is not installed (scripts/test.sh installs it)")
-    try:
+    needs_tool("ch-image")
+    _offline()  # here, before the pack is built, rather than halfway through
+    try:  # with ENVLOCK_REQUIRE_PODMAN=1 (scripts/test.sh, Podman working) a missing one fails
         podman: Any = request.getfixturevalue("podman_client")
     except pytest.skip.Exception:
         podman = None
@@ -400,7 +395,7 @@ def test_one_pack_restores_the_same_weights_with_every_target(
         shutil.rmtree(tmp_path / "r20ch-venv", ignore_errors=True)
     table = "\n".join(f"  {target:<13} {digest}" for target, digest in weights.items())
     assert len(set(weights.values())) == 1, f"the weights differ between targets:\n{table}"
-    assert {"docker", "charliecloud", "venv"} <= set(weights)
+    assert set(weights) == {"docker", "charliecloud", "venv", *(["podman"] if podman is not None else [])}
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"seconds per target: {({k: round(v, 1) for k, v in seconds.items()})}\n"
                          f"model.pt sha256 per target:\n{table}\n")

@@ -251,7 +251,8 @@ def test_an_interrupted_venv_restore_takes_its_venv_away(
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     started, dest = tmp_path / "started", tmp_path / "venv"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STARTED": str(started)}
+    # faulthandler: a restore that does not stop is made to print where each thread stands.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STARTED": str(started), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "envlock", "restore", str(lock_path), "--target", "venv",
                              str(dest), "--wheelhouse", str(_house(tmp_path)), "--python", str(fake),
                              "--no-verify"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -262,11 +263,16 @@ def test_an_interrupted_venv_restore_takes_its_venv_away(
         assert started.exists(), proc.communicate(timeout=60)
         assert (dest / "bin" / "python").exists()
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=60)
+            pytest.fail(f"the restore did not stop within 120 s of signal {signum}; where it stood:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # reaped, and its pipes closed
     assert proc.returncode == 130 and "envlock: interrupted" in err, (proc.returncode, out, err)
     assert not dest.exists()
 

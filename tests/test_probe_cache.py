@@ -515,6 +515,8 @@ def test_concurrent_probes_share_one_cache(tmp_path: Path) -> None:
         docs = list(pool.map(lambda _: probe(), range(4)))
     assert all(doc == live for doc in docs)
     assert probe() == live
-    for entry in home.iterdir():
+    entries = list(home.iterdir())
+    assert entries  # the four probes wrote the cache they then agreed with
+    for entry in entries:
         assert not entry.name.startswith(".tmp-")
         json.loads(entry.read_text())

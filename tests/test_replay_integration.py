@@ -52,6 +52,16 @@ def untag(docker_client: Any) -> Any:
         print(f"could not untag envlock/it-replay-record: {exc}")
 
 
+def numerics_change(context: dict[str, Any]) -> tuple[str, str]:
+    """A variable that changes a CPU run's numbers on this machine, and the line of the lock
+    differences that its effect must show in: with several threads, one thread; on one core,
+    where the thread count cannot change, torch's scalar kernels instead of its vector ones."""
+    threads = int(context.get("determinism.num_threads", 1))
+    if threads > 1:
+        return "OMP_NUM_THREADS=1", f"determinism.num_threads: {threads} -> 1"
+    return "ATEN_CPU_CAPABILITY=default", f"torch.cpu_capability: {context['torch.cpu_capability']} -> DEFAULT"
+
+
 def _workspace(root: Path) -> Path:
     ws = root / "ws"
     ws.mkdir()
@@ -106,15 +116,12 @@ def test_record_then_replay_in_the_image(docker_client: Any, base_image: str, wh
     assert (ws / "env.lock").read_bytes() == lock_bytes
 
     # One numerics change: another thread count (or, on one core, the scalar CPU kernels).
-    threads = int(record.context.get("determinism.num_threads", 1))
-    change = "OMP_NUM_THREADS=1" if threads > 1 else "ATEN_CPU_CAPABILITY=default"
+    change, effect = numerics_change(record.context)
     assert main(["run", *common, "--replay", rec, "-e", change]) == 1
     out, err = capfd.readouterr()
     assert "DIVERGED" in out and "first divergence: step " in out, out + err
     explained = out.split("lock differences that can explain it", 1)[1]
-    assert change.split("=")[0] in explained
-    if threads > 1:
-        assert f"determinism.num_threads: {threads} -> 1" in explained
+    assert change.split("=")[0] in explained and effect in explained, explained
 
     # Inputs: an edited data file and a moved Hugging Face revision are drift.
     (ws / "data" / "labels.csv").write_text("0,1,3\n")

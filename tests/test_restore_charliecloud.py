@@ -176,6 +176,7 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
     from envlock.restore.progress import QuietProgress
 
     runner = FakeRunner()
+    builds: list[Path] = []
 
     def convert(argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None] | None = None
                 ) -> Completed:
@@ -185,6 +186,7 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
             private = Path(argv[argv.index("--bind") + 1].rsplit(":", 1)[0])
             assert (private / "envlock-wheels" / "torch" / "t.whl").read_bytes() == b"w"
             assert private.stat().st_mode & 0o077 == 0
+            builds.append(private)
         return runner(argv, env, on_line)
 
     context = tmp_path / "work" / "context"
@@ -198,6 +200,7 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
     image_id = engine.build(context, tag="envlock/x:abc", labels=labels, log_path=tmp_path / "build.log",
                             progress=QuietProgress())
     assert image_id == "sha256:" + "c" * 64
+    assert len(builds) == 1  # the checks of the private /tmp above ran
     assert [Path(runner.calls[-1][0]).name, *runner.calls[-1][1:]] == ["ch-image", "delete", "envlock/x:abc*"]
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["context", "tmp"]  # no private /tmp left
     assert (tmp_path / "work" / "tmp" / "keep").read_text() == "mine"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import unavailable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_restore_integration import TORCH, build_source_image, capture, no_leftover_containers
@@ -73,10 +74,7 @@ def test_setenv_leaves_out_what_sshd_quoting_cannot_hold() -> None:
 def ssh_base(docker_client: Any, base_image: str) -> str:
     raw = os.environ.get("ENVLOCK_TEST_SSH_DEBS")
     if not raw or not list(Path(raw).glob("openssh-server_*.deb")):
-        reason = "ENVLOCK_TEST_SSH_DEBS is not set or holds no openssh-server .deb; run scripts/test.sh"
-        if os.environ.get("ENVLOCK_REQUIRE_ENGINE") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable("ENVLOCK_TEST_SSH_DEBS is not set or holds no openssh-server .deb; run scripts/test.sh")
     tag = "envlock-test/ssh-base:1"
     try:
         docker_client.images.get(tag)

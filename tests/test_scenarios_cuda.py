@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import unavailable
 from scenario_steps import Steps, build_nvml_standin, envlock, ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,10 +36,7 @@ print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda,
 def cuda_venv() -> Path:
     raw = os.environ.get("ENVLOCK_TEST_TORCH_CUDA_VENV")
     if not raw or not (Path(raw) / "bin" / "python").exists():
-        reason = "ENVLOCK_TEST_TORCH_CUDA_VENV is not set or holds no venv; run scripts/test.sh"
-        if os.environ.get("ENVLOCK_REQUIRE_ENGINE") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable("ENVLOCK_TEST_TORCH_CUDA_VENV is not set or holds no venv; run scripts/test.sh")
     return Path(raw)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import tomllib
+from helpers import unavailable
 from scenario_steps import Steps, envlock, ok
 
 pytestmark = pytest.mark.integration
@@ -29,10 +30,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def debs() -> Path:
     raw = os.environ.get("ENVLOCK_TEST_DEBS")
     if not raw or not list(Path(raw).glob("python3-six_*.deb")):
-        reason = "ENVLOCK_TEST_DEBS is not set or holds no python3-six .deb; run scripts/test.sh"
-        if os.environ.get("ENVLOCK_REQUIRE_ENGINE") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable("ENVLOCK_TEST_DEBS is not set or holds no python3-six .deb; run scripts/test.sh")
     return Path(raw)
 
 

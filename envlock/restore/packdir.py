@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envlock._textsafe import safe
 from envlock.errors import HashMismatch, UsageError
 from envlock.restore.cachedir import touch
 
@@ -135,11 +136,12 @@ def check_sums(root: Path) -> None:
         digest, sep, rel = line.partition("  ")
         if not sep:
             raise UsageError(f"{sums}: not a checksum line: {line[:80]!r}")
+        # A name is the pack's text, shown as such: a control character in it is escaped.
         path = inside(root, rel, f"{sums} names a file")
         if not path.is_file() or path.is_symlink():
-            bad.append(f"{rel} (missing)")
+            bad.append(f"{safe(rel)} (missing)")
         elif sha256_file(path)[7:] != digest:
-            bad.append(f"{rel} (changed)")
+            bad.append(f"{safe(rel)} (changed)")
     if bad:
         raise HashMismatch(f"the pack {root} is damaged: " + ", ".join(bad),
                            hint="copy the pack again from its archive")
