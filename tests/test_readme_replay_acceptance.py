@@ -123,7 +123,7 @@ def test_the_readme_workflow_records_and_replays_bit_identically(
             res = envlock("run", "env.lock", *machine, "--gpus", "none", "--record", "run.record",
                           "--output", "model.pt", "--", *train)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "recorded 16 steps, 1 outputs and 0 inputs in run.record" in res.stderr, res.stderr
+        assert "recorded 16 steps, 1 output and 0 inputs in run.record" in res.stderr, res.stderr
         record = load_record(project / "run.record")
         assert record.record.where == "container" and record.record.command == train
         assert [s.step for s in record.steps] == list(range(16))
