@@ -278,7 +278,8 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, b
         f"FROM {base_image}\nRUN [\"sh\", \"-c\", \"echo {uuid.uuid4().hex} > /one\"]\nCOPY a.txt /a.txt\n"
         "RUN [\"sleep\", \"600\"]\n")
     log = tmp_path / "build.log"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # faulthandler: a build that does not stop is made to print where each thread stands.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-c", BUILD_UNTIL_INTERRUPTED, str(context), str(log),
                              f"envlock-test/interrupted:{uuid.uuid4().hex[:12]}"],
                             env=env, stderr=subprocess.PIPE, text=True)
@@ -292,11 +293,16 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, b
         assert any("sleep" in line for line in seen), seen
         time.sleep(1)  # the step's container starts: the daemon then has it to cancel too
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            pytest.fail(f"the interrupted build did not stop within 120 s; where it stood:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # reaped, and its pipe closed
     assert proc.returncode == 130, err
     parsed = BuildLog()
     for line in log.read_text().splitlines():
