@@ -207,3 +207,19 @@ def remove_image(client: Any, image: Any) -> None:
         client.images.remove(image.id, force=True)
     except Exception:
         pass
+
+
+def stop_with(proc: subprocess.Popen[str], signum: int, what: str) -> tuple[str, str]:
+    """Send ``signum`` to an envlock process and return its (stdout, stderr) once it has exited.
+    One that has not exited 120 s later is sent SIGABRT: started with ``PYTHONFAULTHANDLER=1``,
+    it prints where each of its threads stood, and the test fails with that, not a bare timeout."""
+    import signal
+
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"{what} did not stop within 120 s of signal {signum}; where it stood:\n{err}")
+    return out or "", err or ""

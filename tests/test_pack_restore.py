@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, LockFactory
+from helpers import REPO, LockFactory, stop_with
 
 from envlock.commands import main
 from envlock.errors import BuildFailed, UsageError
@@ -262,13 +262,7 @@ def test_an_interrupted_venv_restore_takes_its_venv_away(
             time.sleep(0.05)
         assert started.exists(), proc.communicate(timeout=60)
         assert (dest / "bin" / "python").exists()
-        proc.send_signal(signum)
-        try:
-            out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)
-            out, err = proc.communicate(timeout=60)
-            pytest.fail(f"the restore did not stop within 120 s of signal {signum}; where it stood:\n{err}")
+        out, err = stop_with(proc, signum, "the restore")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -20,7 +20,7 @@ import pytest
 
 from envlock.commands import main
 
-from helpers import remove_image  # isort: skip
+from helpers import remove_image, stop_with  # isort: skip
 
 pytestmark = pytest.mark.integration
 
@@ -292,13 +292,7 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, b
                 break
         assert any("sleep" in line for line in seen), seen
         time.sleep(1)  # the step's container starts: the daemon then has it to cancel too
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)
-            _, err = proc.communicate(timeout=60)
-            pytest.fail(f"the interrupted build did not stop within 120 s; where it stood:\n{err}")
+        _, err = stop_with(proc, signal.SIGINT, "the interrupted build")
     finally:
         if proc.poll() is None:
             proc.kill()
