@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from envlock._comparison import Difference, difference_lines
-from envlock._textsafe import safe
+from envlock._textsafe import plural, safe
 from envlock.errors import EXIT_DRIFT, EnvlockError, UsageError
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class CheckResult:
     def describe(self) -> str:
         if self.ok:
             return (f"envlock: all {self.world_size} ranks match {safe(self.reference)} "
-                    f"({len(set(self.hosts))} host(s))")
+                    f"({plural(len(set(self.hosts)), 'host')})")
         lines = [f"envlock: {len(self.mismatches)} of {self.world_size} ranks differ from "
                  f"{safe(self.reference)}:"]
         # Every host name, path and value came from another rank's process: shown literally.

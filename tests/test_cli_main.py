@@ -131,6 +131,15 @@ def test_a_mistyped_word_is_answered_with_the_right_one(tmp_path: Path, capsys: 
     assert "envlock run: error: unrecognized arguments: --gpuss all (did you mean --gpus?)" in capsys.readouterr().err
     assert main(["record", str(tmp_path / "r.rec"), "--outptu", "x", "--", "true"]) == EXIT_USAGE
     assert "(did you mean --output?)" in capsys.readouterr().err
+    # an unknown option before the command is named, not "COMMAND is required"
+    assert main(["--verison"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --verison (did you mean --version?)" in err
+    assert "required" not in err
+    assert main(["--verison", "verify"]) == EXIT_USAGE
+    assert "(did you mean --version?)" in capsys.readouterr().err
+    assert main([]) == EXIT_USAGE  # nothing at all still asks for the command
+    assert "the following arguments are required: COMMAND" in capsys.readouterr().err
 
 
 def test_twin_no_suggestion_where_nothing_is_close(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeAlias
 
@@ -51,7 +53,15 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        parsed, extras = self.parse_known_args(args, namespace)
+        words = list(sys.argv[1:] if args is None else args)
+        # argparse checks that COMMAND is there before it looks at options it does not know, so
+        # ``envlock --verison`` said "COMMAND is required": an unknown option before the command
+        # is answered first, with the option it is closest to.
+        leading = list(itertools.takewhile(lambda w: w.startswith("-") and w != "--", words))
+        unknown = [w for w in leading if w.split("=", 1)[0] not in self._option_string_actions]
+        if unknown and self._subparsers is not None:
+            self.unrecognized(unknown)
+        parsed, extras = self.parse_known_args(words, namespace)
         if extras:
             self.unrecognized(extras)
         return parsed

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from envlock._escape import markdown_code, markdown_text
+from envlock._textsafe import plural
 from envlock._version import __version__
 from envlock.lock import Lock
 from envlock.restore.packdir import DOCKER_ARCHIVE, OCI_ARCHIVE, WHEELS
@@ -137,6 +138,6 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
     lines += [f"- This pack: {_mb(size)}. A restore needs about three times that free "
               "(the loaded image, the installed packages, the build's copy of the wheels).",
               f"- Expected restore time (an estimate from sizes, not a measurement): about "
-              f"{max(1, round(est / 60))} minute(s) on a local SSD, plus the verification inside.",
+              f"{plural(max(1, round(est / 60)), 'minute')} on a local SSD, plus the verification inside.",
               f"- Making this pack took {pack_seconds:.0f} s.", ""]
     return "\n".join(lines)
