@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,15 @@ from typing import Any
 
 import pytest
 from helpers import LockFactory, make_lock, unavailable
+
+# A suite started in the background by a non-interactive shell (`bash scripts/test.sh &`, nohup)
+# inherits SIGINT as *ignored*, and an ignored signal stays ignored across exec: every envlock
+# process a test starts would then ignore the Ctrl-C the interrupt tests send it, and the test
+# would wait out its timeout (seen: a venv restore still in pip 120 s after SIGINT, its SigIgn
+# mask showing SIGINT). A Python handler is reset to the default on exec, so installing
+# Python's own makes the children start as a terminal's would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # =============================================================================
 # Container engines, base image and wheelhouse
