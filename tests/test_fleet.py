@@ -16,8 +16,11 @@ from helpers import make_lock, needs_tool, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock import _fleet
-from envlock._fleet import MARKER, FleetResult, NodeVerdict, compress_names, gather, launcher_argv
+from envlock.check import protocol, srun
+from envlock.check.hostlist import compress_names
+from envlock.check.protocol import MARKER, gather
+from envlock.check.srun import launcher_argv
+from envlock.check.verdicts import FleetResult, NodeVerdict
 from envlock.export import slurm
 
 
@@ -292,7 +295,7 @@ def test_export_venv_options_are_checked(tmp_path: Path) -> None:
 
 def test_node_name_prefers_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
-    assert json.loads(_fleet.node_line("hello")) == {MARKER: "hello", "node": "n7"}
+    assert json.loads(protocol.node_line("hello")) == {MARKER: "hello", "node": "n7"}
 
 
 # -- the srun pipe is closed on every way out ----------------------------------------------------
@@ -317,7 +320,7 @@ def test_the_srun_pipe_is_closed_however_the_preflight_ends(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = _fleet.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
+            result = srun.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
         except EnvlockError as exc:
             assert raises and "Unable to allocate resources" in exc.message
         else:
