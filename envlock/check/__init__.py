@@ -11,6 +11,6 @@ per node, so the cost grows with the node count only through that line.
 One module per job: ``srun`` (starting the nodes' checks through Slurm's launcher, bounded),
 ``protocol`` (the line a node prints, and every node's verdict read back from srun's output),
 ``verdicts`` (what the preflight found, grouped), ``hostlist`` (Slurm's compressed form of node
-names). This file imports none of them, so a node, which only prints its line, loads only
+names), ``fleetreport`` (the text). This file imports none of them, so a node, which only prints its line, loads only
 ``protocol`` and what that needs.
 """

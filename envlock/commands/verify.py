@@ -146,6 +146,7 @@ def _node_args(args: argparse.Namespace) -> list[str]:
 
 def _fleet(args: argparse.Namespace) -> int:
     from envlock.check import srun
+    from envlock.check.fleetreport import fleet_text
     from envlock.lock import load
 
     lock = load(args.lock)  # an invalid or tampered lock is reported here, once, not per node
@@ -158,7 +159,7 @@ def _fleet(args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     else:
-        out(result.describe())
+        out(fleet_text(result))
     return result.exit_code
 
 
