@@ -34,7 +34,8 @@ def node_name() -> str:
 
 
 def node_line(kind: str, **payload: Any) -> str:
-    """One line of the node side's protocol (compact JSON, one line per message)."""
+    """One message of a node, as one line of compact JSON: srun's ``--label`` then names the task
+    it came from, and ``gather`` can join the pieces srun cuts a long line into."""
     return json.dumps({MARKER: kind, "node": node_name(), **payload}, separators=(",", ":"),
                       default=str) + "\n"
 

@@ -81,7 +81,11 @@ def _drain(stream: IO[str], into: list[str]) -> None:
 
 def run(lock: str, short_id: str, *, nodes: int | None, timeout: float | None,
         node_args: Sequence[str], display: str | None = None) -> FleetResult:
-    """Run the preflight on every node of the allocation (or on ``nodes`` new ones) and gather it."""
+    """Run the preflight on every node of the allocation (or on ``nodes`` new ones) and gather it.
+
+    Usage errors are raised before srun starts; srun failing before any node answered (no
+    allocation, a wrong partition) is that error with srun's own words, not a fleet of silent
+    nodes."""
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if not (timeout > 0 and math.isfinite(timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, not {timeout!r}")

@@ -32,6 +32,8 @@ class NodeVerdict:
                 tuple((d.severity, d.path, d.describe()) for d in self.differences))
 
     def to_dict(self) -> dict[str, Any]:
+        """The node's entry in ``--json``: its differences in verify's own form, so a script
+        reads a node's verdict as it reads verify's."""
         return {"node": self.node, "status": self.status, "message": self.message,
                 "differences": [d.to_dict() for d in self.differences]}
 
@@ -48,6 +50,7 @@ class FleetResult:
 
     @property
     def ok(self) -> bool:
+        """Every node answered and matches: a preflight where no node answered is no pass."""
         return bool(self.nodes) and all(n.status == "ok" for n in self.nodes)
 
     @property
@@ -67,6 +70,8 @@ class FleetResult:
         return [(compress_names([v.node for v in vs]), vs[0], [v.node for v in vs]) for vs in items]
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document: every node, and the groups the text shows, so a script needs
+        no grouping of its own."""
         return {"ok": self.ok, "lock": self.lock, "id": self.short_id, "timeout": self.timeout,
                 "nodes": [n.to_dict() for n in self.nodes],
                 "groups": [{"nodes": names, "status": v.status, "message": v.message,

@@ -33,7 +33,10 @@ def shown(url: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` without user:password, for messages (the index URL may carry a token)."""
+    """``url`` without user:password: the address envlock requests and keys its listing cache by,
+    while the credentials travel as a header to the index's own origin (``SimpleIndex``). A token
+    in the path or query stays, being part of the address; ``public`` and ``shown`` are what an
+    output and a message carry."""
     parts = urlsplit(url)
     if parts.username is None and parts.password is None:
         return url
