@@ -12,10 +12,11 @@ from elsewhere on the machine hits every size alike:
 
 The medians are fitted with a least-squares line (seconds = a + b * nodes); b is the measured
 growth per node and a + 1000 b the estimate for a thousand nodes. Separately, in-process, the
-gathering and the table (``_fleet.gather`` + ``describe``) on synthetic output of 1,000 and
-10,000 nodes: the part of the cost that is envlock's own and runs on one machine however many
-nodes there are. On a single machine the "nodes" share its cores, so every node's own verify
-competes for them: there the slope is an upper bound of what separate machines would show.
+gathering and the table (``check.protocol.gather`` + ``check.fleetreport.fleet_text``) on
+synthetic output of 1,000 and 10,000 nodes: the part of the cost that is envlock's own and runs
+on one machine however many nodes there are. On a single machine the "nodes" share its cores, so
+every node's own verify competes for them: there the slope is an upper bound of what separate
+machines would show.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def gather_cost(nodes: int, repeat: int) -> float:
     """Median seconds of gathering and rendering ``nodes`` verdicts (one in ten drifted)."""
     sys.path.insert(0, str(REPO))
-    from envlock._fleet import MARKER, FleetResult, gather
+    from envlock.check.fleetreport import fleet_text
+    from envlock.check.protocol import MARKER, gather
+    from envlock.check.verdicts import FleetResult
 
     lines = []
     for task in range(nodes):
@@ -75,7 +78,7 @@ def gather_cost(nodes: int, repeat: int) -> float:
     for _ in range(repeat):
         t0 = time.perf_counter()
         verdicts, _ = gather(lines, nodes, timed_out=False, timeout=120)
-        FleetResult("env.lock", "abc", verdicts, 120).describe()
+        fleet_text(FleetResult("env.lock", "abc", verdicts, 120))
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 

@@ -1,11 +1,11 @@
 """Capture: run the probe and build the lock from its document.
 
-Nothing here chooses an environment (``target`` does, for the command line) or decides what a
+Nothing here chooses an environment (``_target`` does, for the command line) or decides what a
 lock means; it runs the probe where it is told to and validates what comes back.
 
 The probe runs in-process for ``envlock.capture()`` inside a training script, because seeds and
 determinism flags are live state that only that process knows. Anywhere else it runs in the
-chosen interpreter (``probeproc``), started *before* pydantic and the models are imported, so
+chosen interpreter (``_probeproc``), started *before* pydantic and the models are imported, so
 that the probe's own work (importing torch, above all) overlaps envlock's.
 """
 

@@ -10,8 +10,8 @@ Each difference carries a dotted path, the old and new value and a severity:
 
 ``verify`` fails (exit 1) on breaking differences only. A field's severity is declared beside
 the field in the models (``envlock.lock``'s policies); what is compared by code of its own (the
-image's identity, python's version, packages in ``driftpkgs``, the canary) is here, so every
-command agrees on what counts as drift.
+image's identity, python's version, the canary; the packages in ``_compare_packages``) is here,
+so every command agrees on what counts as drift.
 
 What the environment *is* (packages, torch build, driver, image, variables set before start)
 is apart from what a process *set* (seeds, torch's determinism flags, variables set by
@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 
 from envlock import _compare_native as native
-from envlock import _compare_packages as driftpkgs
+from envlock import _compare_packages
 from envlock._comparison import (
     SEVERITY_RANK,
     Collector,
@@ -319,9 +319,9 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
     c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
              {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
-    driftpkgs.packages(c, old, new)
-    driftpkgs.conda(c, old, new)
-    driftpkgs.os_packages(c, old, new)
+    _compare_packages.packages(c, old, new)
+    _compare_packages.conda(c, old, new)
+    _compare_packages.os_packages(c, old, new)
     native.libraries(c, old, new)
     native.runtimes(c, old, new)
     native.compile_state(c, old, new)

@@ -1,7 +1,7 @@
 """The package sections of a comparison: distributions, shadowed copies, conda, OS packages.
 
 The largest sections of a lock and the ones with their own wording rules (one line per breaking
-OS package, one summary line for the rest), apart from the environment-wide rules in ``drift``.
+OS package, one summary line for the rest), apart from the environment-wide rules in ``_compare``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The result of comparing two locks: differences, each with a severity, and the verdict.
 
-Kept apart from the rules (``drift``, ``driftpkgs``) so that renderers and the deep report can
+Kept apart from the rules (``_compare``, ``_compare_packages``) so that renderers and the deep report can
 use the data types without the comparator, and the comparator's sections can share the
 collector without importing each other.
 """

@@ -1,8 +1,8 @@
 """Text a terminal shows literally: the one escaping rule for everything envlock prints, and the
 one way a count is written ("1 output", "2 outputs").
 
-Apart from ``render`` so that the report modules ``render`` puts together can use it without the
-two importing each other.
+Apart from ``_render`` so that the report modules ``_render`` puts together (``_verify_report``,
+``_deepreport``) can use it without the two importing each other.
 """
 
 from __future__ import annotations

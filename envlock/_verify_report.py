@@ -2,7 +2,7 @@
 
 A summary that leads when many things differ (so the report reads in one screen), the pointer
 to ``envlock restore`` for a lock of an image checked elsewhere, and the one line of recorded
-process state (seeds, flags) that a fresh process does not have. ``render.verify_text`` puts
+process state (seeds, flags) that a fresh process does not have. ``_render.verify_text`` puts
 them together; nothing here decides what counts as drift.
 """
 

@@ -18,7 +18,8 @@ from packaging.version import Version
 
 from envlock.errors import IndexUnavailable
 from envlock.export.artifacts import lock_tags, pick
-from envlock.export.index import IndexFile, SimpleIndex, parse_html, parse_json, redact, shown
+from envlock.export.index import IndexFile, SimpleIndex, parse_html, parse_json
+from envlock.export.redaction import redact, shown
 
 WHEEL = "demo-1.0-py3-none-any.whl"
 BODY = b"not really a wheel, but bytes with a hash"

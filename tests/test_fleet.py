@@ -16,8 +16,12 @@ from helpers import make_lock, needs_tool, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock import _fleet
-from envlock._fleet import MARKER, FleetResult, NodeVerdict, compress_names, gather, launcher_argv
+from envlock.check import protocol, srun
+from envlock.check.fleetreport import fleet_text
+from envlock.check.hostlist import compress_names
+from envlock.check.protocol import MARKER, gather
+from envlock.check.srun import launcher_argv
+from envlock.check.verdicts import FleetResult, NodeVerdict
 from envlock.export import slurm
 
 
@@ -42,7 +46,7 @@ def test_gather_groups_nodes_with_the_same_difference() -> None:
     assert [v.status for v in verdicts] == ["ok", "drift", "ok", "drift"]
     result = FleetResult("env.lock", "abc", verdicts, 30)
     assert result.exit_code == 1 and not result.ok
-    text = result.describe()
+    text = fleet_text(result)
     assert "2 differ from the lock" in text
     drift_row = next(line for line in text.splitlines() if "drift" in line and "six" in line)
     assert drift_row.split()[0] == "n[2,4]" and "1.17.0 -> 1.16.0" in drift_row
@@ -57,7 +61,7 @@ def test_a_group_shows_its_first_differences_and_the_nodes_note() -> None:
     line = _line(0, "verdict", "n1", result={"ok": False, "differences": diffs,
                                             "warning": "VIRTUAL_ENV=/gone has no python; ignored"})
     verdicts, _ = gather([line], 1, timed_out=False, timeout=1)
-    text = FleetResult("env.lock", "abc", verdicts, 1).describe().splitlines()
+    text = fleet_text(FleetResult("env.lock", "abc", verdicts, 1)).splitlines()
     assert text[2].split()[:3] == ["n1", "drift", "note:"] and "VIRTUAL_ENV=/gone" in text[2]
     assert "packages.p09" in text[12] and "... and 15 more (--json lists every one)" in text[13]
     assert len(text) == 14
@@ -82,7 +86,7 @@ def test_gather_names_a_silent_node_after_the_timeout() -> None:
     assert own == ("srun: forcing job termination",)
     result = FleetResult("env.lock", "abc", verdicts, 7)
     assert result.exit_code == 3  # no drift, but not every node answered
-    assert "2 gave no verdict" in result.describe()
+    assert "2 gave no verdict" in fleet_text(result)
 
 
 def test_gather_without_allocation_names_a_silent_task_by_number() -> None:
@@ -105,7 +109,7 @@ def test_what_nodes_send_reaches_the_terminal_literally() -> None:
     lines = [_line(0, "error", evil, message=f"failed: {evil}"), "1: \x1b[2Jlog",
              _line(1, "hello", "n2")]
     verdicts, _ = gather(lines, 2, timed_out=True, timeout=1)
-    text = FleetResult("env.lock", "abc", verdicts, 1).describe()
+    text = fleet_text(FleetResult("env.lock", "abc", verdicts, 1))
     assert "\x1b" not in text and "\x07" not in text
     assert len(text.splitlines()) == 4  # head, column names, one row per node: no forged row
     assert "\\x1b]0;owned\\x07\\n" in text
@@ -114,7 +118,7 @@ def test_what_nodes_send_reaches_the_terminal_literally() -> None:
 def test_plain_text_from_nodes_is_not_escaped() -> None:
     lines = [_line(0, "error", "nœud-ñ1", message="interpréteur absent: /opt/vénv/bin/python")]
     verdicts, _ = gather(lines, 1, timed_out=False, timeout=1)
-    text = FleetResult("env.lock", "abc", verdicts, 1).describe()
+    text = fleet_text(FleetResult("env.lock", "abc", verdicts, 1))
     assert "nœud-ñ1" in text and "interpréteur absent: /opt/vénv/bin/python" in text
 
 
@@ -122,7 +126,7 @@ def test_a_verdict_that_is_not_verifys_is_an_error_not_a_crash() -> None:
     bad = {"ok": False, "differences": [{"category": "x", "path": "p", "severity": 5}]}
     (verdict,), _ = gather([_line(0, "verdict", "n1", result=bad)], 1, timed_out=False, timeout=1)
     assert verdict.status == "error" and "not a verify --json document" in verdict.message
-    FleetResult("env.lock", "abc", (verdict,), 1).describe()
+    fleet_text(FleetResult("env.lock", "abc", (verdict,), 1))
 
 
 @settings(max_examples=300, deadline=None)
@@ -148,7 +152,7 @@ def test_fuzz_gather_never_raises(lines: list[str], timed_out: bool) -> None:
     verdicts, _ = gather(lines, 3, timed_out=timed_out, timeout=1)
     assert len(verdicts) == 3
     assert all(isinstance(v, NodeVerdict) for v in verdicts)
-    FleetResult("env.lock", "abc", verdicts, 1).describe()
+    fleet_text(FleetResult("env.lock", "abc", verdicts, 1))
 
 
 @pytest.mark.parametrize(("names", "want"), [
@@ -196,7 +200,7 @@ def test_fleet_without_srun_is_an_environment_problem(tmp_path: Path) -> None:
 def test_fleet_result_without_nodes_is_not_ok() -> None:
     result = FleetResult("env.lock", "abc", (), 5, ("srun: error: Unable to allocate resources",))
     assert not result.ok and result.exit_code == 3
-    assert "no node answered" in result.describe() and "Unable to allocate" in result.describe()
+    assert "no node answered" in fleet_text(result) and "Unable to allocate" in fleet_text(result)
 
 
 # -- the Slurm job for a restored venv -----------------------------------------------------------
@@ -292,7 +296,7 @@ def test_export_venv_options_are_checked(tmp_path: Path) -> None:
 
 def test_node_name_prefers_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
-    assert json.loads(_fleet.node_line("hello")) == {MARKER: "hello", "node": "n7"}
+    assert json.loads(protocol.node_line("hello")) == {MARKER: "hello", "node": "n7"}
 
 
 # -- the srun pipe is closed on every way out ----------------------------------------------------
@@ -317,7 +321,7 @@ def test_the_srun_pipe_is_closed_however_the_preflight_ends(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = _fleet.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
+            result = srun.run(str(tmp_path / "env.lock"), "abc", nodes=1, timeout=timeout, node_args=())
         except EnvlockError as exc:
             assert raises and "Unable to allocate resources" in exc.message
         else:

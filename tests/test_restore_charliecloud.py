@@ -18,7 +18,7 @@ from helpers import LockFactory
 from envlock.commands import main
 from envlock.errors import EngineUnavailable, UnsafeValue, UsageError
 from envlock.lock import save
-from envlock.restore import chtarget
+from envlock.restore import chtarget, ociarchive
 from envlock.restore.chtarget import CharliecloudEngine, Completed
 from envlock.restore.engine import RunSpec
 
@@ -89,7 +89,7 @@ def test_oci_base_is_unpacked_rootless_and_keeps_its_variables(tmp_path: Path) -
     _engine(tmp_path, runner).import_oci(archive, "sha256:" + "a" * 64, tmp_path)
     umoci = [c for c in runner.calls if Path(c[0]).name == "umoci"]
     assert len(umoci) == 1 and umoci[0][1:3] == ["unpack", "--rootless"]
-    assert umoci[0][4].endswith(f":{chtarget.OCI_REF}")
+    assert umoci[0][4].endswith(f":{ociarchive.OCI_REF}")
     imported = [c for c in runner.calls if c[1:2] == ["import"]]
     assert imported[0][-1] == "sha256:" + "a" * 64
     assert runner.imported_metadata["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -124,7 +124,7 @@ def test_an_oci_archive_with_a_link_is_refused(tmp_path: Path) -> None:
         link.linkname = "/etc/passwd"
         tar.addfile(link)
     with pytest.raises(UsageError, match="not an OCI archive"):
-        chtarget.extract_oci(archive, tmp_path / "layout")
+        ociarchive.extract_oci(archive, tmp_path / "layout")
 
 
 def test_rootfs_digest_follows_content(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see
     3  environment problem (no container engine, interpreter not found, build failed)
     130  interrupted
 
-Each handler (``envlock.commands.<name>.run``) prints what ``render`` builds and returns its
-exit code; it imports what it runs, so a command pays only for what it uses.
+Each handler (``envlock.commands.<name>.run``) prints what the report modules build (``_render``
+and its peers; a one-line answer such as ``fmt``'s is written where it is decided) and returns
+its exit code; it imports what it runs, so a command pays only for what it uses.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
                  captured_from=captured_from, torch_facts=current.probe.torch_facts, deep=report)
     inputs = record_inputs(args.record) if args.record else None
     if node:
-        from envlock._fleet import node_line
+        from envlock.check.protocol import node_line
 
         # Only what decides a node's row travels: nodes differ by kernel or CPU model (info).
         kept = cmp._replace(differences=tuple(d for d in cmp.differences if d.severity != "info")
@@ -106,7 +106,7 @@ def _node(args: argparse.Namespace) -> int:
     """One node's part of ``--fleet``: hello first (so a node that hangs later is still named),
     then its verdict or its error as one JSON line. Exit 0 either way: the verdict is in the line,
     and a non-zero exit would only add srun's noise."""
-    from envlock._fleet import node_line
+    from envlock.check.protocol import node_line
 
     out(node_line("hello"))
     try:
@@ -145,7 +145,8 @@ def _node_args(args: argparse.Namespace) -> list[str]:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from envlock import _fleet
+    from envlock.check import srun
+    from envlock.check.fleetreport import fleet_text
     from envlock.lock import load
 
     lock = load(args.lock)  # an invalid or tampered lock is reported here, once, not per node
@@ -153,12 +154,12 @@ def _fleet(args: argparse.Namespace) -> int:
         from envlock._record import load as load_record
 
         load_record(args.record)  # so is an invalid or tampered record
-    result = _fleet.run(str(args.lock), lock.short_id, nodes=args.nodes, timeout=args.timeout,
-                        node_args=_node_args(args))
+    result = srun.run(str(args.lock), lock.short_id, nodes=args.nodes, timeout=args.timeout,
+                      node_args=_node_args(args))
     if args.json:
         out(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     else:
-        out(result.describe())
+        out(fleet_text(result))
     return result.exit_code
 
 

@@ -21,7 +21,7 @@ the same settings, each as its installer documents them:
 Between the two installers, variables come before files (uv's, then pip's, in each), since a
 variable is set for this shell and a file for every use. URLs keep their credentials here:
 they are used for fetching (``index.SimpleIndex`` sends them to their own host only) and every
-writer shows them through ``index.public``.
+writer shows them through ``redaction.public``.
 """
 
 from __future__ import annotations

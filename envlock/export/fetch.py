@@ -36,7 +36,8 @@ from envlock.errors import EXIT_ENV, ArtifactsMissing, EnvlockError, HashMismatc
 from envlock.export.artifacts import Artifact, Sources, chain_for, lock_tags, pick
 from envlock.export.config import InstallerConfig
 from envlock.export.config import read as read_config
-from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, resolve, shown
+from envlock.export.index import IndexFile, Query, SimpleIndex, cache_root, names, resolve
+from envlock.export.redaction import shown
 from envlock.lock import Lock, Package
 from envlock.restore import values, wheelhouse
 

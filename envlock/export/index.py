@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -36,7 +36,8 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envlock.errors import IndexUnavailable, UsageError
-from envlock.probe.scrub import scrub_string, strip_index_url, url_tokens
+from envlock.export.redaction import public, redact, shown, shown_reason
+from envlock.probe.scrub import scrub_string, url_tokens
 from envlock.probe.statcache import cache_dir, read_cache, write_cache
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -94,31 +95,6 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_SameOriginRedirects)
-
-
-def public(url: str) -> str:
-    """An index URL as an output may carry it (requirements.txt, pylock.toml): no user:password,
-    no secret query value or fragment, no token in the path (``/<TOKEN>/acme/``, on any host);
-    what was a credential reads ``<redacted>``. The installer brings its own (keyring, netrc,
-    PIP_INDEX_URL), as it does for a password."""
-    return strip_index_url(url)
-
-
-def shown(url: str) -> str:
-    """``url`` for an error message or a log: ``public``, and no query or fragment at all, where
-    index tokens travel (``?token=...``); a message never needs them to say which index."""
-    base, query, _ = public(url).partition("#")[0].partition("?")
-    return base + ("?..." if query else "")
-
-
-def redact(url: str) -> str:
-    """``url`` without user:password, for messages (the index URL may carry a token)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def cache_root() -> Path:
@@ -242,7 +218,7 @@ class SimpleIndex:
                     isinstance(exc.reason, FileNotFoundError):
                 return None
             reason = getattr(exc, "reason", exc)
-            raise IndexUnavailable(f"cannot reach {shown(url)}: {_reason(reason)}",
+            raise IndexUnavailable(f"cannot reach {shown(url)}: {shown_reason(reason)}",
                                    hint="pass --index-url, or --wheelhouse DIR to work offline") from None
         if len(body) > MAX_PAGE:
             raise IndexUnavailable(f"{shown(url)} is larger than {MAX_PAGE >> 20} MiB")
@@ -303,7 +279,7 @@ class SimpleIndex:
                     size += len(chunk)
         except (urllib.error.URLError, OSError) as exc:
             raise IndexUnavailable(f"{shown(f.url)} is listed but cannot be downloaded: "
-                                   f"{_reason(getattr(exc, 'reason', exc))}") from None
+                                   f"{shown_reason(getattr(exc, 'reason', exc))}") from None
         return IndexFile(f.filename, f.url, h.hexdigest(), size, f.yanked)
 
 
@@ -324,7 +300,7 @@ class SimpleIndex:
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             tmp.unlink(missing_ok=True)
             raise IndexUnavailable(f"cannot download {shown(f.url)}: "
-                                   f"{_reason(getattr(exc, 'reason', exc))}") from None
+                                   f"{shown_reason(getattr(exc, 'reason', exc))}") from None
         if f.sha256 and h.hexdigest() != f.sha256:
             tmp.unlink(missing_ok=True)
             raise IndexUnavailable(f"{shown(f.url)} does not have the sha256 its index lists")
@@ -431,12 +407,3 @@ def resolve(queries: Sequence[Query], *, workers: int = 8,
 
 def names(indexes: Iterable[SimpleIndex]) -> str:
     return ", ".join(shown(ix.url) for ix in indexes)
-
-
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-
-
-def _reason(reason: object) -> str:
-    """An OS or HTTP library's reason, with any URL in it shown as ``shown`` shows it (a
-    redirect's error can name the ``Location``, token and all)."""
-    return _URL_IN_TEXT.sub(lambda m: shown(m.group()), str(reason))

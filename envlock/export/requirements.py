@@ -16,7 +16,7 @@ from envlock._escape import comment
 from envlock._textsafe import safe
 from envlock.errors import UsageError
 from envlock.export.artifacts import Resolved, default_index
-from envlock.export.index import public
+from envlock.export.redaction import public
 from envlock.lock import Lock
 from envlock.probe.rules import REDACTED
 

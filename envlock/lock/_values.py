@@ -1,7 +1,7 @@
 """The value rules the models enforce on strings a lock may carry from outside.
 
 The probe decides what is a secret and how names normalise; these checks refuse, on a hand
-edited or foreign lock, exactly what capture would have stripped. Apart from ``model`` only to
+edited or foreign lock, exactly what capture would have stripped. Apart from ``_model`` only to
 keep that module to its fields; nothing here needs pydantic.
 """
 

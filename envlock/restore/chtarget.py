@@ -34,7 +34,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,14 +52,12 @@ from envlock.restore import ociarchive, values
 from envlock.restore.context import WHEELS_IN_IMAGE
 from envlock.restore.dockerfile import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
-from envlock.restore.packdir import extract_data
 from envlock.restore.progress import Progress
 
 TOOLS = ("ch-image", "ch-convert", "ch-run")
 INSTALL_HINT = "install Charliecloud (Debian and Ubuntu: apt-get install charliecloud)"
 MARKER = "ch/envlock.json"  # in a directory image envlock made: its id, tag and context key
-OCI_REF = "envlock-base"
-MAX_JSON = 4 << 20
+MAX_JSON = 4 << 20  # a marker larger than this is not one envlock wrote
 TAIL = 12
 # ch-image announces each instruction as `<line><mark> INSTRUCTION ...`: `.` run, `*` from its
 # build cache, a space when ignored (USER, LABEL).
@@ -180,43 +177,6 @@ def metadata(env: Mapping[str, str]) -> str:
     return json.dumps({"arch": "amd64", "arg": {}, "cwd": "/", "env": dict(env), "history": [],
                        "labels": {}, "shell": ["/bin/sh", "-c"], "volumes": []},
                       indent=2, sort_keys=True) + "\n"
-
-
-def _read_json(path: Path) -> object:
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_JSON:
-        raise UsageError(f"the base image's OCI archive lacks a readable {path.name}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise UsageError(f"the base image's OCI archive has a bad {path.name}: {exc}") from None
-
-
-def _blob(layout: Path, digest: object) -> Path:
-    return layout / "blobs" / "sha256" / values.digest(str(digest)).split(":", 1)[1]
-
-
-def extract_oci(archive: Path, layout: Path) -> list[str]:
-    """Unpack an OCI archive into ``layout``, name its one image ``OCI_REF`` (umoci unpacks by
-    name; skopeo's archives have none) and return the image config's ``Env``."""
-    try:
-        # A layout is plain files and directories; anything else is not an OCI archive.
-        extract_data(archive, layout, not_what=f"{archive.name} is not an OCI archive")
-    except (tarfile.TarError, OSError) as exc:
-        raise UsageError(f"{archive.name} is not a readable OCI archive: {exc}") from None
-    index_path = layout / "index.json"
-    index = _read_json(index_path)
-    manifests = index.get("manifests") if isinstance(index, dict) else None
-    if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
-        raise UsageError(f"{archive.name} is not an OCI archive of one image")
-    manifests[0].setdefault("annotations", {})["org.opencontainers.image.ref.name"] = OCI_REF
-    index_path.write_text(json.dumps(index), encoding="utf-8")
-    manifest = _read_json(_blob(layout, manifests[0].get("digest")))
-    config_ref = manifest.get("config") if isinstance(manifest, dict) else None
-    config = _read_json(_blob(layout, config_ref.get("digest") if isinstance(config_ref, dict) else None))
-    env = ((config.get("config") or {}).get("Env") if isinstance(config, dict) else None) or []
-    if not isinstance(env, list):
-        raise UsageError(f"{archive.name}: the image config's Env is not a list")
-    return [str(e) for e in env]
 
 
 def rootfs_digest(path: Path) -> str:
@@ -366,9 +326,10 @@ class CharliecloudEngine(ContainerEngine):
         """The pack's OCI archive as the ch-image ``name``: unpacked rootless, then imported."""
         with tempfile.TemporaryDirectory(prefix="envlock-base-", dir=work) as tmp:
             layout, bundle = Path(tmp) / "oci", Path(tmp) / "bundle"
-            env = env_file_entries(extract_oci(archive, layout))
+            env = env_file_entries(ociarchive.extract_oci(archive, layout))
             # --rootless, always: as root, umoci would otherwise create the image's device nodes.
-            done = self._call(["umoci", "unpack", "--rootless", "--image", f"{layout}:{OCI_REF}", str(bundle)])
+            done = self._call(["umoci", "unpack", "--rootless", "--image",
+                               f"{layout}:{ociarchive.OCI_REF}", str(bundle)])
             if done.returncode != 0:
                 raise BuildFailed(f"umoci unpack of {archive.name} failed (exit {done.returncode})",
                                   log_tail=_tail(done))
