@@ -385,6 +385,7 @@ class DockerEngine(ContainerEngine):
         moment, until its container is gone: that conflict is waited out, a few seconds at most."""
         from docker.errors import APIError, NotFound
 
+        self._remove_working_containers(images)
         deadline = time.monotonic() + _CANCEL_SECONDS
         for image in reversed(images):
             while True:
@@ -400,6 +401,24 @@ class DockerEngine(ContainerEngine):
                 except Exception:
                     return
                 break
+
+    def _remove_working_containers(self, images: Sequence[str]) -> None:
+        """Podman's service is not stopped by a build whose client is gone: it runs the current
+        step to its end, and keeps a working container (Buildah's, listed only with
+        ``external``) on each image the build committed, which holds that image. Those
+        containers are this build's (its images are), so they go first; the step's process
+        then fails to commit and ends. Docker cancels its builds itself."""
+        if self.name != "podman" or not images:
+            return
+        with contextlib.suppress(Exception):
+            listed = self.api._result(self.api._get(self.api._url("/libpod/containers/json"),
+                                                    params={"all": True, "external": True}), True)
+            for container in listed:
+                image = str(container.get("ImageID") or "").removeprefix("sha256:")
+                if any(image.startswith(short.removeprefix("sha256:")) for short in images):
+                    with contextlib.suppress(Exception):
+                        self.api._result(self.api._delete(self.api._url("/libpod/containers/{0}", container["Id"]),
+                                                          params={"force": True}))
 
     # containers
 
