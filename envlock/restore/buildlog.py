@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envlock.errors import BuildFailed
+
 LOG_TAIL_LINES = 15
 # Podman numbers the steps of each stage of a multi-stage build apart: "[2/2] STEP 3/7: ...".
 _STEP_RE = re.compile(r"^(?:\[\d+/\d+\] )?(?:Step|STEP) (\d+)/(\d+) ?: ?(.*)$")
@@ -166,6 +168,14 @@ class BuildLog:
         if not self.tail or self.tail[-1] != message:
             self.tail.append(message)
         return message + "\n"
+
+    def raise_failure(self, log_path: str) -> None:
+        """Raise the build's failure (``BuildFailed``: its summary, step, tail and log file), if
+        it failed: the one way every builder reports one."""
+        failure = self.summary()
+        if failure is not None:
+            raise BuildFailed(failure, step=str(self.step) if self.step else None,
+                              log_tail=list(self.tail), log_path=log_path, hint=f"full build log: {log_path}")
 
     def summary(self) -> str | None:
         """The one-line failure message, or None while nothing failed."""

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.buildlog import BuildLog, Step
+from envlock.restore.buildlog import BuildLog
 from envlock.restore.engine import ImageInfo, no_interrupt
-from envlock.restore.progress import Progress
+from envlock.restore.progress import Progress, show
 
 BUILDER_ENV = "ENVLOCK_BUILDER"
 BUILDERS = ("auto", "cli", "sdk")
@@ -212,11 +212,7 @@ def build(client: Client, engine: Engine, context: Path, *, tag: str, labels: Ma
                     log.write("" if last else said)
             finally:
                 progress.close()
-        failure = parsed.summary()
-        if failure is not None:
-            raise BuildFailed(failure, step=str(parsed.step) if parsed.step else None,
-                              log_tail=list(parsed.tail), log_path=str(log_path),
-                              hint=f"full build log: {log_path}")
+        parsed.raise_failure(str(log_path))
         image_id = iid.read_text(encoding="utf-8").strip() if iid.is_file() else ""
     if not _IMAGE_ID.fullmatch(image_id):
         raise BuildFailed(f"{client.describe()} finished but wrote no image id",
@@ -228,11 +224,7 @@ def build(client: Client, engine: Engine, context: Path, *, tag: str, labels: Ma
 def _feed(parsed: BuildLog, text: str, log: IO[str], progress: Progress) -> None:
     fed = parsed.feed({"stream": text})
     log.write(fed.log)
-    for event in fed.events:
-        if isinstance(event, Step):
-            progress.step(event.number, event.total, event.text)
-        else:
-            progress.line(event)
+    show(progress, fed.events)
 
 
 def _stream(argv: Sequence[str], env: Mapping[str, str], parsed: BuildLog, log: IO[str],

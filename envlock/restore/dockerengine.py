@@ -32,7 +32,7 @@ from envlock.errors import (
 from envlock.probe import imageref
 from envlock.probe.procs import pid_alive
 from envlock.restore import clibuild
-from envlock.restore.buildlog import BuildLog, Step, shorten
+from envlock.restore.buildlog import BuildLog, shorten
 from envlock.restore.engine import (
     LABEL_OWNER,
     BuildMode,
@@ -42,7 +42,7 @@ from envlock.restore.engine import (
     RunSpec,
     no_interrupt,
 )
-from envlock.restore.progress import Progress
+from envlock.restore.progress import Progress, show
 
 # How long an interrupted build's last step may keep its image in use once the build is cancelled.
 _CANCEL_SECONDS = 15.0
@@ -348,11 +348,7 @@ class DockerEngine(ContainerEngine):
                                                files=files, dockerfile=dockerfile, buildargs=buildargs):
                     fed = parsed.feed(chunk)
                     log.write(fed.log)
-                    for event in fed.events:
-                        if isinstance(event, Step):
-                            progress.step(event.number, event.total, event.text)
-                        else:
-                            progress.line(event)
+                    show(progress, fed.events)
                     if parsed.error is not None:
                         break
             except KeyboardInterrupt:
@@ -366,11 +362,7 @@ class DockerEngine(ContainerEngine):
                 log.write(parsed.fail(_short(exc)))
             finally:
                 progress.close()
-        failure = parsed.summary()
-        if failure is not None:
-            raise BuildFailed(failure, step=str(parsed.step) if parsed.step else None,
-                              log_tail=list(parsed.tail), log_path=str(log_path),
-                              hint=f"full build log: {log_path}")
+        parsed.raise_failure(str(log_path))
         info = self.image(parsed.image_id) if parsed.image_id else None
         info = info or self.image(tag)
         if info is None:
