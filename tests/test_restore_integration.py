@@ -21,6 +21,7 @@ import pytest
 from envlock.commands import main
 
 from helpers import remove_image, stop_with  # isort: skip
+from lock_edits import with_other_six  # isort: skip
 
 pytestmark = pytest.mark.integration
 
@@ -244,6 +245,16 @@ def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: st
     # False: the cache hit ran the final image, not Podman's labelled build stage with the wheels;
     # with mounts, the mount points' empty directories are gone too.
     assert code == 4 and "podman 1.16.0 False" in out
+    # The same lock with six at another version: Buildah's layer cache must not hand back the
+    # layer built from the other requirement file (with mounts, the RUN names what it mounts).
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "env.lock").write_text(with_other_six((tmp_path / "env.lock").read_text(), wheelhouse,
+                                                            "1.16.0", "1.17.0"))
+    assert main(["fmt", str(tmp_path / "b" / "env.lock")]) == 0
+    capfd.readouterr()
+    assert main(["restore", str(tmp_path / "b" / "env.lock"), *common[1:]]) == 0
+    out, err = capfd.readouterr()
+    assert "built in" in out and "OK: the environment matches the lock" in out, out + err
     no_leftover_containers(podman_client)
 
 

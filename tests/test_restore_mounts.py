@@ -27,6 +27,13 @@ def _mounted(plan: ctx.Plan) -> ctx.Plan:
     return dataclasses.replace(plan, mounts=True)
 
 
+def _command(line: str) -> list[str]:
+    """A mounting RUN's command, after the digest of what it mounts (``ENVLOCK_MOUNTED``)."""
+    argv = exec_form(line)
+    assert argv[0] == "env" and re.fullmatch(r"ENVLOCK_MOUNTED=sha256:[0-9a-f]{64}", argv[1]), argv[:2]
+    return argv[2:]
+
+
 def test_with_mounts_no_wheel_requirement_file_or_uv_enters_a_layer(restore_lock: LockFactory,
                                                                    tmp_path: Path) -> None:
     plan = _mounted(_plan(restore_lock, tmp_path))
@@ -47,7 +54,7 @@ def test_with_mounts_no_wheel_requirement_file_or_uv_enters_a_layer(restore_lock
         "--mount=type=bind,source=requirements/torch.txt,target=/tmp/envlock-requirements/torch.txt",
         "--mount=type=bind,source=wheels/torch,target=/tmp/envlock-wheels/torch",
         "--mount=type=bind,source=tools,target=/tmp/envlock-uv"]
-    argv = exec_form(install)
+    argv = _command(install)
     assert argv[-2:] == ["-r", "/tmp/envlock-requirements/torch.txt"]
     assert "--link-mode=hardlink" in argv[2] and "/tmp/envlock-uv/uv pip install" in argv[2]
     assert layer[-1].startswith('LABEL "org.envlock.torch-layer"=')
@@ -56,7 +63,7 @@ def test_with_mounts_no_wheel_requirement_file_or_uv_enters_a_layer(restore_lock
     rest = next(line for line in main_ if "--mount=" in line)
     assert "source=wheels/packages,target=/tmp/envlock-wheels/packages" in rest
     assert "source=tools,target=/tmp/envlock-uv" in rest and "wheels/torch" not in rest
-    script = exec_form(rest)[2]
+    script = _command(rest)[2]
     assert script.index("/tmp/envlock-requirements/packages.txt") < script.index("/tmp/envlock-requirements/tooling.txt")
     useradd = next(line for line in main_ if "useradd" in line)
     assert useradd.endswith("; rm -rf /tmp/envlock-wheels /tmp/envlock-requirements /tmp/envlock-uv")
@@ -84,7 +91,8 @@ def test_one_plan_two_texts_that_differ_only_in_how_the_wheels_arrive(restore_lo
                                                                               "COPY [\"restored.json\""))]
 
         def installs(text: str) -> list[list[str]]:
-            runs = [exec_form(line) for line in _instructions(text) if line.startswith("RUN") and "install" in line]
+            runs = [_command(line) if "--mount" in line else exec_form(line)
+                    for line in _instructions(text) if line.startswith("RUN") and "install" in line]
             return [[a.replace(dockerfile.REQ_DIR_IN_IMAGE, dockerfile.REQ_MOUNTED) for a in run] for run in runs]
 
         assert same(classic["Dockerfile"])[-4:] == same(mounted["Dockerfile"])[-4:]
@@ -93,6 +101,28 @@ def test_one_plan_two_texts_that_differ_only_in_how_the_wheels_arrive(restore_lo
                 installs(mounted[dockerfile.TORCH_LAYER_DOCKERFILE])
         else:  # uv installs in the classic build stage and in the mounted image alike
             assert installs(classic["Dockerfile"]) == installs(mounted["Dockerfile"])
+
+
+def test_what_a_run_mounts_is_in_its_text(restore_lock: LockFactory, tmp_path: Path) -> None:
+    """Buildah before 1.38 keys its layer cache on an instruction's text alone, never on what a
+    RUN --mount binds: each mounting RUN names the digest of its files, so other pins or another
+    wheel under the same name change the instruction, and the same files keep it."""
+    def runs(plan: ctx.Plan) -> dict[str, str]:
+        rendered = dockerfile.render(_mounted(plan))
+        return {name: line for name in ("Dockerfile", dockerfile.TORCH_LAYER_DOCKERFILE)
+                for line in rendered[name].splitlines() if line.startswith("RUN --mount")
+                and (name != "Dockerfile" or "packages.txt" in line)}
+
+    one = runs(_plan(restore_lock, tmp_path))
+    assert runs(_plan(restore_lock, tmp_path)) == one
+    other_six = runs(_plan(restore_lock, tmp_path, [p if p[0] != "six" else ("six", "1.17.0") for p in TORCH_PKGS]))
+    assert other_six[dockerfile.TORCH_LAYER_DOCKERFILE] == one[dockerfile.TORCH_LAYER_DOCKERFILE]
+    assert other_six["Dockerfile"] != one["Dockerfile"]
+    # Another build of the same torch wheel (same name, other bytes): another torch layer RUN.
+    (tmp_path / "house" / "torch-2.13.0+cpu-py3-none-any.whl").write_bytes(b"another build")
+    rebuilt = runs(_plan(restore_lock, tmp_path))
+    assert rebuilt[dockerfile.TORCH_LAYER_DOCKERFILE] != one[dockerfile.TORCH_LAYER_DOCKERFILE]
+    assert rebuilt["Dockerfile"] == one["Dockerfile"]
 
 
 def test_a_one_package_change_keeps_the_mounted_torch_layer(restore_lock: LockFactory, tmp_path: Path) -> None:
@@ -116,7 +146,7 @@ def test_without_uv_or_a_venv_the_mounted_installs_are_pips(restore_lock: LockFa
                                   "prefix": "/usr", "soabi": "cpython-311-x86_64-linux-gnu"})
     lines = _instructions(dockerfile.render(ctx.plan(system, ctx.Options(mounts=True)))["Dockerfile"])
     run = next(line for line in lines if "-m\", \"pip\", \"install\"" in line)
-    argv = exec_form(run)
+    argv = _command(run)
     assert "PIP_BREAK_SYSTEM_PACKAGES=1" in argv and argv[-1] == "/tmp/envlock-requirements/packages.txt"
     assert lines[:2] == [f"ARG ENVLOCK_BASE=a/b@{DIGEST}", "FROM ${ENVLOCK_BASE}"]
 
@@ -170,7 +200,7 @@ def test_crafted_lock_values_never_reach_a_mount_line(restore_lock: LockFactory,
     for line in runs:
         mounts = re.findall(r"--mount=\S+", line)
         assert mounts and all(MOUNT.fullmatch(m) for m in mounts)
-        argv = exec_form(line)
+        argv = _command(line)
         assert not any("six" in m or "1.16.0" in m for m in mounts) and argv
 
 

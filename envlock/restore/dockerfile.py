@@ -58,6 +58,8 @@ UV_IN_IMAGE = f"{UV_DIR_IN_IMAGE}/uv"
 # them.
 REQ_MOUNTED = "/tmp/envlock-requirements"
 BASE_ARG = "ENVLOCK_BASE"
+# In a RUN that mounts, set to the digest of what it mounts (``_mounted_run``).
+MOUNTED_ENV = "ENVLOCK_MOUNTED"
 MOUNT_POINTS = (WHEELS_IN_IMAGE, REQ_MOUNTED, UV_DIR_IN_IMAGE)
 
 
@@ -152,6 +154,28 @@ def _run(argv: Sequence[str], mounts: Sequence[str] = ()) -> str:
     return "RUN " + "".join(f"{m} " for m in mounts) + dockerfile_exec(argv)
 
 
+def _install_run(plan: Plan, argv: Sequence[str], files: Sequence[tuple[Layer, str]], *, uv: bool) -> str:
+    """The RUN of ``argv``, which installs ``files`` (layer, requirement file name). With mounts,
+    it mounts them and names the digest of what it mounts in its own text
+    (``ENVLOCK_MOUNTED=sha256:...``, a variable of that command alone): Buildah before 1.38
+    (Podman 4) keys its layer cache on an instruction's text and never on the files a ``RUN
+    --mount`` binds (containers/buildah#5400), so without it a lock with other pins or another
+    wheel under the same name would get the layer built from the first. BuildKit keys on the
+    mounted files itself; the digest changes only when they do, so its cache is kept too."""
+    if not plan.mounts:
+        return _run(argv)
+    rendered = _requirement_files(plan)
+    h = hashlib.sha256()
+    for _, fname in files:
+        h.update(f"requirements/{fname}".encode() + b"\0" + rendered[f"requirements/{fname}"].encode() + b"\0")
+    for name in dict.fromkeys(layer.name for layer, _ in files):
+        for wheel in sorted(plan.wheels.get(name, ())):
+            h.update(f"wheels/{name}/{wheel.name}".encode() + b"\0" + _digest(wheel).encode() + b"\0")
+    if uv and plan.uv:
+        h.update(b"uv\0" + _digest(plan.uv).encode())
+    return _run(["env", f"{MOUNTED_ENV}=sha256:{h.hexdigest()}", *argv], _mounts(plan, files, uv=uv))
+
+
 def _req_dir(plan: Plan) -> str:
     return REQ_MOUNTED if plan.mounts else REQ_DIR_IN_IMAGE
 
@@ -161,11 +185,10 @@ def _install(plan: Plan, layer: Layer, fname: str, *, uv: bool) -> str:
     stay in the image: mounted, or in a build stage that the image leaves behind) or pip."""
     hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
     args = ("--no-deps", *hashed, *layer.index_args, "-r", f"{_req_dir(plan)}/{fname}")
-    mounts = _mounts(plan, [(layer, fname)], uv=uv) if plan.mounts else []
     if uv:
-        return _run(["/bin/sh", "-c", _UV_OR_PIP, plan.python, *args], mounts)
-    return _run(_pip(plan, *_PIP_INSTALL, *hashed, *layer.index_args, "-r", f"{_req_dir(plan)}/{fname}"),
-                mounts)
+        return _install_run(plan, ["/bin/sh", "-c", _UV_OR_PIP, plan.python, *args], [(layer, fname)], uv=uv)
+    return _install_run(plan, _pip(plan, *_PIP_INSTALL, *hashed, *layer.index_args, "-r",
+                                   f"{_req_dir(plan)}/{fname}"), [(layer, fname)], uv=uv)
 
 
 def _version_check(plan: Plan) -> str:
@@ -240,10 +263,9 @@ def _on_top_of_torch(plan: Plan) -> list[str]:
         return lines
     script = ("export PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1; " + (_UV_I if uv else _PIP_I)
               + " && ".join(" ".join(step) for step in steps))
-    mounts = _mounts(plan, files, uv=uv) if plan.mounts else []
     return [*lines, "", "# The rest in one step, in layer order: the other packages, envlock itself, "
                         "pip/setuptools/wheel last.",
-            *copies, _run(["/bin/sh", "-c", script, plan.python], mounts)]
+            *copies, _install_run(plan, ["/bin/sh", "-c", script, plan.python], files, uv=uv)]
 
 
 def _copies(plan: Plan, files: Sequence[tuple[Layer, str]]) -> list[str]:
