@@ -251,6 +251,9 @@ def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: st
     (tmp_path / "b" / "env.lock").write_text(with_other_six((tmp_path / "env.lock").read_text(), wheelhouse,
                                                             "1.16.0", "1.17.0"))
     assert main(["fmt", str(tmp_path / "b" / "env.lock")]) == 0
+    from envlock.lock import load
+
+    purge(podman_client, str(load(tmp_path / "b" / "env.lock").envlock.fingerprint))
     capfd.readouterr()
     assert main(["restore", str(tmp_path / "b" / "env.lock"), *common[1:]]) == 0
     out, err = capfd.readouterr()
