@@ -98,7 +98,9 @@ def purge(client: Any, prefix: str) -> None:
     torch layers, hand-written builds; their untagged parents go with them) and the builder's
     cache: the next build is a fresh one."""
     for image in client.images.list():
-        names = [t.removeprefix("localhost/") for t in image.tags]
+        # Podman lists local names under localhost/, and builds through its Docker API under the
+        # default registry's domain: the name without its domain.
+        names = [re.sub(r"^(localhost|[^/]*[.:][^/]*)/", "", t) for t in image.tags]
         if [t for t in names if t.startswith((f"envlock/{prefix}-", "envlock/torch-layer:", f"{prefix}-hand"))]:
             # By tag first, or the next "fresh" run would reuse an image another was built on.
             remove_image(client, image)
