@@ -6,6 +6,11 @@
 # unix:///run/envlock-docker.sock (its own data root, exec root and pid file,
 # so it never collides with a system Docker).
 #
+# BuildKit client: restore builds through a docker client that builds with
+# BuildKit (envlock/restore/clibuild.py): one with the buildx plugin, or a 20.10
+# to 22.x client, which has it built in. When no docker on PATH is either,
+# Debian's docker.io (whose client is 20.10) is installed.
+#
 # Podman (optional): install podman + runc if missing, write a containers.conf
 # that works on this kind of machine (runc runtime, explicit ulimits) and start
 # `podman system service` on unix:///run/envlock-podman.sock.
@@ -164,6 +169,42 @@ engine_docker() {
     _engine_log "docker: up in $((SECONDS - t0)) s (storage driver: $(docker info --format '{{.Driver}}' 2>/dev/null))"
 }
 
+# --- a docker client that builds with BuildKit ---------------------------
+
+# True when the docker client $1 builds with BuildKit on $DOCKER_HOST, as
+# clibuild.docker_client decides: buildx whose builder is the engine's own,
+# or a client of 20.10 to 22.x.
+_engine_buildkit_ok() {
+    local docker="$1" version major minor
+    if timeout 20 "$docker" buildx inspect 2>/dev/null | grep -Eq '^Driver:[[:space:]]*docker[[:space:]]*$'; then
+        return 0
+    fi
+    version="$(timeout 20 "$docker" --version 2>/dev/null | grep -Eo '[0-9]+\.[0-9]+' | head -n 1)"
+    [[ -n "$version" ]] || return 1
+    major="${version%%.*}"
+    minor="${version#*.}"
+    (( major > 20 || (major == 20 && minor >= 10) )) && (( major < 23 ))
+}
+
+_engine_find_buildkit() {  # logs and succeeds when a docker on PATH builds with BuildKit
+    local docker
+    for docker in $(type -a -P docker 2>/dev/null); do
+        if _engine_buildkit_ok "$docker"; then
+            _engine_log "docker: $docker builds with BuildKit"
+            return 0
+        fi
+    done
+    return 1
+}
+
+engine_buildkit_client() {
+    _engine_find_buildkit && return 0
+    _engine_log "docker: no docker client on PATH builds with BuildKit; installing docker.io"
+    _engine_apt_install docker.io && _engine_find_buildkit && return 0
+    _engine_log "docker: still no docker client that builds with BuildKit (restore tests with ENVLOCK_BUILDER=cli will fail)"
+    return 1
+}
+
 # --- Podman ---------------------------------------------------------------
 
 _engine_write_podman_conf() {
@@ -248,6 +289,7 @@ engine_podman() {
 
 engine_setup() {
     engine_docker || return 1
+    engine_buildkit_client || true  # its absence fails the tests that need it, by name
     engine_podman
 }
 

@@ -202,6 +202,15 @@ RESTORE_DEFAULTS: dict[str, Any] = {
 }
 
 
+@pytest.fixture(params=["cli", "sdk"])
+def builder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """ENVLOCK_BUILDER for a restore test that must pass on both build paths: the engine's own
+    command-line client (BuildKit, Buildah: the wheels mounted) and the docker SDK's classic
+    builder (a build stage). ``scripts/test.sh`` installs the clients."""
+    monkeypatch.setenv("ENVLOCK_BUILDER", request.param)
+    return str(request.param)
+
+
 @pytest.fixture
 def restore_lock() -> LockFactory:
     """``helpers.make_lock`` with RESTORE_DEFAULTS: ``restore_lock(image={...}, packages=[...])``."""

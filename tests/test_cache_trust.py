@@ -22,6 +22,7 @@ from envlock.errors import UsageError
 from envlock.export import index
 from envlock.probe import cache, filehashes, statcache
 from envlock.probe.packages import record_sha256
+from envlock.restore.engine import BuildMode
 
 ROOT = hasattr(os, "getuid") and os.getuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="handing a file to another user needs root")
@@ -243,6 +244,9 @@ class _Sentinel(Exception):
 class _Engine:
     def remove_stale(self) -> None:
         pass
+
+    def build_mode(self) -> BuildMode:
+        return BuildMode()
 
     def find_image(self, labels: object) -> None:
         raise _Sentinel  # reached: the build would go ahead

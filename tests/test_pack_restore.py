@@ -22,7 +22,7 @@ from envlock.errors import BuildFailed, UsageError
 from envlock.export.pack import PackOptions, pack
 from envlock.restore import context as ctx
 from envlock.restore import packdir
-from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.engine import BuildMode, ContainerEngine, ImageInfo, RunResult, RunSpec
 from envlock.restore.progress import Progress
 
 from test_restore_run_bundle import make_wheel  # isort: skip
@@ -61,7 +61,8 @@ class RecordingEngine(ContainerEngine):
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
               progress: Progress, network: bool = True, files: Sequence[str] | None = None,
               dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
-        self.builds.append({"network": network, "dockerfile": (context / dockerfile).read_text()})
+        self.builds.append({"network": network, "dockerfile": (context / dockerfile).read_text(),
+                            "buildargs": dict(buildargs or {})})
         self.images[tag] = BUILT_ID
         return BUILT_ID
 
@@ -149,6 +150,43 @@ def test_only_os_packages_that_the_image_installs_keep_the_network(
         assert engine.builds[0]["network"] is (name == "system"), notes[name]
     assert any("installed with apt, which needs the network" in n for n in notes["system"])
     assert not any("network" in n for n in notes["venv"])
+
+
+class MountingEngine(RecordingEngine):
+    """An engine whose builder reads RUN --mount (``BuildMode``), or one that says why not."""
+
+    def __init__(self, images: Mapping[str, str], mode: BuildMode) -> None:
+        super().__init__(images)
+        self.mode = mode
+
+    def build_mode(self) -> BuildMode:
+        return self.mode
+
+
+@pytest.mark.parametrize("mounts", [True, False])
+def test_the_engines_builder_decides_how_the_wheels_arrive(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], mounts: bool) -> None:
+    """A pack restored through an engine whose builder mounts: the plan mounts the wheels, the
+    base goes as the build argument a client can name, and the network stays off. Without, the
+    classic text with its build stage, and the builder's note is said once."""
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    mode = (BuildMode(mounts=True, builder="BuildKit (a client)") if mounts
+            else BuildMode(builder="the docker SDK", note="no client here: slower"))
+    engine = MountingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID}, mode)
+    root = _pack(lock, tmp_path, engine)
+    capsys.readouterr()
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    err = capsys.readouterr().err
+    (build,) = engine.builds
+    assert build["network"] is False
+    assert ("RUN --mount=type=bind,source=requirements/packages" in build["dockerfile"]) == mounts
+    assert (" AS envlock-build" in build["dockerfile"]) != mounts
+    if mounts:
+        assert build["buildargs"] == {"ENVLOCK_BASE": BASE_ID} and "with BuildKit (a client)" in err
+        assert f"ARG ENVLOCK_BASE={BASE_ID}" in build["dockerfile"]
+    else:
+        assert err.count("note: no client here: slower") == 1 and "ENVLOCK_BASE" not in build["buildargs"]
 
 
 # -- a pack without its base image says what it needs ---------------------------------------------

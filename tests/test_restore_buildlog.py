@@ -121,6 +121,50 @@ def test_a_client_error_ends_the_build_like_an_error_chunk() -> None:
                              'print(sys.version_info[:2])"]: Cannot connect to the engine')
 
 
+@pytest.mark.parametrize("engine", ["buildkit-", "podman-cli-"])
+def test_a_command_line_clients_build_gives_its_steps_and_output(engine: str) -> None:
+    """``clibuild`` feeds the client's lines as chunks: BuildKit's vertices (``#5 [2/3] RUN``,
+    timed output lines, its own status) and ``podman build``'s text read like the API streams."""
+    log, events = parse(recorded(f"{engine}ok"))
+    steps = [e for e in events if isinstance(e, Step)]
+    assert steps and steps[0].text.startswith("FROM ")
+    assert len(steps) == len(set(steps))  # a step BuildKit names again is one step
+    assert log.error is None and log.summary() is None
+    assert "coloured line" in log.tail and "second line" in log.tail
+    lines = [e for e in events if isinstance(e, str)]
+    assert "coloured line" in lines and not any(line.startswith("#") for line in lines)
+    if engine == "buildkit-":
+        # No step image: BuildKit commits none (nothing for an interrupted build to remove).
+        assert log.committed == [] and not any("sha256:" in line or "DONE" in line for line in lines)
+    else:  # Podman commits each step (its layer cache), as through its API
+        assert len(log.committed) >= 5
+
+
+@pytest.mark.parametrize("engine", ["buildkit-", "podman-cli-"])
+def test_a_client_whose_pip_fails_is_reported_with_pips_error_line(engine: str) -> None:
+    """The client's last line is its own failure message (``clibuild`` hands it to ``fail``);
+    the cause shown is pip's, once, and BuildKit's summary that repeats the step's last lines
+    adds nothing to the tail."""
+    chunks = recorded(f"{engine}pip-fails")
+    log, _ = parse(chunks)
+    last = chunks[-1]["stream"].strip() or chunks[-2]["stream"].strip()
+    log.fail(last)
+    summary = log.summary()
+    assert summary is not None and log.step is not None and log.step.text.startswith('RUN ["env", "PIP_')
+    assert summary.endswith(": ERROR: No matching distribution found for six==9.9.9")
+    tail = list(log.tail)
+    assert tail.count("ERROR: No matching distribution found for six==9.9.9") == 1
+    assert tail[-1] == last and "before the install" in tail
+    assert not any(line.startswith(("------", " > [")) for line in tail)
+
+
+def test_buildx_says_only_that_a_step_failed_and_pip_still_says_why() -> None:
+    log, _ = parse([{"stream": "#5 [2/2] RUN x\n"}, {"stream": "#5 0.1 ERROR: No matching distribution\n"},
+                    {"stream": "#5 ERROR: process did not complete successfully\n"}])
+    log.fail("ERROR: failed to solve: process did not complete successfully: exit code: 1")
+    assert log.summary() == "image build failed at step 2/2: RUN x: ERROR: No matching distribution"
+
+
 # -- fuzz ---------------------------------------------------------------------------------------
 
 _text = st.one_of(
@@ -129,6 +173,13 @@ _text = st.one_of(
               st.integers(0, 999), st.integers(0, 999), st.text(max_size=20)),
     st.sampled_from(["\x1b[91mERROR: boom\n\x1b[0m", " ---> Running in abc\n", "error: x",
                      "Successfully built 0123456789ab\n", "\n", ""]),
+    # BuildKit's plain progress (``clibuild``): vertices, steps, timed output, its own status.
+    st.builds(lambda v, n, t, rest: f"#{v} [{'s ' if v % 2 else ''}{n}/{t}] {rest}\n",
+              st.integers(0, 99), st.integers(0, 99), st.integers(0, 99), st.text(max_size=20)),
+    st.builds(lambda v, rest: f"#{v} 0.{v} {rest}\n", st.integers(0, 99), st.text(max_size=30)),
+    st.sampled_from(["#5 ERROR: executor failed running [x]: exit code: 1\n", "------\n",
+                     " > [2/2] RUN x:\n", "#9 writing image sha256:" + "a" * 64 + " done\n",
+                     "#4 CACHED\n", "#5 0.2 \n", "ERROR: failed to solve: x\n"]),
 )
 _value = st.one_of(_text, st.none(), st.integers(), st.lists(st.integers(), max_size=2),
                    st.dictionaries(st.sampled_from(["ID", "message", "code"]), _text, max_size=2))

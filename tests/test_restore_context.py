@@ -135,14 +135,34 @@ def test_the_default_index_is_left_to_pip_and_pytorchs_must_be_configured(
         render(cuda)
 
 
-def test_every_run_with_lock_values_is_exec_form(restore_lock: LockFactory, torch_index: str) -> None:
+# A RUN's mounts (``Plan.mounts``): read-only binds of envlock's own paths into /tmp.
+MOUNT = re.compile(r"--mount=type=bind,source=(requirements|wheels|tools)(/[a-z0-9][a-z0-9._-]*)?,"
+                   r"target=/tmp/envlock-(requirements|wheels|uv)(/[a-z0-9][a-z0-9._-]*)?")
+
+
+def exec_form(line: str) -> list[str]:
+    """A RUN line's argument list, its mounts (each checked against ``MOUNT``) cut off."""
+    rest = line.removeprefix("RUN ")
+    while rest.startswith("--mount="):
+        mount, _, rest = rest.partition(" ")
+        assert MOUNT.fullmatch(mount), mount
+    argv = json.loads(rest)
+    assert isinstance(argv, list) and all(isinstance(a, str) for a in argv), line
+    return argv
+
+
+@pytest.mark.parametrize("mounts", [False, True])
+def test_every_run_with_lock_values_is_exec_form(restore_lock: LockFactory, torch_index: str,
+                                                 mounts: bool) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=TORCH_PKGS,
                         torch={"version": "2.4.1+cu121", "cuda": "12.1"})
-    runs = [line for line in render(lock).splitlines() if line.startswith("RUN ") and "useradd" not in line]
+    runs = [line for line in render(lock, mounts=mounts).splitlines()
+            if line.startswith("RUN ") and "useradd" not in line]
     # One pip RUN per layer (torch, packages, tooling) at least: an empty list would check nothing.
     assert len(runs) >= 3, runs
     for line in runs:
-        assert isinstance(json.loads(line[4:]), list), line
+        exec_form(line)
+    assert any("--mount=" in line for line in runs) == mounts
 
 
 def test_determinism_env_user_workdir_and_labels(restore_lock: LockFactory) -> None:
@@ -407,9 +427,10 @@ def _through_from(dockerfile_text: str) -> list[str]:
     return lines[:next(i for i, line in enumerate(lines) if line.startswith("FROM")) + 1]
 
 
+@pytest.mark.parametrize("mounts", [False, True])
 @pytest.mark.parametrize("offline", [False, True])
 def test_the_torch_layer_depends_only_on_its_own_pins(restore_lock: LockFactory, torch_index: str,
-                                                       tmp_path: Path, offline: bool) -> None:
+                                                       tmp_path: Path, offline: bool, mounts: bool) -> None:
     """Two locks that differ by one small package: everything the engine's cache keys the torch
     layer on (its requirement files, its wheels, every instruction up to its RUN) is the same
     bytes, so the second restore reuses the torch layer (docs/restore.md)."""
@@ -432,7 +453,7 @@ def test_the_torch_layer_depends_only_on_its_own_pins(restore_lock: LockFactory,
     def files(lock: Any) -> tuple[dict[str, str], ctx.Plan]:
         pins = {p.name: p.version for p in lock.packages}
         mine = {n: tuple(w for w in ws if f"-{pins.get(n)}-" in w.name) for n, ws in wheels_for.items()}
-        plan = ctx.plan(lock, Options(**opts), wheels_for=mine if offline else None)
+        plan = ctx.plan(lock, Options(**opts, mounts=mounts), wheels_for=mine if offline else None)
         return dockerfile.render(plan), plan
 
     (a, plan_a), (b, plan_b) = files(one), files(other)

@@ -21,6 +21,7 @@ import pytest
 from envlock.commands import main
 
 from helpers import remove_image, stop_with  # isort: skip
+from lock_edits import with_other_six  # isort: skip
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +95,7 @@ def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 
 def test_small_lock_restores_verifies_runs_and_hits_the_cache(
         docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
-        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+        cache_home: Path, capfd: pytest.CaptureFixture[str], builder: str) -> None:
     lock = capture(small_source, tmp_path / "env.lock")
     assert lock.image.source == "engine" and lock.image.id and lock.python.prefix == "/opt/venv"
     assert [p.name for p in lock.packages if p.name in ("six", "idna")] == ["idna", "six"]
@@ -109,6 +110,7 @@ def test_small_lock_restores_verifies_runs_and_hits_the_cache(
     out, err = capfd.readouterr()
     assert "built in" in out and "OK: the environment matches the lock" in out, out + err
     assert "[1/" in err  # plain progress lines off a TTY
+    assert ("with BuildKit (" in err) == (builder == "cli"), err
 
     t0 = time.monotonic()
     assert main(["restore", *common]) == 0
@@ -145,14 +147,18 @@ def test_small_lock_restores_verifies_runs_and_hits_the_cache(
 
 
 def test_restore_from_the_locks_own_image(docker_client: Any, small_source: str, tmp_path: Path,
-                                          cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+                                          cache_home: Path, capfd: pytest.CaptureFixture[str],
+                                          builder: str) -> None:
+    """The lock's image by its id: BuildKit reads an id in FROM as a registry name, so the
+    client path gives it one of the image's tags (nothing here can reach a registry)."""
     capture(small_source, tmp_path / "env.lock")
     assert main(["restore", str(tmp_path / "env.lock"), "--name", "it-own", "--no-cache"]) == 0
     out, _ = capfd.readouterr()
     assert "OK: the environment matches the lock" in out
     dockerfile = next((cache_home / "envlock" / "restore").glob("it-own-*/context/Dockerfile")).read_text()
     image_id = docker_client.images.get(small_source).id
-    assert f"FROM {image_id}" in dockerfile
+    assert (f"FROM {image_id}" if builder == "sdk" else f"ARG ENVLOCK_BASE={image_id}\nFROM ${{ENVLOCK_BASE}}") \
+        in dockerfile
 
 
 def test_nonexistent_version_fails_before_the_build_with_exit_3(
@@ -175,7 +181,7 @@ def test_nonexistent_version_fails_before_the_build_with_exit_3(
 
 def test_bundle_then_offline_hash_checked_restore(
         docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
-        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+        cache_home: Path, capfd: pytest.CaptureFixture[str], builder: str) -> None:
     lock = capture(small_source, tmp_path / "env.lock")
     bundle = tmp_path / "bundle"
     assert main(["bundle", str(tmp_path / "env.lock"), "-o", str(bundle), "--wheelhouse", str(wheelhouse)]) == 0
@@ -191,7 +197,7 @@ def test_bundle_then_offline_hash_checked_restore(
 
 def test_torch_lock_with_determinism_env_round_trips(
         docker_client: Any, base_image: str, wheelhouse: Path, torch_source: str, tmp_path: Path,
-        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+        cache_home: Path, capfd: pytest.CaptureFixture[str], builder: str) -> None:
     lock = capture(torch_source, tmp_path / "env.lock")
     assert lock.torch is not None and lock.torch.version == "2.13.0+cpu"
     assert lock.determinism.env.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
@@ -217,7 +223,7 @@ def test_torch_lock_with_determinism_env_round_trips(
 @pytest.mark.podman
 def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: str, wheelhouse: Path,
                                        tmp_path: Path, cache_home: Path,
-                                       capfd: pytest.CaptureFixture[str]) -> None:
+                                       capfd: pytest.CaptureFixture[str], builder: str) -> None:
     url = os.environ["ENVLOCK_TEST_PODMAN_HOST"]
     source = build_source_image(podman_client, podman_base_image, wheelhouse, SMALL, {},
                                 "envlock-test/src-small-podman")
@@ -236,8 +242,22 @@ def test_podman_restore_verify_and_run(podman_client: Any, podman_base_image: st
                  "import os, six; print('podman', six.__version__, os.path.exists('/tmp/envlock-wheels')); "
                  "raise SystemExit(4)"])
     out, _ = capfd.readouterr()
-    # False: the cache hit ran the final image, not Podman's labelled build stage with the wheels.
+    # False: the cache hit ran the final image, not Podman's labelled build stage with the wheels;
+    # with mounts, the mount points' empty directories are gone too.
     assert code == 4 and "podman 1.16.0 False" in out
+    # The same lock with six at another version: Buildah's layer cache must not hand back the
+    # layer built from the other requirement file (with mounts, the RUN names what it mounts).
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "env.lock").write_text(with_other_six((tmp_path / "env.lock").read_text(), wheelhouse,
+                                                            "1.16.0", "1.17.0"))
+    assert main(["fmt", str(tmp_path / "b" / "env.lock")]) == 0
+    from envlock.lock import load
+
+    purge(podman_client, str(load(tmp_path / "b" / "env.lock").envlock.fingerprint))
+    capfd.readouterr()
+    assert main(["restore", str(tmp_path / "b" / "env.lock"), *common[1:]]) == 0
+    out, err = capfd.readouterr()
+    assert "built in" in out and "OK: the environment matches the lock" in out, out + err
     no_leftover_containers(podman_client)
 
 
@@ -256,10 +276,14 @@ with connect() as engine:
 """
 
 
-def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, base_image: str,
-                                                            tmp_path: Path) -> None:
+@pytest.mark.parametrize("builder, engine", [("sdk", "docker"), ("cli", "docker"),
+                                             pytest.param("cli", "podman", marks=pytest.mark.podman)])
+def test_an_interrupted_build_leaves_no_image_of_its_steps(request: pytest.FixtureRequest, tmp_path: Path,
+                                                            builder: str, engine: str) -> None:
     """A real build in an envlock process of its own, interrupted (SIGINT) while its last step
-    runs: the images its earlier steps committed are gone, the base is not."""
+    runs: the images its earlier steps committed are gone, the base is not. Through the engine's
+    own client (``clibuild``) the client is stopped too: BuildKit commits no step image, Podman's
+    committed steps are removed as the SDK path removes Docker's."""
     import os
     import signal
     import subprocess
@@ -267,21 +291,25 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, b
     import time
     import uuid
 
-    from docker.errors import ImageNotFound
-
     from envlock.restore.buildlog import BuildLog
 
+    client = request.getfixturevalue("docker_client" if engine == "docker" else "podman_client")
+    base_image = request.getfixturevalue("base_image" if engine == "docker" else "podman_base_image")
     context = tmp_path / "context"
     context.mkdir()
     (context / "a.txt").write_text(uuid.uuid4().hex)  # no step of this build is in any cache
+    # Podman's service runs the step whose client is gone to its end (docs/restore.md): shorter.
     (context / "Dockerfile").write_text(
         f"FROM {base_image}\nRUN [\"sh\", \"-c\", \"echo {uuid.uuid4().hex} > /one\"]\nCOPY a.txt /a.txt\n"
-        "RUN [\"sleep\", \"600\"]\n")
+        f"RUN [\"sleep\", \"{600 if engine == 'docker' else 90}\"]\n")
     log = tmp_path / "build.log"
+    tag = f"envlock-test/interrupted:{uuid.uuid4().hex[:12]}"
     # faulthandler: a build that does not stop is made to print where each thread stands.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_UNTIL_INTERRUPTED, str(context), str(log),
-                             f"envlock-test/interrupted:{uuid.uuid4().hex[:12]}"],
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONFAULTHANDLER": "1",
+           "ENVLOCK_BUILDER": builder}
+    if engine == "podman":
+        env["ENVLOCK_ENGINE"] = os.environ["ENVLOCK_TEST_PODMAN_HOST"]
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_UNTIL_INTERRUPTED, str(context), str(log), tag],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
@@ -301,8 +329,65 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(docker_client: Any, b
     parsed = BuildLog()
     for line in log.read_text().splitlines():
         parsed.feed({"stream": line + "\n"})
-    assert len(parsed.committed) == 2, log.read_text()  # the RUN and the COPY before the sleep
+    # The RUN and the COPY before the sleep; BuildKit commits no image per step.
+    assert len(parsed.committed) == (0 if (builder, engine) == ("cli", "docker") else 2), log.read_text()
     for image in parsed.committed:
-        with pytest.raises(ImageNotFound):
-            docker_client.images.get(image)
-    docker_client.images.get(base_image)
+        assert _no_image(client, image)
+    assert _no_image(client, tag) and not _image_missing(client, base_image)
+    # The client stopped with envlock: no process of this build is left.
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, tag)]
+
+
+def _no_image(client: Any, ref: str) -> bool:
+    return _image_missing(client, ref) and _image_missing(client, f"localhost/{ref}")
+
+
+def _image_missing(client: Any, ref: str) -> bool:
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(ref)
+    except ImageNotFound:
+        return True
+    return False
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("engine", ["docker", pytest.param("podman", marks=pytest.mark.podman)])
+def test_a_client_restore_leaves_no_build_stage_or_untagged_image(
+        request: pytest.FixtureRequest, wheelhouse: Path, tmp_path: Path, cache_home: Path,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], engine: str) -> None:
+    """A fresh restore through the engine's own client: the wheels are mounted, so there is no
+    build stage; nothing it built is left untagged (Podman's step images are the restored
+    image's parents, its layer cache, as through its API)."""
+    monkeypatch.setenv("ENVLOCK_BUILDER", "cli")
+    client = request.getfixturevalue("docker_client" if engine == "docker" else "podman_client")
+    base = request.getfixturevalue("base_image" if engine == "docker" else "podman_base_image")
+    url = os.environ["DOCKER_HOST"] if engine == "docker" else os.environ["ENVLOCK_TEST_PODMAN_HOST"]
+    source = build_source_image(client, base, wheelhouse, SMALL, {}, f"envlock-test/src-small-{engine}")
+    lock = capture(source, tmp_path / "env.lock", "--engine", url)
+    fingerprint = str(lock.envlock.fingerprint)
+    purge(client, fingerprint)
+    capfd.readouterr()
+    assert main(["restore", str(tmp_path / "env.lock"), "--engine", url, "--base", base, "--wheelhouse",
+                 str(wheelhouse), "--name", "it-leftovers", "--context-dir", str(tmp_path / "work")]) == 0
+    out, err = capfd.readouterr()
+    assert "built in" in out and ("with BuildKit (" if engine == "docker" else "with Buildah (") in err, out + err
+    assert "--mount=type=bind" in (tmp_path / "work" / "context" / "Dockerfile").read_text()
+    restored = client.images.get(f"envlock/it-leftovers:{lock.short_id}")
+    assert client.images.list(all=True, filters={"label": "org.envlock.build-stage"}) == []
+    ours = [i for i in client.images.list(filters={"dangling": True})
+            if (i.labels or {}).get("org.envlock.fingerprint") == fingerprint
+            or (i.labels or {}).get("org.envlock.context") == restored.labels["org.envlock.context"]]
+    assert ours == [], [i.id for i in ours]
+    # Nothing of the build stays in the image: no wheel, no requirement file, no uv, no mount point.
+    listing = client.containers.run(restored.id, ["sh", "-c", "ls -a /tmp; ls /usr/local/share/envlock-restore"],
+                                    remove=True).decode().split()
+    assert sorted(listing) == [".", "..", "restored.json"], listing
+    no_leftover_containers(client)

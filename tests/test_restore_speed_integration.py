@@ -4,7 +4,8 @@ The torch lock is restored once (offline, from the test wheelhouse); then the sa
 six at another version (its record_sha256 taken from that wheel, re-sealed with ``fmt``) is
 restored again. The torch layer is an image of its own, found by its key: the second restore
 does not build it, does not send the torch wheel (the build log says how much was sent) and
-does not copy the venv again (the image's own layers on top of the torch layer are small).
+does not copy the venv again (the image's own layers on top of the torch layer are small). On
+both build paths: the engine's own client (wheels mounted) and the docker SDK's (a build stage).
 Timings go to ``benchmarks/restore.py``, not here.
 """
 
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_one_small_package_changed_reuses_the_torch_layer(
         docker_client: Any, base_image: str, wheelhouse: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], builder: str) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("ENVLOCK_PLAIN_PROGRESS", "1")
     source = build_source_image(docker_client, base_image, wheelhouse, TORCH,
@@ -69,10 +70,12 @@ def test_one_small_package_changed_reuses_the_torch_layer(
         assert "torch layer: reusing envlock/torch-layer:" in out + err, out + err
         first_log = (tmp_path / "ctx-a" / "build.log").read_text()
         log = (tmp_path / "ctx-b" / "build.log").read_text()
-        # Neither image build was sent the torch wheel (190 MB): only the small wheels.
+        # Neither image build was sent the torch wheel (190 MB): only the small wheels (and, with
+        # mounts, the uv binary: the layers on top of the torch layer install with it).
+        torch_mb = max(w.stat().st_size for w in wheelhouse.glob("torch-2.13.0*.whl")) / 1e6
         for text in (first_log, log):
             sent = re.search(r"envlock: sending a build context of ([0-9.]+) MB", text)
-            assert sent is not None and float(sent.group(1)) < 30, text[:2000]
+            assert sent is not None and float(sent.group(1)) < torch_mb / 3, text[:2000]
         layer_sent = re.search(r"envlock: sending a build context of ([0-9.]+) MB",
                                (tmp_path / "ctx-a" / "torch-layer.log").read_text())
         assert layer_sent is not None and float(layer_sent.group(1)) > 100
@@ -80,11 +83,13 @@ def test_one_small_package_changed_reuses_the_torch_layer(
         # comes near the layer's venv (torch, about 1 GB installed): nothing copies it again.
         layer = _torch_layer_image(docker_client)
         layer_history = layer.history()
+        layer_layers = layer.attrs["RootFS"]["Layers"]
         venv = max(int(h.get("Size") or 0) for h in layer_history)
         assert venv > 500e6
         for tag in tags:
-            history = docker_client.images.get(tag).history()
-            assert [h["Id"] for h in history[-len(layer_history):]] == [h["Id"] for h in layer_history]
+            image = docker_client.images.get(tag)
+            assert image.attrs["RootFS"]["Layers"][:len(layer_layers)] == layer_layers
+            history = image.history()
             added = [int(h.get("Size") or 0) for h in history[:len(history) - len(layer_history)]]
             assert max(added) < venv / 4, (tag, added)
         if os.environ.get("ENVLOCK_REPORT_TIMINGS"):

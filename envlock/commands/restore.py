@@ -167,13 +167,18 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
     if kind == "charliecloud":
         return _charliecloud(args, lock_path, pack, venv_dir)
     if args.dockerfile_only:
+        import dataclasses
         import shlex
 
         from envlock.lock import load
+        from envlock.restore import clibuild
         from envlock.restore.restore import image_name, write_dockerfile_only
 
         lock = load(lock_path)
         opts = _pack_options(args, pack, options(args)) if pack else options(args)
+        # No engine: the text for any builder (the classic one's), or with ENVLOCK_BUILDER=cli the
+        # one that mounts the wheels, for BuildKit or Podman.
+        opts = dataclasses.replace(opts, mounts=clibuild.setting() == "cli")
         plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force)
         for note in plan.notes:
             say(note if note.startswith("warning: ") else f"note: {note}")

@@ -81,6 +81,10 @@ class Options:
     # images and builds FROM one by id. Charliecloud's target turns each build into its directory
     # image, so it builds the torch layer as a stage of the one build instead.
     torch_layer_image: bool = True
+    # How the wheels and requirement files reach pip/uv (``dockerfile``): bind-mounted by a
+    # ``RUN --mount`` (BuildKit, Buildah: a builder that reads it, ``restore.clibuild``), or
+    # copied into a build stage whose venv the image copies out (the classic builder).
+    mounts: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class Plan:
     # behind; pip installs where there is none or it does not run in the base.
     uv: Path | None = None
     torch_layer_image: bool = True  # Options.torch_layer_image
+    mounts: bool = False  # Options.mounts
 
     @property
     def split_torch(self) -> bool:
@@ -538,4 +543,4 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
                 notes=tuple(notes), offline=offline, base_tooling=base_tooling, os_install=os_install,
                 image_name=options.image_name, own=own,
                 uv=uv if offline and venv is not None else None,
-                torch_layer_image=options.torch_layer_image)
+                torch_layer_image=options.torch_layer_image, mounts=options.mounts)

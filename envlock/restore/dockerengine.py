@@ -14,11 +14,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import socket
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,9 +31,18 @@ from envlock.errors import (
 )
 from envlock.probe import imageref
 from envlock.probe.procs import pid_alive
-from envlock.restore.buildlog import BuildLog, Step, shorten
-from envlock.restore.engine import LABEL_OWNER, ContainerEngine, ImageInfo, RunResult, RunSpec
-from envlock.restore.progress import Progress
+from envlock.restore import clibuild
+from envlock.restore.buildlog import BuildLog, shorten
+from envlock.restore.engine import (
+    LABEL_OWNER,
+    BuildMode,
+    ContainerEngine,
+    ImageInfo,
+    RunResult,
+    RunSpec,
+    no_interrupt,
+)
+from envlock.restore.progress import Progress, show
 
 # How long an interrupted build's last step may keep its image in use once the build is cancelled.
 _CANCEL_SECONDS = 15.0
@@ -44,22 +51,6 @@ DOCKER_HINT = ("start Docker (e.g. `sudo systemctl start docker`) or point DOCKE
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _no_interrupt() -> Iterator[None]:
-    """Hold SIGINT off while cleaning up, so a second Ctrl-C cannot orphan a container."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            raise KeyboardInterrupt
 
 
 def tar_files(files: Mapping[str, bytes], root: str) -> bytes:
@@ -154,7 +145,10 @@ def _command_missing(exc: BaseException) -> bool:
 class DockerEngine(ContainerEngine):
     """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
 
-    def __init__(self, make_client: Callable[[float | None], Any], endpoint: str) -> None:
+    def __init__(self, make_client: Callable[[float | None], Any], endpoint: str, *,
+                 cli_host: str | None = None) -> None:
+        """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
+        endpoint was named by a URL; without it the client finds the same engine as the SDK."""
         _check_unix_socket(endpoint)
         pinger = None
         try:
@@ -171,6 +165,10 @@ class DockerEngine(ContainerEngine):
                     pinger.close()
         components = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
         self.name = "podman" if "podman" in components.lower() else "docker"
+        self.endpoint = endpoint
+        self.server_version = str(version.get("Version") or "")
+        self._cli_host = cli_host
+        self._builder: tuple[clibuild.Client | None, str | None] | None = None
         # No read timeout: pip installing torch prints nothing for minutes, and so may a job.
         self.client = make_client(None)
         self.api = self.client.api
@@ -312,9 +310,34 @@ class DockerEngine(ContainerEngine):
             yield from self.api.build(fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True,
                                       decode=True, labels=dict(labels), pull=False, **extra)
 
+    def _client(self) -> tuple[clibuild.Client | None, str | None]:
+        """The command-line client that builds for this engine (``clibuild.choose``), looked
+        for once, when a restore first asks."""
+        if self._builder is None:
+            self._builder = clibuild.choose(self.name, self.server_version, self.endpoint, self._cli_host)
+        return self._builder
+
+    def build_mode(self) -> BuildMode:
+        client, note = self._client()
+        if client is None:
+            return BuildMode(mounts=False, builder="the docker SDK", note=note)
+        return BuildMode(mounts=True, builder=client.describe())
+
+    def layers(self, image_id: str) -> tuple[str, ...]:
+        """The image's layers (``RootFS.Layers``, diff ids), base first."""
+        raw = self.api.inspect_image(image_id)
+        return tuple(str(x) for x in (raw.get("RootFS") or {}).get("Layers") or ())
+
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
               progress: Progress, network: bool = True, files: Sequence[str] | None = None,
               dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
+        """With the engine's command-line client where ``clibuild`` found one (BuildKit,
+        Buildah), else through the SDK's classic builder."""
+        client, _ = self._client()
+        if client is not None:
+            return clibuild.build(client, self, context, tag=tag, labels=labels, log_path=log_path,
+                                  progress=progress, network=network, files=files, dockerfile=dockerfile,
+                                  buildargs=buildargs)
         from docker.errors import APIError, BuildError
 
         parsed = BuildLog()
@@ -325,11 +348,7 @@ class DockerEngine(ContainerEngine):
                                                files=files, dockerfile=dockerfile, buildargs=buildargs):
                     fed = parsed.feed(chunk)
                     log.write(fed.log)
-                    for event in fed.events:
-                        if isinstance(event, Step):
-                            progress.step(event.number, event.total, event.text)
-                        else:
-                            progress.line(event)
+                    show(progress, fed.events)
                     if parsed.error is not None:
                         break
             except KeyboardInterrupt:
@@ -337,17 +356,13 @@ class DockerEngine(ContainerEngine):
                 # its intermediate containers, and the images its steps committed go here.
                 with contextlib.suppress(Exception):
                     self.client.close()
-                self._remove_committed(parsed.committed)
+                self.remove_committed(parsed.committed)
                 raise
             except (APIError, BuildError) as exc:
                 log.write(parsed.fail(_short(exc)))
             finally:
                 progress.close()
-        failure = parsed.summary()
-        if failure is not None:
-            raise BuildFailed(failure, step=str(parsed.step) if parsed.step else None,
-                              log_tail=list(parsed.tail), log_path=str(log_path),
-                              hint=f"full build log: {log_path}")
+        parsed.raise_failure(str(log_path))
         info = self.image(parsed.image_id) if parsed.image_id else None
         info = info or self.image(tag)
         if info is None:
@@ -355,13 +370,14 @@ class DockerEngine(ContainerEngine):
                               log_tail=list(parsed.tail), log_path=str(log_path))
         return info.id
 
-    def _remove_committed(self, images: Sequence[str]) -> None:
+    def remove_committed(self, images: Sequence[str]) -> None:
         """Remove the step images of an interrupted build, newest first, each alone (``noprune``:
         an image that was there before stays) and unforced (an image something else uses stays).
         The step the daemon was running when the build was cancelled keeps its image for a
         moment, until its container is gone: that conflict is waited out, a few seconds at most."""
         from docker.errors import APIError, NotFound
 
+        self._remove_working_containers(images)
         deadline = time.monotonic() + _CANCEL_SECONDS
         for image in reversed(images):
             while True:
@@ -377,6 +393,24 @@ class DockerEngine(ContainerEngine):
                 except Exception:
                     return
                 break
+
+    def _remove_working_containers(self, images: Sequence[str]) -> None:
+        """Podman's service is not stopped by a build whose client is gone: it runs the current
+        step to its end, and keeps a working container (Buildah's, listed only with
+        ``external``) on each image the build committed, which holds that image. Those
+        containers are this build's (its images are), so they go first; the step's process
+        then fails to commit and ends. Docker cancels its builds itself."""
+        if self.name != "podman" or not images:
+            return
+        with contextlib.suppress(Exception):
+            listed = self.api._result(self.api._get(self.api._url("/libpod/containers/json"),
+                                                    params={"all": True, "external": True}), True)
+            for container in listed:
+                image = str(container.get("ImageID") or "").removeprefix("sha256:")
+                if any(image.startswith(short.removeprefix("sha256:")) for short in images):
+                    with contextlib.suppress(Exception):
+                        self.api._result(self.api._delete(self.api._url("/libpod/containers/{0}", container["Id"]),
+                                                          params={"force": True}))
 
     # containers
 
@@ -458,7 +492,7 @@ class DockerEngine(ContainerEngine):
                 _close_socket(sock)
             code = int(api.wait(cid).get("StatusCode", 1))
         finally:
-            with _no_interrupt(), contextlib.suppress(Exception):
+            with no_interrupt(), contextlib.suppress(Exception):
                 api.remove_container(cid, force=True)
         return RunResult(code, bytes(out), bytes(err))
 

@@ -1,9 +1,14 @@
 """The build context's text from a plan: Dockerfile, requirement files, labels, the cache key.
 
-The Dockerfile is written for the classic builder that docker SDK builds use (no ``RUN
---mount``, no heredocs), so the same text builds on Docker with or without BuildKit and on
-Podman. Every ``RUN`` that carries a value from the lock is in exec (JSON) form: no shell ever
-parses a lock value. Every value here was validated by ``context.plan``.
+One plan, one renderer, two ways for the wheels and requirement files to reach pip/uv
+(``Plan.mounts``): bind-mounted from the build context by ``RUN --mount`` (BuildKit, Buildah:
+the engines' own clients, ``restore.clibuild``), so they never enter a layer; or, for the
+classic builder of docker SDK builds (no ``RUN --mount``), copied into a build stage whose venv
+the image then copies out. Everything else is the same text. No ``# syntax=`` line: it would
+fetch a frontend image from a registry; the engines' built-in Dockerfile frontends read
+``RUN --mount=type=bind``. Every ``RUN`` that carries a value from the lock is in exec (JSON)
+form: no shell ever parses a lock value; a mount names only envlock's own paths. Every value
+here was validated by ``context.plan``.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +50,17 @@ TORCH_LAYER_REPO = "envlock/torch-layer"
 BUILD_STAGE_ARG = "ENVLOCK_BUILD_STAGE"
 LABEL_BUILD_STAGE = "org.envlock.build-stage"
 UV_IN_CONTEXT = "tools/uv"
-UV_IN_IMAGE = "/tmp/envlock-uv/uv"
+UV_DIR_IN_IMAGE = "/tmp/envlock-uv"
+UV_IN_IMAGE = f"{UV_DIR_IN_IMAGE}/uv"
+# With mounts: where a RUN sees its requirement files, and the base image given as a build
+# argument (BuildKit reads an image id in FROM as a registry name; ``clibuild`` passes a local
+# name for it). The mount points stay behind as empty directories; the image's last RUN removes
+# them.
+REQ_MOUNTED = "/tmp/envlock-requirements"
+BASE_ARG = "ENVLOCK_BASE"
+# In a RUN that mounts, set to the digest of what it mounts (``_mounted_run``).
+MOUNTED_ENV = "ENVLOCK_MOUNTED"
+MOUNT_POINTS = (WHEELS_IN_IMAGE, REQ_MOUNTED, UV_DIR_IN_IMAGE)
 
 
 _DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
@@ -74,38 +89,106 @@ def dockerfile_env(name: str, value: str) -> str:
     return f'{values.env_name(name)}="{values.env_value(value, name=name)}"'
 
 
-def _pip(plan: Plan, *args: str) -> str:
+def _pip(plan: Plan, *args: str) -> list[str]:
     env = ["env", "PIP_ROOT_USER_ACTION=ignore", "PIP_NO_WARN_SCRIPT_LOCATION=1"]
     if not plan.venv:
         # Debian/Ubuntu mark their python externally managed (PEP 668); older pips ignore the
         # variable, where a command-line flag would be an error.
         env.append("PIP_BREAK_SYSTEM_PACKAGES=1")
-    return "RUN " + dockerfile_exec([*env, plan.python, "-m", "pip", *args])
+    return [*env, plan.python, "-m", "pip", *args]
 
 
 _PIP_INSTALL = ("install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--no-input")
 
-# uv when it runs in the base, pip otherwise, with the same arguments ("$@": --no-deps, the
-# index flags, --require-hashes, -r FILE) and the interpreter as "$0": the shell parses only
-# this fixed text, never a value from the lock. ``--compile-bytecode`` because pip compiles
-# too (an image's user cannot write __pycache__ into the root-owned venv); ``--no-config``: no
-# uv.toml or UV_ variable of the base changes what is installed.
-_UV_OR_PIP = (
-    f'if {UV_IN_IMAGE} --version >/dev/null 2>&1; then exec env UV_LINK_MODE=copy UV_NO_CACHE=1 '
-    f'{UV_IN_IMAGE} pip install --no-config --no-progress --compile-bytecode --python "$0" "$@"; fi; '
-    'echo "envlock: the uv binary does not run in this base; installing with pip" >&2; '
-    'exec env PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 "$0" -m pip install '
-    '--no-cache-dir --disable-pip-version-check --no-input "$@"')
+# The install scripts define ``i``, which installs its arguments ("$@": --no-deps, the index
+# flags, --require-hashes, -r FILE) into the interpreter "$0": the shell parses only this fixed
+# text, never a value from the lock. pip's ``i``:
+_PIP_I = ('i() { env PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 "$0" -m pip install '
+          '--no-cache-dir --disable-pip-version-check --no-input "$@"; }; ')
+# uv's, when it runs in the base (pip's otherwise, said once). ``--compile-bytecode`` because
+# pip compiles too (an image's user cannot write __pycache__ into the root-owned venv);
+# ``--no-config``: no uv.toml or UV_ variable of the base changes what is installed.
+# ``--link-mode=hardlink``: uv unpacks each wheel into its cache, a temporary directory in the
+# build container's /tmp (``UV_NO_CACHE``), on the same file system as the venv, and links the
+# files from there; the cache is removed when uv ends, so the venv's names are the only ones
+# left and the layer holds each file once. Measured on overlay2 (docs/restore.md): torch's
+# files linked in 0.25 s, copied in 1.9-3.5 s. Across file systems (a bind or cache mount as
+# uv's cache) a link cannot be made, and uv copies instead.
+_UV_I = (f'if {UV_IN_IMAGE} --version >/dev/null 2>&1; then i() {{ {UV_IN_IMAGE} pip install '
+         '--no-config --no-progress --no-cache --link-mode=hardlink --compile-bytecode --python "$0" '
+         '"$@"; }; else echo "envlock: the uv binary does not run in this base; installing with pip" '
+         '>&2; ' + _PIP_I + 'fi; ')
+_UV_OR_PIP = _UV_I + 'i "$@"'
+# A word of an install script: envlock's own flags, paths and tool names, never a lock value.
+_SCRIPT_WORD = re.compile(r"[A-Za-z0-9_./:=+-]+")
+# A path a RUN --mount names: the context's and the build container's, envlock's own words
+# (layer and requirement file names). The option list is comma-separated key=value pairs, so
+# neither may hold a comma, an equals sign, a quote or a space.
+_MOUNT_PATH = re.compile(r"/?[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*")
+
+
+def _mount(source: str, target: str) -> str:
+    """One read-only bind mount of a path of the build context (BuildKit's and Buildah's
+    default is read-only)."""
+    for path in (source, target):
+        if not _MOUNT_PATH.fullmatch(path) or ".." in path.split("/"):
+            raise ValueError(f"unexpected path {path!r} in a RUN --mount")
+    return f"--mount=type=bind,source={source},target={target}"
+
+
+def _mounts(plan: Plan, files: Iterable[tuple[Layer, str]], *, uv: bool) -> list[str]:
+    """The mounts of a RUN that installs ``files`` (layer, requirement file name): each file,
+    each of their layers' wheel directories, the uv binary's directory."""
+    out: list[str] = []
+    for layer, fname in files:
+        out.append(_mount(f"requirements/{fname}", f"{REQ_MOUNTED}/{fname}"))
+        wheels = _mount(f"wheels/{layer.name}", f"{WHEELS_IN_IMAGE}/{layer.name}")
+        if layer.name in plan.wheels and wheels not in out:
+            out.append(wheels)
+    if uv:
+        out.append(_mount(UV_IN_CONTEXT.rsplit("/", 1)[0], UV_DIR_IN_IMAGE))
+    return out
+
+
+def _run(argv: Sequence[str], mounts: Sequence[str] = ()) -> str:
+    return "RUN " + "".join(f"{m} " for m in mounts) + dockerfile_exec(argv)
+
+
+def _install_run(plan: Plan, argv: Sequence[str], files: Sequence[tuple[Layer, str]], *, uv: bool) -> str:
+    """The RUN of ``argv``, which installs ``files`` (layer, requirement file name). With mounts,
+    it mounts them and names the digest of what it mounts in its own text
+    (``ENVLOCK_MOUNTED=sha256:...``, a variable of that command alone): Buildah before 1.38
+    (Podman 4) keys its layer cache on an instruction's text and never on the files a ``RUN
+    --mount`` binds (containers/buildah#5400), so without it a lock with other pins or another
+    wheel under the same name would get the layer built from the first. BuildKit keys on the
+    mounted files itself; the digest changes only when they do, so its cache is kept too."""
+    if not plan.mounts:
+        return _run(argv)
+    rendered = _requirement_files(plan)
+    h = hashlib.sha256()
+    for _, fname in files:
+        h.update(f"requirements/{fname}".encode() + b"\0" + rendered[f"requirements/{fname}"].encode() + b"\0")
+    for name in dict.fromkeys(layer.name for layer, _ in files):
+        for wheel in sorted(plan.wheels.get(name, ())):
+            h.update(f"wheels/{name}/{wheel.name}".encode() + b"\0" + _digest(wheel).encode() + b"\0")
+    if uv and plan.uv:
+        h.update(b"uv\0" + _digest(plan.uv).encode())
+    return _run(["env", f"{MOUNTED_ENV}=sha256:{h.hexdigest()}", *argv], _mounts(plan, files, uv=uv))
+
+
+def _req_dir(plan: Plan) -> str:
+    return REQ_MOUNTED if plan.mounts else REQ_DIR_IN_IMAGE
 
 
 def _install(plan: Plan, layer: Layer, fname: str, *, uv: bool) -> str:
-    """The RUN that installs one requirement file of ``layer``: uv (inside a build stage that
-    the image leaves behind, so the binary does not stay) or pip."""
+    """The RUN that installs one requirement file of ``layer``: uv (where its binary does not
+    stay in the image: mounted, or in a build stage that the image leaves behind) or pip."""
     hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
-    args = ("--no-deps", *hashed, *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}")
+    args = ("--no-deps", *hashed, *layer.index_args, "-r", f"{_req_dir(plan)}/{fname}")
     if uv:
-        return "RUN " + dockerfile_exec(["/bin/sh", "-c", _UV_OR_PIP, plan.python, *args])
-    return _pip(plan, *_PIP_INSTALL, *hashed, *layer.index_args, "-r", f"{REQ_DIR_IN_IMAGE}/{fname}")
+        return _install_run(plan, ["/bin/sh", "-c", _UV_OR_PIP, plan.python, *args], [(layer, fname)], uv=uv)
+    return _install_run(plan, _pip(plan, *_PIP_INSTALL, *hashed, *layer.index_args, "-r",
+                                   f"{_req_dir(plan)}/{fname}"), [(layer, fname)], uv=uv)
 
 
 def _version_check(plan: Plan) -> str:
@@ -153,53 +236,71 @@ def _on_top_of_torch(plan: Plan) -> list[str]:
     ensurepip's extra tools. They are small, and what a step costs the engine (a container, a
     commit) is much of their time; a change to any of them reinstalls them all, torch and its
     requirements never. The shell reads only this fixed text: the interpreter is "$0", every
-    other word is envlock's own (flags, paths, tool names)."""
+    other word is envlock's own (flags, paths, tool names). uv installs them where it is
+    mounted (its binary stays out of the image); copied in, it would stay, so pip does."""
     lines: list[str] = []
+    uv = plan.mounts and plan.uv is not None
     rest = [layer for layer in plan.layers if layer.name not in ("torch", "torch-deps")]
     for layer in plan.layers:
         if layer.name == "torch-deps":
-            lines += _layer_lines(plan, layer, uv=False)
+            lines += _layer_lines(plan, layer, uv=uv)
     steps = []
     copies = []
-    for layer in rest:
-        for fname in layer.files():
-            copies.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
-            hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
-            steps.append(["\"$0\"", "-m", "pip", *_PIP_INSTALL, *hashed, *layer.index_args,
-                          "-r", f"{REQ_DIR_IN_IMAGE}/{fname}"])
-        if layer.name in plan.wheels:
-            copies.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+    files = [(layer, fname) for layer in rest for fname in layer.files()]
+    for layer, fname in files:
+        hashed = ("--require-hashes",) if fname.endswith("-hashed.txt") else ()
+        steps.append(["i", "--no-deps", *hashed, *layer.index_args, "-r", f"{_req_dir(plan)}/{fname}"])
+    if not plan.mounts:
+        copies = _copies(plan, files)
     if plan.remove:
         steps.append(["\"$0\"", "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check",
                       *plan.remove])
     for step in steps:
         for word in step[1:]:
-            if not re.fullmatch(r"[A-Za-z0-9_./:=+-]+", word):  # never a lock value here
+            if not _SCRIPT_WORD.fullmatch(word):  # never a lock value here
                 raise ValueError(f"unexpected word {word!r} in the install script")
     if not steps:
         return lines
-    script = ("export PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 && "
+    script = ("export PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1; " + (_UV_I if uv else _PIP_I)
               + " && ".join(" ".join(step) for step in steps))
     return [*lines, "", "# The rest in one step, in layer order: the other packages, envlock itself, "
                         "pip/setuptools/wheel last.",
-            *copies, "RUN " + dockerfile_exec(["/bin/sh", "-c", script, plan.python])]
+            *copies, _install_run(plan, ["/bin/sh", "-c", script, plan.python], files, uv=uv)]
+
+
+def _copies(plan: Plan, files: Sequence[tuple[Layer, str]]) -> list[str]:
+    """Without mounts: COPY each requirement file, then each of their layers' wheels, into the
+    image (a build stage's, where it has one)."""
+    lines = [f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}"
+             for _, fname in files]
+    for name in dict.fromkeys(layer.name for layer, _ in files):
+        if name in plan.wheels:
+            lines.append(f"COPY {dockerfile_exec([f'wheels/{name}/', f'{WHEELS_IN_IMAGE}/{name}/'])}")
+    return lines
 
 
 def _layer_lines(plan: Plan, layer: Layer, *, uv: bool) -> list[str]:
     lines = ["", f"# {_COMMENTS[layer.name]}"]
     files = layer.files()
-    for fname in files:
-        lines.append(f"COPY {dockerfile_exec(['requirements/' + fname, f'{REQ_DIR_IN_IMAGE}/{fname}'])}")
-    if layer.name in plan.wheels:
-        lines.append(f"COPY {dockerfile_exec([f'wheels/{layer.name}/', f'{WHEELS_IN_IMAGE}/{layer.name}/'])}")
+    if not plan.mounts:
+        lines += _copies(plan, [(layer, fname) for fname in files])
     lines += [_install(plan, layer, fname, uv=uv) for fname in files]
     return lines
+
+
+def _from(plan: Plan, stage: str | None = None) -> list[str]:
+    """FROM the base. With mounts, by a build argument whose default is the base: BuildKit
+    reads an image id in FROM as a Docker Hub name, so restore passes a local name for it
+    (``clibuild``); a build stage is never needed there."""
+    if plan.mounts:
+        return [f"ARG {BASE_ARG}={plan.base.ref}", f"FROM ${{{BASE_ARG}}}"]
+    return [f"FROM {plan.base.ref}" + (f" AS {stage}" if stage else "")]
 
 
 def _prelude(plan: Plan, stage: str | None) -> list[str]:
     """FROM the base, root, the python check, the venv: what every build starts with."""
     lines = [
-        f"FROM {plan.base.ref}" + (f" AS {stage}" if stage else ""),
+        *_from(plan, stage),
         # The base may end with a non-root USER (a lock captured in an image that runs as its
         # researcher, as most workstation images do): installing needs root.
         "USER root",
@@ -211,7 +312,7 @@ def _prelude(plan: Plan, stage: str | None) -> list[str]:
         lines += ["", f"# The lock was captured in a virtual environment at {plan.venv}.",
                   "RUN " + dockerfile_exec([plan.base_python, "-m", "venv", plan.venv]),
                   f"ENV VIRTUAL_ENV={plan.venv} PATH={plan.venv}/bin:$PATH"]
-    if plan.uv:
+    if plan.uv and not plan.mounts:
         lines += ["", "# uv installs (pip where it does not run); this stage is left behind.",
                   f"COPY {dockerfile_exec([UV_IN_CONTEXT, UV_IN_IMAGE])}"]
     return lines
@@ -229,17 +330,20 @@ def _stage_end() -> list[str]:
 
 def staged(plan: Plan) -> bool:
     """Whether the image's own Dockerfile has a build stage (``dockerfile``); the torch
-    layer's always has one."""
-    return plan.offline and plan.venv is not None and not plan.split_torch
+    layer's has one too unless the wheels are mounted."""
+    return plan.offline and plan.venv is not None and not plan.split_torch and not plan.mounts
 
 
 def _torch_layer_body(plan: Plan) -> str:
     """The torch layer's Dockerfile without its label: nothing of the lock but the base, the
     python version, the venv path and the torch layer's own pins."""
     torch = next(layer for layer in plan.layers if layer.name == "torch")
+    head = ["# The torch layer of an envlock restore: an image of its own, shared by every lock with",
+            "# the same base, venv and torch pins; do not edit."]
+    if plan.mounts:  # the wheels and uv are mounted: the layer is the base plus the venv, as built
+        return "\n".join([*head, *_prelude(plan, None), *_layer_lines(plan, torch, uv=plan.uv is not None)])
     lines = [
-        "# The torch layer of an envlock restore: an image of its own, shared by every lock with",
-        "# the same base, venv and torch pins; do not edit.",
+        *head,
         *_prelude(plan, BUILD_STAGE),
         *_layer_lines(plan, torch, uv=plan.uv is not None),
         *_stage_end(),
@@ -295,7 +399,9 @@ def main_build_excludes(plan: Plan) -> tuple[str, ...]:
     the uv binary where no stage of this build uses it, the build log."""
     out = ["build.log"]
     if plan.split_torch:
-        out += ["wheels/torch", TORCH_LAYER_DOCKERFILE, UV_IN_CONTEXT.split("/")[0]]
+        out += ["wheels/torch", TORCH_LAYER_DOCKERFILE]
+        if not plan.mounts:  # mounted, uv installs the layers on top of the torch layer too
+            out.append(UV_IN_CONTEXT.split("/")[0])
     return tuple(out)
 
 
@@ -307,22 +413,27 @@ def main_build_files(plan: Plan, rendered: Mapping[str, str]) -> list[str]:
 
 
 def dockerfile(plan: Plan) -> str:
-    # Offline into a venv: install in a build stage and copy only the venv out, so the wheels
-    # COPY'd in for pip (hundreds of MB for torch, GBs with CUDA) stay out of the final image.
-    # The classic builder has no `RUN --mount`; a stage is the portable way. With a torch layer
-    # that stage is an image of its own (``torch_layer_dockerfile``) and the rest installs on
-    # top of it in this image directly: copying a venv out of a stage would copy torch again
-    # (a layer of GBs) whenever a small package changes.
+    # Offline into a venv, the wheels (hundreds of MB for torch, GBs with CUDA) must stay out of
+    # the image. With mounts they are bind-mounted into the RUNs that install them. Without
+    # (the classic builder has no `RUN --mount`) the installs run in a build stage and only the
+    # venv is copied out. With a torch layer, that layer is an image of its own
+    # (``torch_layer_dockerfile``) and the rest installs on top of it in this image directly:
+    # copying a venv out of a stage would copy torch again (a layer of GBs) whenever a small
+    # package changes.
     split = plan.split_torch
     in_stage = staged(plan)
+    how = "with BuildKit or Podman: " if plan.mounts else ""
     header = [
         f"# Generated by envlock {__version__} from a lock with id {plan.short_id}; do not edit.",
-        f"# Rebuild: envlock restore env.lock   (or: docker build -t envlock/{image_tag_name(plan)}:{plan.short_id} .)",
+        f"# Rebuild: envlock restore env.lock   (or, {how}docker build -t envlock/{image_tag_name(plan)}:"
+        f"{plan.short_id} .)",
         f"# Base: {plan.base.display} ({plan.base.origin})",
     ]
+    if plan.mounts and plan.base.ref.startswith("sha256:"):
+        header.append(f"# BuildKit reads an image id in FROM as a registry name: add --build-arg {BASE_ARG}=REPO:TAG.")
     if split:
         tag = torch_layer_tag(torch_layer_key(plan))
-        header[1] = ("# Rebuild: envlock restore env.lock   (or: tar -c "
+        header[1] = (f"# Rebuild: envlock restore env.lock   (or, {how}tar -c "
                      + " ".join(torch_layer_files(plan)) + f" | docker build -f {TORCH_LAYER_DOCKERFILE}"
                      f" -t {tag} - && docker build -t envlock/{image_tag_name(plan)}:{plan.short_id} .)")
         lines = [*header,
@@ -331,17 +442,18 @@ def dockerfile(plan: Plan) -> str:
                  f"FROM ${{{TORCH_LAYER_ARG}}}",
                  "USER root"]
     else:
-        lines = [*header, *_prelude(plan if in_stage else replace(plan, uv=None),
+        # uv installs where it does not stay in the image: mounted, or in the build stage.
+        lines = [*header, *_prelude(plan if in_stage or plan.mounts else replace(plan, uv=None),
                                    BUILD_STAGE if in_stage else None)]
     if plan.os_install:
         lines += ospackages.dockerfile_lines(plan.os_install, plan.base_python, REQ_DIR_IN_IMAGE)
     if split:
         lines += _on_top_of_torch(plan)
     for layer in plan.layers if not split else ():
-        lines += _layer_lines(plan, layer, uv=in_stage and plan.uv is not None)
+        lines += _layer_lines(plan, layer, uv=(in_stage or plan.mounts) and plan.uv is not None)
     if plan.remove and not split:
         lines += ["", "# ensurepip's tools the lock does not have (uninstalling an absent one is a no-op).",
-                  _pip(plan, "uninstall", "--yes", "--disable-pip-version-check", *plan.remove)]
+                  _run(_pip(plan, "uninstall", "--yes", "--disable-pip-version-check", *plan.remove))]
     if in_stage:
         lines += [*_stage_end(),
                   "", "# The image itself: the base plus the venv built above, without the wheels.",
@@ -354,10 +466,11 @@ def dockerfile(plan: Plan) -> str:
         "",
         "# A non-root user; `envlock run` runs as the caller's uid:gid instead. An unprivileged",
         "# builder (ch-image) cannot chown to a uid it does not map; there the caller runs anyway.",
+        *(["# The mount points of the installs above go too."] if plan.mounts else []),
         f"RUN (command -v useradd >/dev/null && useradd --uid {DEFAULT_UID} --user-group "
         f"--create-home --shell /bin/sh {IMAGE_USER}) || (command -v adduser >/dev/null && adduser -D "
         f"-u {DEFAULT_UID} {IMAGE_USER}) || true; mkdir -p {WORKDIR} && (chown {DEFAULT_UID}:{DEFAULT_UID} "
-        f"{WORKDIR} 2>/dev/null || true)",
+        f"{WORKDIR} 2>/dev/null || true)" + (f"; rm -rf {' '.join(MOUNT_POINTS)}" if plan.mounts else ""),
     ]
     lines += ["", "# What this restore changed on purpose, for every verify of the lock in this image.",
               f"COPY {dockerfile_exec([RESTORED_NAME, RESTORED_FILE])}"]

@@ -89,4 +89,6 @@ def connect(engine: str | None = None) -> DockerEngine:
         where = Endpoint(spec, spec)
     else:
         raise UsageError(f"{source} must be docker, podman or an API URL, not {spec!r}")
-    return DockerEngine(where.client, where.url)
+    # A docker command-line client that builds (``clibuild``) finds DOCKER_HOST or its current
+    # context by itself, as ``docker_endpoint`` did; an engine named by URL is told to it.
+    return DockerEngine(where.client, where.url, cli_host=spec if _API_URL_RE.match(spec) else None)

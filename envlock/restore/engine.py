@@ -11,8 +11,11 @@ next envlock on that host (``remove_stale``).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +48,34 @@ class ImageInfo:
             if wanted_repo is None or imageref.same_repo(ref.repo, wanted_repo):
                 return rd
         return None
+
+
+@dataclass(frozen=True)
+class BuildMode:
+    """How an engine builds: whether its builder reads ``RUN --mount`` (the plan then mounts the
+    wheels, ``Plan.mounts``), the builder in words, and a note for the user when it is the slow
+    way for want of a better one."""
+
+    mounts: bool = False
+    builder: str = "the engine's API"
+    note: str | None = None
+
+
+@contextlib.contextmanager
+def no_interrupt() -> Iterator[None]:
+    """Hold SIGINT off while cleaning up, so a second Ctrl-C cannot orphan a container or a
+    build client."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -113,6 +144,10 @@ class ContainerEngine(ABC):
 
     @abstractmethod
     def remove_stale(self) -> int: ...
+
+    def build_mode(self) -> BuildMode:
+        """How this engine's ``build`` builds (``BuildMode``); asked before the plan is made."""
+        return BuildMode()
 
     def remove_build_stage(self, build: str) -> None:
         """Remove the images of build stages labelled with ``build`` (``dockerfile._stage_end``)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from envlock._textsafe import plural
+from envlock.restore.buildlog import Event, Step
 
 
 class Progress(Protocol):
@@ -97,6 +99,15 @@ class RichProgress(_Counted):
         self.status.stop()
         self.stream.write(self.summary())
         self.stream.flush()
+
+
+def show(progress: Progress, events: Iterable[Event]) -> None:
+    """What a build chunk said (``buildlog.BuildLog.feed``), on the progress display."""
+    for event in events:
+        if isinstance(event, Step):
+            progress.step(event.number, event.total, event.text)
+        else:
+            progress.line(event)
 
 
 def make_progress(stream: Any = None, *, quiet: bool = False) -> Progress:

@@ -167,7 +167,11 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     from envlock.restore.progress import make_progress
 
     engine.remove_stale()
-    options = dataclasses.replace(options, image_name=name)  # the tag the Dockerfile names
+    mode = engine.build_mode()
+    if mode.note:
+        say(f"note: {mode.note}")
+    # The tag the Dockerfile names; how the wheels reach pip is the builder's (``Plan.mounts``).
+    options = dataclasses.replace(options, image_name=name, mounts=mode.mounts)
     plan, rendered = prepare(lock, options, engine)
     for note in plan.notes:
         say(note if note.startswith("warning: ") else f"note: {note}")
@@ -217,7 +221,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
                                        quiet=quiet, build_kw=build_kw)
                 build_kw.update(files=dockerfile.main_build_files(plan, rendered),
                                 buildargs={dockerfile.TORCH_LAYER_ARG: layer_id})
-            say(f"building {tag} from {plan.base.display} (context: {context_dir})")
+            elif plan.mounts:
+                build_kw["buildargs"] = base_buildargs(plan)
+            say(f"building {tag} from {plan.base.display} with {mode.builder} (context: {context_dir})")
             with build_stage(engine, build_kw, dockerfile.staged(plan)):
                 image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
                                         progress=progress or make_progress(quiet=quiet), **build_kw)
@@ -248,11 +254,18 @@ def torch_layer(engine: ContainerEngine, plan: ctx.Plan, context_dir: Path, work
         say(f"torch layer: reusing {layer_tag} ({found.id[7:19]}), built from the same torch wheels")
         return found.id
     say(f"building the torch layer {layer_tag} from {plan.base.display}")
-    kw = dict(build_kw)
-    with build_stage(engine, kw, True):
+    kw = {**build_kw, **({"buildargs": base_buildargs(plan)} if plan.mounts else {})}
+    with build_stage(engine, kw, not plan.mounts):
         return engine.build(context_dir, tag=layer_tag, labels={}, log_path=workdir / "torch-layer.log",
                             progress=make_progress(quiet=quiet), files=dockerfile.torch_layer_files(plan),
                             dockerfile=dockerfile.TORCH_LAYER_DOCKERFILE, **kw)
+
+
+def base_buildargs(plan: ctx.Plan) -> dict[str, str]:
+    """With mounts the Dockerfile takes its base as a build argument (``dockerfile.BASE_ARG``),
+    whose default is the plan's base; it is given all the same, so that a builder that cannot
+    read an image id in FROM can give it a name (``clibuild``)."""
+    return {dockerfile.BASE_ARG: plan.base.ref}
 
 
 @contextlib.contextmanager
