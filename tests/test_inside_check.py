@@ -1,5 +1,6 @@
 """The check inside a restored image runs once per image: what the probe printed there is kept
-per image id (``envlock.restore.inside``) and judged again by the next restore.
+per image id (``envlock.restore.inside``) and judged again by the next restore; ``run`` starts
+an image whose kept check passed without restoring.
 
 The engine here is a stand-in that counts the probe's runs: the probe's document is the lock's
 own tables, so the judgement is the real one (``_verify.judge`` through ``build_lock``)."""
@@ -15,22 +16,26 @@ import pytest
 from helpers import LockFactory
 
 from envlock.lock import Lock
-from envlock.restore import inside
+from envlock.restore import dockerfile, inside
 from envlock.restore import verify as verify_mod
 from envlock.restore.context import Options, Plan, plan
-from envlock.restore.restore import verify_image_for
+from envlock.restore.engine import ImageInfo
+from envlock.restore.restore import options_key, ready_image, verify_image_for
 
 IMAGE = "sha256:" + "c" * 64
 OTHER = "sha256:" + "d" * 64
 
 
 class Engine:
-    """An engine that records every probe it runs."""
+    """An engine with one image (``labels`` on the tag) that records every probe it runs."""
 
-    def __init__(self, name: str = "docker") -> None:
+    def __init__(self, name: str = "docker", labels: dict[str, str] | None = None) -> None:
         self.name = name
+        self.labels = labels or {}
         self.probed: list[str] = []
 
+    def image(self, ref: str) -> ImageInfo | None:
+        return ImageInfo(id=IMAGE, tags=(ref,), labels=self.labels) if self.labels else None
 
 
 @pytest.fixture(autouse=True)
@@ -171,3 +176,39 @@ def test_twin_an_entry_in_a_directory_others_can_write_is_not_trusted(
     assert inside.find("docker", lock, IMAGE) is None
     path.parent.chmod(0o700)
     assert inside.find("docker", lock, IMAGE) is not None
+
+
+def test_run_starts_an_image_restored_with_these_options_whose_check_passed(
+        the_plan: Plan, lock: Lock) -> None:
+    opts = Options(base="python@sha256:" + "a" * 64)
+    labels = {dockerfile.LABEL_OPTIONS: options_key(opts), dockerfile.LABEL_SHORT_ID: lock.short_id,
+              dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}
+    engine: Any = Engine(labels=labels)
+    assert ready_image(engine, lock, opts, "x") is None  # never checked: run restores and checks
+    verify_image_for(engine, the_plan, IMAGE, "t")
+    ready = ready_image(engine, lock, opts, "x")
+    assert ready is not None
+    assert (ready.image_id, ready.tag, ready.python) == (IMAGE, f"envlock/x:{lock.short_id}", the_plan.python)
+    assert engine.probed == [IMAGE]
+
+
+@pytest.mark.parametrize("change", ["options", "short id", "no context", "failed"])
+def test_twin_run_restores_when_the_image_is_not_proven_for_these_options(
+        the_plan: Plan, lock: Lock, change: str) -> None:
+    opts = Options(base="python@sha256:" + "a" * 64)
+    labels = {dockerfile.LABEL_OPTIONS: options_key(opts), dockerfile.LABEL_SHORT_ID: lock.short_id,
+              dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}
+    engine: Any = Engine(labels=labels)
+    verify_image_for(engine, the_plan, IMAGE, "t")
+    if change == "options":
+        labels[dockerfile.LABEL_OPTIONS] = options_key(Options(base="python@sha256:" + "b" * 64))
+    elif change == "short id":
+        labels[dockerfile.LABEL_SHORT_ID] = "0" * 12
+    elif change == "no context":
+        del labels[dockerfile.LABEL_CONTEXT]
+    else:
+        kept = inside.find("docker", lock, IMAGE)
+        assert kept is not None
+        inside.keep("docker", lock, IMAGE, python=kept.python, restored=kept.restored,
+                    document=kept.document, ok=False)
+    assert ready_image(engine, lock, opts, "x") is None
