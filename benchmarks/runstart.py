@@ -39,32 +39,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # restore.py's imports
 PACKAGES = ["six==1.16.0", "idna==3.10", "packaging==24.2"]
-PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def source_image(client: Any, base: str, house: Path, prefix: str) -> str:
-    """The base with /opt/venv holding ``PACKAGES`` from the wheelhouse, committed."""
-    tag = f"{prefix}-src:small"
-    with contextlib.suppress(Exception):
-        client.images.get(tag)
-        return tag
-    script = ("python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index "
-              "--disable-pip-version-check --find-links /wheels " + " ".join(PACKAGES))
-    container = client.containers.run(base, ["sh", "-c", script], detach=True, network_disabled=True,
-                                      volumes={str(house): {"bind": "/wheels", "mode": "ro"}})
-    try:
-        if container.wait()["StatusCode"] != 0:
-            raise SystemExit(container.logs().decode()[-2000:])
-        repo, _, name = tag.rpartition(":")
-        container.commit(repository=repo, tag=name, changes=[f"ENV PATH={PATH}"])
-    finally:
-        container.remove(force=True)
-    return tag
 
 
 def children_cpu() -> float:
@@ -109,8 +88,10 @@ def main() -> None:
             env.pop("PYTHONPATH", None)
         envlock = [args.python, "-m", "envlock"]
         lock = work / "env.lock"
-        timed([*envlock, "capture", "--in-image", source_image(client, base, house, args.prefix),
-               "-o", str(lock)], env, work)
+        from restore import source_image  # benchmarks/restore.py: one way to make a source image
+
+        src = source_image(client, base, house, args.prefix, name="small", packages=PACKAGES)
+        timed([*envlock, "capture", "--in-image", src, "-o", str(lock)], env, work)
         options = ["--base", base, "--wheelhouse", str(house), "--name", f"{args.prefix}-small"]
         timed([*envlock, "restore", str(lock), *options], env, work)  # builds and keeps the check
         from envlock.lock import load
