@@ -71,22 +71,24 @@ def envlock(*args: str, builder: str | None = None) -> tuple[float, str]:
     return seconds, proc.stdout + proc.stderr
 
 
-def source_image(client: Any, base: str, house: Path, prefix: str) -> str:
-    """Base + /opt/venv with torch and six, committed: the environment that is locked."""
-    tag = f"{prefix}-src:torch"
+def source_image(client: Any, base: str, house: Path, prefix: str, *, name: str = "torch",
+                 packages: list[str] = TORCH, env: dict[str, str] | None = None) -> str:
+    """Base + /opt/venv with ``packages`` from the wheelhouse and the variables ``env``,
+    committed as ``PREFIX-src:NAME``: the environment that is locked (runstart.py's too)."""
+    tag = f"{prefix}-src:{name}"
     with contextlib.suppress(Exception):
         client.images.get(tag)
         return tag
     script = ("python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index "
-              "--disable-pip-version-check --find-links /wheels " + " ".join(TORCH))
+              "--disable-pip-version-check --find-links /wheels " + " ".join(packages))
     container = client.containers.run(base, ["sh", "-c", script], detach=True, network_disabled=True,
                                       volumes={str(house): {"bind": "/wheels", "mode": "ro"}})
     try:
         if container.wait()["StatusCode"] != 0:
             raise SystemExit(container.logs().decode()[-2000:])
-        repo, _, name = tag.rpartition(":")
-        container.commit(repository=repo, tag=name,
-                         changes=['ENV CUBLAS_WORKSPACE_CONFIG=:4096:8', "ENV PATH=/opt/venv/bin:"
+        repo, _, tag_part = tag.rpartition(":")
+        container.commit(repository=repo, tag=tag_part,
+                         changes=[*(f"ENV {k}={v}" for k, v in (env or {}).items()), "ENV PATH=/opt/venv/bin:"
                                   "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
     finally:
         container.remove(force=True)
@@ -247,7 +249,7 @@ def main() -> None:
         work = Path(tmp)
         for d in ("a", "b"):
             (work / d).mkdir()
-        src = source_image(engines[0][2], base, house, args.prefix)
+        src = source_image(engines[0][2], base, house, args.prefix, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
         envlock("capture", "--in-image", src, "-o", str(work / "a" / "env.lock"))
         (work / "b" / "env.lock").write_text(with_other_six((work / "a" / "env.lock").read_text(), house))
         envlock("fmt", str(work / "b" / "env.lock"))

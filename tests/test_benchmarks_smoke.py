@@ -141,7 +141,7 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
     main = {k: _cmd(k, v) for k, v in {
         "import_torch": [1.0], "verify": [0.09], "capture_cold": [1.2], "verify_no_torch": [0.2],
         "show_venv": [0.1], "uv_freeze": [0.03], "verify_no_cache": [1.1],
-        "uv_sync": [0.06]}.items()}
+        "uv_sync": [0.06], "pip_dry_run": [0.5]}.items()}
     deep = {"commands": {"sha256sum": _cmd("s", [4.0]), "verify_deep": _cmd("d", [1.0]),
                          "verify_deep_full": _cmd("f", [2.0])},
             "files": 37000, "bytes": 1_000_000_000, "site_bytes": 1_100_000_000,
@@ -152,7 +152,8 @@ def test_deep_and_cache_report_on_made_up_timings() -> None:
         "warm verify (torch facts cached) <= 0.1 x import torch": "PASS",
         "capture --no-cache (cold) <= 1.15 x import torch": "MISS",
         "verify --no-torch <= 5 x uv pip freeze": "MISS",
-        "verify --no-torch <= 4 x uv pip sync --dry-run --offline": "PASS",
+        "verify --no-torch <= 0.5 x pip install --dry-run --no-index --no-deps -r PINS": "PASS",
+        "(info) verify --no-torch / uv pip sync --dry-run --offline (issue 17: <= 4)": "info",
         "show <= 5 x uv pip freeze": "PASS",
         "(info) verify --no-cache / import torch": "info",
         "verify --deep <= 0.2 x sha256sum": "MISS",
@@ -202,9 +203,36 @@ def test_uv_sync_is_measured_against_the_venvs_pins(tmp_path: Path, says: str,
     assert (sync.error is None) is timed
 
 
+FAKE_PYTHON = """#!/bin/sh
+printf 'Requirement already satisfied: numpy==2.4.6 in /venv (2.4.6)\\n%s\\n' "$FAKE_PIP_SAYS"
+"""
+
+
+@pytest.mark.parametrize(("says", "timed"), [("", True), ("Would install numpy-2.4.5", False)])
+def test_pip_dry_run_is_measured_against_the_same_pins(tmp_path: Path, says: str,
+                                                       timed: bool) -> None:
+    """verify --no-torch is judged against its Python peer, pip's dry run of the venv's own
+    pins with the venv's own pip, and only while pip finds every pin installed."""
+    import os
+
+    deepbench = _load("deepbench")
+    venv, tmp = tmp_path / "venv", tmp_path / "run"
+    (venv / "bin").mkdir(parents=True)
+    tmp.mkdir()
+    for name, text in (("uv", FAKE_UV), ("python", FAKE_PYTHON)):
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    env = {**os.environ, "FAKE_UV_SAYS": "Would make no changes", "FAKE_PIP_SAYS": says}
+    cmds = {c.key: c for c in deepbench.venv_commands(run, venv, tmp, tmp, env, tmp / "ref.lock")}
+    pip = cmds["pip_dry_run"]
+    assert pip.argv == [str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index",
+                        "--no-deps", "-r", str(tmp / "pins.txt")]
+    assert (pip.error is None) is timed
+
+
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
                                     "profile_capture", "adversarial_secrets", "adversarial_outputs",
-                                    "bundle", "restore"])
+                                    "bundle", "restore", "runstart"])
 def test_every_benchmark_explains_itself(script: str) -> None:
     """``--help`` is how a reader finds the knobs; argparse formats help lazily, so a stray
     ``%`` in a help string only breaks when someone asks."""

@@ -20,7 +20,8 @@ from envlock.restore import cachedir
 @pytest.fixture
 def root(installer_clean: Path) -> Path:
     """Restore's cache with one entry of each kind: an unpacked pack, a build context whose
-    wheel is a hard link to the pack's, an envlock wheel, a uv binary; and what is not an entry."""
+    wheel is a hard link to the pack's, an envlock wheel, a uv binary, the kept checks inside
+    images; and what is not an entry."""
     from envlock.restore.restore import cache_dir
 
     root = cache_dir()
@@ -36,6 +37,8 @@ def root(installer_clean: Path) -> Path:
     (root / "envlock-wheel" / "envlock_ml-0.1.0-py3-none-any.whl").write_bytes(b"e" * 2000)
     (root / "uv" / "uv-0.9.0-py3-none-manylinux_2_17_x86_64").mkdir(parents=True)
     (root / "uv" / "uv-0.9.0-py3-none-manylinux_2_17_x86_64" / "uv").write_bytes(b"u" * 50_000)
+    (root / "inside").mkdir()
+    (root / "inside" / ("check-" + "0" * 40 + ".json")).write_bytes(b"k" * 700)
     (root / "charliecloud" / "images").mkdir(parents=True)  # restored images: not an entry
     (root / "charliecloud" / "images" / "big").write_bytes(b"c" * 400_000)
     return root
@@ -51,11 +54,12 @@ def test_list_shows_every_entry_with_its_size_once(root: Path, capsys: pytest.Ca
     listed = json.loads(capsys.readouterr().out)
     kinds = {e["kind"]: e["bytes"] for e in listed["entries"]}
     # The wheel the context hard-links from the pack counts once, in the pack.
-    assert kinds == {"pack": 300_002, "uv": 50_000, "envlock wheel": 2000, "context": 1000}
-    assert listed["total_bytes"] == 353_002 and listed["root"] == str(root)
+    assert kinds == {"pack": 300_002, "uv": 50_000, "envlock wheel": 2000, "context": 1000,
+                     "kept checks": 700}
+    assert listed["total_bytes"] == 353_702 and listed["root"] == str(root)
     assert main(["cache", "list"]) == 0
     text = capsys.readouterr().out
-    assert "4 entries, 353 kB, in" in text and "charliecloud" not in text
+    assert "5 entries, 354 kB, in" in text and "charliecloud" not in text
     assert "demo-0123456789ab" in text and "just now" in text
 
 
@@ -68,7 +72,7 @@ def test_prune_removes_what_no_restore_used_for_the_age_given(root: Path,
     assert (root / "packs" / ("pack-" + "0" * 16)).is_dir()
     assert main(["cache", "prune", "--older-than", "30d"]) == 0
     out = capsys.readouterr().out
-    assert "removed 1 entry, 300 kB" in out and "3 used more recently stay" in out
+    assert "removed 1 entry, 300 kB" in out and "4 used more recently stay" in out
     assert not (root / "packs" / ("pack-" + "0" * 16)).exists()
     assert (root / "demo-0123456789ab" / "context" / "wheels" / "six.whl").read_bytes() == b"w" * 300_000
     assert main(["cache", "prune", "--older-than", "9"]) == 0  # a bare number is days
@@ -98,7 +102,7 @@ def test_prune_refuses_while_a_restore_uses_the_cache(root: Path, capsys: pytest
         assert main(["cache", "prune"]) == 3
         err = capsys.readouterr().err
         assert "an envlock restore is using the cache" in err and "nothing was removed" in err
-        assert len(cachedir.entries(root)) == 4
+        assert len(cachedir.entries(root)) == 5
     finally:
         holder.communicate("", timeout=60)
     assert main(["cache", "prune"]) == 0

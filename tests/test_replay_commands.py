@@ -241,9 +241,15 @@ def fake_run(restore_lock: LockFactory, project: Path, monkeypatch: pytest.Monke
     seen: list[Any] = []
     command: dict[str, Any] = {"STDERR": b"", "EXIT": 0}
 
+    class NoImages:  # an engine that has no image of the lock yet: run restores
+        name = "docker"
+
+        def image(self, ref: str) -> None:
+            return None
+
     @contextlib.contextmanager
     def connect(_: Any) -> Iterator[object]:
-        yield object()
+        yield NoImages()
 
     def restore_image(args: Any, _lock: Any, options: Options, *_: Any, **__: Any) -> restore_mod.RestoreResult:
         seen.append((args, options))

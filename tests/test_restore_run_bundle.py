@@ -19,7 +19,7 @@ from envlock.errors import (
     UsageError,
 )
 from envlock.export.bundle import bundle
-from envlock.restore.run import parse_env, parse_ports, resolve_gpus
+from envlock.restore.run import needs_driver, parse_env, parse_ports, resolve_gpus
 from envlock.restore.tables import bases, driver_older, driver_requirement
 from envlock.restore.wheelhouse import MANIFEST, read_manifest, select
 
@@ -85,6 +85,24 @@ def test_gpu_requests(restore_lock: LockFactory) -> None:
         resolve_gpus(lock, "all", None)
     with pytest.raises(UsageError):
         resolve_gpus(lock, "all; rm -rf /", "550.54.14")
+
+
+@pytest.mark.parametrize("gpus", ["all", "none", "auto", "0,1"])
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_driver_is_asked_only_where_it_changes_the_answer(
+        restore_lock: LockFactory, gpus: str, cuda: bool) -> None:
+    """``run`` looks the host's driver up (NVML, nvidia-smi) only for a request whose answer
+    depends on it: not for --gpus none, nor for auto with a lock that runs on CPU."""
+    lock = cuda_lock(restore_lock) if cuda else restore_lock()
+
+    def answer(driver: str | None) -> str:
+        try:
+            return repr(resolve_gpus(lock, gpus, driver))
+        except HostIncompatible as exc:
+            return exc.message
+
+    answers = {answer(None), answer("550.54.14"), answer("470.82.01")}
+    assert needs_driver(lock, gpus) == (len(answers) > 1), answers
 
 
 def test_env_and_port_options() -> None:

@@ -26,9 +26,15 @@ def fake_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.Monk
     path = save(lock, tmp_path / "env.lock")
     the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
 
+    class NoImages:  # an engine that has no image of the lock yet: run restores
+        name = "docker"
+
+        def image(self, ref: str) -> None:
+            return None
+
     @contextlib.contextmanager
     def connect(_: Any) -> Iterator[object]:
-        yield object()
+        yield NoImages()
 
     def restore_image(*_: Any, **__: Any) -> restore_mod.RestoreResult:
         return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",

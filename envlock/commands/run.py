@@ -6,11 +6,18 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envlock.commands._output import say
 from envlock.commands._parser import command_after_options, run_options_parser
 from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
+
+if TYPE_CHECKING:
+    from envlock.lock import Lock
+    from envlock.restore.context import Options
+    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.restore import Ready
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,27 +52,20 @@ def run(args: argparse.Namespace) -> int:
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
                       ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(args.lock))
     lock = load(args.lock)
+    build_options = options(args)
     with connect(args.engine) as engine:
-        # Verify only what was just built: a cache hit was verified when it was built, and a
-        # replay should start fast.
-        result = restore_image(args, lock, options(args), engine, verify=False)
-        if not result.cached and not args.no_verify:
-            from envlock._render import verify_brief, verify_text
-            from envlock.restore.restore import verify_image_for
+        from envlock.restore.restore import image_name, ready_image
 
-            _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
-            checked = f"{args.lock} inside {result.tag}"
-            if not cmp.ok:
-                sys.stderr.write(verify_text(cmp, lock, checked, restored=True))
-                say("refusing to run in an image that does not match the lock (--no-verify overrides)")
-                return EXIT_DRIFT
-            # The verdict of the check just run, in verify's words, before the command's output.
-            sys.stderr.write(verify_brief(cmp, lock, checked))
-        elif not result.cached:
-            say(f"{result.tag} was built but not verified (--no-verify)")
+        found = None if args.no_cache or args.no_verify else ready_image(
+            engine, lock, build_options, image_name(Path(args.lock), args.name))
+        ready = found or _restore_for_run(args, lock, build_options, engine)
+        if isinstance(ready, int):
+            return ready
+        image_id, tag = ready.image_id, ready.tag
+        python, os_restored = ready.python, ready.os_packages_restored
         if recording is None:
-            return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
-                                os_packages_restored=result.plan.os_packages_restored)
+            return run_in_image(engine, lock, image_id, tag, opts, python=python,
+                                os_packages_restored=os_restored)
         from dataclasses import replace
 
         from envlock._textsafe import Tail
@@ -76,12 +76,40 @@ def run(args: argparse.Namespace) -> int:
             inner = "/envlock-record"
             ropts = replace(opts, env={**opts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
                             mounts=[(str(journal), inner, False)], stderr_tail=Tail())
-            code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
-                                os_packages_restored=result.plan.os_packages_restored)
+            code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
+                                os_packages_restored=os_restored)
             return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
                           where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
                           lock_path=args.lock, tolerance=(args.rtol, args.atol), restore=kept,
                           stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+
+
+def _restore_for_run(args: argparse.Namespace, lock: Lock, build_options: Options,
+                     engine: ContainerEngine) -> Ready | int:
+    """The lock's image through the whole restore (found by its build context, or built) and,
+    unless --no-verify, the check inside it (kept per image id: it runs once per image); the
+    exit code when the check found the image does not match the lock."""
+    from envlock.restore.restore import Ready
+
+    result = restore_image(args, lock, build_options, engine, verify=False)
+    ready = Ready(image_id=result.image_id, tag=result.tag, python=result.plan.python,
+                  os_packages_restored=result.plan.os_packages_restored)
+    if args.no_verify:
+        if not result.cached:
+            say(f"{result.tag} was built but not verified (--no-verify)")
+        return ready
+    from envlock._render import verify_brief, verify_text
+    from envlock.restore.restore import verify_image_for
+
+    _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)
+    checked = f"{args.lock} inside {result.tag}"
+    if not cmp.ok:
+        sys.stderr.write(verify_text(cmp, lock, checked, restored=True))
+        say("refusing to run in an image that does not match the lock (--no-verify overrides)")
+        return EXIT_DRIFT
+    # The verdict of the check, in verify's words, before the command's output.
+    sys.stderr.write(verify_brief(cmp, lock, checked))
+    return ready
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:

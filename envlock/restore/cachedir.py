@@ -1,12 +1,14 @@
 """What restore keeps in envlock's cache, who is using it, and pruning it (``envlock cache``).
 
-Restore's part of the cache (``restore.cache_dir()``) holds four kinds of entry, each a copy or
+Restore's part of the cache (``restore.cache_dir()``) holds five kinds of entry, each a copy or
 a by-product that the next restore makes again when it is gone:
 
 * ``packs/pack-<key>/``: a pack's ``.tar`` unpacked (the tar itself stays where it is);
 * ``<name>-<id>/``: a build context with its logs (an offline one holds every wheel);
 * ``envlock-wheel/*.whl``: wheels of the running envlock (``ownwheel``);
-* ``uv/<wheel>/``: uv binaries taken from packs (``uvbin``).
+* ``uv/<wheel>/``: uv binaries taken from packs (``uvbin``);
+* ``inside/``: the checks inside restored images, kept per image id (``inside``), one entry for
+  all of them; without it the next restore or run of each image checks it again.
 
 ``charliecloud/`` is left out: its directory images are restored environments, not a cache,
 and its storage is ch-image's (``ch-image reset`` empties it).
@@ -39,6 +41,7 @@ from envlock.errors import EnvlockError
 PACKS = "packs"
 OWN_WHEELS = "envlock-wheel"
 UV = "uv"
+CHECKS = "inside"  # ``inside.DIRECTORY``
 # <name>-<short id>: image_name's characters, then the lock's 12 hex digits.
 _CONTEXT = re.compile(r"[a-z0-9-]+-(?:[0-9a-f]{12}|unsealed)")
 _PACK = re.compile(r"pack-[0-9a-f]{16}")
@@ -48,7 +51,7 @@ _PARTIAL = re.compile(r"\.pack-[0-9a-f]{16}\..*\.tmp")
 
 @dataclass(frozen=True)
 class Entry:
-    kind: str  # "pack", "context", "envlock wheel", "uv", "partial unpack"
+    kind: str  # "pack", "context", "envlock wheel", "uv", "partial unpack", "kept checks"
     path: Path
     size: int  # bytes of its files, each hard-linked file counted once
     mtime: float  # last use: a restore touches what it reuses
@@ -99,6 +102,8 @@ def entries(root: Path) -> list[Entry]:
     for path in children(root):
         if _CONTEXT.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
             found.append(("context", path))
+        elif path.name == CHECKS and path.is_dir() and not path.is_symlink():
+            found.append(("kept checks", path))
     seen: set[tuple[int, int]] = set()
     out = []
     for kind, path in found:

@@ -232,8 +232,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     info = engine.image(image_id)
     comparison = None
     if verify:
-        say("verifying: running the probe inside a fresh container")
-        _, comparison = verify_image_for(engine, plan, image_id, tag)
+        _, comparison = verify_image_for(engine, plan, image_id, tag, say=say)
     return RestoreResult(plan=plan, image_id=image_id, tag=tag, cached=cached, seconds=seconds,
                          comparison=comparison, size=info.size if info else None)
 
@@ -285,9 +284,63 @@ def build_stage(engine: ContainerEngine, build_kw: dict[str, Any], staged: bool)
         engine.remove_build_stage(build)
 
 
-def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str
-                     ) -> tuple[Lock, Comparison]:
-    from envlock.restore.verify import verify_image
+def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag: str, *,
+                     say: Callable[[str], None] = lambda s: None) -> tuple[Lock, Comparison]:
+    """(lock captured inside ``image_id``, comparison with the plan's lock): the check inside.
 
-    return verify_image(engine, plan.lock, image_id, python=plan.python, reference=tag,
-                        restored=plan.restored)
+    It runs once per image: what the probe found is kept per image id (``inside``) and judged
+    again by the next restore that finds the image; only an image without such an entry (new,
+    restored with --no-verify, its entry pruned) starts a container for it."""
+    from envlock.errors import EnvlockError
+    from envlock.restore import inside
+    from envlock.restore.verify import judge_document, probe_image
+
+    kept = inside.find(engine.name, plan.lock, image_id)
+    if kept is not None:
+        try:
+            found = judge_document(plan.lock, kept.document, restored=plan.restored)
+        except EnvlockError:
+            pass  # a document this envlock no longer accepts: the probe runs again
+        else:
+            say(f"verified before: the check inside {image_id[7:19]} ran at {kept.checked_at} and is "
+                "kept per image id (ENVLOCK_NO_CACHE=1 runs it again)")
+            return found
+    say("verifying: running the probe inside a fresh container")
+    doc = probe_image(engine, plan.lock, image_id, python=plan.python, reference=tag)
+    found = judge_document(plan.lock, doc, restored=plan.restored)
+    inside.keep(engine.name, plan.lock, image_id, python=plan.python, restored=plan.restored,
+                document=doc, ok=found[1].ok)
+    return found
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An image ``run`` can start without restoring: the lock's, proven by a kept check."""
+
+    image_id: str
+    tag: str
+    python: str
+    os_packages_restored: bool
+
+
+def ready_image(engine: ContainerEngine, lock: Lock, options: ctx.Options, name: str) -> Ready | None:
+    """The lock's image when it was restored with these options and the check inside it
+    passed (kept per image id, ``inside``); None sends ``run`` through the whole restore.
+
+    ``run`` needs an image proven to match the lock, not a build context: the image the tag
+    names, with the options the restore recorded in its labels, and a kept check that passed
+    for this lock. Rendering the context and hashing its wheels again (``context_key``, what
+    ``restore`` compares), and listing images by label, are left to ``restore``."""
+    from envlock.restore import inside
+
+    tag = f"envlock/{name}:{lock.short_id}"
+    info = engine.image(tag)
+    if info is None or info.labels.get(dockerfile.LABEL_OPTIONS) != options_key(options) \
+            or info.labels.get(dockerfile.LABEL_SHORT_ID) != lock.short_id \
+            or dockerfile.LABEL_CONTEXT not in info.labels:
+        return None
+    kept = inside.find(engine.name, lock, info.id)
+    if kept is None or not kept.ok:
+        return None
+    return Ready(image_id=info.id, tag=tag, python=kept.python,
+                 os_packages_restored=kept.restored.os_packages_restored)

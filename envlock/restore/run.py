@@ -103,6 +103,12 @@ def host_driver() -> str | None:
     return first[0].strip() if out.returncode == 0 and first else None
 
 
+def needs_driver(lock: Lock, gpus: str) -> bool:
+    """Whether ``resolve_gpus`` judges the host's driver for ``gpus``: every request but
+    ``none``, and ``auto`` only for a lock whose torch uses CUDA (else it runs on CPU)."""
+    return gpus != "none" and (gpus != "auto" or bool(lock.torch and lock.torch.cuda))
+
+
 def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
     """(the GPU request for the engine or None, warnings); refuses what cannot work."""
     if not _GPUS_RE.fullmatch(gpus):
@@ -229,8 +235,9 @@ def _run(engine: ContainerEngine, lock: Lock, image_id: str, command: Sequence[s
     workspace = (opts.workspace or Path.cwd()).resolve()
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace} is not a directory")
-    # --gpus none needs no driver; NVML may take up to its timeout on a wedged one.
-    gpus, warnings = resolve_gpus(lock, opts.gpus, None if opts.gpus == "none" else host_driver())
+    # --gpus none needs no driver, nor does auto for a lock without CUDA: NVML may take up to
+    # its timeout on a wedged driver, and every run would wait for a driver it does not use.
+    gpus, warnings = resolve_gpus(lock, opts.gpus, host_driver() if needs_driver(lock, opts.gpus) else None)
     for w in warnings:
         sys.stderr.write(f"envlock: warning: {w}\n")
     locks = protected_locks(workspace, opts.lock_path)

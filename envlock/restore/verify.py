@@ -49,17 +49,11 @@ def probe_in_image(engine: ContainerEngine, image: str, *, python: str, torch: b
     return parse_document(result.stdout, f"inside {image}")
 
 
-def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
-                 restored: Restored, reference: str | None = None) -> tuple[Lock, Comparison]:
-    """(lock captured inside ``image_id``, comparison with ``lock``).
-
-    Judged by ``_verify.judge``, the verdict of every verify, with what the restore changed on
-    purpose (``restored``: the image is new, packages left out with ``--skip-local``, vcs
-    packages restored from a wheel, envlock itself...) allowed for, as ``envlock verify``
-    inside the image allows for it reading the same facts from the image.
-    """
-    from envlock._capture import build_lock
-    from envlock._verify import judge, probe_wanted_for
+def probe_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
+                reference: str | None = None) -> dict[str, Any]:
+    """What the probe prints inside a fresh container of ``image_id``, asked what ``lock``
+    needs answered (torch, the canary: ``probe_wanted_for``); restore's check, before judging."""
+    from envlock._verify import probe_wanted_for
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
@@ -68,9 +62,31 @@ def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: 
     doc = probe_in_image(engine, image_id, python=python, torch=want_torch, canary=want_canary,
                          env=env)
     doc.pop("deep", None)
+    return doc
+
+
+def judge_document(lock: Lock, doc: dict[str, Any], *, restored: Restored) -> tuple[Lock, Comparison]:
+    """(lock captured inside the image, its comparison with ``lock``) from the probe's document.
+
+    Judged by ``_verify.judge``, the verdict of every verify, with what the restore changed on
+    purpose (``restored``: the image is new, packages left out with ``--skip-local``, vcs
+    packages restored from a wheel, envlock itself...) allowed for, as ``envlock verify``
+    inside the image allows for it reading the same facts from the image.
+    """
+    from envlock._capture import build_lock
+    from envlock._verify import judge
+
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
     # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /
     # envlock.apply(), not expected here, as a shell `envlock verify` there reports them.
     cmp = judge(lock, inside, None, strict=False, process_state="report", limit=None,
                 restored=restored)
     return inside, cmp
+
+
+def verify_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: str,
+                 restored: Restored, reference: str | None = None) -> tuple[Lock, Comparison]:
+    """(lock captured inside ``image_id``, comparison with ``lock``): the probe run in a fresh
+    container now, its document judged (``judge_document``)."""
+    doc = probe_image(engine, lock, image_id, python=python, reference=reference)
+    return judge_document(lock, doc, restored=restored)
