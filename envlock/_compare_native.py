@@ -20,9 +20,12 @@ from envlock._comparison import Collector
 from envlock.lock import CudaLibrary, Library, Lock, Runtime
 from envlock.probe.rules import numerics_library
 
-_CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL"}
-# torch.cudnn and torch.nccl already are the loaded cuDNN and NCCL (compared as [torch]).
-_LOADED_ELSEWHERE = {"cudnn", "nccl"}
+_CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL",
+                "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
+                "cusparse": "cuSPARSE", "cusparselt": "cuSPARSELt", "nvrtc": "NVRTC"}
+# torch.cudnn already is the loaded cuDNN (compared as [torch]); torch.nccl is the NCCL torch
+# was compiled against, so the loaded one is compared here.
+_LOADED_ELSEWHERE = {"cudnn"}
 _RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
 
 
@@ -172,7 +175,7 @@ def _mismatch_text(name: str, lib: CudaLibrary) -> str:
 def cuda_libraries(c: Collector, old: Lock, new: Lock) -> None:
     """The CUDA libraries torch loaded: a version torch was not built against (a cuDNN from
     LD_LIBRARY_PATH; in a verify whenever this environment has one, in a diff when B has one A
-    did not), and a loaded runtime or cuBLAS that changed."""
+    did not), and a loaded library (but cuDNN, compared as ``torch.cudnn``) that changed."""
     a = (old.torch.cuda_libraries if old.torch else None) or {}
     b = (new.torch.cuda_libraries if new.torch else None) or {}
     for name in sorted(set(a) | set(b)):

@@ -161,6 +161,29 @@ def test_a_loaded_cuda_runtime_or_cublas_that_changed_is_breaking() -> None:
     assert d.severity == "breaking" and d.describe() == "cuBLAS loaded: 13.1.1 -> 13.0.2"
 
 
+def test_an_nccl_loaded_from_another_file_than_torch_was_compiled_with_is_named() -> None:
+    """torch.cuda.nccl.version() is the nccl.h of torch's build: the NCCL a process loaded is
+    compared apart from it, between locks and against the build."""
+    a = make_lock(torch=_cuda(nccl={"built": "2.29.7", "loaded": "2.29.7"}))
+    b = make_lock(torch=_cuda(nccl={"built": "2.29.7", "loaded": "2.29.3"}))
+    d = _paths(compare(a, b))["torch.cuda_libraries.nccl"]
+    assert d.severity == "warning"
+    assert d.describe().startswith("torch was built against NCCL 2.29.7; the process loaded 2.29.3")
+    c = make_lock(torch=_cuda(nccl={"loaded": "2.29.7"}))
+    d = _paths(compare(c, make_lock(torch=_cuda(nccl={"loaded": "2.28.9"}))))["torch.cuda_libraries.nccl.loaded"]
+    assert d.severity == "breaking" and d.describe() == "NCCL loaded: 2.29.7 -> 2.28.9"
+
+
+def test_a_math_library_is_judged_against_the_version_torch_s_wheel_pins() -> None:
+    """cuFFT's "built" is the pin of torch's wheel (4 parts), its "loaded" what cufftGetProperty
+    says (3): they agree on the parts both name; a cuFFT 11 under a build pinned to 12 is breaking."""
+    lock = make_lock(torch=_cuda(cufft={"built": "12.0.0.61", "loaded": "12.0.0"}))
+    assert compare(lock, lock).differences == ()
+    now = make_lock(torch=_cuda(cufft={"built": "12.0.0.61", "loaded": "11.3.3"}))
+    d = _paths(compare(lock, now))["torch.cuda_libraries.cufft"]
+    assert d.severity == "breaking" and "torch was built against cuFFT 12.0.0.61" in d.describe()
+
+
 def test_versions_agree_on_the_parts_both_name() -> None:
     assert mismatch("13.0", "13.0") is None and mismatch("2.29.7", "2.29.7.1") is None
     assert mismatch("13.0", "12.9") == "major" and mismatch("9.20.0", "9.1.0") == "older"

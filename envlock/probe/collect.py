@@ -172,7 +172,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             if info:
                 doc["torch"] = info
                 libs = guard("torch", lambda: cuda_libraries(
-                    torch_mod, loaded_libraries(), torch_pins(_metadata_head(locations.get("torch")))))
+                    torch_mod, loaded_libraries(), torch_pins(
+                        _metadata_head(locations.get("torch")),
+                        _metadata_head(locations.get("cuda-toolkit")))))
                 if libs:
                     info["cuda_libraries"] = libs
         elif why:
