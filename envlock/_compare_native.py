@@ -218,19 +218,41 @@ def device_kernels(c: Collector, old: Lock, new: Lock) -> None:
                   f"(other code than a native build's; built for {archs})")
 
 
+# Of the other libraries a replay record keeps those no package vouches for, at most this many
+# (by name): a process maps a few of them (the interpreter's own libpython, a project's custom op,
+# a preloaded library), and a record stays small.
+MAX_CONTEXT_UNOWNED = 32
+
+
+def _unowned(lib: Library) -> bool:
+    return not (lib.distribution or lib.conda_package or lib.os_package)
+
+
 def context_form(form: dict[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
     pairs them, for a replay record's flat ``[context]`` (``_recordcmp.context_of``): a list
     flattened by position would pair the 12th library of one run with the 12th of the other.
-    Only the libraries that decide numerics are kept, each as where it was loaded from."""
+
+    Each library is kept as where it was loaded from: those that decide numerics
+    (``native.libraries``), and, whatever their name, those no package vouches for
+    (``native.unowned``, with ``native.unowned_count``: how many there were, which also marks a
+    record that kept them): a custom op's library rebuilt in place, a ``libfoo.so`` found on
+    ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
+    version, which the record keeps as ``packages.<name>``."""
     out = dict(form)
     native = form.get("native")
     if isinstance(native, dict):
         libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
         runtimes_ = native.get("runtimes") or ()
+        groups = _by_name(libs)
+        others = sorted(name for name, group in groups.items()
+                        if not numerics_library(name) and any(map(_unowned, group)))
         out["native"] = {
             "libraries": {name: "; ".join(where(x) for x in group)
-                          for name, group in _by_name(libs).items() if numerics_library(name)},
+                          for name, group in groups.items() if numerics_library(name)},
+            "unowned": {name: "; ".join(where(x) for x in groups[name])
+                        for name in others[:MAX_CONTEXT_UNOWNED]},
+            "unowned_count": len(others),
             "runtimes": {f"{r['api']}.{r['implementation']}": {
                 k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
                 for r in runtimes_},
