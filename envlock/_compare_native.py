@@ -12,6 +12,7 @@ both sides from another file is drift when it is one of the libraries that decid
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -238,15 +239,21 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
     (``native.unowned``, with ``native.unowned_count``: how many there were, which also marks a
     record that kept them): a custom op's library rebuilt in place, a ``libfoo.so`` found on
     ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
-    version, which the record keeps as ``packages.<name>``."""
+    version, which the record keeps as ``packages.<name>``; the kernels torch.compile built and
+    loaded from its caches are the caches' (``compile.caches.*``): one file per kernel, named by
+    its contents, and in a fresh cache directory at every cold start."""
     out = dict(form)
     native = form.get("native")
+    compiled = form.get("compile")
     if isinstance(native, dict):
         libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
         runtimes_ = native.get("runtimes") or ()
         groups = _by_name(libs)
-        others = sorted(name for name, group in groups.items()
-                        if not numerics_library(name) and any(map(_unowned, group)))
+        caches = tuple(os.path.join(str(c.get("path")), "") for c in
+                       (compiled.get("caches") or () if isinstance(compiled, dict) else ())
+                       if isinstance(c, dict) and c.get("path"))
+        others = sorted(name for name, group in groups.items() if not numerics_library(name)
+                        and any(_unowned(x) and not x.path.startswith(caches) for x in group))
         out["native"] = {
             "libraries": {name: "; ".join(where(x) for x in group)
                           for name, group in groups.items() if numerics_library(name)},
@@ -257,7 +264,6 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
                 k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
                 for r in runtimes_},
         }
-    compiled = form.get("compile")
     if isinstance(compiled, dict):
         out["compile"] = {
             "triton": compiled.get("triton"), "settings": compiled.get("settings") or {},

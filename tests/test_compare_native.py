@@ -282,6 +282,20 @@ def test_a_replay_names_a_library_of_any_name_that_no_package_vouches_for() -> N
         assert "native.unowned.libfoo.so" in replay_text(cmp, "run.record"), why
 
 
+def test_kernels_torch_compile_loaded_from_its_cache_are_the_cache_s_not_unowned_libraries() -> None:
+    """Inductor's kernels are files named by their contents in the cache directory, a new one at
+    every cold start: ``compile.caches.*`` describes them, not one context key per kernel."""
+    kernel = {"name": "cel5wkgiie4j.main.so", "path": "/tmp/torchinductor_me/el/cel5wkgiie4j.main.so",
+              "sha256": "8" * 64}
+    lock = make_lock(native=_native(_gomp(), kernel, _libfoo("/opt/ops/libfoo.so")), compile={"caches": [
+        {"kind": "inductor", "path": "/tmp/torchinductor_me", "files": 1, "bytes": 9, "sha256": "4" * 64}]})
+    context = context_of(canonical_form(lock))
+    assert sorted(k for k in context if k.startswith("native.unowned")) == [
+        "native.unowned._ssl.cpython-311-x86_64-linux-gnu.so", "native.unowned.libfoo.so",
+        "native.unowned_count"]
+    assert context["native.unowned_count"] == 2
+
+
 def test_a_record_kept_before_unowned_libraries_compares_none_of_them() -> None:
     """A record written before ``native.unowned`` existed is not a process without such
     libraries: the family is compared only when both records have it."""
