@@ -1,6 +1,11 @@
 """What envlock adds to a training process, side by side with the ``import torch`` it pays anyway.
 
     python benchmarks/training.py [--venv DIR] [--repeats N] [--json FILE]
+    python benchmarks/training.py --venv DIR --tree before=SRC1 --tree after=SRC2   # side by side
+
+``--tree NAME=SRC`` runs the children of each tree in the same rounds with ``PYTHONPATH=SRC``
+(a checkout's root: its ``envlock`` is imported instead of the venv's), so that two versions of
+envlock are compared under the same load; without it the venv's installed envlock is measured.
 
 The targets (issue 26): the first ``envlock.record()`` call and ``envlock.capture()`` in a
 training process each add at most 10 % to ``import torch``; cold ``envlock capture --no-cache``
@@ -36,6 +41,7 @@ sys.path.insert(0, str(HERE))
 
 import run  # noqa: E402  (beside this file, not an installed package)
 
+IMPORT_TORCH = '`python -c "import torch"`'
 LIMIT_INPROC = 0.10
 LIMIT_CAPTURE = 1.15
 
@@ -71,20 +77,25 @@ class Child:
         return statistics.median(values) if values else None
 
 
-def children(venv: Path, tmp: Path) -> list[Child]:
+def children(venv: Path, tmp: Path, tree: str = "", src: Path | None = None) -> list[Child]:
+    """The children of one version of envlock (``src``: a checkout put first on PYTHONPATH;
+    None: the venv's own), keyed ``tree:kind``."""
     py, el = str(venv / "bin" / "python"), str(venv / "bin" / "envlock")
     inproc = [py, str(HERE / "inproc.py"), "first"]
-    warm = run.child_env(venv, ENVLOCK_CACHE_DIR=str(tmp / "cache"))
-    cold = run.child_env(venv, ENVLOCK_CACHE_DIR=str(tmp / "cache"), ENVLOCK_NO_CACHE="1")
+    extra = {"ENVLOCK_CACHE_DIR": str(tmp / f"cache-{tree}")}
+    if src is not None:
+        extra["PYTHONPATH"] = str(src)
+    warm = run.child_env(venv, **extra)
+    cold = run.child_env(venv, **extra, ENVLOCK_NO_CACHE="1")
     return [
-        Child("import_torch", 'python -c "import torch"', [py, "-c", "import torch"], warm),
-        Child("capture_record", "capture(), then record()", [*inproc, "capture", "record"], warm),
-        Child("record", "record() alone", [*inproc, "record"], warm),
-        Child("capture_record_cold", "capture(), then record(); ENVLOCK_NO_CACHE=1",
+        Child(f"{tree}:import_torch", 'python -c "import torch"', [py, "-c", "import torch"], warm),
+        Child(f"{tree}:capture_record", "capture(), then record()", [*inproc, "capture", "record"], warm),
+        Child(f"{tree}:record", "record() alone", [*inproc, "record"], warm),
+        Child(f"{tree}:capture_record_cold", "capture(), then record(); ENVLOCK_NO_CACHE=1",
               [*inproc, "capture", "record"], cold),
-        Child("record_cold", "record() alone; ENVLOCK_NO_CACHE=1", [*inproc, "record"], cold),
-        Child("capture_no_cache", "envlock capture --no-cache",
-              [el, "capture", "--no-cache", "-o", str(tmp / "cold.lock")], warm),
+        Child(f"{tree}:record_cold", "record() alone; ENVLOCK_NO_CACHE=1", [*inproc, "record"], cold),
+        Child(f"{tree}:capture_no_cache", "envlock capture --no-cache",
+              [el, "capture", "--no-cache", "-o", str(tmp / f"cold-{tree}.lock")], warm),
     ]
 
 
@@ -108,26 +119,39 @@ def _x(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}x"
 
 
-def render(kids: dict[str, Child]) -> tuple[str, list[dict[str, Any]]]:
+def render(kids: dict[str, Child], trees: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    """One table of in-process figures, one of processes and one of targets, with a row per
+    tree in each."""
+    def name(tree: str, label: str) -> str:
+        return f"{tree}: {label}" if tree else label
+
     lines = ["| process | import torch | capture() | first record() | record() / import torch "
              "| capture() / import torch |", "|---|---:|---:|---:|---:|---:|"]
     for key in ("capture_record", "record", "capture_record_cold", "record_cold"):
-        kid = kids[key]
-        lines.append(f"| {kid.label} | {_ms(kid.median('import torch_s'))} | "
-                     f"{_ms(kid.median('capture_s'))} | {_ms(kid.median('record_s'))} | "
-                     f"{_x(kid.ratio('record_s'))} | {_x(kid.ratio('capture_s'))} |")
-    torch_p = statistics.median(kids["import_torch"].wall)
-    cold_p = statistics.median(kids["capture_no_cache"].wall)
-    lines += ["", "| process | median | vs import torch |", "|---|---:|---:|",
-              f"| `python -c \"import torch\"` | {_ms(torch_p)} | 1.000x |",
-              f"| `envlock capture --no-cache` | {_ms(cold_p)} | {_x(cold_p / torch_p)} |"]
-    targets = [
-        ("capture() <= 0.10 x import torch (warm)", kids["capture_record"].ratio("capture_s"), LIMIT_INPROC),
-        ("first record() <= 0.10 x import torch (warm)", kids["record"].ratio("record_s"), LIMIT_INPROC),
-        ("capture --no-cache <= 1.15 x import torch", cold_p / torch_p, LIMIT_CAPTURE),
-        ("(info) capture() with ENVLOCK_NO_CACHE=1", kids["capture_record_cold"].ratio("capture_s"), None),
-        ("(info) first record() with ENVLOCK_NO_CACHE=1", kids["record_cold"].ratio("record_s"), None),
-    ]
+        for tree in trees:
+            kid = kids[f"{tree}:{key}"]
+            lines.append(f"| {name(tree, kid.label)} | {_ms(kid.median('import torch_s'))} | "
+                         f"{_ms(kid.median('capture_s'))} | {_ms(kid.median('record_s'))} | "
+                         f"{_x(kid.ratio('record_s'))} | {_x(kid.ratio('capture_s'))} |")
+    lines += ["", "| process | median | vs import torch |", "|---|---:|---:|"]
+    targets = []
+    for tree in trees:
+        torch_p = statistics.median(kids[f"{tree}:import_torch"].wall)
+        cold_p = statistics.median(kids[f"{tree}:capture_no_cache"].wall)
+        torch_label, cold_label = name(tree, IMPORT_TORCH), name(tree, "`envlock capture --no-cache`")
+        lines += [f"| {torch_label} | {_ms(torch_p)} | 1.000x |",
+                  f"| {cold_label} | {_ms(cold_p)} | {_x(cold_p / torch_p)} |"]
+        targets += [
+            (name(tree, "capture() <= 0.10 x import torch (warm)"),
+             kids[f"{tree}:capture_record"].ratio("capture_s"), LIMIT_INPROC),
+            (name(tree, "first record() <= 0.10 x import torch (warm)"),
+             kids[f"{tree}:record"].ratio("record_s"), LIMIT_INPROC),
+            (name(tree, "capture --no-cache <= 1.15 x import torch"), cold_p / torch_p, LIMIT_CAPTURE),
+            (name(tree, "(info) capture() with ENVLOCK_NO_CACHE=1"),
+             kids[f"{tree}:capture_record_cold"].ratio("capture_s"), None),
+            (name(tree, "(info) first record() with ENVLOCK_NO_CACHE=1"),
+             kids[f"{tree}:record_cold"].ratio("record_s"), None),
+        ]
     lines += ["", "| target | median | limit | verdict |", "|---|---:|---:|---|"]
     judged = []
     for label, value, limit in targets:
@@ -137,6 +161,13 @@ def render(kids: dict[str, Child]) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines) + "\n", judged
 
 
+def _tree(text: str) -> tuple[str, Path]:
+    label, sep, src = text.partition("=")
+    if not sep or not label or not (Path(src) / "envlock" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=DIR, DIR holding envlock/")
+    return label, Path(src).resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--venv", type=Path, help="use this venv as is (torch and envlock installed)")
@@ -144,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="interpreter to create the benchmark venv with")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds (default 7)")
     parser.add_argument("--json", type=Path, help="write every sample here")
+    parser.add_argument("--tree", type=_tree, action="append", default=[],
+                        help="NAME=DIR: measure the envlock of checkout DIR (repeat to compare)")
     parser.add_argument("--settle", type=float, default=run.SETTLE.max_wait,
                         help="wait up to this many seconds for quiet CPUs before each round")
     args = parser.parse_args(argv)
@@ -155,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="envlock-training-") as name:
         tmp = Path(name)
         project = run.make_project(tmp, run.child_env(venv))
-        kids = children(venv, tmp)
+        trees = args.tree or [("", None)]
+        kids = [kid for tree, src in trees for kid in children(venv, tmp, tree, src)]
         started = time.perf_counter()
         measure(kids, project, args.repeats)
         by_key = {k.key: k for k in kids}
-        report, judged = render(by_key)
+        report, judged = render(by_key, [tree for tree, _ in trees])
         doc = {"machine": run.machine_info(), "venv": run.venv_info(venv),
                "repeats": args.repeats, "duration_s": round(time.perf_counter() - started, 1),
+               "trees": {tree: str(src) if src else None for tree, src in trees},
                "settle": run.SETTLE.busy_before_round, "targets": judged,
                "children": {k.key: {"label": k.label, "rows": k.rows, "wall_s": k.wall}
                             for k in kids}}
