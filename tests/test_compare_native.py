@@ -267,7 +267,7 @@ def test_a_replay_names_a_library_of_any_name_that_no_package_vouches_for() -> N
     ours = _libfoo(f"{SITE}/ops/libfoo.so", distribution="ops", file="ops/libfoo.so")
     cases = {
         "rebuilt in place": (_libfoo("/opt/ops/libfoo.so"), _libfoo("/opt/ops/libfoo.so", sha256="7" * 64)),
-        "preloaded": (None, _libfoo("/tmp/pre/libfoo.so")),
+        "preloaded": (None, _libfoo("/opt/pre/libfoo.so")),
         "found first on LD_LIBRARY_PATH": (ours, _libfoo("/cluster/lib/libfoo.so")),
     }
     for why, (before, after) in cases.items():
@@ -285,10 +285,10 @@ def test_a_replay_names_a_library_of_any_name_that_no_package_vouches_for() -> N
 def test_kernels_torch_compile_loaded_from_its_cache_are_the_cache_s_not_unowned_libraries() -> None:
     """Inductor's kernels are files named by their contents in the cache directory, a new one at
     every cold start: ``compile.caches.*`` describes them, not one context key per kernel."""
-    kernel = {"name": "cel5wkgiie4j.main.so", "path": "/tmp/torchinductor_me/el/cel5wkgiie4j.main.so",
+    kernel = {"name": "cel5wkgiie4j.main.so", "path": "/home/me/.cache/inductor/el/cel5wkgiie4j.main.so",
               "sha256": "8" * 64}
     lock = make_lock(native=_native(_gomp(), kernel, _libfoo("/opt/ops/libfoo.so")), compile={"caches": [
-        {"kind": "inductor", "path": "/tmp/torchinductor_me", "files": 1, "bytes": 9, "sha256": "4" * 64}]})
+        {"kind": "inductor", "path": "/home/me/.cache/inductor", "files": 1, "bytes": 9, "sha256": "4" * 64}]})
     context = context_of(canonical_form(lock))
     assert sorted(k for k in context if k.startswith("native.unowned")) == [
         "native.unowned._ssl.cpython-311-x86_64-linux-gnu.so", "native.unowned.libfoo.so",
