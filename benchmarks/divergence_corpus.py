@@ -75,10 +75,13 @@ folder = os.path.join(hub, "models--corpus--model")
 rev = open(os.path.join(folder, "refs", "main")).read().strip()
 scale = json.load(open(os.path.join(folder, "snapshots", rev, "config.json")))["scale"]
 native = ctypes.CDLL("libblas_corpus.so")
-native.corpus_sum.restype = ctypes.c_double
-native.corpus_sum.argtypes = [ctypes.c_void_p, ctypes.c_long]
+# A custom op of the project, built outside the workspace: its name is no numerics library's.
+op = ctypes.CDLL(os.path.join(os.environ["CORPUS_OPS"], "libcorpus_op.so"))
+for lib in (native, op):
+    lib.corpus_sum.restype = ctypes.c_double
+    lib.corpus_sum.argtypes = [ctypes.c_void_p, ctypes.c_long]
 flat = np.ascontiguousarray(data, dtype=np.float32).ravel()
-summed = native.corpus_sum(flat.ctypes.data, flat.size)
+summed = native.corpus_sum(flat.ctypes.data, flat.size) + op.corpus_sum(flat.ctypes.data, flat.size)
 big = np.random.default_rng(0).standard_normal(4_000_000)
 prep = float(big @ big) * 1e-6 + summed * 1e-3 + scale * corpuspkg.SCALE + float(data.mean())
 
@@ -254,6 +257,13 @@ def _ld_in_place(ws: Workspace) -> Induced:
     return Induced(undo=lambda: lib.write_bytes(before))
 
 
+def _op_in_place(ws: Workspace) -> Induced:
+    lib = ws.outside / "ops" / "libcorpus_op.so"
+    before = lib.read_bytes()
+    shutil.copyfile(ws.outside / "ops-fast" / "libcorpus_op.so", lib)
+    return Induced(undo=lambda: lib.write_bytes(before))
+
+
 def _preload(ws: Workspace) -> Induced:
     return Induced(env={"LD_PRELOAD": str(ws.outside / "preload" / "libulpcos.so")})
 
@@ -276,6 +286,7 @@ def _rank1(ws: Workspace) -> Induced:
 INDUCTOR_DEPENDS = "issue 26 item 3: torch.compile state ([torch.compile] settings, variables, caches)"
 NATIVE_DEPENDS = "issue 26 item 1: native libraries as loaded (/proc/self/maps, a sha256 for unowned ones)"
 BLAS_DEPENDS = "issue 26 item 2: BLAS/OpenMP runtimes (threadpoolctl: implementation, version, threads)"
+UNOWNED_DEPENDS = "libraries no package vouches for, of any name, in a record's context (native.unowned)"
 
 CASES = (
     Case("omp_threads", "OMP_NUM_THREADS=1 (OpenMP: torch's intra-op pool, OpenBLAS)", "main",
@@ -295,8 +306,11 @@ CASES = (
     Case("ld_library_path_in_place", "the library on LD_LIBRARY_PATH replaced in place (a module "
          "system's upgrade)", "main", _ld_in_place, ("ctx:native.libraries.libblas_corpus.so",),
          depends=NATIVE_DEPENDS, needs="cc"),
+    Case("custom_op_in_place", "a custom op's library (no numerics library's name), loaded from "
+         "outside the workspace, rebuilt in place", "main", _op_in_place,
+         ("ctx:native.unowned.libcorpus_op.so",), depends=UNOWNED_DEPENDS, needs="cc"),
     Case("ld_preload", "LD_PRELOAD of a libm whose cos is one ulp off", "main", _preload,
-         ("ctx:env.LD_PRELOAD",), needs="cc"),
+         ("ctx:env.LD_PRELOAD", "ctx:native.unowned.libulpcos.so"), needs="cc"),
     Case("seed", "another seed (--seed 1 after --)", "main", _seed,
          ("ctx:seeds.torch_initial_seed", "command")),
     Case("data_file", "one value of the data file changed", "main", _data, ("input:data.npy",)),
@@ -403,11 +417,14 @@ def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) ->
     lib = outside / "lib" / "libblas_corpus.so"
     if _cc(NATIVE, lib, "-O2"):
         _cc(NATIVE, outside / "lib-fast" / "libblas_corpus.so", "-O3", "-ffast-math")
+        _cc(NATIVE, outside / "ops" / "libcorpus_op.so", "-O2")
+        _cc(NATIVE, outside / "ops-fast" / "libcorpus_op.so", "-O3", "-ffast-math")
         _cc(PRELOAD, outside / "preload" / "libulpcos.so", "-O2")
     env = {k: v for k, v in os.environ.items() if k not in _INDUCED}
     env.update(PYTHONPATH=os.pathsep.join([str(outside / "site"), str(REPO)]), HF_HUB_CACHE=str(hub),
                LD_LIBRARY_PATH=str(lib.parent), ENVLOCK_CACHE_DIR=str(where / "cache"),
-               CORPUS_PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"))
+               CORPUS_PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"),
+               CORPUS_OPS=str(outside / "ops"))
     env.pop("ENVLOCK_RECORD", None)
     if baseline == "compile":
         env["CORPUS_COMPILE"] = "1"

@@ -8,6 +8,7 @@ which process-level timings cannot separate. Each subcommand prints one JSON doc
     python benchmarks/inproc.py scan DIR [DIR ...] [--repeats N]
     python benchmarks/inproc.py canary [--repeats N]
     python benchmarks/inproc.py record [--repeats N]    # a fresh interpreter each time
+    python benchmarks/inproc.py first capture record    # one fresh interpreter (training.py)
 """
 
 from __future__ import annotations
@@ -113,36 +114,47 @@ def cmd_canary(repeats: int) -> dict[str, Any]:
             "matmul 256x256": _time(lambda: torch.matmul(a, a), repeats)}
 
 
-def cmd_record(repeats: int) -> dict[str, Any]:
-    """What a training process pays: ``import torch`` (cold for envlock: the first import in
-    this interpreter), then its first ``envlock.record()`` call (the in-process probe and the
-    hash of the workspace files it loaded), then ``envlock.capture()``; and, warm, the part the
-    workspace files take (``probe.code.workspace_files``: the walk of ``sys.modules`` and the
-    hashing). Run in a fresh interpreter: the first two happen once per process."""
+def cmd_first(calls: list[str]) -> dict[str, Any]:
+    """What a training process pays, in this fresh interpreter: ``import torch``, then each of
+    ``calls`` in order, timed apart: "capture" is ``import envlock; envlock.capture()``,
+    "record" the first ``envlock.record()`` (the in-process probe and the hash of the
+    workspace files the process loaded), with ``ENVLOCK_RECORD`` set for that call alone."""
     import os
     import tempfile
 
     t0 = time.perf_counter()
     import torch
 
-    t1 = time.perf_counter()
-    import envlock
+    out: dict[str, Any] = {"torch": torch.__version__, "modules_loaded": len(sys.modules),
+                           "import torch_s": time.perf_counter() - t0}
+    with tempfile.TemporaryDirectory() as tmp:
+        for call in calls:
+            t0 = time.perf_counter()
+            import envlock
+
+            if call == "capture":
+                envlock.capture()
+            else:
+                os.environ["ENVLOCK_RECORD"] = os.path.join(tmp, "journal.jsonl")
+                envlock.record(0, loss=1.0)
+                del os.environ["ENVLOCK_RECORD"]
+            out[f"{call}_s"] = time.perf_counter() - t0
+    return out
+
+
+def cmd_record(repeats: int) -> dict[str, Any]:
+    """``cmd_first(["record", "capture"])``, and, warm, the part the workspace files take
+    (``probe.code.workspace_files``: the walk of ``sys.modules`` and the hashing). Run in a
+    fresh interpreter: the first two happen once per process."""
+    import os
+
     from envlock.probe.code import workspace_files
 
-    t2 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["ENVLOCK_RECORD"] = os.path.join(tmp, "journal.jsonl")
-        envlock.record(0, loss=1.0)
-        t3 = time.perf_counter()
-        del os.environ["ENVLOCK_RECORD"]
-    envlock.capture()
-    t4 = time.perf_counter()
+    out = cmd_first(["record", "capture"])
     files = workspace_files(os.getcwd())
-    return {"torch": torch.__version__, "modules_loaded": len(sys.modules),
-            "workspace_files": len(files["files"]),
-            "import torch_s": t1 - t0, "import envlock_s": t2 - t1,
-            "first envlock.record_s": t3 - t2, "envlock.capture_s": t4 - t3,
-            "workspace_files (warm)": _time(lambda: workspace_files(os.getcwd()), repeats)}
+    out.update({"workspace_files": len(files["files"]),
+                "workspace_files (warm)": _time(lambda: workspace_files(os.getcwd()), repeats)})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p = sub.add_parser("record")
     p.add_argument("--repeats", type=int, default=20)
+    p = sub.add_parser("first")
+    p.add_argument("calls", nargs="+", choices=("capture", "record"))
     args = parser.parse_args(argv)
     if args.cmd == "load":
         doc = cmd_load(args.lock, args.repeats)
@@ -165,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = cmd_scan(args.dirs, args.repeats)
     elif args.cmd == "record":
         doc = cmd_record(args.repeats)
+    elif args.cmd == "first":
+        doc = cmd_first(args.calls)
     else:
         doc = cmd_canary(args.repeats)
     json.dump(doc, sys.stdout)

@@ -150,13 +150,17 @@ def capture(
     if in_process is None:
         in_process = python is None
     if in_process:
-        doc = run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
-                                   git_exclude=git_exclude)
-    else:
-        with StartedProbe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
-                          cache=cache, git_exclude=git_exclude) as probe:
-            import_heavy_modules()  # while the probe runs
-            doc = probe.result()
+        from envlock.probe.collect import gc_paused
+
+        with gc_paused():  # a training process: see gc_paused
+            doc = run_probe_in_process(torch=torch, canary=canary, image=image, cwd=cwd,
+                                       deep=deep, git_exclude=git_exclude)
+            doc.pop("deep", None)
+            return build_lock(doc, note=note)
+    with StartedProbe(python, torch=torch, canary=canary, image=image, cwd=cwd, deep=deep,
+                      cache=cache, git_exclude=git_exclude) as probe:
+        import_heavy_modules()  # while the probe runs
+        doc = probe.result()
     doc.pop("deep", None)
     return build_lock(doc, note=note)
 

@@ -12,6 +12,7 @@ both sides from another file is drift when it is one of the libraries that decid
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -20,9 +21,12 @@ from envlock._comparison import Collector
 from envlock.lock import CudaLibrary, Library, Lock, Runtime
 from envlock.probe.rules import numerics_library
 
-_CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL"}
-# torch.cudnn and torch.nccl already are the loaded cuDNN and NCCL (compared as [torch]).
-_LOADED_ELSEWHERE = {"cudnn", "nccl"}
+_CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL",
+                "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
+                "cusparse": "cuSPARSE", "cusparselt": "cuSPARSELt", "nvrtc": "NVRTC"}
+# torch.cudnn already is the loaded cuDNN (compared as [torch]); torch.nccl is the NCCL torch
+# was compiled against, so the loaded one is compared here.
+_LOADED_ELSEWHERE = {"cudnn"}
 _RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
 
 
@@ -172,7 +176,7 @@ def _mismatch_text(name: str, lib: CudaLibrary) -> str:
 def cuda_libraries(c: Collector, old: Lock, new: Lock) -> None:
     """The CUDA libraries torch loaded: a version torch was not built against (a cuDNN from
     LD_LIBRARY_PATH; in a verify whenever this environment has one, in a diff when B has one A
-    did not), and a loaded runtime or cuBLAS that changed."""
+    did not), and a loaded library (but cuDNN, compared as ``torch.cudnn``) that changed."""
     a = (old.torch.cuda_libraries if old.torch else None) or {}
     b = (new.torch.cuda_libraries if new.torch else None) or {}
     for name in sorted(set(a) | set(b)):
@@ -215,24 +219,51 @@ def device_kernels(c: Collector, old: Lock, new: Lock) -> None:
                   f"(other code than a native build's; built for {archs})")
 
 
+# Of the other libraries a replay record keeps those no package vouches for, at most this many
+# (by name): a process maps a few of them (the interpreter's own libpython, a project's custom op,
+# a preloaded library), and a record stays small.
+MAX_CONTEXT_UNOWNED = 32
+
+
+def _unowned(lib: Library) -> bool:
+    return not (lib.distribution or lib.conda_package or lib.os_package)
+
+
 def context_form(form: dict[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
     pairs them, for a replay record's flat ``[context]`` (``_recordcmp.context_of``): a list
     flattened by position would pair the 12th library of one run with the 12th of the other.
-    Only the libraries that decide numerics are kept, each as where it was loaded from."""
+
+    Each library is kept as where it was loaded from: those that decide numerics
+    (``native.libraries``), and, whatever their name, those no package vouches for
+    (``native.unowned``, with ``native.unowned_count``: how many there were, which also marks a
+    record that kept them): a custom op's library rebuilt in place, a ``libfoo.so`` found on
+    ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
+    version, which the record keeps as ``packages.<name>``; the kernels torch.compile built and
+    loaded from its caches are the caches' (``compile.caches.*``): one file per kernel, named by
+    its contents, and in a fresh cache directory at every cold start."""
     out = dict(form)
     native = form.get("native")
+    compiled = form.get("compile")
     if isinstance(native, dict):
         libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
         runtimes_ = native.get("runtimes") or ()
+        groups = _by_name(libs)
+        caches = tuple(os.path.join(str(c.get("path")), "") for c in
+                       (compiled.get("caches") or () if isinstance(compiled, dict) else ())
+                       if isinstance(c, dict) and c.get("path"))
+        others = sorted(name for name, group in groups.items() if not numerics_library(name)
+                        and any(_unowned(x) and not x.path.startswith(caches) for x in group))
         out["native"] = {
             "libraries": {name: "; ".join(where(x) for x in group)
-                          for name, group in _by_name(libs).items() if numerics_library(name)},
+                          for name, group in groups.items() if numerics_library(name)},
+            "unowned": {name: "; ".join(where(x) for x in groups[name])
+                        for name in others[:MAX_CONTEXT_UNOWNED]},
+            "unowned_count": len(others),
             "runtimes": {f"{r['api']}.{r['implementation']}": {
                 k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
                 for r in runtimes_},
         }
-    compiled = form.get("compile")
     if isinstance(compiled, dict):
         out["compile"] = {
             "triton": compiled.get("triton"), "settings": compiled.get("settings") or {},

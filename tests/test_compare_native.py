@@ -12,11 +12,11 @@ from typing import Any
 from helpers import make_lock
 
 from envlock._compare import compare
-from envlock._compare_native import mismatch
+from envlock._compare_native import MAX_CONTEXT_UNOWNED, mismatch, where
 from envlock._record import Meta, Record, Step
 from envlock._recordcmp import compare_records, context_of
 from envlock._replay_report import replay_text
-from envlock.lock import Lock, load
+from envlock.lock import Library, Lock, load
 from envlock.lock._seal import canonical_form
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -161,6 +161,29 @@ def test_a_loaded_cuda_runtime_or_cublas_that_changed_is_breaking() -> None:
     assert d.severity == "breaking" and d.describe() == "cuBLAS loaded: 13.1.1 -> 13.0.2"
 
 
+def test_an_nccl_loaded_from_another_file_than_torch_was_compiled_with_is_named() -> None:
+    """torch.cuda.nccl.version() is the nccl.h of torch's build: the NCCL a process loaded is
+    compared apart from it, between locks and against the build."""
+    a = make_lock(torch=_cuda(nccl={"built": "2.29.7", "loaded": "2.29.7"}))
+    b = make_lock(torch=_cuda(nccl={"built": "2.29.7", "loaded": "2.29.3"}))
+    d = _paths(compare(a, b))["torch.cuda_libraries.nccl"]
+    assert d.severity == "warning"
+    assert d.describe().startswith("torch was built against NCCL 2.29.7; the process loaded 2.29.3")
+    c = make_lock(torch=_cuda(nccl={"loaded": "2.29.7"}))
+    d = _paths(compare(c, make_lock(torch=_cuda(nccl={"loaded": "2.28.9"}))))["torch.cuda_libraries.nccl.loaded"]
+    assert d.severity == "breaking" and d.describe() == "NCCL loaded: 2.29.7 -> 2.28.9"
+
+
+def test_a_math_library_is_judged_against_the_version_torch_s_wheel_pins() -> None:
+    """cuFFT's "built" is the pin of torch's wheel (4 parts), its "loaded" what cufftGetProperty
+    says (3): they agree on the parts both name; a cuFFT 11 under a build pinned to 12 is breaking."""
+    lock = make_lock(torch=_cuda(cufft={"built": "12.0.0.61", "loaded": "12.0.0"}))
+    assert compare(lock, lock).differences == ()
+    now = make_lock(torch=_cuda(cufft={"built": "12.0.0.61", "loaded": "11.3.3"}))
+    d = _paths(compare(lock, now))["torch.cuda_libraries.cufft"]
+    assert d.severity == "breaking" and "torch was built against cuFFT 12.0.0.61" in d.describe()
+
+
 def test_versions_agree_on_the_parts_both_name() -> None:
     assert mismatch("13.0", "13.0") is None and mismatch("2.29.7", "2.29.7.1") is None
     assert mismatch("13.0", "12.9") == "major" and mismatch("9.20.0", "9.1.0") == "older"
@@ -226,5 +249,69 @@ def test_a_replay_names_a_changed_compile_setting_and_a_swapped_library() -> Non
     assert "lock differences that can explain it" in text
     assert "compile.settings.inductor.max_autotune: False -> True" in text
     assert "/opt/x/libgomp.so.1" in text and "torch/lib/libgomp.so.1" in text
-    # Libraries that decide nothing numeric stay out of the record's context.
-    assert not any("_ssl" in k or "libc.so" in k for k in context_of(canonical_form(original)))
+    # A library that decides nothing numeric and that a package vouches for stays out of the
+    # record's context (its package's version is there); one no package vouches for is kept.
+    context = context_of(canonical_form(original))
+    assert not any("libc.so" in k for k in context)
+    assert [k for k in context if "_ssl" in k] == ["native.unowned._ssl.cpython-311-x86_64-linux-gnu.so"]
+    assert context["native.unowned_count"] == 1
+
+
+def _libfoo(path: str, **owner: Any) -> dict[str, Any]:
+    return {"name": "libfoo.so", "path": path, **(owner or {"sha256": "6" * 64})}
+
+
+def test_a_replay_names_a_library_of_any_name_that_no_package_vouches_for() -> None:
+    """A custom op rebuilt in place, a libfoo.so preloaded or found on LD_LIBRARY_PATH in front
+    of the one a package ships: none is a numerics library's name, all can change the numbers."""
+    ours = _libfoo(f"{SITE}/ops/libfoo.so", distribution="ops", file="ops/libfoo.so")
+    cases = {
+        "rebuilt in place": (_libfoo("/opt/ops/libfoo.so"), _libfoo("/opt/ops/libfoo.so", sha256="7" * 64)),
+        "preloaded": (None, _libfoo("/opt/pre/libfoo.so")),
+        "found first on LD_LIBRARY_PATH": (ours, _libfoo("/cluster/lib/libfoo.so")),
+    }
+    for why, (before, after) in cases.items():
+        original = make_lock(native=_native(_gomp(), *([before] if before else [])))
+        replay = make_lock(native=_native(_gomp(), after))
+        cmp = compare_records(_record(original, 0.5), _record(replay, 0.25))
+        found = {c.key: c for c in cmp.context}
+        change = found.get("native.unowned.libfoo.so")
+        assert change is not None, (why, sorted(found))
+        assert change.replay == where(Library.model_validate(after))
+        assert (change.original is None) == (before is None or before is ours), why
+        assert "native.unowned.libfoo.so" in replay_text(cmp, "run.record"), why
+
+
+def test_kernels_torch_compile_loaded_from_its_cache_are_the_cache_s_not_unowned_libraries() -> None:
+    """Inductor's kernels are files named by their contents in the cache directory, a new one at
+    every cold start: ``compile.caches.*`` describes them, not one context key per kernel."""
+    kernel = {"name": "cel5wkgiie4j.main.so", "path": "/home/me/.cache/inductor/el/cel5wkgiie4j.main.so",
+              "sha256": "8" * 64}
+    lock = make_lock(native=_native(_gomp(), kernel, _libfoo("/opt/ops/libfoo.so")), compile={"caches": [
+        {"kind": "inductor", "path": "/home/me/.cache/inductor", "files": 1, "bytes": 9, "sha256": "4" * 64}]})
+    context = context_of(canonical_form(lock))
+    assert sorted(k for k in context if k.startswith("native.unowned")) == [
+        "native.unowned._ssl.cpython-311-x86_64-linux-gnu.so", "native.unowned.libfoo.so",
+        "native.unowned_count"]
+    assert context["native.unowned_count"] == 2
+
+
+def test_a_record_kept_before_unowned_libraries_compares_none_of_them() -> None:
+    """A record written before ``native.unowned`` existed is not a process without such
+    libraries: the family is compared only when both records have it."""
+    lock = make_lock(native=_native(_gomp(), _libfoo("/opt/ops/libfoo.so")))
+    old = _record(lock, 0.5)
+    old = old.model_copy(update={"context": {k: v for k, v in old.context.items()
+                                             if not k.startswith("native.unowned")}})
+    cmp = compare_records(old, _record(lock, 0.25))
+    assert not [c for c in cmp.context if c.key.startswith("native.unowned")]
+
+
+def test_a_record_keeps_a_bounded_number_of_unowned_libraries() -> None:
+    many = [_libfoo(f"/opt/ops/libop{i:03}.so") | {"name": f"libop{i:03}.so"} for i in range(MAX_CONTEXT_UNOWNED + 8)]
+    context = context_of(canonical_form(make_lock(native=_native(*many))))
+    kept = sorted(k.removeprefix("native.unowned.") for k in context if k.startswith("native.unowned."))
+    # The first by name (_native()'s _ssl module sorts first), and every one of them counted.
+    assert kept == sorted([f"libop{i:03}.so" for i in range(MAX_CONTEXT_UNOWNED - 1)]
+                          + ["_ssl.cpython-311-x86_64-linux-gnu.so"])
+    assert context["native.unowned_count"] == MAX_CONTEXT_UNOWNED + 9

@@ -71,8 +71,8 @@ def test_the_corpus_has_every_cause_the_issue_asks_for() -> None:
 # baselines (one process; two gloo ranks under torchrun). The libraries are built with the C
 # compiler the machine has.
 CHEAP = ["omp_threads", "openblas_threads", "aten_default", "ld_library_path", "ld_library_path_in_place",
-         "ld_preload", "seed", "data_file", "hf_revision", "package_version", "edited_script",
-         "edited_module", "rank1_threads"]
+         "custom_op_in_place", "ld_preload", "seed", "data_file", "hf_revision", "package_version",
+         "edited_script", "edited_module", "rank1_threads"]
 
 
 @pytest.mark.slow

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, make_dist
+from helpers import REPO, make_dist, needs_tool
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envlock.probe import native, ospkgs, statcache
 from envlock.probe.filehashes import FileHashes
+from envlock.probe.procs import run_tool
 
 LOAD_AND_PROBE = """
 import ctypes, json, sys
@@ -201,6 +204,99 @@ def test_apk_names_the_package_of_a_library() -> None:
     db = ospkgs.Database("apk", [], "/", paths)
     assert db.file_owners(["/usr/lib/libopenblas.so.3", "/usr/lib/libother.so"]) == {
         "/usr/lib/libopenblas.so.3": "openblas"}
+
+
+RPM_SPEC = """Name: {name}
+Version: 1.0
+Release: 1
+Summary: a package whose database entry lists a library of this host
+License: MIT
+BuildArch: noarch
+%description
+Recorded with --justdb: its file list is in the database, nothing is written.
+%install
+mkdir -p %{{buildroot}}{directory}
+: > %{{buildroot}}{path}
+%files
+{path}
+"""
+
+
+def rpm_database(tmp_path: Path, name: str, path: str) -> Path:
+    """A real rpm database of the test's own holding one package that lists ``path``: built with
+    rpmbuild and recorded with ``rpm -i --justdb``. Returns a home directory whose
+    ``.rpmmacros`` names that database, so that a plain ``rpm`` (HOME set to it) reads it."""
+    rpmbuild, rpm = needs_tool("rpmbuild"), needs_tool("rpm")
+    spec = tmp_path / f"{name}.spec"
+    spec.write_text(RPM_SPEC.format(name=name, path=path, directory=os.path.dirname(path)))
+    out, db, home = tmp_path / "rpms", tmp_path / "rpmdb", tmp_path / "home"
+    home.mkdir()
+    (home / ".rpmmacros").write_text(f"%_dbpath {db}\n")
+    env = {**os.environ, "HOME": str(home)}
+    subprocess.run([rpmbuild, "-bb", "--define", f"_topdir {tmp_path / 'rpmbuild'}", "--define",
+                    f"_rpmdir {out}", "--define", "__spec_install_post %{nil}", "--define",
+                    "_build_id_links none", str(spec)], env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([rpm, "--initdb"], env=env, check=True, capture_output=True, timeout=60)
+    package = next(out.glob("*/*.rpm"))
+    subprocess.run([rpm, "-i", "--justdb", "--nodeps", str(package)], env=env, check=True,
+                   capture_output=True, timeout=60)
+    return home
+
+
+def test_rpm_names_the_package_of_a_library_in_one_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real rpm database says which package lists the libm this process mapped: one ``rpm -qf``
+    for every library asked about, each answer told apart by the file it names; a library no
+    package lists is hashed as before."""
+    mapped = native.loaded_libraries()
+    libm = next(p for p in mapped if os.path.basename(p).startswith("libm.so"))
+    libc = next(p for p in mapped if os.path.basename(p).startswith("libc.so"))
+    listed = max(ospkgs.merged_usr_spellings(libm), key=len)  # rpm-based systems list /usr/lib64/...
+    monkeypatch.setenv("HOME", str(rpm_database(tmp_path, "claims-libm", listed)))
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float) -> tuple[int | None, bytes, str]:
+        calls.append(argv)
+        return run_tool(argv, timeout)
+
+    db = ospkgs.Database("rpm", [], "/", run=run)
+    entries = {e["path"]: e for e in native.describe_libraries(
+        [libm, libc], {}, {}, db.file_owners, native.NoHashes())}
+    assert entries[libm]["os_package"] == "claims-libm" and "sha256" not in entries[libm]
+    assert "os_package" not in entries[libc] and len(entries[libc]["sha256"]) == 64
+    assert len(calls) == 1 and calls[0][:4] == ["rpm", "-qf", "--queryformat", ospkgs.RPM_FILES_QUERYFORMAT]
+    assert {libm, libc} <= set(calls[0][5:])
+
+
+def test_rpm_that_cannot_answer_leaves_the_libraries_to_their_hashes() -> None:
+    """rpm missing or past its deadline (the runner's None): no owner, never an error."""
+    def run(argv: list[str], timeout: float) -> tuple[int | None, bytes, str]:
+        assert timeout == ospkgs.RPM_OWNERS_TIMEOUT
+        return None, b"", "rpm timed out after 10s"
+
+    db = ospkgs.Database("rpm", [], "/", run=run)
+    assert db.file_owners(["/usr/lib64/libm.so.6"]) == {}
+    assert ospkgs.Database("rpm", [], "/").file_owners(["/usr/lib64/libm.so.6"]) == {}
+
+
+RPM_FILES = ("/usr/lib64/libm.so.6\tglibc\n/usr/lib64/libc.so.6\tglibc\n"
+             "file /opt/x/libfoo.so is not owned by any package\n/usr/lib64/a\tb.so\tweird-name\n")
+
+
+def test_rpm_files_output_is_read_by_the_file_each_line_names() -> None:
+    wanted = {"/usr/lib64/libm.so.6", "/opt/x/libfoo.so", "/usr/lib64/a\tb.so", "/lib64/libm.so.6"}
+    assert ospkgs.parse_rpm_files(RPM_FILES, wanted) == {
+        "/usr/lib64/libm.so.6": "glibc", "/usr/lib64/a\tb.so": "weird-name"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(RPM_FILES.splitlines()) | st.text(max_size=60), max_size=12),
+       st.lists(st.sampled_from(["/usr/lib64/libm.so.6", "/opt/x/libfoo.so", "/usr/lib64/a\tb.so"])
+                | st.text(max_size=20), max_size=6))
+def test_fuzz_rpm_files_never_raise_and_name_only_asked_files_and_valid_packages(
+        lines: list[str], wanted: list[str]) -> None:
+    found = ospkgs.parse_rpm_files("\n".join(lines), set(wanted))
+    assert set(found) <= set(wanted)
+    assert all(ospkgs.spec(name, "noarch", "1") is not None for name in found.values())
 
 
 def test_runtimes_through_threadpoolctl_with_real_numpy_and_torch() -> None:

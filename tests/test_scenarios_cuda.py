@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,8 @@ import pytest
 import tomllib
 from helpers import unavailable
 from scenario_steps import Steps, build_nvml_standin, envlock, ok
+
+from envlock._compare_native import mismatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -124,8 +127,19 @@ def test_f_device_against_build_and_cuda_libraries_as_loaded(cuda_venv: Path, tm
     cuda = doc["torch"]["cuda_libraries"]
     assert cuda["cudart"] == {"built": "13.0", "loaded": "13.0"}
     assert cuda["cudnn"]["built"] == cuda["cudnn"]["loaded"] == doc["torch"]["cudnn"]
+    # torch.nccl is the nccl.h torch was compiled with; the loaded libnccl says the same here.
     assert cuda["nccl"]["built"] == cuda["nccl"]["loaded"] == doc["torch"]["nccl"]
-    assert cuda["cublas"]["loaded"].startswith("13.")
+    # cuBLAS and the other math libraries: "built" is what the installed cuda-toolkit pins for
+    # the extras torch asks of it (torch pins cuda-toolkit[cublas,...]==13.0.3), "loaded" what
+    # the library mapped into the process says (cublasGetProperty: major.minor.patch).
+    toolkit = next((cuda_venv / "lib").glob("python3*/site-packages/cuda_toolkit-*.dist-info"))
+    pin = re.search(r"(?m)^Requires-Dist: nvidia-cublas==([0-9.]+?)\.\*;.*extra == 'cublas'$",
+                    (toolkit / "METADATA").read_text())
+    assert pin is not None and cuda["cublas"]["built"] == pin.group(1)
+    assert cuda["cublas"]["loaded"].startswith("13.") and cuda["cublas"]["built"].startswith(cuda["cublas"]["loaded"])
+    assert set(cuda) == {"cudart", "cudnn", "nccl", "cublas", "cufft", "curand", "cusolver", "cusparse",
+                         "cusparselt", "nvrtc"}, cuda
+    assert [name for name, lib in cuda.items() if mismatch(lib["built"], lib["loaded"]) is not None] == [], cuda
     libs = {entry["name"]: entry for entry in doc["native"]["libraries"]}
     assert libs["libcudnn.so.9"]["distribution"] == "nvidia-cudnn-cu13"
     assert libs["libcudnn.so.9"]["file"] == "nvidia/cudnn/lib/libcudnn.so.9"

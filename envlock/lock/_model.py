@@ -143,16 +143,19 @@ LibraryVersion = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+-]
 class CudaLibrary(_Model):
     """``[torch.cuda_libraries.NAME]``: a CUDA library torch uses, as built and as loaded.
 
-    ``built``: the version torch reports it was compiled against (CUDA, cuDNN), else the one its
-    wheel pins (NCCL); ``loaded``: what the library mapped into the process says of itself. A
-    cuDNN 8 from ``LD_LIBRARY_PATH`` under a torch built for cuDNN 9 shows here as both.
+    ``built``: the version torch reports it was compiled against (CUDA, cuDNN, NCCL), else the
+    one its wheel pins, directly or through the ``cuda-toolkit`` extras it asks for (cuBLAS,
+    cuFFT, cuRAND, cuSOLVER, cuSPARSE, cuSPARSELt, NVRTC); ``loaded``: what the library mapped
+    into the process says of itself. A cuDNN 8 from ``LD_LIBRARY_PATH`` under a torch built for
+    cuDNN 9 shows here as both.
     """
 
     built: Annotated[LibraryVersion | None, CUSTOM] = None
     loaded: Annotated[LibraryVersion | None, CUSTOM] = None
 
 
-CudaLibraryName = Literal["cudart", "cudnn", "cublas", "nccl"]
+CudaLibraryName = Literal["cudart", "cudnn", "cublas", "nccl", "cufft", "curand", "cusolver",
+                          "cusparse", "cusparselt", "nvrtc"]
 
 
 class TorchInfo(_Model):

@@ -7,6 +7,7 @@ module of the probe can shadow what the probed environment imports (``import pla
 It leaves without the interpreter's teardown, once its one output is flushed (see the end).
 """
 
+import gc
 import importlib
 import importlib.util
 import os
@@ -14,6 +15,11 @@ import sys
 
 
 def _main() -> int:
+    # A short-lived program of envlock's own: Python's cyclic collector would walk torch's
+    # objects again and again while torch imports (~0.3 s of a 1.3 s import here,
+    # benchmarks/training.py); whatever cycles the probe makes die with it. The collector's
+    # state is no fact the probe reports.
+    gc.disable()
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]

@@ -10,11 +10,13 @@ Stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import statcache
 from .cache import cache_read, cache_write, torch_cache_key
@@ -49,6 +51,27 @@ DEFAULT_GIT_TIMEOUT = 5.0
 MUST_CAPTURE = ("packages", "os_packages", "conda", "deep")
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while envlock works inside a training process, and
+    on again afterwards (when it was on).
+
+    After ``import torch`` the collector tracks some 165,000 objects, and every full collection
+    walks all of them. The probe's document and, for ``envlock.capture()``, the building of the
+    lock's models allocate enough to set off several: measured, they were half of what
+    ``envlock.capture()`` added to a training process (``benchmarks/training.py``). What envlock
+    allocates meanwhile holds no cycle that must be freed at once; the first collection after
+    the pause frees any.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _cacheable(torch: str, canary: bool) -> bool:
     # Seeds are process state, and the canary runs kernels: both need the real torch.
     return torch == "auto" and not canary and "torch" not in sys.modules \
@@ -60,7 +83,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             nvml_timeout: Optional[float] = None, skip_dir: Optional[str] = None,
             deep: bool = False, cache: bool = False, progress: bool = False,
             processes: bool = False, git_exclude: Sequence[str] = (),
-            now_ns: Clock = time.time_ns, hash_cache: Optional[bool] = None) -> Dict[str, Any]:
+            now_ns: Clock = time.time_ns, hash_cache: Optional[bool] = None,
+            git: bool = True) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
@@ -68,13 +92,18 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     ``cache``: reuse the torch facts of an earlier run when nothing they depend on changed
     (see the ``cache`` module); only for a fresh interpreter, never a training process.
 
-    ``hash_cache``: reuse the hashes of loaded libraries no package vouches for, and which OS
-    package lists a library, while the files' stat is unchanged (``filehashes``, ``statcache``);
-    they describe files, not the process, so a training process may use them too (its capture
-    then hashes a library from outside any package once, not at every start). None: as
-    ``cache``. Without it nothing is read or written.
+    ``hash_cache``: reuse what was learnt of files while their stat is unchanged (``statcache``,
+    ``filehashes``): each RECORD's digest and shared libraries, the parsed OS package database,
+    which OS package lists a library, the hashes of loaded libraries no package vouches for.
+    They describe files, not the process, so a training process may use them too: its first
+    ``envlock.record()`` then reads torch's 15,000-line RECORD and the package database once per
+    change, not at every start. None: as ``cache``. Without it nothing is read or written.
 
     ``now_ns``: the clock the stat-keyed caches judge a file's age by (``statcache``).
+
+    ``git``: read the working tree's git state (``[git]``). A replay record's context keeps no
+    git facts (envlock reads the workspace's git state itself, before the command starts), so
+    ``envlock.record()`` does not start git from inside a training process.
     """
     start = time.perf_counter()
     errors: Dict[str, str] = {}
@@ -83,7 +112,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     git_timeout = git_timeout if git_timeout is not None else float(
         os.environ.get("ENVLOCK_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
     nvml_timeout = nvml_timeout if nvml_timeout is not None else nvml_timeout_from_env()
-    git_job = GitJob(cwd or os.getcwd(), git_timeout, git_exclude)
+    git_job = GitJob(cwd or os.getcwd(), git_timeout, git_exclude) if git else None
+    files_cache = cache if hash_cache is None else hash_cache
 
     def guard(section: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -100,14 +130,14 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     doc["python"] = guard("python", collect_python)
     locations: Dict[str, str] = {}
     deep_locations: List[Tuple[str, str, str]] = []
-    records = guard("cache", lambda: RecordDigests(now_ns)) if cache else None
+    records = guard("cache", lambda: RecordDigests(now_ns)) if files_cache else None
     reader = RecordReader()
     pkgs = guard("packages", lambda: collect_packages(skip_dir, locations, deep_locations,
                                                       records or reader, failed))
     doc["packages"], doc["duplicates"] = pkgs if pkgs else ([], [])
     databases: List[Any] = []
     os_packages = guard("os_packages", lambda: collect_os_packages(
-        doc["packages"], locations, cache=cache, now_ns=now_ns, found=databases))
+        doc["packages"], locations, cache=files_cache, now_ns=now_ns, found=databases))
     if os_packages:
         doc["os_packages"] = os_packages
     if deep:
@@ -142,7 +172,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             if info:
                 doc["torch"] = info
                 libs = guard("torch", lambda: cuda_libraries(
-                    torch_mod, loaded_libraries(), torch_pins(_metadata_head(locations.get("torch")))))
+                    torch_mod, loaded_libraries(), torch_pins(
+                        _metadata_head(locations.get("torch")),
+                        _metadata_head(locations.get("cuda-toolkit")))))
                 if libs:
                     info["cuda_libraries"] = libs
         elif why:
@@ -171,7 +203,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         runtimes = guard("native", lambda: collect_runtimes(loaded)) or ([], "maps")
     native = guard("native", lambda: _native(
         loaded, runtimes, deep_locations, libraries_of, conda_libraries, databases,
-        cache if hash_cache is None else hash_cache, now_ns))
+        files_cache, now_ns))
     if native is not None:
         doc["native"] = native
     if "torch" in doc:
@@ -193,11 +225,12 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
         cache_write(key, {"torch": doc["torch"], "determinism": flags, "libraries": loaded,
                           "runtimes": runtimes[0], "runtimes_source": runtimes[1]})
-    git, git_error = git_job.collect()
-    if git is not None:
-        doc["git"] = {k: v for k, v in git.items() if v is not None}
-    elif git_error:
-        errors["git"] = git_error
+    if git_job is not None:
+        state, git_error = git_job.collect()
+        if state is not None:
+            doc["git"] = {k: v for k, v in state.items() if v is not None}
+        elif git_error:
+            errors["git"] = git_error
     if failed:
         doc["unreadable"] = failed
     doc["probe"] = {"version": PROBE_VERSION, "errors": errors,

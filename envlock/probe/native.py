@@ -182,7 +182,8 @@ def describe_libraries(paths: Sequence[str], dists: Dict[str, Tuple[str, str]],
                        hashes: Any) -> List[Dict[str, Any]]:
     """One entry per mapped library: name (soname, else file name), path, and who vouches for it:
     ``distribution`` + ``file`` (its RECORD lists it), ``conda_package`` (a conda-meta record
-    does), ``os_package`` (dpkg's or apk's file list does), or ``sha256`` (nobody does).
+    does), ``os_package`` (dpkg's or apk's file list, or rpm's database, does), or ``sha256``
+    (nobody does).
     ``hashes``: a ``filehashes.FileHashes`` (lookup, store, save). A file deleted or replaced
     after it was loaded is ``deleted``: its bytes are no longer there to hash or vouch for."""
     entries: List[Dict[str, Any]] = []

@@ -6,7 +6,8 @@ read as files, not through ``dpkg-query``/``apk``: the file is the database thos
 its format is stable, and reading it needs neither the tool inside a slim image nor a
 subprocess at the start of every training job (``benchmarks/ospkgs.py`` compares). Only rpm has no stable on-disk format (a
 BerkeleyDB or SQLite file), so rpm is asked through ``run``, the probe's subprocess runner
-(argv, timeout, own process group).
+(argv, timeout, own process group): once for the packages, and once, for all of them together,
+for the owners of the shared libraries a process loaded.
 
 Each package is one string ``name:arch=version``: apt's own spelling of an exact pin, and short
 enough that a lock with 800 OS packages stays readable.
@@ -25,6 +26,12 @@ DPKG_INFO = "var/lib/dpkg/info"
 APK_INSTALLED = "lib/apk/db/installed"
 RPM_TIMEOUT = 20.0
 RPM_QUERYFORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
+# ``rpm -qf`` with this format prints, for each file asked about, every file of the package that
+# owns it with the package's name: each line names the file it is about, so the answer does not
+# depend on the order of the output or on which files no package owns (rpm prints a sentence
+# for those, and exits 1). A file's owner is a lookup of the database's file index, not a scan.
+RPM_FILES_QUERYFORMAT = "[%{FILENAMES}\\t%{NAME}\\n]"
+RPM_OWNERS_TIMEOUT = 10.0
 
 # What a lock accepts for each part; anything else in a database is dropped, not trusted.
 _NAME = r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"
@@ -142,6 +149,29 @@ def parse_rpm_query(text: str) -> List[Dict[str, str]]:
     return out
 
 
+def parse_rpm_files(text: str, wanted: Set[str]) -> Dict[str, str]:
+    """{path: package} of the ``wanted`` paths among the lines of ``rpm -qf --queryformat
+    RPM_FILES_QUERYFORMAT`` (``path<TAB>package``; the path may itself hold a tab)."""
+    found: Dict[str, str] = {}
+    for line in text.split("\n"):
+        path, sep, name = line.rpartition("\t")
+        if sep and path in wanted and re.match(_NAME_RE, name):
+            found.setdefault(path, name)
+    return found
+
+
+def rpm_owners(run: Runner, wanted: Set[str]) -> Dict[str, str]:
+    """{path: package} of the wanted files, from one ``rpm -qf`` for all of them ({} when rpm
+    cannot answer within ``RPM_OWNERS_TIMEOUT``: the libraries are then hashed instead)."""
+    if not wanted:
+        return {}
+    rc, out, _ = run(["rpm", "-qf", "--queryformat", RPM_FILES_QUERYFORMAT, "--", *sorted(wanted)],
+                     RPM_OWNERS_TIMEOUT)
+    if rc is None:  # not found, not started or timed out; exit 1 only says some had no owner
+        return {}
+    return parse_rpm_files(out.decode("utf-8", "surrogateescape"), wanted)
+
+
 def _read(path: str) -> Optional[str]:
     try:
         with open(path, "rb") as fh:
@@ -155,11 +185,12 @@ class Database:
 
     def __init__(self, manager: str, packages: List[Dict[str, str]], root: str,
                  apk_dirs: Optional[Dict[str, str]] = None,
-                 specs: Optional[List[str]] = None) -> None:
+                 specs: Optional[List[str]] = None, run: Optional[Runner] = None) -> None:
         self.manager = manager
         self.packages = packages
         self.root = root
         self.apk_dirs = apk_dirs
+        self.run = run  # rpm: how the owners of files are asked
         self._specs = specs  # what specs() returned when the database was read (a cache)
         # Who lists which path among dpkg's file lists (the probe's cache may stand in).
         self.dpkg_owners: Callable[[str, Set[str], Tuple[bytes, str]], Dict[str, str]] = \
@@ -191,8 +222,11 @@ class Database:
 
     def file_owners(self, paths: Iterable[str]) -> Dict[str, str]:
         """{path: package} for the given files (shared libraries): dpkg's file lists, apk's
-        database; rpm is not asked (a subprocess per file), so its files have no owner here."""
-        return {p: owner.split(":", 1)[0] for p, owner in self._listing(set(paths), LIBRARIES).items()
+        database, rpm's answer to one ``rpm -qf`` for all of them."""
+        wanted = set(paths)
+        if self.manager == "rpm":
+            return rpm_owners(self.run, wanted) if self.run is not None else {}
+        return {p: owner.split(":", 1)[0] for p, owner in self._listing(wanted, LIBRARIES).items()
                 if re.match(_NAME_RE, owner.split(":", 1)[0])}
 
     def _listing(self, wanted: Set[str], kind: Tuple[bytes, str]) -> Dict[str, str]:
@@ -291,7 +325,7 @@ def load(root: str = "/", run: Optional[Runner] = None) -> Optional[Database]:
         rc, out, err = run(["rpm", "-qa", "--qf", RPM_QUERYFORMAT], RPM_TIMEOUT)
         if rc != 0:
             raise RuntimeError("rpm -qa failed: %s" % (err or "exit %s" % rc))
-        return Database("rpm", parse_rpm_query(out.decode("utf-8", "replace")), root)
+        return Database("rpm", parse_rpm_query(out.decode("utf-8", "replace")), root, run=run)
     return None
 
 

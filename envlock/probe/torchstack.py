@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .env import process_set_env
 from .files import sha256
@@ -197,16 +197,68 @@ def want_torch(mode: str) -> Tuple[Any, Optional[str]]:
 
 # -- the CUDA libraries torch loaded, against those it was built with ---------------------------
 
-# torch's wheel pins the CUDA libraries it was released with (``nvidia-nccl-cu13==2.29.7``):
-# for NCCL and, in older wheels, cuBLAS and the CUDA runtime, that pin is the only "built with"
-# torch reports. (cuda-toolkit[...] metapackages pin through extras, one level further: left out.)
-_PIN_RE = r"(?im)^Requires-Dist:\s*nvidia-(cuda-runtime|cudnn|cublas|nccl)(?:-cu\d+)?\s*==\s*([0-9][0-9.]*)"
-_PIN_NAMES = {"cuda-runtime": "cudart", "cudnn": "cudnn", "cublas": "cublas", "nccl": "nccl"}
+# torch's wheel pins the CUDA libraries it was released with: directly (``nvidia-nccl-cu13==
+# 2.29.7``, ``nvidia-cublas-cu12==12.8.4.1`` in CUDA 12 wheels) or, since the CUDA 13 wheels,
+# through NVIDIA's metapackage (``cuda-toolkit[cublas,cudart,...]==13.0.3``, whose own METADATA
+# pins ``nvidia-cublas==13.1.1.3.*; ... extra == 'cublas'``). For cuBLAS and the other math
+# libraries that pin is the only "built with" there is: torch reports none of their versions.
+_REQUIRES_RE = (r"(?m)^Requires-Dist:[ \t]*([A-Za-z0-9][A-Za-z0-9._-]{0,127})[ \t]*"
+                r"(?:\[([A-Za-z0-9._, \t-]{0,1024})\])?[ \t]*==[ \t]*([0-9][0-9.]{0,63}?)(?:\.\*)?"
+                r"[ \t]*(?:;([^\n]{0,2048}))?[ \t]*$")
+_EXTRA_RE = r"""\bextra\s*==\s*['"]([A-Za-z0-9._-]{1,64})['"]"""
+_TOOLKIT = "cuda-toolkit"
+# The wheel (``nvidia-<name>``, with or without its ``-cuNN`` suffix) of each library.
+_PIN_NAMES = {"cuda-runtime": "cudart", "cublas": "cublas", "cudnn": "cudnn", "nccl": "nccl",
+              "cufft": "cufft", "curand": "curand", "cusolver": "cusolver",
+              "cusparse": "cusparse", "cusparselt": "cusparselt", "cuda-nvrtc": "nvrtc"}
 
 
-def torch_pins(metadata: str) -> Dict[str, str]:
-    """{cudart|cudnn|cublas|nccl: version} that torch's METADATA pins with ``==``."""
-    return {_PIN_NAMES[m.group(1).lower()]: m.group(2) for m in re.finditer(_PIN_RE, metadata)}
+def _requirements(metadata: str) -> List[Tuple[str, List[str], str, str]]:
+    """(canonical name, extras, version, marker) of each ``Requires-Dist: NAME[EXTRAS]==V``."""
+    out = []
+    for m in re.finditer(_REQUIRES_RE, metadata):
+        name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+        extras = [e.strip().lower() for e in (m.group(2) or "").split(",") if e.strip()]
+        out.append((name, extras, m.group(3).rstrip("."), m.group(4) or ""))
+    return out
+
+
+def _library_of(name: str) -> Optional[str]:
+    if not name.startswith("nvidia-"):
+        return None
+    return _PIN_NAMES.get(re.sub(r"-cu\d+$", "", name[len("nvidia-"):]))
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    """A version's release numbers without trailing zeros: 13.0.3 and 13.0.3.0 are one."""
+    parts = [int(x) for x in version.split(".") if x.isdigit()]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def torch_pins(metadata: str, toolkit: str = "") -> Dict[str, str]:
+    """{library: version} of the CUDA libraries torch's METADATA pins with ``==``, directly or
+    through the extras it asks of ``cuda-toolkit`` (``toolkit``: the installed cuda-toolkit's
+    METADATA, used only when its version is the one torch pins)."""
+    pins: Dict[str, str] = {}
+    extras: Set[str] = set()
+    wanted = None
+    for name, asked, version, _ in _requirements(metadata):
+        library = _library_of(name)
+        if library is not None:
+            pins.setdefault(library, version)
+        elif name == _TOOLKIT:
+            wanted, extras = version, set(asked)
+    found = re.search(r"(?m)^Version:[ \t]*([0-9][0-9.]{0,63})[ \t]*$", toolkit)
+    if wanted is None or found is None or _release(found.group(1)) != _release(wanted):
+        return pins
+    for name, _, version, marker in _requirements(toolkit):
+        library = _library_of(name)
+        extra = re.search(_EXTRA_RE, marker)
+        if library is not None and extra is not None and extra.group(1).lower() in extras:
+            pins.setdefault(library, version)
+    return pins
 
 
 def _loaded(paths: List[str], stem: str) -> Optional[str]:
@@ -238,35 +290,72 @@ def _cudart_version(ct: Any, lib: Any) -> Optional[str]:
     return "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
 
 
-def _cublas_version(ct: Any, lib: Any) -> Optional[str]:
-    parts = []
-    for kind in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL (libraryPropertyType)
-        v = ct.c_int()
-        if lib.cublasGetProperty(kind, ct.byref(v)) != 0:
-            return None
-        parts.append(str(v.value))
-    return ".".join(parts)
+def _properties(function: str) -> Callable[[Any, Any], Optional[str]]:
+    """``major.minor.patch`` from a library's ``*GetProperty(libraryPropertyType, int *)``, the
+    call cuBLAS, cuFFT, cuRAND, cuSOLVER, cuSPARSE and cuSPARSELt share."""
+    def ask(ct: Any, lib: Any) -> Optional[str]:
+        parts = []
+        for kind in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            v = ct.c_int()
+            if getattr(lib, function)(kind, ct.byref(v)) != 0 or v.value < 0:
+                return None
+            parts.append(str(v.value))
+        return ".".join(parts)
+    return ask
+
+
+def _nvrtc_version(ct: Any, lib: Any) -> Optional[str]:
+    major, minor = ct.c_int(), ct.c_int()
+    if lib.nvrtcVersion(ct.byref(major), ct.byref(minor)) != 0 or major.value <= 0:
+        return None
+    return "%d.%d" % (major.value, minor.value)
+
+
+def _nccl_version(ct: Any, lib: Any) -> Optional[str]:
+    v = ct.c_int()
+    if lib.ncclGetVersion(ct.byref(v)) != 0 or v.value <= 0:
+        return None
+    div = 10000 if v.value >= 10000 else 1000  # NCCL >= 2.9: major * 10000 + minor * 100 + patch
+    return "%d.%d.%d" % (v.value // div, (v.value % div) // 100, v.value % 100)
+
+
+# (library, the file it is loaded from, how it says its version). cuDNN is asked through torch.
+_ASKED = (
+    ("cudart", "libcudart.so", _cudart_version),
+    ("cublas", "libcublas.so", _properties("cublasGetProperty")),
+    ("cufft", "libcufft.so", _properties("cufftGetProperty")),
+    ("curand", "libcurand.so", _properties("curandGetProperty")),
+    ("cusolver", "libcusolver.so", _properties("cusolverGetProperty")),
+    ("cusparse", "libcusparse.so", _properties("cusparseGetProperty")),
+    ("cusparselt", "libcusparseLt.so", _properties("cusparseLtGetProperty")),
+    ("nvrtc", "libnvrtc.so", _nvrtc_version),
+    ("nccl", "libnccl.so", _nccl_version),
+)
 
 
 def cuda_libraries(torch: Any, paths: List[str], pins: Dict[str, str]) -> Dict[str, Dict[str, str]]:
-    """{cudart|cudnn|cublas|nccl: {built, loaded}} of a CUDA build of torch.
+    """{library: {built, loaded}} of a CUDA build of torch.
 
-    ``loaded``: what the library mapped into this process says of itself. ``built``: what torch
-    reports it was compiled against (CUDA, cuDNN), else the version its wheel pins (``pins``).
+    ``loaded``: what the library mapped into this process says of itself (its own version
+    call, through ``RTLD_NOLOAD``; cuDNN's through torch). ``built``: what torch reports it was
+    compiled against (the CUDA runtime, cuDNN, NCCL: ``torch.cuda.nccl.version()`` is the
+    ``nccl.h`` torch was compiled with, not the library loaded), else the version its wheel
+    pins (``pins``: cuBLAS and the other math libraries).
     """
     cuda = quiet(lambda: torch.version.cuda)
     if not cuda:
         return {}
-    found = {
-        "cudart": (str(cuda), _ask(_loaded(paths, "libcudart.so"), _cudart_version)),
-        "cudnn": (quiet(lambda: ".".join(str(x) for x in torch._C._cudnn.getCompileVersion())),
-                  quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))),
-        "cublas": (None, _ask(_loaded(paths, "libcublas.so"), _cublas_version)),
-        "nccl": (None, quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version()))),
+    built = {
+        "cudart": str(cuda),
+        "cudnn": quiet(lambda: ".".join(str(x) for x in torch._C._cudnn.getCompileVersion())),
+        "nccl": quiet(lambda: ".".join(str(x) for x in torch.cuda.nccl.version())),
     }
+    loaded = {name: _ask(_loaded(paths, stem), call) for name, stem, call in _ASKED}
+    loaded["cudnn"] = quiet(lambda: _cudnn_str(torch.backends.cudnn.version()))
     out: Dict[str, Dict[str, str]] = {}
-    for name, (built, loaded) in found.items():
-        entry = {k: str(v) for k, v in (("built", built or pins.get(name)), ("loaded", loaded)) if v}
+    for name in sorted(set(loaded) | set(built)):
+        entry = {k: str(v) for k, v in (("built", built.get(name) or pins.get(name)),
+                                        ("loaded", loaded.get(name))) if v}
         if entry:
             out[name] = entry
     return out

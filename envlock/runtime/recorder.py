@@ -104,14 +104,17 @@ def encode(name: str, value: Any) -> Any:
 def _capture_line(rank: int, world: int) -> str:
     """This process's capture, its rank and world size, and (rank 0) its workspace files."""
     from envlock.probe.code import workspace_files
-    from envlock.probe.collect import collect
+    from envlock.probe.collect import collect, gc_paused
     from envlock.probe.statcache import file_cache_allowed
 
-    doc = collect(torch="auto" if "torch" in sys.modules else "no", hash_cache=file_cache_allowed())
-    line: dict[str, Any] = {"capture": doc, "world_size": world, "rank": rank}
-    if rank == 0:
-        line["code"] = workspace_files(os.environ.get(WORKSPACE_ENV) or os.getcwd())
-    return json.dumps(line) + "\n"
+    with gc_paused():
+        # No git: the record's context keeps none (envlock reads the workspace's git state).
+        doc = collect(torch="auto" if "torch" in sys.modules else "no",
+                      hash_cache=file_cache_allowed(), git=False)
+        line: dict[str, Any] = {"capture": doc, "world_size": world, "rank": rank}
+        if rank == 0:
+            line["code"] = workspace_files(os.environ.get(WORKSPACE_ENV) or os.getcwd())
+        return json.dumps(line) + "\n"
 
 
 def _open(path: str, world: int) -> TextIO:
