@@ -6,11 +6,19 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envlock.commands._output import say
 from envlock.commands._parser import command_after_options, run_options_parser
 from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
+
+if TYPE_CHECKING:
+    from envlock._compilecache import CacheFile
+    from envlock.lock import Lock
+    from envlock.restore.context import Options
+    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.packdir import Pack
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,14 +49,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
+    pack = _open_pack(args)
+    lock_path = str(pack.lock) if pack is not None else args.lock
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
-                      ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(args.lock))
-    lock = load(args.lock)
+                      ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
+    lock = load(lock_path)
+    cache, save = _compile_files(args, lock, pack)
     with connect(args.engine) as engine:
+        build = options(args)
+        if pack is not None:
+            build = _pack_base(args, pack, build, engine, lock)
         # Verify only what was just built: a cache hit was verified when it was built, and a
         # replay should start fast.
-        result = restore_image(args, lock, options(args), engine, verify=False)
+        result = restore_image(args, lock, build, engine, verify=False, lock_path=Path(lock_path),
+                               network=pack is None)
         if not result.cached and not args.no_verify:
             from envlock._render import verify_brief, verify_text
             from envlock.restore.restore import verify_image_for
@@ -63,25 +78,77 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(verify_brief(cmp, lock, checked))
         elif not result.cached:
             say(f"{result.tag} was built but not verified (--no-verify)")
-        if recording is None:
-            return run_in_image(engine, lock, result.image_id, result.tag, opts, python=result.plan.python,
-                                os_packages_restored=result.plan.os_packages_restored)
         from dataclasses import replace
 
-        from envlock._textsafe import Tail
-        from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
-        from envlock.restore.context import WORKDIR
+        from envlock._compilecache import compile_run
+        from envlock.commands._recording import compile_report
 
-        with journal_dir() as journal:
-            inner = "/envlock-record"
-            ropts = replace(opts, env={**opts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
-                            mounts=[(str(journal), inner, False)], stderr_tail=Tail())
-            code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
-                                os_packages_restored=result.plan.os_packages_restored)
-            return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
-                          where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
-                          lock_path=args.lock, tolerance=(args.rtol, args.atol), restore=kept,
-                          stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+        with compile_run(cache, save, container=True) as compiled:
+            copts = replace(opts, command=compiled.command(result.plan.python, opts.command),
+                            env={**opts.env, **compiled.env()}, mounts=compiled.mounts())
+            if recording is None:
+                code = run_in_image(engine, lock, result.image_id, result.tag, copts, python=result.plan.python,
+                                    os_packages_restored=result.plan.os_packages_restored)
+                compiled.loaded()
+                compile_report(compiled)
+                return code
+            from envlock._textsafe import Tail
+            from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
+            from envlock.restore.context import WORKDIR
+
+            with journal_dir() as journal:
+                inner = "/envlock-record"
+                ropts = replace(copts, env={**copts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
+                                mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
+                code = run_in_image(engine, lock, result.image_id, result.tag, ropts, python=result.plan.python,
+                                    os_packages_restored=result.plan.os_packages_restored)
+                compiled.loaded()
+                verdict = finish(recording, journal / JOURNAL, command=opts.command, exit_code=code,
+                                 where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
+                                 lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
+                                 stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+                compile_report(compiled, recording.original)
+                return verdict
+
+
+def _open_pack(args: argparse.Namespace) -> Pack | None:
+    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock."""
+    from envlock.restore.packdir import is_pack
+
+    if not is_pack(Path(args.lock)):
+        return None
+    from envlock.restore.cachedir import PACKS
+    from envlock.restore.packdir import open_pack
+    from envlock.restore.restore import cache_dir
+
+    return open_pack(Path(args.lock), cache_dir() / PACKS)
+
+
+def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
+               lock: Lock) -> Options:
+    """The build options of a pack (its wheels, its base image), the base loaded from it."""
+    from envlock.commands.restore import pack_options
+    from envlock.restore.packdir import ensure_base
+
+    if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
+        say(f"loaded the base image {pack.base.get('display', '')} from the pack")
+    return pack_options(args, pack, build)
+
+
+def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
+    """The compile cache to load (``--compile-cache``, else the pack's) and where to save one."""
+    from envlock.commands._recording import compile_files
+
+    if (args.compile_cache or args.save_compile_cache or (pack is not None and pack.compile_cache
+                                                          and not args.no_compile_cache)) \
+            and (args.jupyter or args.ssh):
+        raise UsageError("--compile-cache and --save-compile-cache apply to a command after --, "
+                         "not to --jupyter or --ssh", hint="or pass --no-compile-cache")
+    from envlock._compilecache import pack_cache
+
+    held = pack.compile_cache if pack is not None else None
+    packed = pack_cache(held, pack.manifest["compile_cache"].get("sha256")) if pack is not None and held else None
+    return compile_files(args, lock, "the pack's lock" if pack is not None else args.lock, packed)
 
 
 def split_run_args(args: argparse.Namespace) -> list[str]:
