@@ -132,7 +132,7 @@ def test_another_torch_or_triton_is_refused_naming_both() -> None:
                                                      r"has torch 2.12.1 \(no Triton\)") as exc:
         compilecache.check_versions(header, "2.12.1", None)
     assert exc.value.kind == "version"
-    with pytest.raises(compilecache.CacheError, match="has torch 2.13.0\\+cpu \\(Triton 3.7.1\\)"):
+    with pytest.raises(compilecache.CacheError, match=r"has torch 2.13.0\+cpu \(Triton 3.7.1\)"):
         compilecache.check_versions(header, "2.13.0+cpu", "3.7.1")
 
 
@@ -143,7 +143,7 @@ def test_a_lock_of_another_stack_refuses_the_cache_before_anything_runs(tmp_path
     with pytest.raises(CompileCacheRefused, match=r"torch 2.12.0 \(Triton 3.1.0\).*\(env.lock\)"):
         other = make_lock(torch={"version": "2.12.0"}, packages=[("triton", "3.1.0")])
         _compilecache.check_against_lock(cache, other, "env.lock")
-    with pytest.raises(CompileCacheRefused, match="env.lock has no torch"):
+    with pytest.raises(CompileCacheRefused, match=r"env\.lock has no torch"):
         _compilecache.check_against_lock(cache, make_lock(), "env.lock")
 
 
@@ -270,8 +270,9 @@ def _lock_file(restore_lock: LockFactory, tmp_path: Path, torch: str = "2.13.0+c
 
 def test_pack_carries_the_cache_under_its_checksums_and_run_finds_it(
         restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from envlock.export.pack import PackOptions, pack
     from test_restore_run_bundle import make_wheel
+
+    from envlock.export.pack import PackOptions, pack
 
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     house = tmp_path / "house"
@@ -284,7 +285,8 @@ def test_pack_carries_the_cache_under_its_checksums_and_run_finds_it(
     root = tmp_path / "pack"
     assert result.compile_cache is not None
     assert (root / packdir.COMPILE_CACHE).read_bytes() == cache.read_bytes()
-    sums = dict(reversed(line.split("  ")) for line in (root / "SHA256SUMS").read_text().splitlines())
+    sums = {rel: digest for digest, rel in (line.split("  ", 1) for line in
+                                            (root / "SHA256SUMS").read_text().splitlines())}
     assert sums[packdir.COMPILE_CACHE] == hashlib.sha256(cache.read_bytes()).hexdigest()
     opened = packdir.open_pack(root, tmp_path / "work")
     entry = opened.manifest["compile_cache"]
@@ -303,7 +305,7 @@ def test_pack_refuses_a_cache_the_lock_would_not_use_before_collecting(
     from envlock.export.pack import PackOptions, pack
 
     lock, lock_path = _lock_file(restore_lock, tmp_path, torch="2.12.0")
-    with pytest.raises(CompileCacheRefused, match="this environment has torch 2.12.0") as exc:
+    with pytest.raises(CompileCacheRefused, match=r"this environment has torch 2\.12\.0") as exc:
         pack(lock, lock_path, tmp_path / "pack", PackOptions(download=False, image=False,
                                                              compile_cache=write_cache(tmp_path / "c.cache")),
              engine=None)
