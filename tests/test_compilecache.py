@@ -392,3 +392,133 @@ def test_record_collects_the_cache_the_command_saved(
     # A command that saves nothing leaves no file, and says why.
     assert main(["record", "r2.rec", "--save-compile-cache", "none.cache", "--", sys.executable, "-c", "pass"]) == 0
     assert "no compile cache was saved" in capsys.readouterr().err and not (tmp_path / "none.cache").exists()
+
+
+# -- run: the loader in the image, with a fake engine --------------------------------------------
+
+
+@pytest.fixture
+def image_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``run`` without an engine. The command "runs" in the image as the loader would: with a
+    cache to load it writes ``STATUS`` into the mounted directory, and under
+    ``--save-compile-cache`` it saves a cache where ``ENVLOCK_COMPILE_CACHE_OUT`` says."""
+    import contextlib
+
+    from envlock._compare import compare as compare_locks
+    from envlock.restore import endpoint
+    from envlock.restore import restore as restore_mod
+    from envlock.restore import run as run_mod
+    from envlock.restore.context import Options, plan
+
+    lock = restore_lock(torch={"version": "2.13.0+cpu"}, packages=[("six", "1.16.0")])
+    lock.save(tmp_path / "env.lock")
+    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
+    state: dict[str, Any] = {"STATUS": {"loaded": "e" * 64}, "runs": [], "builds": []}
+
+    @contextlib.contextmanager
+    def connect(_: Any) -> Any:
+        yield object()
+
+    def restore_image(_args: Any, _lock: Any, options: Options, *_: Any, **kw: Any) -> Any:
+        state["builds"].append((options, kw))
+        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
+                                         cached=True, seconds=1.0, comparison=None, size=None)
+
+    def run_in_image(*args: Any, **_: Any) -> int:
+        opts = args[4]
+        state["runs"].append(opts)
+        host = {inside: Path(outside) for outside, inside, _ in opts.mounts}
+        if "/envlock-compile" in host and opts.command[2:3] == ["populate"]:
+            (host["/envlock-compile"] / "status.json").write_text(json.dumps(state["STATUS"]))
+        out = opts.env.get("ENVLOCK_COMPILE_CACHE_OUT")
+        if out:
+            write_cache(host["/envlock-compile"] / Path(out).name)
+        return 0
+
+    monkeypatch.setattr(endpoint, "connect", connect)
+    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
+    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare_locks(lock, lock)))
+    monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
+    monkeypatch.chdir(tmp_path)
+    return state
+
+
+def test_run_loads_the_cache_in_the_image_and_collects_what_it_saved(
+        image_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+
+    cache = write_cache(tmp_path / "c.cache")
+    assert main(["run", "env.lock", "--compile-cache", "c.cache", "--save-compile-cache", "out.cache",
+                 "--", "python", "train.py"]) == 0
+    opts = image_run["runs"][-1]
+    assert opts.command[:2] == ["/opt/venv/bin/python", "/envlock-compile/compilecache.py"]
+    assert opts.command[-3:] == ["--", "python", "train.py"]
+    assert (str(cache.resolve()), "/envlock-compile/cache.bin", True) in opts.mounts
+    assert _compilecache.read_cache(tmp_path / "out.cache").header["artifacts"] == HEADER["artifacts"]
+    err = capsys.readouterr().err
+    assert "loading the compile cache c.cache" in err and "saved the compile cache" in err
+    # Without either option the command runs as given, with nothing mounted for it.
+    assert main(["run", "env.lock", "--", "python", "train.py"]) == 0
+    assert image_run["runs"][-1].command == ["python", "train.py"] and image_run["runs"][-1].mounts == []
+
+
+def test_run_reports_a_cache_the_images_torch_refused(
+        image_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+
+    write_cache(tmp_path / "c.cache")
+    image_run["STATUS"] = {"refused": "version", "message": "it was made by torch 2.13.0+cpu (no Triton); "
+                                                            "this environment has torch 2.13.1 (no Triton)"}
+    assert main(["run", "env.lock", "--compile-cache", "c.cache", "--record", "r.rec",
+                 "--", "python", "train.py"]) == 2
+    assert "this environment has torch 2.13.1" in capsys.readouterr().err
+    assert not (tmp_path / "r.rec").exists()  # no record of a run that never started
+    assert main(["run", "env.lock", "--jupyter", "--compile-cache", "c.cache"]) == 2
+
+
+def test_run_pack_loads_the_cache_the_pack_carries_unless_told_not_to(
+        image_run: dict[str, Any], restore_lock: LockFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_restore_run_bundle import make_wheel
+
+    from envlock.commands import main
+    from envlock.export.pack import PackOptions, pack
+    from envlock.lock import load
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    house = tmp_path / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.16.0")
+    lock = load(tmp_path / "env.lock")
+    pack(lock, tmp_path / "env.lock", tmp_path / "pack", PackOptions(
+        wheelhouses=(house,), download=False, image=False, compile_cache=write_cache(tmp_path / "c.cache")),
+        engine=None)
+    assert main(["run", "pack", "--", "python", "train.py"]) == 0
+    opts = image_run["runs"][-1]
+    packed = (tmp_path / "pack" / packdir.COMPILE_CACHE).resolve()
+    assert (str(packed), "/envlock-compile/cache.bin", True) in opts.mounts
+    options, kw = image_run["builds"][-1]
+    assert options.wheelhouse.resolve() == tmp_path / "pack" / "wheels" and kw["network"] is False
+    assert "loading the compile cache" in capsys.readouterr().err
+    assert main(["run", "pack", "--no-compile-cache", "--", "python", "train.py"]) == 0
+    assert image_run["runs"][-1].command == ["python", "train.py"]
+    # A pack whose compile cache was swapped after packing is refused: SHA256SUMS names it.
+    write_cache(tmp_path / "pack" / packdir.COMPILE_CACHE, b"other artifacts")
+    assert main(["run", "pack", "--", "python", "train.py"]) == 3
+    assert "compile/torch-compile.cache (changed)" in capsys.readouterr().err
+
+
+def test_nothing_of_torch_is_imported_until_a_cache_is_saved_or_loaded(tmp_path: Path) -> None:
+    """Importing Inductor takes seconds: a record() call that arranges the save, and the probe's
+    [compile] (capture, verify), import none of torch."""
+    import subprocess
+
+    code = ("import sys, envlock; from envlock.probe.compilestate import collect_compile; "
+            "envlock.record(0, loss=1.0); collect_compile([]); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "ENVLOCK_COMPILE_CACHE_OUT": str(tmp_path / "out.cache")}
+    env.pop("ENVLOCK_RECORD", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.strip() == "[]" and not (tmp_path / "out.cache").exists()
