@@ -91,7 +91,7 @@ def check_against_lock(cache: CacheFile, lock: Lock, lock_name: str) -> None:
     """Refuse a cache the lock's environment would not use: made by another torch or Triton
     (torch ignores such artifacts and compiles cold, silently), or a lock without torch."""
     if lock.torch is None:
-        raise CompileCacheRefused(f"compile cache {cache.path}: {lock_name} has no torch to use it")
+        raise CompileCacheRefused(safe(f"compile cache {cache.path}: {lock_name} has no torch to use it"))
     try:
         compilecache.check_versions(cache.header, lock.torch.version, lock_triton(lock))
     except compilecache.CacheError as exc:
@@ -103,9 +103,9 @@ def check_save_target(path: str | os.PathLike[str]) -> Path:
     exists, and the path is not a directory."""
     p = Path(path)
     if p.is_dir():
-        raise UsageError(f"--save-compile-cache {p}: is a directory")
+        raise UsageError(safe(f"--save-compile-cache {p}: is a directory"))
     if not p.absolute().parent.is_dir():
-        raise UsageError(f"--save-compile-cache {p}: no directory {p.absolute().parent}")
+        raise UsageError(safe(f"--save-compile-cache {p}: no directory {p.absolute().parent}"))
     return p
 
 
@@ -162,17 +162,18 @@ class CompileRun:
             with open(status, "rb") as fh:
                 doc = json.loads(fh.read(_MAX_STATUS))
         except (OSError, ValueError):
-            raise CompileCacheRefused(f"compile cache {self.load.path}: the interpreter that loads it did not "
-                                      "run (the command did not start)") from None
+            raise CompileCacheRefused(safe(f"compile cache {self.load.path}: the interpreter that loads it "
+                                           "did not run (the command did not start)")) from None
         if not isinstance(doc, dict):
-            raise CompileCacheRefused(f"compile cache {self.load.path}: its loader wrote no status")
+            raise CompileCacheRefused(safe(f"compile cache {self.load.path}: its loader wrote no status"))
         if doc.get("refused"):
             raise CompileCacheRefused(safe(f"compile cache {self.load.path}: {doc.get('message')}: "
                                            "nothing was run"))
         if doc.get("not_started"):
             raise UsageError(safe(f"the command could not be started after the compile cache was loaded: "
                                   f"{doc['not_started']}"))
-        return str(doc.get("loaded") or "") or None
+        digest = doc.get("loaded")
+        return digest if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) else None
 
     def collect(self) -> CacheFile | None:
         """After the command: the compile cache it saved, checked and moved to ``save`` whole

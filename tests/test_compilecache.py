@@ -522,3 +522,47 @@ def test_nothing_of_torch_is_imported_until_a_cache_is_saved_or_loaded(tmp_path:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert out.strip() == "[]" and not (tmp_path / "out.cache").exists()
+
+
+def test_a_cache_named_with_terminal_controls_is_shown_inert(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    name = "c\x1b]0;owned\x07\u202e.cache"
+    cache = write_cache(tmp_path / name)
+    cache.write_bytes(cache.read_bytes()[:-1])
+    assert main(["record", "r.rec", "--compile-cache", name, "--", sys.executable, "-c", MARK]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err and "damaged" in err
+
+
+def test_twin_an_ordinary_cache_name_is_shown_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from envlock.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    name = "runs/2026-01-02 résumé (v2).cache"
+    (tmp_path / "runs").mkdir()
+    cache = write_cache(tmp_path / name)
+    cache.write_bytes(cache.read_bytes()[:-1])
+    assert main(["record", "r.rec", "--compile-cache", name, "--", sys.executable, "-c", MARK]) == 2
+    assert f"compile cache {name}: it is damaged" in capsys.readouterr().err
+
+
+@settings(max_examples=100, deadline=None)
+@given(status=st.binary(max_size=200))
+@example(status=b'{"loaded": 5}')
+@example(status=b'{"refused": true, "message": "\\u001b[2J"}')
+def test_any_status_the_loader_leaves_is_a_digest_or_a_one_line_error(
+        tmp_path_factory: pytest.TempPathFactory, status: bytes) -> None:
+    root = tmp_path_factory.mktemp("status")
+    cache = _compilecache.read_cache(write_cache(root / "c.cache"))
+    with _compilecache.compile_run(cache, None, container=False) as run:
+        (run.directory / "status.json").write_bytes(status)
+        try:
+            found = run.loaded()
+        except (CompileCacheRefused, UsageError) as exc:
+            assert "\n" not in exc.message and "\x1b" not in exc.message
+        else:
+            assert found is None or len(found) == 64

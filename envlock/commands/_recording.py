@@ -78,13 +78,14 @@ def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
     unless ``--no-compile-cache``) and where to collect the one it saves, checked before
     anything runs: a cache the lock's torch or Triton would not use is refused (exit 2)."""
     from envlock._compilecache import check_against_lock, check_save_target, read_cache
+    from envlock._textsafe import safe
 
     given = getattr(args, "compile_cache", None)
     load = read_cache(given) if given else None if getattr(args, "no_compile_cache", False) else pack_cache
     if load is not None and lock is not None:
         check_against_lock(load, lock, lock_name or "the lock")
     if load is not None:
-        say(f"loading the compile cache {load.path} {load.describe()} before the command starts")
+        say(safe(f"loading the compile cache {load.path} {load.describe()} before the command starts"))
     saving = getattr(args, "save_compile_cache", None)
     return load, check_save_target(saving) if saving else None
 
@@ -92,11 +93,13 @@ def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
 def compile_report(run: CompileRun, original: Record | None = None) -> None:
     """After the command: what it saved (or why not), and for a replay started cold, that the
     original had loaded a compile cache."""
+    from envlock._textsafe import safe
+
     saved = run.collect()
     if saved is not None:
-        say(f"saved the compile cache {saved.describe()} to {saved.path}")
+        say(safe(f"saved the compile cache {saved.describe()} to {saved.path}"))
     for note in run.notes:
-        say(f"note: {note}")
+        say(safe(f"note: {note}"))
     was = original.context.get("compile.loaded") if original is not None else None
     if isinstance(was, str) and run.load is None:
         say(f"note: the recorded run had loaded the compile cache {was[:12]}; this replay compiles "

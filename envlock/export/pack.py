@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from envlock._compilecache import CacheFile, check_against_lock, read_cache
 from envlock._files import sha256_file
+from envlock._textsafe import safe
 from envlock.errors import CompileCacheRefused, EnvlockError, NotRestorable, UsageError
 from envlock.export import fetch
 from envlock.export.fetch import WheelRow
@@ -305,7 +306,7 @@ def _copy_cache(cache: CacheFile, directory: Path) -> CacheFile:
     shutil.copyfile(cache.path, directory / COMPILE_CACHE)
     copied = read_cache(directory / COMPILE_CACHE)
     if copied.sha256 != cache.sha256:
-        raise CompileCacheRefused(f"compile cache {cache.path} changed while it was packed")
+        raise CompileCacheRefused(safe(f"compile cache {cache.path} changed while it was packed"))
     return copied
 
 
