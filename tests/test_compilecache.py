@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory, make_lock
+from helpers import LockFactory, fake_engine_run, make_lock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -402,27 +402,9 @@ def image_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.Mon
     """``run`` without an engine. The command "runs" in the image as the loader would: with a
     cache to load it writes ``STATUS`` into the mounted directory, and under
     ``--save-compile-cache`` it saves a cache where ``ENVLOCK_COMPILE_CACHE_OUT`` says."""
-    import contextlib
-
-    from envlock._compare import compare as compare_locks
-    from envlock.restore import endpoint
-    from envlock.restore import restore as restore_mod
-    from envlock.restore import run as run_mod
-    from envlock.restore.context import Options, plan
-
     lock = restore_lock(torch={"version": "2.13.0+cpu"}, packages=[("six", "1.16.0")])
     lock.save(tmp_path / "env.lock")
-    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
     state: dict[str, Any] = {"STATUS": {"loaded": "e" * 64}, "runs": [], "builds": []}
-
-    @contextlib.contextmanager
-    def connect(_: Any) -> Any:
-        yield object()
-
-    def restore_image(_args: Any, _lock: Any, options: Options, *_: Any, **kw: Any) -> Any:
-        state["builds"].append((options, kw))
-        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
-                                         cached=True, seconds=1.0, comparison=None, size=None)
 
     def run_in_image(*args: Any, **_: Any) -> int:
         opts = args[4]
@@ -435,10 +417,7 @@ def image_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.Mon
             write_cache(host["/envlock-compile"] / Path(out).name)
         return 0
 
-    monkeypatch.setattr(endpoint, "connect", connect)
-    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
-    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare_locks(lock, lock)))
-    monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
+    fake_engine_run(monkeypatch, lock, run_in_image, builds=state["builds"])
     monkeypatch.chdir(tmp_path)
     return state
 
@@ -497,7 +476,7 @@ def test_run_pack_loads_the_cache_the_pack_carries_unless_told_not_to(
     opts = image_run["runs"][-1]
     packed = (tmp_path / "pack" / packdir.COMPILE_CACHE).resolve()
     assert (str(packed), "/envlock-compile/cache.bin", True) in opts.mounts
-    options, kw = image_run["builds"][-1]
+    _, options, kw = image_run["builds"][-1]
     assert options.wheelhouse.resolve() == tmp_path / "pack" / "wheels" and kw["network"] is False
     assert "loading the compile cache" in capsys.readouterr().err
     assert main(["run", "pack", "--no-compile-cache", "--", "python", "train.py"]) == 0
