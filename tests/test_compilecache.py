@@ -481,6 +481,9 @@ def test_run_pack_loads_the_cache_the_pack_carries_unless_told_not_to(
     assert "loading the compile cache" in capsys.readouterr().err
     assert main(["run", "pack", "--no-compile-cache", "--", "python", "train.py"]) == 0
     assert image_run["runs"][-1].command == ["python", "train.py"]
+    assert main(["run", "pack", "--jupyter"]) == 0  # the cache is not in the way of JupyterLab
+    assert image_run["runs"][-1].mounts == []
+    assert "the pack's compile cache is loaded before a command after --" in capsys.readouterr().err
     # A pack whose compile cache was swapped after packing is refused: SHA256SUMS names it.
     write_cache(tmp_path / "pack" / packdir.COMPILE_CACHE, b"other artifacts")
     assert main(["run", "pack", "--", "python", "train.py"]) == 3

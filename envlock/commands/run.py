@@ -139,11 +139,13 @@ def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> t
     """The compile cache to load (``--compile-cache``, else the pack's) and where to save one."""
     from envlock.commands._recording import compile_files
 
-    if (args.compile_cache or args.save_compile_cache or (pack is not None and pack.compile_cache
-                                                          and not args.no_compile_cache)) \
-            and (args.jupyter or args.ssh):
+    if (args.compile_cache or args.save_compile_cache) and (args.jupyter or args.ssh):
         raise UsageError("--compile-cache and --save-compile-cache apply to a command after --, "
-                         "not to --jupyter or --ssh", hint="or pass --no-compile-cache")
+                         "not to --jupyter or --ssh")
+    if pack is not None and pack.compile_cache and (args.jupyter or args.ssh) and not args.no_compile_cache:
+        say("note: the pack's compile cache is loaded before a command after --, not into JupyterLab "
+            "or an ssh session")
+        return None, None
     from envlock._compilecache import pack_cache
 
     held = pack.compile_cache if pack is not None else None
