@@ -111,12 +111,17 @@ def check_save_target(path: str | os.PathLike[str]) -> Path:
 
 def host_python(program: str | None, base: Path) -> str:
     """The interpreter that loads a cache before a command on this host: the command's own when
-    it is a Python (``python train.py``), else the environment chosen as capture chooses it
-    (``torchrun``, a shell script)."""
+    it is a Python (``python train.py``), else the Python of the environment the program lies in
+    (``.venv/bin/torchrun``), else the environment chosen as capture chooses it."""
     if program and re.fullmatch(r"python(\d+(\.\d+)*)?", os.path.basename(program)):
         return program
-    from envlock._target import choose
+    from envlock._target import choose, prefix_interpreter
 
+    prefix = Path(program).parent.parent if program else None
+    if prefix is not None and ((prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir()):
+        found = prefix_interpreter(prefix)
+        if found:
+            return found
     return choose(None, cwd=base).python
 
 

@@ -224,6 +224,12 @@ def test_the_loader_is_the_commands_python_else_the_environment_capture_chooses(
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
     assert _compilecache.host_python("/p/.venv/bin/torchrun", tmp_path) == str(venv / "bin" / "python")
+    # A program in another environment is loaded for by that environment's Python.
+    other = tmp_path / "elsewhere" / "env"
+    (other / "bin").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (other / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    assert _compilecache.host_python(str(other / "bin" / "torchrun"), tmp_path) == str(other / "bin" / "python")
 
 
 # -- [compile].loaded ----------------------------------------------------------------------------

@@ -127,11 +127,12 @@ def _open_pack(args: argparse.Namespace) -> Pack | None:
 def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
                lock: Lock) -> Options:
     """The build options of a pack (its wheels, its base image), the base loaded from it."""
+    from envlock._textsafe import safe
     from envlock.commands.restore import pack_options
     from envlock.restore.packdir import ensure_base
 
     if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
-        say(f"loaded the base image {pack.base.get('display', '')} from the pack")
+        say(safe(f"loaded the base image {pack.base.get('display', '')} from the pack"))
     return pack_options(args, pack, build)
 
 
