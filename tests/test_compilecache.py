@@ -554,3 +554,17 @@ def test_any_status_the_loader_leaves_is_a_digest_or_a_one_line_error(
             assert "\n" not in exc.message and "\x1b" not in exc.message
         else:
             assert found is None or len(found) == 64
+
+
+def test_a_torch_without_portable_compile_caches_is_told_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    old = types.ModuleType("torch")
+    old.__version__ = "2.3.1"  # type: ignore[attr-defined]
+    old.compiler = types.SimpleNamespace()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", old)
+    with pytest.raises(compilecache.CacheError, match=r"torch 2\.3\.1 has no torch\.compiler\.save_cache_artifacts"):
+        compilecache.save(str(tmp_path / "c.cache"))
+    with pytest.raises(compilecache.CacheError, match=r"torch 2\.3\.1 has no torch\.compiler\.load_cache_artifacts"):
+        compilecache.load(str(write_cache(tmp_path / "d.cache", torch="2.3.1")))
+    assert sorted(os.listdir(tmp_path)) == ["d.cache"]

@@ -221,11 +221,20 @@ def write(path: str, header: Dict[str, Any], payload: bytes) -> None:
         raise
 
 
+def _needs_mega_cache(torch: Any, name: str) -> None:
+    """A torch from before torch.compiler's portable caches cannot take part: say so, rather
+    than fail with an AttributeError."""
+    if not callable(getattr(getattr(torch, "compiler", None), name, None)):
+        raise CacheError("version", "torch %s has no torch.compiler.%s: it cannot save or load "
+                                    "compile caches" % (torch.__version__, name))
+
+
 def save(path: str, settings: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """Save what this process compiled to ``path``; its header, or None (nothing written) when
     the process compiled nothing. ``settings``: the torch.compile settings it ran under."""
     import torch
 
+    _needs_mega_cache(torch, "save_cache_artifacts")
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         return None
@@ -253,6 +262,7 @@ def load(path: str, cache_dir: Optional[str] = None) -> Dict[str, Any]:
     import torch
 
     check_versions(header, str(torch.__version__), triton_version())
+    _needs_mega_cache(torch, "load_cache_artifacts")
     if cache_dir is not None:
         os.makedirs(cache_dir, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cache_dir)

@@ -43,6 +43,8 @@ def save_compile_cache(path: str | os.PathLike[str] | None = None) -> dict[str, 
 
     try:
         return compilecache.save(target, read_settings())
+    except compilecache.CacheError as exc:
+        raise CompileCacheRefused(f"save_compile_cache: {exc}") from None
     except OSError as exc:
         raise UsageError(f"save_compile_cache: cannot write {target}: {exc.strerror or exc}") from None
 
