@@ -91,6 +91,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 @given(data=st.binary(max_size=400), header=st.booleans())
 @example(data=b'{"torch": "2", "artifacts": {}, "payload_bytes": 3, "payload_sha256": "' + b"0" * 64 + b'"}\nabc',
          header=True)
+@example(data=b"[" * 60_000 + b"\n", header=True)  # nested past the JSON parser's recursion limit
 def test_any_bytes_are_a_cache_or_a_one_line_refusal(tmp_path_factory: pytest.TempPathFactory, data: bytes,
                                                      header: bool) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "c.cache"
@@ -568,3 +569,17 @@ def test_a_torch_without_portable_compile_caches_is_told_so(tmp_path: Path, monk
     with pytest.raises(compilecache.CacheError, match=r"torch 2\.3\.1 has no torch\.compiler\.load_cache_artifacts"):
         compilecache.load(str(write_cache(tmp_path / "d.cache", torch="2.3.1")))
     assert sorted(os.listdir(tmp_path)) == ["d.cache"]
+
+
+def test_the_benchmarks_report_on_made_up_timings() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compilecache.py"
+    spec = importlib.util.spec_from_file_location("_bench_compilecache", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = bench.report({"repeats": 3, "layers": 12, "bytes": 200_000, "median_s": {
+        "cold": 40.0, "by hand": 20.0, "envlock": 24.0, "envlock cold": 42.0}})
+    assert "| envlock | 24.0 | 0.60x |" in text
+    assert "envlock (warm) / by hand (warm): 1.20x; envlock (warm) / envlock cold: 0.57x" in text

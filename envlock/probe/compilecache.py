@@ -109,8 +109,8 @@ def parse_header(data: bytes) -> Tuple[Dict[str, Any], int]:
         raise CacheError("invalid", "its header is cut short or longer than %d bytes" % MAX_HEADER)
     try:
         header = json.loads(data[len(MAGIC):end].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CacheError("invalid", "its header is not JSON (%s)" % str(exc).splitlines()[0]) from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; nesting, deep
+        raise CacheError("invalid", "its header is not JSON (%s)" % (str(exc).splitlines() or ["?"])[0]) from None
     return check_header(header), end + 1
 
 
