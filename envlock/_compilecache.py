@@ -166,7 +166,7 @@ class CompileRun:
         try:
             with open(status, "rb") as fh:
                 doc = json.loads(fh.read(_MAX_STATUS))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             raise CompileCacheRefused(safe(f"compile cache {self.load.path}: the interpreter that loads it "
                                            "did not run (the command did not start)")) from None
         if not isinstance(doc, dict):

@@ -542,6 +542,7 @@ def test_twin_an_ordinary_cache_name_is_shown_as_written(
 @settings(max_examples=100, deadline=None)
 @given(status=st.binary(max_size=200))
 @example(status=b'{"loaded": 5}')
+@example(status=b"[" * 60_000)
 @example(status=b'{"refused": true, "message": "\\u001b[2J"}')
 def test_any_status_the_loader_leaves_is_a_digest_or_a_one_line_error(
         tmp_path_factory: pytest.TempPathFactory, status: bytes) -> None:
