@@ -45,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 HF_REPO = "corpus/model"
 REV1, REV2 = "1" * 40, "2" * 40
+COMPILED = "compiled.cache"  # what the compile baseline saved (beside the project)
 
 TRAIN = r'''
 """A seeded run whose numbers every cause of the corpus can reach."""
@@ -172,12 +173,13 @@ double cos(double x) {
 
 @dataclass
 class Induced:
-    """What a case changes for its replay: variables, the command after ``--``, and how to
-    put the files back."""
+    """What a case changes for its replay: variables, the command after ``--``, options of
+    ``envlock replay``, and how to put the files back."""
 
     env: dict[str, str | None] = field(default_factory=dict)
     command: list[str] | None = None
     undo: Callable[[], object] | None = None
+    options: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,12 @@ def _warm_cache(ws: Workspace) -> Induced:
     return Induced(env={"TORCHINDUCTOR_CACHE_DIR": ws.env["TORCHINDUCTOR_CACHE_DIR"]})
 
 
+def _loaded_cache(ws: Workspace) -> Induced:
+    # The baseline compiled cold and saved what it compiled (record --save-compile-cache); this
+    # replay starts warm from that file, loaded before train.py starts.
+    return Induced(options=["--compile-cache", str(ws.outside / COMPILED)])
+
+
 def _rank1(ws: Workspace) -> Induced:
     return Induced(env={"CORPUS_RANK1_THREADS": "2"})
 
@@ -330,6 +338,9 @@ CASES = (
          depends=INDUCTOR_DEPENDS),
     Case("compile_cache_warm", "a warm Inductor cache where the original compiled cold", "compile",
          _warm_cache, ("ctx:compile.",), depends=INDUCTOR_DEPENDS),
+    Case("compile_cache_loaded", "the original's own saved compile cache loaded before the replay "
+         "(replay --compile-cache; the original compiled cold)", "compile", _loaded_cache,
+         ("ctx:compile.loaded",)),
     Case("rank1_threads", "one rank of two: OMP_NUM_THREADS=2 on rank 1 only (torchrun sets 1)",
          "ranks", _rank1, ("ctx:env.OMP_NUM_THREADS@1", "ctx:determinism.num_threads@1")),
 )
@@ -445,6 +456,8 @@ def _envlock(ws: Workspace, args: list[str], env: dict[str, str]) -> subprocess.
 
 def record(ws: Workspace) -> None:
     inputs = [] if ws.baseline == "ranks" else ["--input", "data.npy", "--input", f"hf:{HF_REPO}"]
+    if ws.baseline == "compile":
+        inputs += ["--save-compile-cache", str(ws.outside / COMPILED)]
     done = _envlock(ws, ["record", "base.record", *inputs, "--", *_command(ws.baseline)], ws.env)
     if done.returncode != 0:
         raise RuntimeError(f"the {ws.baseline} baseline failed to record:\n{done.stderr[-3000:]}")
@@ -461,7 +474,7 @@ def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
         else:
             env[name] = value
     extra = ["--", *induced.command] if induced.command else []
-    done = _envlock(ws, ["replay", "base.record", "--json", *extra], env)
+    done = _envlock(ws, ["replay", "base.record", "--json", *induced.options, *extra], env)
     try:
         verdict: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:

@@ -23,7 +23,9 @@ __all__ = [
     "dataloader_generator",
     "deterministic",
     "load",
+    "load_compile_cache",
     "record",
+    "save_compile_cache",
     "seed_everything",
     "verify",
     "worker_init_fn",
@@ -42,6 +44,8 @@ _LAZY = {
     "dataloader_generator": ("envlock.runtime", "dataloader_generator"),
     "canary": ("envlock.runtime", "canary"),
     "record": ("envlock.runtime", "record"),
+    "save_compile_cache": ("envlock.runtime", "save_compile_cache"),
+    "load_compile_cache": ("envlock.runtime", "load_compile_cache"),
 }
 
 # Submodules users reach as ``envlock.X`` after a plain ``import envlock`` (the README's
@@ -69,7 +73,9 @@ if TYPE_CHECKING:
         canary,
         dataloader_generator,
         deterministic,
+        load_compile_cache,
         record,
+        save_compile_cache,
         seed_everything,
         worker_init_fn,
     )

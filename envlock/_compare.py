@@ -279,11 +279,11 @@ def _is_process_state(d: Difference, names: set[str]) -> bool:
     for prefix in ("determinism.env.", "env."):
         if path.startswith(prefix):
             return path[len(prefix):] in names
-    # torch's knobs (and which were set too late) and torch.compile's settings are set by the
-    # process; their defaults follow from the torch build and the variables above, which stay
-    # compared.
+    # torch's knobs (and which were set too late), torch.compile's settings and the compile
+    # cache it loaded are set by the process; their defaults follow from the torch build and the
+    # variables above, which stay compared.
     return (path.startswith("determinism.") and path != "determinism.torch_loaded") \
-        or path.startswith("compile.settings.")
+        or path.startswith("compile.settings.") or path == "compile.loaded"
 
 
 def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict: bool = False,

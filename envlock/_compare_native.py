@@ -140,6 +140,8 @@ def compile_state(c: Collector, old: Lock, new: Lock) -> None:
                       "breaking" if va is not None and vb is not None else "warning",
                       f"torch.compile setting {key}: {va} -> {vb}" if va is not None and vb is not None
                       else "")
+    if a.loaded != b.loaded:
+        c.add("compile", "compile.loaded", a.loaded, b.loaded, "warning", _loaded_message(a.loaded, b.loaded))
     caches_a = {x.kind: x for x in a.caches}
     caches_b = {x.kind: x for x in b.caches}
     for kind in sorted(set(caches_a) & set(caches_b)):
@@ -151,6 +153,14 @@ def compile_state(c: Collector, old: Lock, new: Lock) -> None:
                   "a compiled model runs the kernels its cache and autotuning pick)")
         elif ca.path != cb.path:
             c.add("compile", f"compile.caches.{kind}.path", ca.path, cb.path, "info")
+
+
+def _loaded_message(a: str | None, b: str | None) -> str:
+    """A compile cache loaded on one side and not the other is cold against warm: the kernels
+    of a warm run are the ones the cache holds, a cold one's are what it compiles and tunes."""
+    def name(digest: str | None) -> str:
+        return f"compile cache {digest[:12]}" if digest else "none (compiled cold)"
+    return f"compile cache loaded before compiling: {name(a)} -> {name(b)}"
 
 
 def _numbers(version: str) -> tuple[int, ...]:
@@ -267,6 +277,7 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
     if isinstance(compiled, dict):
         out["compile"] = {
             "triton": compiled.get("triton"), "settings": compiled.get("settings") or {},
+            "loaded": compiled.get("loaded"),
             "caches": {x["kind"]: {"files": x.get("files"), "sha256": x.get("sha256")}
                        for x in compiled.get("caches") or ()}}
     return out

@@ -62,7 +62,8 @@ def display_path(path: str, cwd: str | os.PathLike[str] | None = None) -> str:
     return str(p)
 
 
-def _interpreter(prefix: str | os.PathLike[str]) -> str | None:
+def prefix_interpreter(prefix: str | os.PathLike[str]) -> str | None:
+    """The Python of the environment at ``prefix`` (a venv's or conda's), or None."""
     for sub in PREFIX_INTERPRETERS:
         candidate = os.path.join(prefix, sub)
         if os.path.exists(candidate) and os.access(candidate, os.X_OK):
@@ -76,7 +77,7 @@ def find_dot_venv(start: str) -> str | None:
     directory = start
     while True:
         candidate = os.path.join(directory, ".venv")
-        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")) and _interpreter(candidate):
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")) and prefix_interpreter(candidate):
             return candidate
         parent = os.path.dirname(directory)
         if parent == directory:
@@ -122,14 +123,14 @@ def choose(python: str | None = None, *, cwd: str | os.PathLike[str] | None = No
     notes: list[str] = []
     venv = env.get("VIRTUAL_ENV")
     if venv:
-        exe = _interpreter(venv)
+        exe = prefix_interpreter(venv)
         if exe:
             return Target(exe, venv, "VIRTUAL_ENV")
         notes.append(f"VIRTUAL_ENV={venv} has no python; ignored")
     dot_venv = find_dot_venv(here)
     conda = env.get("CONDA_PREFIX")
     if conda:
-        exe = _interpreter(conda)
+        exe = prefix_interpreter(conda)
         # base is the installation itself (it holds condabin/); named envs live in envs/NAME.
         is_base = env.get("CONDA_DEFAULT_ENV") == "base" or os.path.isdir(os.path.join(conda, "condabin"))
         if exe and not (is_base and dot_venv is not None):
@@ -137,7 +138,7 @@ def choose(python: str | None = None, *, cwd: str | os.PathLike[str] | None = No
         if not exe:
             notes.append(f"CONDA_PREFIX={conda} has no python; ignored")
     if dot_venv is not None:
-        exe = _interpreter(dot_venv)
+        exe = prefix_interpreter(dot_venv)
         assert exe is not None  # find_dot_venv checked it
         where = "the working directory" if os.path.dirname(dot_venv) == here else "a parent directory"
         return Target(exe, dot_venv, f".venv in {where}")
@@ -149,7 +150,7 @@ def lock_environment(recorded: str | None) -> Target | None:
     this machine with an interpreter; None for another machine's or a container's path."""
     if not recorded or not os.path.isdir(recorded):
         return None
-    exe = _interpreter(recorded)
+    exe = prefix_interpreter(recorded)
     return Target(exe, recorded, "the lock's own environment") if exe else None
 
 

@@ -58,6 +58,14 @@ class UnsafeValue(LockInvalid):
     """A value in the lock would reach a Dockerfile or shell and is not provably inert (2)."""
 
 
+class CompileCacheRefused(EnvlockError):
+    """A compile cache (``envlock.save_compile_cache``, ``--compile-cache``) that is not one, is
+    damaged, or was made by another torch or Triton than the environment's (2): torch would
+    ignore it and compile cold without a word, so envlock refuses it instead."""
+
+    exit_code = EXIT_USAGE
+
+
 # -- 3: the environment is wrong ---------------------------------------------------------------
 
 

@@ -194,6 +194,44 @@ def run_cli(
     )
 
 
+def fake_engine_run(monkeypatch: pytest.MonkeyPatch, lock: Lock, run_in_image: Any, *, cached: bool = True,
+                    builds: list[Any] | None = None) -> None:
+    """``envlock run`` without an engine: the restore returns at once (``cached``), each build's
+    (args, options, keyword arguments) goes to ``builds``, the check inside finds ``lock``, and
+    ``run_in_image`` stands for the command in the image."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from envlock._compare import compare
+    from envlock.restore import endpoint
+    from envlock.restore import restore as restore_mod
+    from envlock.restore import run as run_mod
+    from envlock.restore.context import Options, plan
+
+    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
+
+    class NoImages:  # an engine that has no image of the lock yet: run restores
+        name = "docker"
+
+        def image(self, ref: str) -> None:
+            return None
+
+    @contextlib.contextmanager
+    def connect(_: Any) -> Iterator[object]:
+        yield NoImages()
+
+    def restore_image(args: Any, _lock: Any, options: Any, *_: Any, **kw: Any) -> Any:
+        if builds is not None:
+            builds.append((args, options, kw))
+        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
+                                         cached=cached, seconds=1.0, comparison=None, size=None)
+
+    monkeypatch.setattr(endpoint, "connect", connect)
+    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
+    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare(lock, lock)))
+    monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
+
+
 def remove_image(client: Any, image: Any) -> None:
     """Remove an image by each of its tags, then by id. Removing by id fails while another
     image was built on top of it (the engine refuses even with force), and leaves its tags in

@@ -7,26 +7,19 @@ additions still reads and replays."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import venv
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory
+from helpers import LockFactory, fake_engine_run
 from test_replay_record import hf_repo, meta, rec  # noqa: F401 - hf_repo: the project fixture's
 
-from envlock._compare import compare
 from envlock._record import Record, load
 from envlock.commands import main
 from envlock.lock import save
-from envlock.restore import endpoint
-from envlock.restore import restore as restore_mod
-from envlock.restore import run as run_mod
-from envlock.restore.context import Options, plan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -233,28 +226,12 @@ def test_a_record_of_the_first_format_reads_and_replays(project: Path, capsys: p
 
 @pytest.fixture
 def fake_run(restore_lock: LockFactory, project: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """``run`` without an engine: each restore's (args, options) is kept; the command "runs" by
+    """``run`` without an engine: each restore's (args, options, keywords) is kept; the command "runs" by
     writing ``STDERR`` to its stderr and exiting with ``EXIT``."""
     lock = restore_lock(packages=[("six", "1.17.0")])
     save(lock, project / "env.lock")
-    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
     seen: list[Any] = []
     command: dict[str, Any] = {"STDERR": b"", "EXIT": 0}
-
-    class NoImages:  # an engine that has no image of the lock yet: run restores
-        name = "docker"
-
-        def image(self, ref: str) -> None:
-            return None
-
-    @contextlib.contextmanager
-    def connect(_: Any) -> Iterator[object]:
-        yield NoImages()
-
-    def restore_image(args: Any, _lock: Any, options: Options, *_: Any, **__: Any) -> restore_mod.RestoreResult:
-        seen.append((args, options))
-        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
-                                         cached=True, seconds=1.0, comparison=None, size=None)
 
     def run_in_image(*_: Any, **__: Any) -> int:
         opts = _[4]
@@ -262,10 +239,7 @@ def fake_run(restore_lock: LockFactory, project: Path, monkeypatch: pytest.Monke
             opts.stderr_tail.feed(command["STDERR"])
         return int(command["EXIT"])
 
-    monkeypatch.setattr(endpoint, "connect", connect)
-    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
-    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare(lock, lock)))
-    monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
+    fake_engine_run(monkeypatch, lock, run_in_image, builds=seen)
     seen.append(command)
     return seen
 
@@ -296,7 +270,7 @@ def test_run_replay_reuses_the_restore_options_of_run_record(
     monkeypatch.chdir(project / "elsewhere")
     assert main(["run", "../env.lock", "--name", "exp2", "--index-url", "https://index.example/simple",
                  "--replay", "../runs/r.record"]) == 0
-    args, options = fake_run[-1]
+    args, options, _ = fake_run[-1]
     assert (options.base, options.allow_unpinned_base, options.wheelhouse, args.name) == (
         "python:3.12-slim", True, project / "wheels", "exp2")
     assert options.index_url == "https://index.example/simple"
@@ -311,7 +285,7 @@ def test_twin_a_record_of_a_run_without_restore_options_keeps_none(
     assert load(project / "r.record").restore is None
     assert main(["run", "env.lock", "--replay", "r.record"]) == 0
     assert "reusing" not in capsys.readouterr().err
-    args, options = fake_run[-1]
+    args, options, _ = fake_run[-1]
     assert options.base is None and options.wheelhouse is None and args.name is None
 
 

@@ -3,47 +3,21 @@ head line) before the command's output; a run with --no-verify says it was not c
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import LockFactory
+from helpers import LockFactory, fake_engine_run
 
-from envlock._compare import compare
 from envlock.commands import main
 from envlock.lock import save
-from envlock.restore import endpoint
 from envlock.restore import restore as restore_mod
-from envlock.restore import run as run_mod
-from envlock.restore.context import Options, plan
 
 
 @pytest.fixture
 def fake_run(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     lock = restore_lock(packages=[("six", "1.17.0")])
     path = save(lock, tmp_path / "env.lock")
-    the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
-
-    class NoImages:  # an engine that has no image of the lock yet: run restores
-        name = "docker"
-
-        def image(self, ref: str) -> None:
-            return None
-
-    @contextlib.contextmanager
-    def connect(_: Any) -> Iterator[object]:
-        yield NoImages()
-
-    def restore_image(*_: Any, **__: Any) -> restore_mod.RestoreResult:
-        return restore_mod.RestoreResult(plan=the_plan, image_id="sha256:" + "c" * 64, tag="envlock/x:1",
-                                         cached=False, seconds=1.0, comparison=None, size=None)
-
-    monkeypatch.setattr(endpoint, "connect", connect)
-    monkeypatch.setattr("envlock.commands.run.restore_image", restore_image)
-    monkeypatch.setattr(restore_mod, "verify_image_for", lambda *a: (lock, compare(lock, lock)))
-    monkeypatch.setattr(run_mod, "run_in_image", lambda *a, **k: 0)
+    fake_engine_run(monkeypatch, lock, lambda *a, **k: 0, cached=False)
     return path
 
 

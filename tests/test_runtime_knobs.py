@@ -56,15 +56,15 @@ def test_deterministic_targets_the_strict_column_of_every_knob_this_torch_has() 
 def test_the_package_keeps_its_public_names_as_functions_and_classes() -> None:
     assert sorted(runtime.__all__) == [
         "ApplyResult", "Change", "Deterministic", "NotApplied", "ReproducibilityWarning",
-        "apply", "canary", "dataloader_generator", "derive_seed", "deterministic", "record",
-        "seed_everything", "worker_init_fn"]
+        "apply", "canary", "dataloader_generator", "derive_seed", "deterministic", "load_compile_cache",
+        "record", "save_compile_cache", "seed_everything", "worker_init_fn"]
     for name in runtime.__all__:
         value = getattr(runtime, name)
         # A submodule named like a function would shadow it (envlock.runtime.apply a module).
         assert inspect.isfunction(value) or inspect.isclass(value), name
         assert value.__module__.startswith("envlock.runtime."), name
     for lazy in ("apply", "canary", "deterministic", "seed_everything", "worker_init_fn",
-                 "dataloader_generator", "record"):
+                 "dataloader_generator", "record", "save_compile_cache", "load_compile_cache"):
         assert getattr(envlock, lazy) is getattr(runtime, lazy)
     assert runtime.SEED_ENV == "ENVLOCK_SEED" and callable(runtime.canary_module)
 

@@ -283,6 +283,20 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    "REC: exit 0 when reproduced, 1 on the first diverging step, output or changed input")
     _record_options(g)
     _tolerance_options(g)
+    g = p.add_argument_group("torch.compile cache (envlock.save_compile_cache)")
+    _compile_cache_options(g, save=True)
+    g.add_argument("--no-compile-cache", action="store_true",
+                   help="with a pack that holds a compile cache: run without it (compile cold)")
+
+
+def _compile_cache_options(g: argparse._ActionsContainer, *, save: bool) -> None:
+    g.add_argument("--compile-cache", metavar="FILE",
+                   help="load this compile cache into a fresh Inductor cache directory before CMD starts "
+                        "(refused, exit 2, when another torch or Triton made it)")
+    if save:
+        g.add_argument("--save-compile-cache", metavar="FILE",
+                       help="collect what CMD compiled: saved at its exit by envlock.record() (or "
+                            "envlock.save_compile_cache()) and written to FILE")
 
 
 def _record_options(g: argparse._ActionsContainer) -> None:
@@ -374,6 +388,9 @@ def _pack(sub: Subparsers) -> None:
     p.add_argument("--index-url", metavar="URL", help="index for missing wheels (default: pip's and uv's configured indexes)")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// package URLs and indexes")
     p.add_argument("--skip-local", action="store_true", help=_SKIP_LOCAL_HELP)
+    p.add_argument("--compile-cache", metavar="FILE",
+                   help="carry this compile cache (envlock.save_compile_cache, run --save-compile-cache); "
+                        "`envlock run PACK` loads it before the command starts")
     p.set_defaults(handler="pack")
 
 
@@ -494,10 +511,12 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
         p.add_argument("--lock", help="the lock the run belongs to (default: env.lock here or in the "
                                       "nearest parent directory, if any)")
         _record_options(p)
+        _compile_cache_options(p, save=True)
     else:
         p.add_argument("--against", metavar="REC2", help="compare REC2 with REC instead of re-running")
         p.add_argument("--json", action="store_true", help="print the comparison as JSON")
         _tolerance_options(p)
+        _compile_cache_options(p, save=False)
 
 
 def host_options_parser(kind: str, *, command: bool = False) -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ from envlock.commands._output import err, out, say
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
+    from envlock._compilecache import CacheFile, CompileRun
     from envlock._record import Record, RestoreOption, RestoreOptions
     from envlock._recordcmp import ReplayComparison
 
@@ -69,6 +70,40 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
     own = [os.path.abspath(p) for p in (target, lock_path) if p]
     git = workspace_git(base, [*own, *outputs])
     return Plan(target, original, outputs, inputs, git)
+
+
+def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
+                  pack_cache: CacheFile | None = None) -> tuple[CacheFile | None, Path | None]:
+    """The compile cache to load before the command (``--compile-cache``, else the pack's
+    unless ``--no-compile-cache``) and where to collect the one it saves, checked before
+    anything runs: a cache the lock's torch or Triton would not use is refused (exit 2)."""
+    from envlock._compilecache import check_against_lock, check_save_target, read_cache
+    from envlock._textsafe import safe
+
+    given = getattr(args, "compile_cache", None)
+    load = read_cache(given) if given else None if getattr(args, "no_compile_cache", False) else pack_cache
+    if load is not None and lock is not None:
+        check_against_lock(load, lock, lock_name or "the lock")
+    if load is not None:
+        say(safe(f"loading the compile cache {load.path} {load.describe()} before the command starts"))
+    saving = getattr(args, "save_compile_cache", None)
+    return load, check_save_target(saving) if saving else None
+
+
+def compile_report(run: CompileRun, original: Record | None = None) -> None:
+    """After the command: what it saved (or why not), and for a replay started cold, that the
+    original had loaded a compile cache."""
+    from envlock._textsafe import safe
+
+    saved = run.collect()
+    if saved is not None:
+        say(safe(f"saved the compile cache {saved.describe()} to {saved.path}"))
+    for note in run.notes:
+        say(safe(f"note: {note}"))
+    was = original.context.get("compile.loaded") if original is not None else None
+    if isinstance(was, str) and run.load is None:
+        say(f"note: the recorded run had loaded the compile cache {was[:12]}; this replay compiles "
+            "cold (give it with --compile-cache FILE)")
 
 
 def recording_env(journal: str, workspace: str) -> dict[str, str]:

@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     options = PackOptions(wheelhouses=tuple(Path(w) for w in args.wheelhouse or ()), python=args.python,
                           base=args.base, download=not args.no_download, index_url=args.index_url,
                           allow_http=args.allow_http, skip_local=args.skip_local,
-                          image=not args.no_image, oci=not args.no_oci)
+                          image=not args.no_image, oci=not args.no_oci,
+                          compile_cache=Path(args.compile_cache) if args.compile_cache else None)
     with contextlib.ExitStack() as stack:
         engine = None
         if options.image:
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     rebuilt = [r.name for r in result.wheels if r.origin == "rebuilt"]
     extra = f", {len(rebuilt)} rebuilt from installed files ({', '.join(rebuilt)})" if rebuilt else ""
     image = f", base image {result.base['id'][7:19]}" if result.base else ", no base image"
+    if result.compile_cache is not None:
+        image += f", compile cache {result.compile_cache.sha256[:12]}"
     how = (f"restore offline with: envlock restore {result.directory}" if result.base else
            f"restore offline with: envlock restore {result.directory} --target venv DIR (a container "
            "restore needs its base image: see the note above)")

@@ -11,8 +11,17 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from envlock._compilecache import CompileRun, compile_run
 from envlock._textsafe import Tail
-from envlock.commands._recording import JOURNAL, finish, journal_dir, plan, recording_env
+from envlock.commands._recording import (
+    JOURNAL,
+    compile_files,
+    compile_report,
+    finish,
+    journal_dir,
+    plan,
+    recording_env,
+)
 from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
 
 # After the command exits, how long a child it left behind may keep its stderr open before
@@ -50,15 +59,24 @@ def _copy(stream: IO[bytes], tail: Tail) -> None:
                 shown = False
 
 
-def run_here(command: list[str], journal: Path, base: Path) -> tuple[int, list[str]]:
-    """CMD as a child of this process, with the journal's path in its environment: (its exit
-    code as ``child_exit`` maps it, the last lines of its stderr, which passes through)."""
+def run_here(command: list[str], journal: Path, base: Path,
+             compiled: CompileRun | None = None) -> tuple[int, list[str]]:
+    """CMD as a child of this process, with the journal's path in its environment (and behind
+    the compile cache's loader, ``compiled``): (its exit code as ``child_exit`` maps it, the
+    last lines of its stderr, which passes through)."""
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
     tail = Tail()
+    env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base))}
+    if compiled is not None:
+        from envlock._compilecache import host_python
+        from envlock._replay import resolve_program
+
+        env.update(compiled.env())
+        if compiled.load is not None:
+            command = compiled.command(host_python(resolve_program(command[0], base), base), command)
     try:
-        proc = subprocess.Popen(command, cwd=base, env={**os.environ, **recording_env(str(journal / JOURNAL), str(base))},
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, cwd=base, env=env, stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise UsageError(f"{command[0]}: command not found") from None
     except PermissionError:
@@ -93,7 +111,11 @@ def run(args: argparse.Namespace) -> int:
     from envlock._replay import resolve_program
 
     program = resolve_program(command[0], base)
-    with journal_dir() as journal:
-        code, _ = run_here(command, journal, base)
-        return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
-                      lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program)
+    cache, save = compile_files(args, lock, lock_path)
+    with journal_dir() as journal, compile_run(cache, save, container=False) as compiled:
+        code, _ = run_here(command, journal, base, compiled)
+        compiled.loaded()
+        result = finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
+                        lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program)
+        compile_report(compiled)
+        return result

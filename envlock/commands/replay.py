@@ -49,8 +49,14 @@ def run(args: argparse.Namespace) -> int:
     from envlock._replay import check_program, resolve_program
 
     check_program(original, command, base, lock, args.rec)
-    with journal_dir() as journal:
-        code, stderr_tail = run_here(command, journal, base)
+    from envlock._compilecache import compile_run
+    from envlock.commands._recording import compile_files, compile_report
+
+    cache, _ = compile_files(args, lock, original.record.lock)
+    with journal_dir() as journal, compile_run(cache, None, container=False) as compiled:
+        code, stderr_tail = run_here(command, journal, base, compiled)
+        compiled.loaded()
+        compile_report(compiled, original)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
                       lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json,
                       program=resolve_program(command[0], base), stderr_tail=stderr_tail)

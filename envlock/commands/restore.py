@@ -123,7 +123,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
                      "`charliecloud [DIR]`")
 
 
-def _pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
+def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
     """The pack's wheels and its base image (by id: it is loaded from the pack, never pulled)."""
     import dataclasses
 
@@ -175,7 +175,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         from envlock.restore.restore import image_name, write_dockerfile_only
 
         lock = load(lock_path)
-        opts = _pack_options(args, pack, options(args)) if pack else options(args)
+        opts = pack_options(args, pack, options(args)) if pack else options(args)
         # No engine: the text for any builder (the classic one's), or with ENVLOCK_BUILDER=cli the
         # one that mounts the wheels, for BuildKit or Podman.
         opts = dataclasses.replace(opts, mounts=clibuild.setting() == "cli")
@@ -203,7 +203,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         if pack is not None:
             from envlock.restore.packdir import ensure_base
 
-            opts = _pack_options(args, pack, opts)
+            opts = pack_options(args, pack, opts)
             if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
                 say(f"loaded the base image {pack.base.get('display', '')} from the pack")
             elif pack.base_id is None and not args.base:
@@ -277,7 +277,7 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
         raise UsageError("--target charliecloud builds with ch-image: --push, --dockerfile-only and "
                          "--engine belong to the container engine target")
     lock = load(lock_path)
-    opts = _pack_options(args, pack, options(args)) if pack else options(args)
+    opts = pack_options(args, pack, options(args)) if pack else options(args)
     # Each ch-image build becomes the directory image: the torch layer is a stage of the one build.
     opts = dataclasses.replace(opts, torch_layer_image=False)
     if args.base and not os.path.lexists(args.base):

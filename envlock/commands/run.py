@@ -14,9 +14,11 @@ from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
+    from envlock._compilecache import CacheFile
     from envlock.lock import Lock
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
+    from envlock.restore.packdir import Pack
     from envlock.restore.restore import Ready
 
 
@@ -48,50 +50,112 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
+    pack = _open_pack(args)
+    lock_path = str(pack.lock) if pack is not None else args.lock
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
-                      ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(args.lock))
-    lock = load(args.lock)
+                      ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
+    lock = load(lock_path)
+    cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
         from envlock.restore.restore import image_name, ready_image
 
+        if pack is not None:
+            build_options = _pack_base(args, pack, build_options, engine, lock)
         found = None if args.no_cache or args.no_verify else ready_image(
-            engine, lock, build_options, image_name(Path(args.lock), args.name))
-        ready = found or _restore_for_run(args, lock, build_options, engine)
+            engine, lock, build_options, image_name(Path(lock_path), args.name))
+        ready = found or _restore_for_run(args, lock, build_options, engine, Path(lock_path),
+                                          network=pack is None)
         if isinstance(ready, int):
             return ready
         image_id, tag = ready.image_id, ready.tag
         python, os_restored = ready.python, ready.os_packages_restored
-        if recording is None:
-            return run_in_image(engine, lock, image_id, tag, opts, python=python,
-                                os_packages_restored=os_restored)
         from dataclasses import replace
 
-        from envlock._textsafe import Tail
-        from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
-        from envlock.restore.context import WORKDIR
+        from envlock._compilecache import compile_run
+        from envlock.commands._recording import compile_report
 
-        with journal_dir() as journal:
-            inner = "/envlock-record"
-            ropts = replace(opts, env={**opts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
-                            mounts=[(str(journal), inner, False)], stderr_tail=Tail())
-            code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
-                                os_packages_restored=os_restored)
-            return finish(recording, journal / JOURNAL, command=ropts.command, exit_code=code,
-                          where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
-                          lock_path=args.lock, tolerance=(args.rtol, args.atol), restore=kept,
-                          stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+        with compile_run(cache, save, container=True) as compiled:
+            copts = replace(opts, command=compiled.command(python, opts.command),
+                            env={**opts.env, **compiled.env()}, mounts=compiled.mounts())
+            if recording is None:
+                code = run_in_image(engine, lock, image_id, tag, copts, python=python,
+                                    os_packages_restored=os_restored)
+                compiled.loaded()
+                compile_report(compiled)
+                return code
+            from envlock._textsafe import Tail
+            from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
+            from envlock.restore.context import WORKDIR
+
+            with journal_dir() as journal:
+                inner = "/envlock-record"
+                ropts = replace(copts, env={**copts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
+                                mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
+                code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
+                                    os_packages_restored=os_restored)
+                compiled.loaded()
+                verdict = finish(recording, journal / JOURNAL, command=opts.command, exit_code=code,
+                                 where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
+                                 lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
+                                 stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+                compile_report(compiled, recording.original)
+                return verdict
+
+
+def _open_pack(args: argparse.Namespace) -> Pack | None:
+    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock."""
+    from envlock.restore.packdir import is_pack
+
+    if not is_pack(Path(args.lock)):
+        return None
+    from envlock.restore.cachedir import PACKS
+    from envlock.restore.packdir import open_pack
+    from envlock.restore.restore import cache_dir
+
+    return open_pack(Path(args.lock), cache_dir() / PACKS)
+
+
+def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
+               lock: Lock) -> Options:
+    """The build options of a pack (its wheels, its base image), the base loaded from it."""
+    from envlock._textsafe import safe
+    from envlock.commands.restore import pack_options
+    from envlock.restore.packdir import ensure_base
+
+    if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
+        say(safe(f"loaded the base image {pack.base.get('display', '')} from the pack"))
+    return pack_options(args, pack, build)
+
+
+def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
+    """The compile cache to load (``--compile-cache``, else the pack's) and where to save one."""
+    from envlock.commands._recording import compile_files
+
+    if (args.compile_cache or args.save_compile_cache) and (args.jupyter or args.ssh):
+        raise UsageError("--compile-cache and --save-compile-cache apply to a command after --, "
+                         "not to --jupyter or --ssh")
+    if pack is not None and pack.compile_cache and (args.jupyter or args.ssh) and not args.no_compile_cache:
+        say("note: the pack's compile cache is loaded before a command after --, not into JupyterLab "
+            "or an ssh session")
+        return None, None
+    from envlock._compilecache import pack_cache
+
+    held = pack.compile_cache if pack is not None else None
+    packed = pack_cache(held, pack.manifest["compile_cache"].get("sha256")) if pack is not None and held else None
+    return compile_files(args, lock, "the pack's lock" if pack is not None else args.lock, packed)
 
 
 def _restore_for_run(args: argparse.Namespace, lock: Lock, build_options: Options,
-                     engine: ContainerEngine) -> Ready | int:
+                     engine: ContainerEngine, lock_path: Path, *, network: bool) -> Ready | int:
     """The lock's image through the whole restore (found by its build context, or built) and,
     unless --no-verify, the check inside it (kept per image id: it runs once per image); the
     exit code when the check found the image does not match the lock."""
     from envlock.restore.restore import Ready
 
-    result = restore_image(args, lock, build_options, engine, verify=False)
+    result = restore_image(args, lock, build_options, engine, verify=False, lock_path=lock_path,
+                           network=network)
     ready = Ready(image_id=result.image_id, tag=result.tag, python=result.plan.python,
                   os_packages_restored=result.plan.os_packages_restored)
     if args.no_verify:

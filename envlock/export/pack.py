@@ -9,6 +9,7 @@ A pack is a directory (or one uncompressed tar of it)::
     image/base.oci.tar        the same image as an OCI archive (when skopeo is installed)
     pack.json                 what is where: base image id and origin, rebuilt wheels, missing debs
     README.md                 an artifact-evaluation appendix generated from the lock
+    compile/torch-compile.cache   a torch.compile cache, with --compile-cache (`envlock run PACK` loads it)
     SHA256SUMS                every file above, checked by `envlock restore PACK` before use
 
 Wheels are taken from what is already on disk first (``--wheelhouse`` directories, then
@@ -32,14 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock._compilecache import CacheFile, check_against_lock, read_cache
 from envlock._files import sha256_file
-from envlock.errors import EnvlockError, NotRestorable, UsageError
+from envlock._textsafe import safe
+from envlock.errors import CompileCacheRefused, EnvlockError, NotRestorable, UsageError
 from envlock.export import fetch
 from envlock.export.fetch import WheelRow
 from envlock.lock import Lock
 from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
+    COMPILE_CACHE,
     DEBS,
     DOCKER_ARCHIVE,
     LOCK_FILE,
@@ -69,6 +73,7 @@ class PackOptions:
     skip_local: bool = False
     image: bool = True
     oci: bool = True
+    compile_cache: Path | None = None  # a torch.compile cache to carry (envlock.save_compile_cache)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class PackResult:
     notes: tuple[str, ...] = ()
     size: int = 0
     seconds: float = 0.0
+    compile_cache: CacheFile | None = None
 
 
 # -- the wheels ------------------------------------------------------------------------------------
@@ -218,6 +224,10 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     from envlock.export.packreadme import readme
 
     t0 = time.monotonic()
+    cache = None
+    if options.compile_cache is not None:  # refused before anything is collected
+        cache = read_cache(options.compile_cache)
+        check_against_lock(cache, lock, str(lock_path))
     archive = Path(out) if str(out).endswith(".tar") else None
     if archive is not None:
         if os.path.lexists(archive):
@@ -229,6 +239,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     _prepare_dir(directory)
     try:
         shutil.copyfile(lock_path, directory / LOCK_FILE)
+        if cache is not None:
+            cache = _copy_cache(cache, directory)
         (directory / WHEELS).mkdir()
         rows, skipped, notes = collect_wheels(lock, directory / WHEELS, options, say)
         wheelhouse.write_manifest(directory / WHEELS, lock, [r.manifest() for r in rows])
@@ -264,6 +276,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             "missing_debs": missing_debs,
             "skipped": skipped,
             "apptainer": apptainer,
+            "compile_cache": _cache_entry(cache),
         }
         (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         seconds = time.monotonic() - t0
@@ -283,7 +296,26 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     return PackResult(directory=archive or directory, archive=archive, wheels=tuple(rows),
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
-                      seconds=time.monotonic() - t0)
+                      seconds=time.monotonic() - t0, compile_cache=cache)
+
+
+def _copy_cache(cache: CacheFile, directory: Path) -> CacheFile:
+    """The compile cache copied into the pack, and checked again there: the copy is what
+    SHA256SUMS and the manifest vouch for, so it must be the file that was checked."""
+    (directory / COMPILE_CACHE).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cache.path, directory / COMPILE_CACHE)
+    copied = read_cache(directory / COMPILE_CACHE)
+    if copied.sha256 != cache.sha256:
+        raise CompileCacheRefused(safe(f"compile cache {cache.path} changed while it was packed"))
+    return copied
+
+
+def _cache_entry(cache: CacheFile | None) -> dict[str, object] | None:
+    """What the manifest says of the compile cache (None: the pack holds none)."""
+    if cache is None:
+        return None
+    return {"path": COMPILE_CACHE, "sha256": cache.sha256, "torch": cache.header["torch"],
+            "triton": cache.header.get("triton"), "artifacts": cache.header["artifacts"]}
 
 
 def _apptainer(lock: Lock, directory: Path, base: dict[str, str], notes: list[str]) -> str | None:

@@ -474,6 +474,10 @@ class Compile(_Model):
     settings: Annotated[dict[CompileSetting, Scalar], Policy("custom", process=True)] = Field(
         default_factory=dict)
     caches: Annotated[list[CompileCache], CUSTOM] = Field(default_factory=list)
+    # The sha256 of the compile-cache file (``envlock.save_compile_cache``) loaded into the
+    # Inductor cache directory this process used, before it compiled: its kernels are the ones
+    # that file holds. Set by the process (or by ``run``/``record --compile-cache`` for it).
+    loaded: Annotated[HexSha256 | None, Policy("custom", process=True)] = None
 
     @field_validator("settings")
     @classmethod

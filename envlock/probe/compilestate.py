@@ -19,6 +19,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from .compilecache import TRITON_DISTRIBUTIONS, loaded_here
 from .files import sha256
 from .rules import COMPILE_MODULES, COMPILE_SETTINGS, quiet
 
@@ -26,12 +27,12 @@ from .rules import COMPILE_MODULES, COMPILE_SETTINGS, quiet
 # of a long-lived user can hold hundreds of thousands, and a capture must stay cheap. Past it the
 # digest says "truncated" and still changes when the first files do.
 MAX_CACHE_FILES = 10000
-_TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
 _MAX_SETTING = 256
 
 
 def collect_compile(packages: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """``[compile]``: triton, settings (those readable in this process) and caches."""
+    """``[compile]``: triton, settings (those readable in this process), caches, and the compile
+    cache loaded into the Inductor cache directory in use (``compilecache``), if any."""
     out: Dict[str, Any] = {}
     triton = _triton_version(packages)
     if triton:
@@ -40,6 +41,9 @@ def collect_compile(packages: List[Dict[str, Any]]) -> Dict[str, Any]:
     if settings:
         out["settings"] = settings
     out["caches"] = [describe_cache(kind, path) for kind, path in cache_dirs()]
+    loaded = loaded_here(inductor_cache_dir())
+    if loaded:
+        out["loaded"] = loaded
     return out
 
 
@@ -49,7 +53,7 @@ def _triton_version(packages: List[Dict[str, Any]]) -> Optional[str]:
     if version:
         return version  # type: ignore[no-any-return]
     for pkg in packages:
-        if pkg.get("name") in _TRITON_DISTRIBUTIONS:
+        if pkg.get("name") in TRITON_DISTRIBUTIONS:
             return str(pkg.get("version"))
     return None
 

@@ -203,8 +203,10 @@ PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 
 # Set by envlock for one run, never part of an environment: the replay journal's path (a fresh
 # temporary path every run) would give a capture inside a recorded run another lock, and the
-# workspace it runs in is where, not what.
-ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR)
+# workspace it runs in is where, not what. The compile cache's two (``compilecache.SAVE_ENV`` and
+# ``LOADED_ENV``: a temporary path; what was loaded is ``[compile].loaded``) likewise.
+ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR, "ENVLOCK_COMPILE_CACHE_OUT",
+                    "ENVLOCK_COMPILE_CACHE_LOADED")
 
 
 def rank_journal(path: str, rank: int) -> str:

@@ -34,6 +34,7 @@ DEBS = "debs"
 DOCKER_ARCHIVE = "image/base.docker.tar"
 OCI_ARCHIVE = "image/base.oci.tar"
 SUMS = "SHA256SUMS"
+COMPILE_CACHE = "compile/torch-compile.cache"
 README = "README.md"
 MAX_MANIFEST = 16 << 20
 
@@ -70,6 +71,17 @@ class Pack:
     def docker_archive(self) -> Path | None:
         rel = self.manifest.get("docker_archive")
         return inside(self.root, str(rel), "the pack's manifest names a docker-archive") if rel else None
+
+    @property
+    def compile_cache(self) -> Path | None:
+        """The compile cache ``pack --compile-cache`` put in (``run PACK`` loads it)."""
+        entry = self.manifest.get("compile_cache")
+        if not entry:
+            return None
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(rel, str):
+            raise UsageError("the pack's manifest names a compile cache without a path")
+        return inside(self.root, rel, "the pack's manifest names a compile cache")
 
 
 def inside(root: Path, rel: str, what: str) -> Path:

@@ -13,9 +13,9 @@ rather than trusting anything recorded here). Three rules shape the package:
 
 One module per concern, each importing only the siblings before it, never this facade:
 ``common`` (lazy torch/numpy, the exported variables, the warning) <- ``seeds``, ``knobs`` <-
-``determinism``, ``replay`` (``apply``); ``numeric`` runs the canary; ``recorder`` writes what
-``envlock.record()`` is given to the run's replay journal. torch and numpy are imported lazily:
-envlock itself does not need either.
+``determinism``, ``replay`` (``apply``); ``numeric`` runs the canary; ``compilecache`` saves and
+loads torch.compile's artifacts; ``recorder`` writes what ``envlock.record()`` is given to the
+run's replay journal. torch and numpy are imported lazily: envlock itself does not need either.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from envlock.runtime.common import MAX_SEED as MAX_SEED
 from envlock.runtime.common import SEED_ENV as SEED_ENV
 from envlock.runtime.common import WORKERS_ENV as WORKERS_ENV
 from envlock.runtime.common import ReproducibilityWarning
+from envlock.runtime.compilecache import load_compile_cache, save_compile_cache
 from envlock.runtime.determinism import Deterministic, deterministic
 from envlock.runtime.determinism import Mode as Mode
 from envlock.runtime.numeric import canary
@@ -52,7 +53,9 @@ __all__ = [
     "dataloader_generator",
     "derive_seed",
     "deterministic",
+    "load_compile_cache",
     "record",
+    "save_compile_cache",
     "seed_everything",
     "worker_init_fn",
 ]

@@ -64,6 +64,21 @@ def distributed_initialized(torch: Any) -> bool:
     return bool(dist is not None and quiet(lambda: dist.is_available() and dist.is_initialized()))
 
 
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size): ``torch.distributed``'s when a process group exists, else the
+    launcher's variables (``RANK``, ``WORLD_SIZE``), else a single process."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a half-torn-down process group: fall back to the launcher's variables
+        pass
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
 def late_names() -> set[str]:
     """The knobs this process set too late; the pid tag keeps children from inheriting them."""
     pid, _, names = os.environ.get(LATE_ENV, "").partition(":")

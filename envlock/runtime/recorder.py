@@ -20,6 +20,10 @@ an edited script is named. Only rank 0 records metrics (``RANK`` unset or 0, or
 ``torch.distributed``'s rank); every other rank writes its own capture once, to a file of its
 own beside the journal (``rank_journal``), so that a cause on one rank only (a variable set on
 rank 1) can be named with its rank.
+
+Under ``--save-compile-cache`` the first call also arranges for rank 0 to save what it compiled
+when it exits (``compilecache.arm_save_at_exit``), so a recorded run needs no line of its own
+for that.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import sys
 from typing import Any, TextIO
 
 from envlock.probe.rules import METRIC_NAME, rank_journal
+from envlock.runtime.common import rank_and_world
+from envlock.runtime.compilecache import arm_save_at_exit
 
 RECORD_ENV = "ENVLOCK_RECORD"
 # The directory the command runs in (the workspace), set with ``RECORD_ENV`` by envlock: what
@@ -40,19 +46,6 @@ WORKSPACE_ENV = "ENVLOCK_WORKSPACE"
 # ``path`` and ``fh``: rank 0's journal; ``ranked``: the journal another rank wrote its capture
 # beside (once per process).
 _state: dict[str, Any] = {"path": None, "fh": None, "ranked": None}
-
-
-def _rank_and_world() -> tuple[int, int]:
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank()), int(dist.get_world_size())
-    except Exception:  # a half-torn-down process group: fall back to the launcher's variables
-        pass
-    try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
 
 
 def _tensor(value: Any) -> dict[str, Any] | None:
@@ -141,6 +134,7 @@ def record(step: int, /, **metrics: Any) -> None:
     ``step`` is a non-negative int; each metric a number (bool, int, float), a 0-d tensor, or
     a tensor/array (kept as the sha256 of its bytes, dtype, shape and mean).
     """
+    arm_save_at_exit()
     path = os.environ.get(RECORD_ENV)
     if not path:
         return
@@ -153,7 +147,7 @@ def record(step: int, /, **metrics: Any) -> None:
         if not METRIC_NAME.fullmatch(name):
             raise ValueError(f"envlock.record: metric name {name!r} cannot be recorded: a name is a "
                              "letter or '_', then at most 127 letters, digits or '_' '.' '/' '-'")
-    rank, world = _rank_and_world()
+    rank, world = rank_and_world()
     if rank != 0:
         _capture_rank(path, rank, world)
         return
