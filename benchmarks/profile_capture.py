@@ -64,7 +64,7 @@ def child_timeline(no_torch: bool, out_path: str) -> None:
 
     t_cli = time.perf_counter()
     cap: Any = None
-    for modname in ("envlock._capture", "envlock.capturing"):  # renamed during 0.1 development
+    for modname in ("envlock.probing.capture", "envlock.capturing"):  # renamed during 0.1 development
         try:
             cap = importlib.import_module(modname)
             break

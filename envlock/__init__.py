@@ -33,10 +33,10 @@ __all__ = [
 
 _LAZY = {
     "Lock": ("envlock.lock", "Lock"),
-    "capture": ("envlock._capture", "capture"),
-    "verify": ("envlock._verify", "verify"),
+    "capture": ("envlock.probing.capture", "capture"),
+    "verify": ("envlock.check.local", "verify"),
     "load": ("envlock.lock", "load"),
-    "compare": ("envlock._compare", "compare"),
+    "compare": ("envlock.drift.compare", "compare"),
     "seed_everything": ("envlock.runtime", "seed_everything"),
     "deterministic": ("envlock.runtime", "deterministic"),
     "apply": ("envlock.runtime", "apply"),
@@ -64,10 +64,10 @@ if TYPE_CHECKING:
     from envlock import lock as lock
     from envlock import restore as restore
     from envlock import runtime as runtime
-    from envlock._capture import capture
-    from envlock._compare import compare
-    from envlock._verify import verify
+    from envlock.check.local import verify
+    from envlock.drift.compare import compare
     from envlock.lock import Lock, load
+    from envlock.probing.capture import capture
     from envlock.runtime import (
         apply,
         canary,

@@ -21,9 +21,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from envlock._comparison import Difference, difference_lines
-from envlock._textsafe import plural, safe
+from envlock.drift.result import Difference, difference_lines
 from envlock.errors import EXIT_DRIFT, EnvlockError, UsageError
+from envlock.text.terminal import plural, safe
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -126,9 +126,9 @@ def check(
     import torch
     import torch.distributed as dist
 
-    from envlock._capture import build_lock
-    from envlock._compare import compare
+    from envlock.drift.compare import compare
     from envlock.probe.collect import collect
+    from envlock.probing.capture import build_lock
 
     if not (dist.is_available() and dist.is_initialized()):
         raise UsageError("envlock.distributed.check() needs an initialised torch.distributed process group")

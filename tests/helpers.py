@@ -111,8 +111,8 @@ def make_lock(*, packages: Sequence[PackageSpec] | None = None, envlock: dict[st
     the same lock). ``construct=True`` skips model validation of the package rows
     (``model_construct``), to hand restore values the model itself would have refused.
     """
-    from envlock._capture import build_lock
     from envlock.lock import Meta, Package, seal
+    from envlock.probing.capture import build_lock
 
     if packages is not None:
         rows = [{"name": p[0], "version": p[1]} if isinstance(p, tuple) else dict(p) for p in packages]
@@ -202,7 +202,7 @@ def fake_engine_run(monkeypatch: pytest.MonkeyPatch, lock: Lock, run_in_image: A
     import contextlib
     from collections.abc import Iterator
 
-    from envlock._compare import compare
+    from envlock.drift.compare import compare
     from envlock.restore import endpoint
     from envlock.restore import restore as restore_mod
     from envlock.restore import run as run_mod

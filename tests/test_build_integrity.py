@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock._compare import compare
-from envlock._expected import _restore_severity
+from envlock.drift.compare import compare
+from envlock.drift.expected import _restore_severity
 from envlock.errors import BadWheel, HashMismatch, PlainHttp, UnsafeValue, UsageError
 from envlock.export.bundle import bundle
 from envlock.lock import Lock
@@ -231,7 +231,7 @@ def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock
 
 
 def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_lock: LockFactory, house: Path) -> None:
-    from envlock._expected import Restored, allow
+    from envlock.drift.expected import Restored, allow
 
     build_wheel(house, "setuptools", "65.5.0")
     lock = _lock(restore_lock, house)

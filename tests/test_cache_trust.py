@@ -17,11 +17,11 @@ import pytest
 from helpers import REPO, LockFactory
 from packaging.version import Version
 
-from envlock._probeproc import parse_document
 from envlock.errors import UsageError
 from envlock.export import index
 from envlock.probe import cache, filehashes, statcache
 from envlock.probe.packages import record_sha256
+from envlock.probing.process import parse_document
 from envlock.restore.engine import BuildMode
 
 ROOT = hasattr(os, "getuid") and os.getuid() == 0

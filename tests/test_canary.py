@@ -18,12 +18,12 @@ from helpers import run_cli
 
 from envlock import lock as lockio
 from envlock import runtime
-from envlock._capture import capture
-from envlock._compare import compare
-from envlock._verify import verify
+from envlock.check.local import verify
+from envlock.drift.compare import compare
 from envlock.lock import Canary, Lock, seal
 from envlock.probe import kernels
 from envlock.probe.collect import run_canary
+from envlock.probing.capture import capture
 from envlock.runtime import knobs
 
 CANARY_PATH = Path(__file__).resolve().parent.parent / "envlock" / "probe" / "kernels.py"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from envlock._capture import build_lock
-from envlock._compare import compare
-from envlock._probeproc import parse_document
+from envlock.drift.compare import compare
+from envlock.probing.capture import build_lock
+from envlock.probing.process import parse_document
 from envlock.restore.verify import PROBE_DIR, probe_files
 
 pytestmark = pytest.mark.integration

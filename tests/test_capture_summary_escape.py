@@ -1,11 +1,11 @@
 """The capture summary is one line per fact, whatever the lock holds: every value escaped as a
-terminal shows it (``_textsafe``), a newline in ``torch.cuda`` included."""
+terminal shows it (``text/terminal``), a newline in ``torch.cuda`` included."""
 
 from __future__ import annotations
 
 from helpers import LockFactory
 
-from envlock._render import capture_summary
+from envlock.report.render import capture_summary
 
 
 def test_a_newline_in_a_value_cannot_forge_a_summary_line(restore_lock: LockFactory) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from helpers import make_lock, probe_doc
 
-from envlock._compare import compare
+from envlock.drift.compare import compare
 
 TORCH: dict[str, Any] = {"version": "2.4.1+cu121", "cuda": "12.1", "cudnn": "9.1.0", "nccl": "2.20.5",
          "git_version": "a" * 40, "cxx11_abi": False}

@@ -1,4 +1,4 @@
-"""The comparator's sections beneath the packages (``envlock/_compare_native.py``): a library
+"""The comparator's sections beneath the packages (``envlock/drift/native.py``): a library
 loaded from another file, a BLAS/OpenMP runtime that changed, torch.compile's settings and
 caches, CUDA libraries loaded against those torch was built with, a GPU without kernels; a
 lock written before these tables existed; and a replay's "lock differences that can explain it".
@@ -11,13 +11,13 @@ from typing import Any
 
 from helpers import make_lock
 
-from envlock._compare import compare
-from envlock._compare_native import MAX_CONTEXT_UNOWNED, mismatch, where
-from envlock._record import Meta, Record, Step
-from envlock._recordcmp import compare_records, context_of
-from envlock._replay_report import replay_text
+from envlock.drift.compare import compare
+from envlock.drift.native import MAX_CONTEXT_UNOWNED, mismatch, where
 from envlock.lock import Library, Lock, load
 from envlock.lock._seal import canonical_form
+from envlock.replay.compare import compare_records, context_of
+from envlock.replay.record import Meta, Record, Step
+from envlock.replay.report import replay_text
 
 SITE = "/venv/lib/python3.11/site-packages"
 RICH = Path(__file__).parent / "fixtures" / "sealed" / "rich.lock"

@@ -10,9 +10,9 @@ from typing import Any
 from helpers import make_lock, probe_doc, run_cli
 
 from envlock import lock as lockio
-from envlock._compare import compare
-from envlock._render import verify_text
+from envlock.drift.compare import compare
 from envlock.lock import Lock
+from envlock.report.render import verify_text
 
 TORCH = {"version": "2.4.1", "git_version": "a" * 40}
 DET = {"torch_loaded": True, "deterministic_algorithms": False, "num_threads": 8,

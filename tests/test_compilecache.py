@@ -1,4 +1,4 @@
-"""A torch.compile cache carried between processes (``probe/compilecache``, ``_compilecache``):
+"""A torch.compile cache carried between processes (``probe/compilecache``, ``replay/compilecache``):
 the file's header and digest, its refusal when damaged or made by another torch or Triton, the
 loader that runs before a command, what a saved cache becomes, a pack that carries one, and the
 ``[compile].loaded`` fact that names a cold or warm start. Real torch compiles are in
@@ -18,13 +18,13 @@ from helpers import LockFactory, fake_engine_run, make_lock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from envlock import _compilecache
-from envlock._compare import compare
-from envlock._recordcmp import context_of
+from envlock.drift.compare import compare
 from envlock.errors import CompileCacheRefused, UsageError
 from envlock.lock._seal import canonical_form
 from envlock.probe import compilecache, compilestate
 from envlock.probe.rules import ENV_NOT_RECORDED, env_allowed
+from envlock.replay import compilecache as carried
+from envlock.replay.compare import context_of
 from envlock.restore import packdir
 
 HEADER = {"torch": "2.13.0+cpu", "triton": None, "artifacts": {"inductor": 2, "aot_autograd": 1}}
@@ -45,7 +45,7 @@ def test_a_cache_reads_back_with_its_header_payload_and_the_files_digest(tmp_pat
     assert payload == PAYLOAD and digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert header["torch"] == "2.13.0+cpu" and header["payload_bytes"] == len(PAYLOAD)
     assert compilecache.read(str(path), payload=False)[1] is None
-    found = _compilecache.read_cache(path)
+    found = carried.read_cache(path)
     assert found.sha256 == digest and found.artifacts == 3
     assert found.describe().startswith(f"{digest[:12]} (3 artifacts, 0.0 MB, made by torch 2.13.0+cpu)")
 
@@ -66,7 +66,7 @@ def test_a_damaged_file_is_refused_naming_what_is_wrong(tmp_path: Path, damage: 
         compilecache.read(str(path))
     assert exc.value.kind == "invalid"
     with pytest.raises(CompileCacheRefused, match=reason) as refused:
-        _compilecache.read_cache(path)
+        carried.read_cache(path)
     assert refused.value.exit_code == 2
 
 
@@ -82,9 +82,9 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(CompileCacheRefused, match="not a regular file"):
-        _compilecache.read_cache(fifo)
+        carried.read_cache(fifo)
     with pytest.raises(CompileCacheRefused, match="no such file"):
-        _compilecache.read_cache(tmp_path / "missing")
+        carried.read_cache(tmp_path / "missing")
 
 
 @settings(max_examples=150, deadline=None)
@@ -138,22 +138,22 @@ def test_another_torch_or_triton_is_refused_naming_both() -> None:
 
 
 def test_a_lock_of_another_stack_refuses_the_cache_before_anything_runs(tmp_path: Path) -> None:
-    cache = _compilecache.read_cache(write_cache(tmp_path / "c.cache"))
+    cache = carried.read_cache(write_cache(tmp_path / "c.cache"))
     same = make_lock(torch={"version": "2.13.0+cpu"})
-    _compilecache.check_against_lock(cache, same, "env.lock")
+    carried.check_against_lock(cache, same, "env.lock")
     with pytest.raises(CompileCacheRefused, match=r"torch 2.12.0 \(Triton 3.1.0\).*\(env.lock\)"):
         other = make_lock(torch={"version": "2.12.0"}, packages=[("triton", "3.1.0")])
-        _compilecache.check_against_lock(cache, other, "env.lock")
+        carried.check_against_lock(cache, other, "env.lock")
     with pytest.raises(CompileCacheRefused, match=r"env\.lock has no torch"):
-        _compilecache.check_against_lock(cache, make_lock(), "env.lock")
+        carried.check_against_lock(cache, make_lock(), "env.lock")
 
 
 # -- the loader and the collector ----------------------------------------------------------------
 
 
 def test_the_loader_runs_before_the_command_here_and_in_a_container(tmp_path: Path) -> None:
-    cache = _compilecache.read_cache(write_cache(tmp_path / "c.cache"))
-    with _compilecache.compile_run(cache, None, container=False) as run:
+    cache = carried.read_cache(write_cache(tmp_path / "c.cache"))
+    with carried.compile_run(cache, None, container=False) as run:
         wrapped = run.command("/venv/bin/python", ["torchrun", "train.py"])
         d = str(run.directory)
         assert wrapped == ["/venv/bin/python", f"{d}/compilecache.py", "populate", str(cache.path.absolute()),
@@ -161,14 +161,14 @@ def test_the_loader_runs_before_the_command_here_and_in_a_container(tmp_path: Pa
         assert (run.directory / "compilecache.py").read_bytes() == Path(compilecache.__file__).read_bytes()
         assert run.env() == {}
     assert not run.directory.exists()  # removed, whatever the command did
-    with _compilecache.compile_run(cache, tmp_path / "out.cache", container=True) as run:
+    with carried.compile_run(cache, tmp_path / "out.cache", container=True) as run:
         assert run.command("/opt/venv/bin/python", ["python", "t.py"])[1:6] == [
             "/envlock-compile/compilecache.py", "populate", "/envlock-compile/cache.bin",
             "/envlock-compile/inductor", "/envlock-compile/status.json"]
         assert run.mounts() == [(str(run.directory), "/envlock-compile", False),
                                 (str(cache.path.resolve()), "/envlock-compile/cache.bin", True)]
         assert run.env() == {"ENVLOCK_COMPILE_CACHE_OUT": "/envlock-compile/saved.bin"}
-    with _compilecache.compile_run(None, None, container=True) as run:
+    with carried.compile_run(None, None, container=True) as run:
         assert run.command("python", ["python", "t.py"]) == ["python", "t.py"] and run.mounts() == []
         assert run.loaded() is None and run.collect() is None
 
@@ -182,8 +182,8 @@ def test_the_loader_runs_before_the_command_here_and_in_a_container(tmp_path: Pa
 ])
 def test_what_the_loader_reports_stops_the_run(tmp_path: Path, status: Any, error: type[Exception],
                                                message: str) -> None:
-    cache = _compilecache.read_cache(write_cache(tmp_path / "c.cache"))
-    with _compilecache.compile_run(cache, None, container=False) as run:
+    cache = carried.read_cache(write_cache(tmp_path / "c.cache"))
+    with carried.compile_run(cache, None, container=False) as run:
         if status is not None:
             text = status if isinstance(status, str) else json.dumps(status)
             (run.directory / "status.json").write_text(text)
@@ -192,15 +192,15 @@ def test_what_the_loader_reports_stops_the_run(tmp_path: Path, status: Any, erro
 
 
 def test_twin_a_loaded_cache_is_its_digest(tmp_path: Path) -> None:
-    cache = _compilecache.read_cache(write_cache(tmp_path / "c.cache"))
-    with _compilecache.compile_run(cache, None, container=False) as run:
+    cache = carried.read_cache(write_cache(tmp_path / "c.cache"))
+    with carried.compile_run(cache, None, container=False) as run:
         (run.directory / "status.json").write_text(json.dumps({"loaded": "b" * 64, "artifacts": {"inductor": 2}}))
         assert run.loaded() == "b" * 64
 
 
 def test_a_saved_cache_is_checked_and_moved_whole(tmp_path: Path) -> None:
-    target = _compilecache.check_save_target(tmp_path / "saved.cache")
-    with _compilecache.compile_run(None, target, container=False) as run:
+    target = carried.check_save_target(tmp_path / "saved.cache")
+    with carried.compile_run(None, target, container=False) as run:
         assert run.collect() is None and "no compile cache was saved" in run.notes[0]
         write_cache(Path(run.env()["ENVLOCK_COMPILE_CACHE_OUT"]))
         found = run.collect()
@@ -210,27 +210,27 @@ def test_a_saved_cache_is_checked_and_moved_whole(tmp_path: Path) -> None:
         saved.write_bytes(saved.read_bytes()[:-1])  # a process killed mid-way never renames, but a
         with pytest.raises(CompileCacheRefused, match="damaged"):  # file from elsewhere may be cut
             run.collect()
-    assert _compilecache.read_cache(target).sha256 == found.sha256  # the good one stayed
+    assert carried.read_cache(target).sha256 == found.sha256  # the good one stayed
     assert sorted(os.listdir(tmp_path)) == ["saved.cache"]
     with pytest.raises(UsageError, match="is a directory"):
-        _compilecache.check_save_target(tmp_path)
+        carried.check_save_target(tmp_path)
     with pytest.raises(UsageError, match="no directory"):
-        _compilecache.check_save_target(tmp_path / "none" / "x.cache")
+        carried.check_save_target(tmp_path / "none" / "x.cache")
 
 
 def test_the_loader_is_the_commands_python_else_the_environment_capture_chooses(tmp_path: Path) -> None:
-    assert _compilecache.host_python("/p/.venv/bin/python3.11", tmp_path) == "/p/.venv/bin/python3.11"
+    assert carried.host_python("/p/.venv/bin/python3.11", tmp_path) == "/p/.venv/bin/python3.11"
     venv = tmp_path / ".venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
-    assert _compilecache.host_python("/p/.venv/bin/torchrun", tmp_path) == str(venv / "bin" / "python")
+    assert carried.host_python("/p/.venv/bin/torchrun", tmp_path) == str(venv / "bin" / "python")
     # A program in another environment is loaded for by that environment's Python.
     other = tmp_path / "elsewhere" / "env"
     (other / "bin").mkdir(parents=True)
     (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (other / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
-    assert _compilecache.host_python(str(other / "bin" / "torchrun"), tmp_path) == str(other / "bin" / "python")
+    assert carried.host_python(str(other / "bin" / "torchrun"), tmp_path) == str(other / "bin" / "python")
 
 
 # -- [compile].loaded ----------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_pack_carries_the_cache_under_its_checksums_and_run_finds_it(
     entry = opened.manifest["compile_cache"]
     assert entry["torch"] == "2.13.0+cpu" and entry["artifacts"] == {"aot_autograd": 1, "inductor": 2}
     assert opened.compile_cache is not None
-    found = _compilecache.pack_cache(opened.compile_cache, entry["sha256"])
+    found = carried.pack_cache(opened.compile_cache, entry["sha256"])
     assert found.sha256 == result.compile_cache.sha256
     # A pack without one says so.
     plain = pack(lock, lock_path, tmp_path / "plain", PackOptions(wheelhouses=(house,), download=False,
@@ -345,10 +345,10 @@ def test_twin_a_cache_inside_the_pack_is_found_and_its_digest_checked(tmp_path: 
     opened = packdir.open_pack(root, tmp_path / "work")
     assert opened.compile_cache == root / "compile" / "c.cache"
     with pytest.raises(CompileCacheRefused, match="not the one its manifest names"):
-        _compilecache.pack_cache(root / "compile" / "c.cache", "0" * 64)
+        carried.pack_cache(root / "compile" / "c.cache", "0" * 64)
     (root / "compile" / "l.cache").symlink_to(root / "compile" / "c.cache")
     with pytest.raises(CompileCacheRefused, match="not a file in the pack"):
-        _compilecache.pack_cache(root / "compile" / "l.cache", "0" * 64)
+        carried.pack_cache(root / "compile" / "l.cache", "0" * 64)
     for bad in ({"sha256": "0" * 64}, "compile/c.cache"):
         with pytest.raises(UsageError, match="without a path"):
             _ = packdir.Pack(root, {"compile_cache": bad}).compile_cache
@@ -392,7 +392,7 @@ def test_record_collects_the_cache_the_command_saved(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     assert main(["record", "r.rec", "--save-compile-cache", "out.cache", "--", sys.executable, "-c", SAVES]) == 0
-    saved = _compilecache.read_cache(tmp_path / "out.cache")
+    saved = carried.read_cache(tmp_path / "out.cache")
     assert saved.header["artifacts"] == {"inductor": 1}
     assert f"saved the compile cache {saved.sha256[:12]}" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cache", "r.rec"]
@@ -440,7 +440,7 @@ def test_run_loads_the_cache_in_the_image_and_collects_what_it_saved(
     assert opts.command[:2] == ["/opt/venv/bin/python", "/envlock-compile/compilecache.py"]
     assert opts.command[-3:] == ["--", "python", "train.py"]
     assert (str(cache.resolve()), "/envlock-compile/cache.bin", True) in opts.mounts
-    assert _compilecache.read_cache(tmp_path / "out.cache").header["artifacts"] == HEADER["artifacts"]
+    assert carried.read_cache(tmp_path / "out.cache").header["artifacts"] == HEADER["artifacts"]
     err = capsys.readouterr().err
     assert "loading the compile cache c.cache" in err and "saved the compile cache" in err
     # Without either option the command runs as given, with nothing mounted for it.
@@ -547,8 +547,8 @@ def test_twin_an_ordinary_cache_name_is_shown_as_written(
 def test_any_status_the_loader_leaves_is_a_digest_or_a_one_line_error(
         tmp_path_factory: pytest.TempPathFactory, status: bytes) -> None:
     root = tmp_path_factory.mktemp("status")
-    cache = _compilecache.read_cache(write_cache(root / "c.cache"))
-    with _compilecache.compile_run(cache, None, container=False) as run:
+    cache = carried.read_cache(write_cache(root / "c.cache"))
+    with carried.compile_run(cache, None, container=False) as run:
         (run.directory / "status.json").write_bytes(status)
         try:
             found = run.loaded()

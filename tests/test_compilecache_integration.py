@@ -23,8 +23,8 @@ from helpers import REPO, needs_tool
 from test_replay_integration import torch_image  # noqa: F401 - the module's torch image fixture
 from test_restore_integration import capture, no_leftover_containers
 
-from envlock._compilecache import read_cache
 from envlock.commands import main
+from envlock.replay.compilecache import read_cache
 
 pytestmark = pytest.mark.integration
 

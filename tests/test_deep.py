@@ -369,7 +369,7 @@ def test_deep_module_is_stdlib_only_and_py38_syntax() -> None:
 
 
 def test_progress_lines_are_consumed_and_drawn() -> None:
-    from envlock._deepreport import Progress
+    from envlock.probing.progress import Progress
 
     bar = Progress(delay=0.0)
     bar.enabled = True  # as on a terminal

@@ -24,9 +24,9 @@ from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock._deepreport import summary
 from envlock.probe import deep, filehashes
 from envlock.probe.filehashes import FileHashes
+from envlock.report.verify import deep_summary
 
 INFO = "demo-1.0.dist-info"
 # One private site per test that edits files; all are aged by the one clock of ``Aged``.
@@ -111,10 +111,10 @@ def test_a_second_clean_run_reads_nothing_and_equals_a_no_cache_run(
     assert full["hashed_files"] == 23 and full["cached_files"] == 0
     assert second["dists"] == full["dists"] == {}
     assert second["digests"] == full["digests"] == first["digests"]
-    line = summary(second)
+    line = deep_summary(second)
     assert "0 re-hashed, 23 unchanged since the last check by size/mtime/ctime" in line
     assert "--no-cache re-hashes all" in line and "every file matches RECORD" in line
-    assert "unchanged" not in summary(full) and "hashed in" in summary(full)
+    assert "unchanged" not in deep_summary(full) and "hashed in" in deep_summary(full)
     ticks: list[tuple[int, int, int, int]] = []
     _check(site, tmp_path, aged.now_ns, progress=lambda *a: ticks.append(a))
     assert ticks[-1][0] == ticks[-1][1] == 23 and ticks[-1][2] == ticks[-1][3]

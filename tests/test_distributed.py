@@ -119,7 +119,7 @@ def test_check_outside_a_process_group_is_a_usage_error() -> None:
 
 def test_rank_mismatch_is_an_envlock_error_with_the_drift_exit_code() -> None:
     from envlock import distributed, errors
-    from envlock._comparison import Difference
+    from envlock.drift.result import Difference
 
     diff = Difference("determinism", "determinism.cudnn_benchmark", False, True, "breaking")
     result = distributed.CheckResult(
@@ -142,7 +142,7 @@ def test_what_other_ranks_send_reaches_the_log_literally() -> None:
     # escape or a newline in them must not recolour the terminal or forge a line of the report,
     # as in verify --fleet's table (one function writes both lists).
     from envlock import distributed
-    from envlock._comparison import Difference
+    from envlock.drift.result import Difference
 
     hostile = Difference("env", "env.NCCL_DEBUG", "INFO", "\x1b[2J\x1b[32mOK\nenvlock: all 2 ranks match",
                          "breaking")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import make_dist, unavailable
 
-from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.probe import packages
+from envlock.probing.process import PROBE_PATH, parse_document
 
 
 def _project(tmp_path: Path) -> Path:

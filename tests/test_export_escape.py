@@ -1,5 +1,5 @@
 """Every export writes values through the escaping function of its output language
-(``envlock._escape``), checked by the language's own reader: bash reads the shell words
+(``envlock.text.escape``), checked by the language's own reader: bash reads the shell words
 back, PyYAML the YAML scalars, a CommonMark parser the markdown; Apptainer is not packaged for
 this machine, so its definitions are checked for the line structure Apptainer reads.
 
@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from envlock import _escape as escape
-from envlock._textsafe import safe
 from envlock.errors import EnvlockError, UnsafeValue
 from envlock.export import apptainer, k8s, slurm
 from envlock.export.latex import show_latex
 from envlock.lock import Lock, save
 from envlock.restore.dockerfile import dockerfile_env, dockerfile_exec
+from envlock.text import escape
+from envlock.text.terminal import safe
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = {"in_container": True, "source": "env", "reference": "r.example/x", "digest": DIGEST}
@@ -314,8 +314,8 @@ def test_markdown_link_image_and_mention_are_dead() -> None:
 def test_show_markdown_cells_use_the_same_escape(base_lock: Lock) -> None:
     """``show --format markdown`` once escaped only pipes, backticks and HTML in its cells: a note
     opened a link, an image (a tracking pixel in a pull request) and emphasis; a diff cell too."""
-    from envlock._escape import markdown_text
-    from envlock._render import show_markdown
+    from envlock.report.render import show_markdown
+    from envlock.text.escape import markdown_text
 
     note = "see [paper](https://x.example) ![i](https://x.example/i.png) *bold* _it_ cc @alice <b>x</b>"
     lock = base_lock.model_copy(update={"envlock": base_lock.envlock.model_copy(update={"note": note})})

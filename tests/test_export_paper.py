@@ -12,10 +12,10 @@ from helpers import LockFactory, needs_tool, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock._escape import latex as escape
-from envlock._render import show_markdown
 from envlock.export.latex import show_latex
 from envlock.lock import Lock, save
+from envlock.report.render import show_markdown
+from envlock.text.escape import latex as escape
 
 NASTY_NOTE = r"50% of runs & $x_1$ {#2} ~ ^ \textbf{no} <b>|</b> `tick`"
 

@@ -338,7 +338,7 @@ def test_the_srun_pipe_is_closed_however_the_preflight_ends(
 def test_fleet_passes_the_record_to_every_node_and_a_changed_input_fails_it(tmp_path: Path) -> None:
     import sys
 
-    from envlock._replay import make_record
+    from envlock.replay.make import make_record
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "d.csv").write_text("1,2\n")

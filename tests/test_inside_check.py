@@ -3,7 +3,7 @@ per image id (``envlock.restore.inside``) and judged again by the next restore; 
 an image whose kept check passed without restoring.
 
 The engine here is a stand-in that counts the probe's runs: the probe's document is the lock's
-own tables, so the judgement is the real one (``_verify.judge`` through ``build_lock``)."""
+own tables, so the judgement is the real one (``check/local.judge`` through ``build_lock``)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def layers() -> list[tuple[str, list[str]]]:
     """docs/design.md's module map, bottom layer first: (layer name, module patterns).
 
-    A pattern is a path under envlock/ without ``.py`` (``lock/*``, ``_capture``), or
+    A pattern is a path under envlock/ without ``.py`` (``lock/*``, ``_files``), or
     ``envlock`` for the package's own ``__init__``."""
     text = DESIGN.read_text(encoding="utf-8")
     section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
@@ -137,8 +137,8 @@ def test_the_graph_is_read_from_every_kind_of_import() -> None:
     g = graph()
     assert "envlock.probe.rules" in g["envlock.lock._model"]  # module level
     assert "envlock.probe.scrub" in g["envlock.probe.collect"]  # a relative import
-    assert "envlock._capture" in g["envlock.distributed"]  # inside a function
-    assert "envlock.lock" in g["envlock._render"]  # under TYPE_CHECKING
+    assert "envlock.probing.capture" in g["envlock.distributed"]  # inside a function
+    assert "envlock.lock" in g["envlock.report.render"]  # under TYPE_CHECKING
 
 
 def test_no_import_cycle_of_any_kind() -> None:
@@ -172,11 +172,11 @@ def test_no_import_goes_up_the_map() -> None:
     ("from envlock import lock\n", {"envlock.lock"}),
     ("from envlock import __version__\n", {"envlock"}),
     ("def f():\n    from envlock.lock import load\n", {"envlock.lock"}),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import envlock._render\n",
-     {"envlock._render"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import envlock.report.render\n",
+     {"envlock.report.render"}),
 ])
 def test_the_import_reader(tmp_path: Path, source: str, expected: set[str]) -> None:
     path = tmp_path / "m.py"
     path.write_text(source)
-    modules = {"envlock": path, "envlock.lock": path, "envlock._render": path, "envlock.x": path}
+    modules = {"envlock": path, "envlock.lock": path, "envlock.report.render": path, "envlock.x": path}
     assert imports_of(path, "envlock.x", modules) == expected

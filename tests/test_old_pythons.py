@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from envlock._capture import build_lock
-from envlock._probeproc import parse_document
+from envlock.probing.capture import build_lock
+from envlock.probing.process import parse_document
 
 # The interpreters come from scripts/test.sh's setup, which the unit phase does not need.
 pytestmark = pytest.mark.slow

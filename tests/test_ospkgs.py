@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from envlock._compare import compare
-from envlock._compare_packages import os_package_severity
+from envlock.drift.compare import compare
+from envlock.drift.packages import os_package_severity
 from envlock.lock import OsPackages
 from envlock.probe import ospkgs
 from envlock.probe.collect import collect_os_packages
@@ -275,7 +275,7 @@ def test_ospkgs_file_is_python38_syntax_and_stdlib_only() -> None:
     import ast
     import sys
 
-    from envlock._probeproc import OSPKGS_PATH
+    from envlock.probing.process import OSPKGS_PATH
 
     tree = ast.parse(OSPKGS_PATH.read_text(), feature_version=(3, 8))
     imports = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
@@ -290,7 +290,7 @@ def test_ospkgs_check_runs_as_a_lone_file(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envlock._probeproc import OSPKGS_PATH
+    from envlock.probing.process import OSPKGS_PATH
 
     alone = tmp_path / "ospkgs.py"
     alone.write_bytes(OSPKGS_PATH.read_bytes())
@@ -303,8 +303,8 @@ def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envlock._capture import build_lock
-    from envlock._probeproc import PROBE_PATH, parse_document
+    from envlock.probing.capture import build_lock
+    from envlock.probing.process import PROBE_PATH, parse_document
 
     out = subprocess.run([sys.executable, str(PROBE_PATH), "--no-torch"], capture_output=True,
                          timeout=120, cwd=tmp_path, check=True)
@@ -317,7 +317,7 @@ def test_probe_run_by_path_records_this_hosts_packages(tmp_path: Path) -> None:
 
 
 def test_markdown_diff_keeps_os_packages_to_one_short_row() -> None:
-    from envlock._render import diff_markdown
+    from envlock.report.render import diff_markdown
 
     old = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=1.0" for i in range(500)]})
     new = make_lock(os_packages={"manager": "dpkg", "packages": [f"lib{i}:amd64=2.0" for i in range(500)]})
@@ -330,7 +330,7 @@ def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A venv lock from a host, restored onto the test base: `envlock run` says the image's
     OS packages are the base's, and in-process verify then judges them as restore's check did."""
-    from envlock._compare import (
+    from envlock.drift.compare import (
         OS_FROM_BASE_ENV,
         compare,
         os_packages_come_from_base,

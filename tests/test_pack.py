@@ -18,7 +18,6 @@ from helpers import LockFactory
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from envlock._textsafe import safe
 from envlock.errors import (
     ArtifactsMissing,
     HashMismatch,
@@ -33,6 +32,7 @@ from envlock.probe.packages import record_sha256
 from envlock.restore import context as ctx
 from envlock.restore import packdir
 from envlock.restore.wheelhouse import read_local_wheels, wheel_record_sha256
+from envlock.text.terminal import safe
 
 from test_restore_run_bundle import make_wheel  # isort: skip
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_dist
 
-from envlock._capture import build_lock
-from envlock._probeproc import PROBE_PATH, parse_document
 from envlock.probe import git, image, packages, rules, scrub, system
 from envlock.probe.collect import collect
 from envlock.probe.env import collect_env
+from envlock.probing.capture import build_lock
+from envlock.probing.process import PROBE_PATH, parse_document
 
 # `site` (conftest.py): an isolated sys.path holding only the fake distributions a test writes.
 

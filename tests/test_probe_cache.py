@@ -22,9 +22,9 @@ from helpers import make_dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock._probeproc import parse_document
 from envlock.probe import cache, ospkgs, packages, statcache
 from envlock.probe.collect import collect, collect_os_packages
+from envlock.probing.process import parse_document
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ospkgs"
 SETTLE_NS = statcache.SETTLE_NS  # the real window, before a fixture sets it to 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envlock._probeproc import ProbeProcess, leftovers, probe_args
 from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR
+from envlock.probing.process import ProbeProcess, leftovers, probe_args
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envlock._probeproc import ProbeProcess, probe_args, python_version
 from envlock.errors import InterpreterNotFound, ProbeFailed
+from envlock.probing.process import ProbeProcess, probe_args, python_version
 
 ARGS = probe_args(torch=False, cache=False)
 

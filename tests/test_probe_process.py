@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from envlock._probeproc import DEFAULT_PROBE_TIMEOUT, ProbeProcess, probe_timeout, resolve_python
 from envlock.errors import ProbeFailed, UsageError
+from envlock.probing.process import (
+    DEFAULT_PROBE_TIMEOUT,
+    ProbeProcess,
+    probe_timeout,
+    resolve_python,
+)
 
 # What the probe prints before its JSON document (see DOCUMENT_MARKER), for the fakes below.
 MARK = "printf '\\n\\036envlock-probe-document\\n'\n"

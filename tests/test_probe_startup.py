@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from envlock._probeproc import probe_args
 from envlock.probe import collect, flags
+from envlock.probing.process import probe_args
 
 _IMAGES = [None, "", "reg/x:1@sha256:" + "a" * 64, "-odd=name"]
 _CWDS = [None, "/work/project", "-dash"]

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from helpers import REPO, LockFactory, make_lock
 
-from envlock._compare import compare
-from envlock._render import verify_text
+from envlock.drift.compare import compare
 from envlock.lock import Lock
 from envlock.probe import env
+from envlock.report.render import verify_text
 
 TRAINED: dict[str, Any] = {
     "determinism": {"torch_loaded": True, "deterministic_algorithms": True,

@@ -35,7 +35,7 @@ from test_replay_integration import numerics_change
 from test_replay_workflow_integration import house  # noqa: F401  (module fixture)
 from test_setups_integration import Steps, checkout, shell_env, wheels  # noqa: F401  (module fixtures)
 
-from envlock._record import load as load_record
+from envlock.replay.record import load as load_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_lock
 
-from envlock._record import Meta, Record, dumps, load, loads, save
 from envlock.commands import main
 from envlock.errors import LockInvalid
+from envlock.replay.record import Meta, Record, dumps, load, loads, save
 
 # Token shapes the lock's scrub knows (probe/scrub.py): a Hugging Face token, a URL's password.
 HF_TOKEN = "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF"

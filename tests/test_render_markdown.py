@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from envlock._compare import compare
-from envlock._render import diff_markdown, show_markdown
-from envlock._textsafe import safe
+from envlock.drift.compare import compare
 from envlock.lock import Lock
+from envlock.report.render import diff_markdown, show_markdown
+from envlock.text.terminal import safe
 
 _MD = MarkdownIt("commonmark").enable("table").enable("strikethrough")
 _LIVE = {"link_open", "image", "html_inline", "html_block", "autolink", "s_open", "em_open", "strong_open"}

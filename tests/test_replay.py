@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import make_lock
 
-from envlock._compare import compare
-from envlock._expected import Restored, allow, restored_here
 from envlock.commands import main
+from envlock.drift.compare import compare
+from envlock.drift.expected import Restored, allow, restored_here
 from envlock.errors import EnvlockError
 from envlock.lock import PROTECTED_ENV, REPLAY_DIR, Lock, find_lock, load, project_root, save
 
@@ -186,9 +186,9 @@ def test_commands_read_the_projects_lock_from_a_subdirectory_and_name_it(
 
 def test_restore_run_bundle_pack_diff_and_record_read_the_projects_lock_from_a_subdirectory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from envlock._record import load as load_record
     from envlock.commands._parser import build_parser
     from envlock.commands.run import split_run_args
+    from envlock.replay.record import load as load_record
 
     repo = tmp_path / "repo"
     deep = repo / "src" / "model"

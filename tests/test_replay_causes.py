@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from test_replay_record import meta, rec
 
-from envlock._record import Code, RankContext, Record, load, rank_contexts, rank_entry
-from envlock._recordcmp import compare_records, context_of
-from envlock._replay import make_record, read_journal
-from envlock._replay_report import replay_text
 from envlock.commands import main
 from envlock.probe import code as probe_code
 from envlock.probe.collect import collect
 from envlock.probe.rules import env_allowed, rank_journal
+from envlock.replay.compare import compare_records, context_of
+from envlock.replay.make import make_record, read_journal
+from envlock.replay.record import Code, RankContext, Record, load, rank_contexts, rank_entry
+from envlock.replay.report import replay_text
 from envlock.runtime import recorder
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -17,9 +17,9 @@ import pytest
 from helpers import LockFactory, fake_engine_run
 from test_replay_record import hf_repo, meta, rec  # noqa: F401 - hf_repo: the project fixture's
 
-from envlock._record import Record, load
 from envlock.commands import main
 from envlock.lock import save
+from envlock.replay.record import Record, load
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -303,7 +303,7 @@ def test_a_failed_command_in_the_image_is_a_failed_command(
 
 
 def test_the_restore_options_round_trip_and_an_edit_is_tampering(tmp_path: Path) -> None:
-    from envlock._record import RestoreOptions, seal
+    from envlock.replay.record import RestoreOptions, seal
 
     r = seal(Record(record=meta(where="container"), restore=RestoreOptions(base="b", skip_local=True)))
     r.save(tmp_path / "r.record")

@@ -24,8 +24,8 @@ import pytest
 from test_replay_record import REV1, REV2, hf_repo
 from test_restore_integration import TORCH, build_source_image, capture, no_leftover_containers
 
-from envlock._record import load
 from envlock.commands import main
+from envlock.replay.record import load
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envlock._record import (
+from envlock.commands import main
+from envlock.errors import LockInvalid, LockTampered
+from envlock.probe import deep, inputs
+from envlock.probe.rules import env_allowed
+from envlock.replay.compare import Tolerance, compare_records, context_of, metric_equal
+from envlock.replay.make import make_record, read_journal
+from envlock.replay.record import (
     Input,
     Meta,
     Output,
@@ -30,13 +36,7 @@ from envlock._record import (
     loads,
     seal,
 )
-from envlock._recordcmp import Tolerance, compare_records, context_of, metric_equal
-from envlock._replay import make_record, read_journal
-from envlock._replay_report import replay_text
-from envlock.commands import main
-from envlock.errors import LockInvalid, LockTampered
-from envlock.probe import deep, inputs
-from envlock.probe.rules import env_allowed
+from envlock.replay.report import replay_text
 from envlock.runtime import recorder
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -350,7 +350,7 @@ def test_a_moved_revision_and_a_replaced_blob_are_drift(tmp_path: Path, monkeypa
     folder = hf_repo(cache, "org/model", REV1, {"model.bin": "d" * 64})
     r = Record(record=meta(), inputs=[Input.model_validate(
         {k: v for k, v in inputs.hf_revision("hf:org/model").items() if v is not None})])
-    from envlock._replay import check_inputs
+    from envlock.replay.make import check_inputs
 
     assert check_inputs(r, tmp_path).same
     hf_repo(cache, "org/model", REV1, {"model.bin": "f" * 64})  # re-quantised in place

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import make_lock
 
-from envlock._requirements import Host, check, judge, requirement_updates, requirements_of
 from envlock.commands import main
+from envlock.drift.requirements import Host, check, judge, requirement_updates, requirements_of
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EXIT_USAGE, UsageError
 from envlock.lock import Requires, load
 from envlock.probe.requires import derive, glibc_of_tag, wheel_glibc

@@ -157,8 +157,8 @@ def test_crafted_os_pin_is_refused(restore_lock: LockFactory) -> None:
 @pytest.mark.skipif(shutil.which("apt-cache") is None or not os.path.exists("/var/lib/dpkg/status"),
                     reason="needs a Debian-like host with apt-cache")
 def test_check_script_names_every_unavailable_version(tmp_path: Any) -> None:
-    from envlock._probeproc import OSPKGS_PATH
     from envlock.probe import ospkgs
+    from envlock.probing.process import OSPKGS_PATH
 
     db = ospkgs.load("/")
     assert db is not None

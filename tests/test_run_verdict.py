@@ -37,7 +37,7 @@ def test_a_warning_is_named_not_only_counted(fake_run: Path, monkeypatch: pytest
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """The check passed with a warning: `run` said "0 breaking, 1 warning, 45 info" and not
     which. The warning is named as verify names it; the info differences stay counted only."""
-    from envlock._comparison import Comparison, Difference
+    from envlock.drift.result import Comparison, Difference
     from envlock.lock import load
 
     lock = load(fake_run)

@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import envlock
 from envlock import runtime
-from envlock._capture import capture
-from envlock._verify import verify
+from envlock.check.local import verify
 from envlock.errors import UsageError
 from envlock.lock import Lock, seal
 from envlock.probe import torchstack
+from envlock.probing.capture import capture
 from envlock.runtime import ReproducibilityWarning, knobs, seeds
 
 

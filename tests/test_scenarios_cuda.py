@@ -23,7 +23,7 @@ import tomllib
 from helpers import unavailable
 from scenario_steps import Steps, build_nvml_standin, envlock, ok
 
-from envlock._compare_native import mismatch
+from envlock.drift.native import mismatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -360,7 +360,7 @@ def test_note_is_scrubbed_with_the_callers_secrets(tmp_path: Path) -> None:
 
 # -- terminal escapes ---------------------------------------------------------------------------
 
-# DEL (U+007F) is left to _textsafe.safe's own test: the lock writer does not round-trip it yet.
+# DEL (U+007F) is left to text/terminal.safe's own test: the lock writer does not round-trip it yet.
 ESCAPES = ("\x1b]0;owned\x07", "\x1b[2J\x1b[H", "\x9b31m", "\x08\x08", "\u202eevil", "\r\nOK: forged")
 
 
@@ -392,7 +392,7 @@ def test_terminal_escapes_never_reach_a_terminal_raw(tmp_path: Path) -> None:
 
 
 def test_safe_escapes_every_control_character() -> None:
-    from envlock._textsafe import safe
+    from envlock.text.terminal import safe
 
     controls = [chr(c) for c in [*range(0x20), *range(0x7f, 0xa0), 0x202e, 0x2066, 0x2028]]
     for c in controls:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_dist, run_cli
 
-from envlock._target import choose, display_path, recorded_prefix_hint
+from envlock.probing.target import choose, display_path, recorded_prefix_hint
 
 
 def venv(path: Path) -> Path:
@@ -93,7 +93,7 @@ def test_python_option_overrides_everything(envs: dict[str, Path]) -> None:
 def test_own_tool_venv_is_locked_with_a_warning(tmp_path: Path) -> None:
     tool = venv(tmp_path / "tools" / "envlock")
     (tool / "uv-receipt.toml").write_text('[tool]\nrequirements = [{ name = "envlock-ml" }]\n')
-    code = "from envlock._target import choose; t = choose(); print(t.reason); print(t.warning)"
+    code = "from envlock.probing.target import choose; t = choose(); print(t.reason); print(t.warning)"
     out = subprocess.run([str(tool / "bin" / "python"), "-c", code], cwd=tmp_path, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     reason, warning = out.stdout.splitlines()

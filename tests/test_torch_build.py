@@ -12,12 +12,12 @@ from helpers import make_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock._capture import build_lock
-from envlock._compare import compare
-from envlock._probeproc import PROBE_PATH, parse_document
+from envlock.drift.compare import compare
 from envlock.lock import TorchBuild, fingerprint
 from envlock.probe import torchstack
 from envlock.probe.collect import collect
+from envlock.probing.capture import build_lock
+from envlock.probing.process import PROBE_PATH, parse_document
 
 # The shape of a CUDA wheel's torch.__config__.show() (torch 2.x on Linux).
 CUDA_SHOW = """PyTorch built with:

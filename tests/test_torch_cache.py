@@ -19,11 +19,11 @@ import pytest
 import torch  # noqa: F401 - a pinned dev dependency: without it these tests would check nothing
 from helpers import REPO, run_cli
 
-from envlock._probeproc import parse_document
 from envlock.probe import source
 from envlock.probe.cache import torch_cache_key
 from envlock.probe.collect import collect
 from envlock.probe.statcache import cache_dir
+from envlock.probing.process import parse_document
 
 pytestmark = pytest.mark.slow  # each live run imports torch in a fresh interpreter
 PROBE = str(REPO / "envlock" / "probe")

@@ -1,4 +1,4 @@
-"""One verify (``envlock._verify``): the lock is read once, its tables choose the probe, the
+"""One verify (``envlock.check.local``): the lock is read once, its tables choose the probe, the
 probe runs beside the rest of the work and never outlives the command.
 
 These run the real CLI in-process against a real probe; a wrapper around ``ProbeProcess``
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from envlock import _probeproc as probeproc
-from envlock._capture import StartedProbe
-from envlock._verify import probe_wanted, probe_wanted_for
+from envlock.check.local import probe_wanted, probe_wanted_for
 from envlock.commands import main
 from envlock.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from envlock.probe.procs import pid_alive
+from envlock.probing import process as probeproc
+from envlock.probing.capture import StartedProbe
 
 
 @pytest.fixture()
@@ -127,11 +127,11 @@ def test_the_probe_starts_before_the_models_and_the_comparator_are_imported(lock
     from helpers import REPO
 
     code = ("import sys\n"
-            "from envlock import _probeproc as probeproc\n"
+            "from envlock.probing import process as probeproc\n"
             "seen = []\n"
             "real = probeproc.ProbeProcess.__init__\n"
             "def init(self, *args, **kwargs):\n"
-            "    seen.append(sorted(m for m in ('pydantic', 'envlock.model', 'envlock._compare')\n"
+            "    seen.append(sorted(m for m in ('pydantic', 'envlock.model', 'envlock.drift.compare')\n"
             "                       if m in sys.modules))\n"
             "    real(self, *args, **kwargs)\n"
             "probeproc.ProbeProcess.__init__ = init\n"

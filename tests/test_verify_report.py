@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from helpers import make_lock
 
-from envlock._compare import compare
-from envlock._render import verify_text
-from envlock._verify_report import DETAIL_LINES, SUMMARY_AFTER
+from envlock.drift.compare import compare
+from envlock.report.render import verify_text
+from envlock.report.verify import DETAIL_LINES, SUMMARY_AFTER
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -6,9 +6,9 @@ the grouping and the exit code are decided once, and this only writes them.
 
 from __future__ import annotations
 
-from envlock._comparison import difference_lines
-from envlock._textsafe import safe
 from envlock.check.verdicts import FleetResult
+from envlock.drift.result import difference_lines
+from envlock.text.terminal import safe
 
 # A node whose environment is not the lock's at all differs in every package: a group shows the
 # first ones, as verify does, and --json has them all.

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from envlock._comparison import Difference
 from envlock.check.verdicts import NodeVerdict
+from envlock.drift.result import Difference
 
 # The marker of the node side's lines; any other line of a task is its log.
 MARKER = "envlock_fleet"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from envlock._comparison import Difference
 from envlock.check.hostlist import compress_names
+from envlock.drift.result import Difference
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK
 
 Status = Literal["ok", "drift", "error", "timeout"]

@@ -8,8 +8,8 @@ stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see
     3  environment problem (no container engine, interpreter not found, build failed)
     130  interrupted
 
-Each handler (``envlock.commands.<name>.run``) prints what the report modules build (``_render``
-and its peers; a one-line answer such as ``fmt``'s is written where it is decided) and returns
+Each handler (``envlock.commands.<name>.run``) prints what the report modules build (``envlock.report``
+and the reports of one job; a one-line answer such as ``fmt``'s is written where it is decided) and returns
 its exit code; it imports what it runs, so a command pays only for what it uses.
 """
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a write into a read-only or full place, a file gone meanwhile
         if os.environ.get("ENVLOCK_DEBUG"):
             raise
-        from envlock._textsafe import safe
+        from envlock.text.terminal import safe
 
         where = f"{exc.filename}: " if exc.filename else ""
         err(f"envlock: error: {safe(where)}{safe(exc.strerror or exc)}\n")

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from envlock._textsafe import plural
 from envlock.commands._output import err, out, say
 from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
+from envlock.text.terminal import plural
 
 if TYPE_CHECKING:
-    from envlock._compilecache import CacheFile, CompileRun
-    from envlock._record import Record, RestoreOption, RestoreOptions
-    from envlock._recordcmp import ReplayComparison
+    from envlock.replay.compare import ReplayComparison
+    from envlock.replay.compilecache import CacheFile, CompileRun
+    from envlock.replay.record import Record, RestoreOption, RestoreOptions
 
 JOURNAL = "journal.jsonl"
 
@@ -32,7 +32,7 @@ class Plan:
     """What a recorded or replayed run declares: outputs, inputs, and the original record."""
 
     record_path: str | None
-    original: Any  # envlock._record.Record | None
+    original: Any  # envlock.replay.record.Record | None
     outputs: list[str]
     inputs: list[str]
     git: dict[str, Any] | None = None  # the workspace's git state before the command ran
@@ -47,8 +47,8 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
     replay a missing input is drift, found when it ends.) The workspace's git state is read
     here too, before the command can write to it, without the record, the lock (``lock_path``,
     or the original record's) and the declared outputs."""
-    from envlock._record import check_declared, check_target, load, recorded_command
-    from envlock._replay import check_specs, workspace_git
+    from envlock.replay.make import check_specs, workspace_git
+    from envlock.replay.record import check_declared, check_target, load, recorded_command
 
     original = load(replay_path) if replay_path else None
     outputs = list(args.output or ([o.path for o in original.outputs] if original else []))
@@ -77,8 +77,8 @@ def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
     """The compile cache to load before the command (``--compile-cache``, else the pack's
     unless ``--no-compile-cache``) and where to collect the one it saves, checked before
     anything runs: a cache the lock's torch or Triton would not use is refused (exit 2)."""
-    from envlock._compilecache import check_against_lock, check_save_target, read_cache
-    from envlock._textsafe import safe
+    from envlock.replay.compilecache import check_against_lock, check_save_target, read_cache
+    from envlock.text.terminal import safe
 
     given = getattr(args, "compile_cache", None)
     load = read_cache(given) if given else None if getattr(args, "no_compile_cache", False) else pack_cache
@@ -93,7 +93,7 @@ def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
 def compile_report(run: CompileRun, original: Record | None = None) -> None:
     """After the command: what it saved (or why not), and for a replay started cold, that the
     original had loaded a compile cache."""
-    from envlock._textsafe import safe
+    from envlock.text.terminal import safe
 
     saved = run.collect()
     if saved is not None:
@@ -131,7 +131,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            stderr_tail: Sequence[str] = ()) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
     original (a replay: ``verdict``'s exit code)."""
-    from envlock._replay import make_record, read_inputs
+    from envlock.replay.make import make_record, read_inputs
 
     if p.original is None:
         assert p.record_path is not None
@@ -144,7 +144,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
         err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
             f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
         return exit_code
-    from envlock._recordcmp import Tolerance, compare_records
+    from envlock.replay.compare import Tolerance, compare_records
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                          outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git)
@@ -156,7 +156,7 @@ def verdict(cmp: ReplayComparison, original: str, *, as_json: bool, stderr_tail:
     """Print a comparison; its exit code: 0 reproduced, 1 diverged or an input drifted, 3 the
     command failed before it recorded a step (it did not run as recorded, which is the
     environment's: a missing module, another interpreter)."""
-    from envlock._replay_report import replay_text
+    from envlock.replay.report import replay_text
 
     if as_json:
         doc = cmp.to_dict()
@@ -177,7 +177,7 @@ def _flag(name: str) -> str:
 
 
 def _restore_option_names() -> tuple[RestoreOption, ...]:
-    from envlock._record import RestoreOption
+    from envlock.replay.record import RestoreOption
 
     return get_args(RestoreOption)
 
@@ -189,8 +189,8 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
     now. Checked before the command runs, so that the record can be written after it."""
     from pydantic import ValidationError
 
-    from envlock._record import RestoreOptions
     from envlock.probe.scrub import scrub_string, secret_values, strip_index_url
+    from envlock.replay.record import RestoreOptions
 
     kept: dict[str, Any] = {}
     withheld: list[RestoreOption] = []
@@ -223,7 +223,7 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
 def reuse_restore_options(args: argparse.Namespace, original: Record, record_path: str) -> None:
     """The restore options ``original`` was recorded with, for each one not given now, set on
     ``args`` and named in one line; a withheld one (a credential) must be given again."""
-    from envlock._textsafe import safe
+    from envlock.text.terminal import safe
 
     kept = original.restore
     if kept is None:

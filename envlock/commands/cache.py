@@ -10,9 +10,9 @@ import argparse
 import json
 import time
 
-from envlock._textsafe import safe
 from envlock.commands._output import out
 from envlock.errors import EXIT_OK
+from envlock.text.terminal import safe
 
 
 def _mb(size: int) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from envlock._render import canary_check_text, canary_json, canary_text
 from envlock.commands._output import out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, LockInvalid, TorchMissing
+from envlock.report.render import canary_check_text, canary_json, canary_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,13 +19,13 @@ def run(args: argparse.Namespace) -> int:
         if expected.canary is None:
             raise LockInvalid(f"{args.against} has no [canary] table",
                               hint="capture it with `envlock capture --canary`")
-    from envlock._target import choose, same_path
+    from envlock.probing.target import choose, same_path
 
     # The environment is chosen as capture chooses it: installed as a tool (pipx, uv tool),
     # envlock's own interpreter has no torch, the project's .venv or active venv has.
     target = choose(args.python)
     if not same_path(target.prefix, sys.prefix):
-        from envlock._capture import capture
+        from envlock.probing.capture import capture
 
         probed = capture(python=target.python, canary=True, in_process=False)
         current = probed.canary
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         current = canary(args.device or None)
     cmp = None
     if expected is not None:
-        from envlock._compare import compare
+        from envlock.drift.compare import compare
 
         # Same lock, only the canary replaced: every difference compare() finds is numeric.
         cmp = compare(expected, expected.model_copy(update={"canary": current}))

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from envlock._textsafe import plural, safe
 from envlock.commands._output import err, out, say_link
 from envlock.errors import EXIT_OK
+from envlock.text.terminal import plural, safe
 
 
 def run(args: argparse.Namespace) -> int:
     # Nothing heavy is imported before capture(): it starts the probe first and imports
     # pydantic and the models while the probe runs.
-    from envlock._capture import capture
+    from envlock.probing.capture import capture
 
     updates = None
     if args.require:  # a bad --require is exit 2 before the probe runs
-        from envlock._requirements import requirement_updates
+        from envlock.drift.requirements import requirement_updates
 
         updates = requirement_updates(args.require)
     if args.in_image:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
                                 canary=args.canary, note=args.note, engine=args.engine)
         locked = None
     else:
-        from envlock._target import choose
+        from envlock.probing.target import choose
 
         target = choose(args.python)
         if target.warning:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import dumps, save
 
     if updates:
-        from envlock._requirements import with_requirements
+        from envlock.drift.requirements import with_requirements
         from envlock.lock import seal
 
         lock = seal(with_requirements(lock, updates))
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         path = save(lock, args.output, force=args.force, reseal=False)
         say_link(path)
         if not args.json:
-            from envlock._render import capture_summary
+            from envlock.report.render import capture_summary
 
             summary, notes = capture_summary(lock, str(path), locked, verbose=args.verbose)
             out(summary)
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # The one document on stdout is the lock: as JSON with --json, which with -o - is all that
     # is written (nothing goes to disk).
     if args.json:
-        from envlock._render import show_json
+        from envlock.report.render import show_json
 
         out(show_json(lock))
     else:

@@ -9,9 +9,9 @@ from envlock.errors import EXIT_DRIFT, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock._compare import compare
-    from envlock._render import comparison_json, diff_markdown, diff_text
+    from envlock.drift.compare import compare
     from envlock.lock import load
+    from envlock.report.render import comparison_json, diff_markdown, diff_text
 
     if args.b is None:  # `envlock diff other.lock`: the project's lock against it
         from envlock.commands._lockpath import lock_arg

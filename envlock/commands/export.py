@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock._textsafe import plural
 from envlock.commands._lockpath import lock_arg
+from envlock.text.terminal import plural
 
 if TYPE_CHECKING:
     from envlock.export.artifacts import Sources

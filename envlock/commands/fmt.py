@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     before = read_text(path)
     lock = load(path, verify_seal=False)
     if args.require:
-        from envlock._requirements import requirement_updates, with_requirements
+        from envlock.drift.requirements import requirement_updates, with_requirements
 
         lock = with_requirements(lock, requirement_updates(args.require))
     lock = seal(lock)

@@ -7,10 +7,10 @@ import contextlib
 import sys
 from pathlib import Path
 
-from envlock._textsafe import plural
 from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import say
 from envlock.errors import EXIT_OK
+from envlock.text.terminal import plural
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,8 +11,6 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from envlock._compilecache import CompileRun, compile_run
-from envlock._textsafe import Tail
 from envlock.commands._recording import (
     JOURNAL,
     compile_files,
@@ -23,6 +21,8 @@ from envlock.commands._recording import (
     recording_env,
 )
 from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
+from envlock.replay.compilecache import CompileRun, compile_run
+from envlock.text.terminal import Tail
 
 # After the command exits, how long a child it left behind may keep its stderr open before
 # envlock stops waiting for the last of it.
@@ -69,8 +69,8 @@ def run_here(command: list[str], journal: Path, base: Path,
     tail = Tail()
     env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base))}
     if compiled is not None:
-        from envlock._compilecache import host_python
-        from envlock._replay import resolve_program
+        from envlock.replay.compilecache import host_python
+        from envlock.replay.make import resolve_program
 
         env.update(compiled.env())
         if compiled.load is not None:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         lock = load(lock_path)
     base = Path(args.workspace or ".").resolve()
     p = plan(args, replay_path=None, base=base, command=command, lock_path=lock_path)
-    from envlock._replay import resolve_program
+    from envlock.replay.make import resolve_program
 
     program = resolve_program(command[0], base)
     cache, save = compile_files(args, lock, lock_path)

@@ -20,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
     original = p.original
     assert original is not None
     if args.against:
-        from envlock._record import load as load_record
-        from envlock._recordcmp import Tolerance, compare_records
         from envlock.commands._recording import verdict
+        from envlock.replay.compare import Tolerance, compare_records
+        from envlock.replay.record import load as load_record
 
         # The two records' own inputs: what each run read, not what the disk holds today.
         cmp = compare_records(original, load_record(args.against), Tolerance(args.rtol, args.atol))
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.rec} was recorded in the lock's image",
                          hint=f"replay it there: envlock run {lock} --replay {args.rec}")
     if not command:
-        from envlock._record import command_to_replay
+        from envlock.replay.record import command_to_replay
 
         command = command_to_replay(original, args.rec)
     lock = None
@@ -46,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
             if shown != LOCK_NAME:  # as a lock found upward is named: the reader knows which
                 err(f"envlock: reading {shown}\n")
             lock = load(path)
-    from envlock._replay import check_program, resolve_program
+    from envlock.replay.make import check_program, resolve_program
 
     check_program(original, command, base, lock, args.rec)
-    from envlock._compilecache import compile_run
     from envlock.commands._recording import compile_files, compile_report
+    from envlock.replay.compilecache import compile_run
 
     cache, _ = compile_files(args, lock, original.record.lock)
     with journal_dir() as journal, compile_run(cache, None, container=False) as compiled:

@@ -234,8 +234,8 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
 
 def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
     """``--target venv DIR``: a venv on this host from the pack's or --wheelhouse's wheels."""
-    from envlock._render import verify_text
     from envlock.lock import load
+    from envlock.report.render import verify_text
     from envlock.restore.venvtarget import restore_venv
 
     assert directory is not None
@@ -256,7 +256,7 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
 def _verdict(result: RestoreResult, lock: Lock, where: str, *, show_info: bool) -> bool:
     """The check inside the image, printed as `verify` prints it; True when it matches (or when
     the check was skipped, --no-verify)."""
-    from envlock._render import verify_text
+    from envlock.report.render import verify_text
 
     if result.comparison is None:
         return True

@@ -14,8 +14,8 @@ from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
-    from envlock._compilecache import CacheFile
     from envlock.lock import Lock
+    from envlock.replay.compilecache import CacheFile
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.packdir import Pack
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         if recording.original is not None:
             reuse_restore_options(args, recording.original, args.replay)
             if not command:
-                from envlock._record import command_to_replay
+                from envlock.replay.record import command_to_replay
 
                 command = command_to_replay(recording.original, args.replay)
         else:
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
         python, os_restored = ready.python, ready.os_packages_restored
         from dataclasses import replace
 
-        from envlock._compilecache import compile_run
         from envlock.commands._recording import compile_report
+        from envlock.replay.compilecache import compile_run
 
         with compile_run(cache, save, container=True) as compiled:
             copts = replace(opts, command=compiled.command(python, opts.command),
@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
                 compiled.loaded()
                 compile_report(compiled)
                 return code
-            from envlock._textsafe import Tail
             from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
             from envlock.restore.context import WORKDIR
+            from envlock.text.terminal import Tail
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
@@ -120,9 +120,9 @@ def _open_pack(args: argparse.Namespace) -> Pack | None:
 def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
                lock: Lock) -> Options:
     """The build options of a pack (its wheels, its base image), the base loaded from it."""
-    from envlock._textsafe import safe
     from envlock.commands.restore import pack_options
     from envlock.restore.packdir import ensure_base
+    from envlock.text.terminal import safe
 
     if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
         say(safe(f"loaded the base image {pack.base.get('display', '')} from the pack"))
@@ -140,7 +140,7 @@ def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> t
         say("note: the pack's compile cache is loaded before a command after --, not into JupyterLab "
             "or an ssh session")
         return None, None
-    from envlock._compilecache import pack_cache
+    from envlock.replay.compilecache import pack_cache
 
     held = pack.compile_cache if pack is not None else None
     packed = pack_cache(held, pack.manifest["compile_cache"].get("sha256")) if pack is not None and held else None
@@ -162,7 +162,7 @@ def _restore_for_run(args: argparse.Namespace, lock: Lock, build_options: Option
         if not result.cached:
             say(f"{result.tag} was built but not verified (--no-verify)")
         return ready
-    from envlock._render import verify_brief, verify_text
+    from envlock.report.render import verify_brief, verify_text
     from envlock.restore.restore import verify_image_for
 
     _, cmp = verify_image_for(engine, result.plan, result.image_id, result.tag)

@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
 
     lock = load(args.lock)
-    from envlock._render import show_json, show_markdown, show_text
+    from envlock.report.render import show_json, show_markdown, show_text
 
     name = Path(args.lock).name
     if args.format == "json":

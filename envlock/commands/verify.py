@@ -7,17 +7,17 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from envlock._deepreport import summary, torch_facts_line
-from envlock._render import comparison_json, comparison_payload, verify_text
-from envlock._target import choose, recorded_prefix_hint
-from envlock._verify import check
+from envlock.check.local import check
 from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
+from envlock.probing.target import choose, recorded_prefix_hint
+from envlock.report.render import comparison_json, comparison_payload, verify_text
+from envlock.report.verify import deep_summary, torch_facts_line
 
 if TYPE_CHECKING:
-    from envlock._comparison import Difference
-    from envlock._recordcmp import ReplayComparison
+    from envlock.drift.result import Difference
+    from envlock.replay.compare import ReplayComparison
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,9 +66,9 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     else:
         out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
                         environment=target.describe(), captured_from=captured_from)
-            + summary(report) + torch_facts_line(current))
+            + deep_summary(report) + torch_facts_line(current))
         if inputs is not None:
-            from envlock._replay_report import inputs_text
+            from envlock.replay.report import inputs_text
 
             out(inputs_text(inputs, args.record))
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
@@ -77,12 +77,12 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
 def _requirements(args: argparse.Namespace) -> int:
     """``--requirements``: this host against the lock's [requires] alone (no torch is imported:
     no requirement asks torch, so a CPU-only runner checks a GPU lock in a second)."""
-    from envlock._capture import capture
-    from envlock._requirements import check as check_requirements
-    from envlock._requirements import host_of
-    from envlock._requirements_report import requirements_text
+    from envlock.drift.requirements import check as check_requirements
+    from envlock.drift.requirements import host_of
     from envlock.lock import load
     from envlock.probe.system import cpu_flags
+    from envlock.probing.capture import capture
+    from envlock.report.requirements import requirements_text
 
     other = [flag for flag, on in (("--fleet", args.fleet or args.fleet_node), ("--deep", args.deep),
                                    ("--record", args.record), ("--no-torch", args.no_torch)) if on]
@@ -119,7 +119,7 @@ def _node(args: argparse.Namespace) -> int:
 
 def _input_differences(inputs: ReplayComparison | None) -> tuple[Difference, ...]:
     """A node's changed record inputs, as rows of its verdict: each one fails the node."""
-    from envlock._comparison import Difference
+    from envlock.drift.result import Difference
 
     return tuple(Difference("inputs", f"inputs.{d.name}", d.original, d.now, "breaking",
                             f"{d.what} changed: {d.original} -> {d.now}")
@@ -151,7 +151,7 @@ def _fleet(args: argparse.Namespace) -> int:
 
     lock = load(args.lock)  # an invalid or tampered lock is reported here, once, not per node
     if args.record:
-        from envlock._record import load as load_record
+        from envlock.replay.record import load as load_record
 
         load_record(args.record)  # so is an invalid or tampered record
     result = srun.run(str(args.lock), lock.short_id, nodes=args.nodes, timeout=args.timeout,
@@ -169,7 +169,7 @@ def record_inputs(path: str) -> ReplayComparison:
     so a bad record is exit 2 with nothing else said."""
     from pathlib import Path
 
-    from envlock._record import load
-    from envlock._replay import check_inputs
+    from envlock.replay.make import check_inputs
+    from envlock.replay.record import load
 
     return check_inputs(load(path), Path.cwd())

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from envlock import _escape as escape
 from envlock.export.common import environment, pinned_image
 from envlock.lock import Lock
+from envlock.text import escape
 
 if TYPE_CHECKING:
     from envlock.restore.context import Plan

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envlock._expected import TOOLING
 from envlock._files import sha256_file
+from envlock.drift.expected import TOOLING
 from envlock.errors import EnvlockError, NotRestorable
 from envlock.export import fetch
 from envlock.export.config import InstallerConfig

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envlock._comparison import counts_text
-from envlock._escape import github_output, markdown_code, markdown_text
+from envlock.drift.result import counts_text
+from envlock.text.escape import github_output, markdown_code, markdown_text
 
 FAIL_ON = ("breaking", "warning", "never")
 
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", default="envlock-report.md")
     args = p.parse_args(argv)
 
-    from envlock._render import show_markdown
     from envlock.errors import EXIT_DRIFT, EXIT_OK, EXIT_USAGE, EnvlockError
     from envlock.lock import load
+    from envlock.report.render import show_markdown
 
     try:
         result = json.loads(Path(args.json).read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ file, hence the condition). What is still missing is listed on the configured in
 downloaded in parallel (a bounded pool), each file checked against the index's sha256 while it
 streams. Last, a package whose wheel exists nowhere (installed from a local directory, or its
 index gone) gets one rebuilt from its installed files in the lock's own environment
-(``_target.for_lock``). Every file is proven before it is kept: the lock's hashes where it has
+(``probing/target.for_lock``). Every file is proven before it is kept: the lock's hashes where it has
 them, its build (``record_sha256``) always.
 """
 
@@ -30,8 +30,8 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from envlock._expected import TOOLING
 from envlock._files import sha256_file
+from envlock.drift.expected import TOOLING
 from envlock.errors import EXIT_ENV, ArtifactsMissing, EnvlockError, HashMismatch, NotRestorable
 from envlock.export.artifacts import Artifact, Sources, chain_for, lock_tags, pick
 from envlock.export.config import InstallerConfig
@@ -384,7 +384,7 @@ def wanted(lock: Lock, skip_local: bool) -> tuple[list[Package], list[str]]:
 class Places:
     """Where ``collect`` looks, in this order: the user's wheelhouses, the configured find-links,
     pip's caches, uv's cache, the indexes (unless ``download`` is off), and last the installed
-    files of the lock's environment (``python``: ``--python``; see ``_target.for_lock``).
+    files of the lock's environment (``python``: ``--python``; see ``probing/target.for_lock``).
     ``only``: one directory and nowhere else (``bundle --find-links DIR``)."""
 
     wheelhouses: tuple[Path, ...] = ()
@@ -455,8 +455,8 @@ def _rebuild(lock: Lock, pkgs: list[Package], dest: Path, python: str | None, ro
              why: dict[str, list[str]], say: Callable[[str], None]) -> list[Package]:
     """Wheels rebuilt from the installed files of the lock's environment (``rebuild``), each
     proven by ``record_sha256`` and its modes; the packages still without one remain."""
-    from envlock._target import for_lock
     from envlock.export.rebuild import find_dist_info, rebuild, site_dirs
+    from envlock.probing.target import for_lock
 
     target = for_lock(python, lock.python.prefix)
     dirs = site_dirs(target.python)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envlock import _escape as escape
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
 from envlock.lock import Lock
+from envlock.text import escape
 
 UID = 1000
 def _yaml(value: Any, indent: int = 0) -> list[str]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-from envlock._escape import latex as escape
-from envlock._escape import latex_tt as tt
-from envlock._render import replay_lines
 from envlock.lock import Lock
+from envlock.report.render import replay_lines
+from envlock.text.escape import latex as escape
+from envlock.text.escape import latex_tt as tt
 
 
 def _flag(value: bool | None) -> str:

@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock._compilecache import CacheFile, check_against_lock, read_cache
 from envlock._files import sha256_file
-from envlock._textsafe import safe
 from envlock.errors import CompileCacheRefused, EnvlockError, NotRestorable, UsageError
 from envlock.export import fetch
 from envlock.export.fetch import WheelRow
 from envlock.lock import Lock
+from envlock.replay.compilecache import CacheFile, check_against_lock, read_cache
 from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
@@ -54,6 +53,7 @@ from envlock.restore.packdir import (
     SUMS,
     WHEELS,
 )
+from envlock.text.terminal import safe
 
 if TYPE_CHECKING:
 

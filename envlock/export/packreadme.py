@@ -2,7 +2,7 @@
 
 Artifact-evaluation committees ask what the artifact ran on (hardware, software), how to
 restore and run it, how much disk it needs and how long it takes. Every value that comes from
-the lock goes through the markdown escaping of ``envlock._escape`` (a lock is data from
+the lock goes through the markdown escaping of ``envlock.text.escape`` (a lock is data from
 somewhere else: a package named like a link or an HTML tag must stay inert text).
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envlock._escape import markdown_code, markdown_text
-from envlock._textsafe import plural
 from envlock._version import __version__
 from envlock.lock import Lock
 from envlock.restore.packdir import DOCKER_ARCHIVE, OCI_ARCHIVE, WHEELS
+from envlock.text.escape import markdown_code, markdown_text
+from envlock.text.terminal import plural
 
 # Rough rates for the time estimate: loading an image archive and installing wheels from a
 # local directory (unpacking dominates); an estimate, said to be one.

@@ -24,12 +24,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envlock._textsafe import safe
 from envlock.errors import LockInvalid, UnsafeValue
 from envlock.export.artifacts import Artifact, Resolved
 from envlock.export.common import facts
 from envlock.lock import Lock, toml_document
 from envlock.probe.rules import REDACTED
+from envlock.text.terminal import safe
 
 _SYS_PLATFORM = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
 

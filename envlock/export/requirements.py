@@ -12,13 +12,13 @@ import os
 import shlex
 from pathlib import Path
 
-from envlock._escape import comment
-from envlock._textsafe import safe
 from envlock.errors import UsageError
 from envlock.export.artifacts import Resolved, default_index
 from envlock.export.redaction import public
 from envlock.lock import Lock
 from envlock.probe.rules import REDACTED
+from envlock.text.escape import comment
+from envlock.text.terminal import safe
 
 
 def _hashes(r: Resolved) -> list[str]:

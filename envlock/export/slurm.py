@@ -19,9 +19,9 @@ is written to ``$ENVLOCK_STATUS_DIR/NODE.rc`` and printed as a line of the job's
 
 from __future__ import annotations
 
-from envlock import _escape as escape
 from envlock.export.common import environment, gpu_count, job_name, pinned_image
 from envlock.lock import Lock
+from envlock.text import escape
 
 
 def render(lock: Lock, *, argv: list[str], image: str | None = None, gpus: int | None = None,

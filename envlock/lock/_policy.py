@@ -10,7 +10,7 @@ A policy answers three questions that used to live in three other files:
   ``warning``, ``info``), or ``custom`` where the comparator has code of its own for it (a
   table of packages, the image's identity, python's version), or ``ignored`` for what describes
   the file or the capture rather than the environment (when it was written, how the image was
-  found, what the probe could not collect); the comparator (``_compare``) reads the first three
+  found, what the probe could not collect); the comparator (``drift/compare``) reads the first three
   from here;
 * ``fingerprint``: whether the field identifies the environment. Host- and time-specific values
   stay out, so that one stack captured on two hosts shares its id; ``integrity`` seals every
@@ -52,7 +52,7 @@ HOST = Policy("info", fingerprint=False)
 # that process is the one compared (in-process verify), reported by a fresh one, never identity.
 PROCESS = Policy("breaking", fingerprint=False, process=True)
 PROCESS_INFO = Policy("info", fingerprint=False, process=True)
-# Compared by code of its own in the comparator (_compare, _compare_packages).
+# Compared by code of its own in the comparator (drift/compare, drift/packages).
 CUSTOM = Policy("custom")
 # About the file or the capture, not the environment: neither compared nor identifying.
 NOT_COMPARED = Policy("ignored", fingerprint=False)

@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envlock._textsafe import safe
 from envlock._version import __version__
 from envlock.errors import LockInvalid
 from envlock.lock._lock import Lock
 from envlock.lock._model import SCHEMA_VERSION
 from envlock.lock._seal import check_seal
 from envlock.lock._text import parse_toml, read_text
+from envlock.text.terminal import safe
 
 
 def _row(loc: tuple[Any, ...], data: Any) -> str | None:

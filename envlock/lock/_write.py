@@ -19,13 +19,13 @@ from typing import Any
 
 import envlock.lock._text as _text
 import envlock.lock._toml as _toml
-from envlock._textsafe import plural
 from envlock._version import __version__
 from envlock.errors import EnvlockError, LockTooLarge, UsageError
 from envlock.lock._model import SCHEMA_VERSION, LockData
 from envlock.lock._policy import policies
 from envlock.lock._seal import seal
 from envlock.probe.procs import pid_alive
+from envlock.text.terminal import plural
 
 # No file name in here: the same environment written to two names must give the same text.
 HEADER = """\

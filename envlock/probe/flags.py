@@ -1,6 +1,6 @@
 """The probe's command line, declared once.
 
-envlock writes the probe's arguments (``envlock._probeproc.probe_args`` through ``command_line``)
+envlock writes the probe's arguments (``envlock.probing.process.probe_args`` through ``command_line``)
 and the probe reads them (``collect.parser``, plain argparse built from ``FLAGS``); both read
 the one table below, so an option cannot be spelt one way on one side and another way on the
 other. Stdlib only, Python >= 3.8 like the rest of the probe.

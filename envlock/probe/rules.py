@@ -197,7 +197,7 @@ def unreadable(section: str, error: str, item: Optional[str] = None) -> Dict[str
     return entry
 
 
-# envlock's mark on the processes of one probe run (``_probeproc.leftovers``): not environment.
+# envlock's mark on the processes of one probe run (``probing/process.leftovers``): not environment.
 PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 
 

@@ -18,8 +18,8 @@ from typing import Literal
 
 from packaging.utils import canonicalize_name
 
-from envlock._expected import TOOLING, Restored
 from envlock._files import sha256_file
+from envlock.drift.expected import TOOLING, Restored
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.rules import NUMERICS_ENV

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from envlock._expected import RESTORED_FILE
 from envlock._files import sha256_file
 from envlock._version import __version__
+from envlock.drift.expected import RESTORED_FILE
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Layer, Plan

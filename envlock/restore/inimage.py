@@ -19,7 +19,7 @@ CANDIDATES = ("python3", "python")
 def capture_in_image(ref: str, *, python: str | None = None, torch: bool = True,
                      canary: bool = False, note: str | None = None,
                      engine: str | None = None) -> Lock:
-    from envlock._capture import build_lock
+    from envlock.probing.capture import build_lock
     from envlock.restore.endpoint import connect
     from envlock.restore.verify import probe_in_image
 

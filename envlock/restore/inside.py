@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envlock._expected import Restored
 from envlock._version import __version__
+from envlock.drift.expected import Restored
 
 if TYPE_CHECKING:
     from envlock.lock import Lock

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from envlock._probeproc import OSPKGS_PATH
 from envlock.errors import NotRestorable
 from envlock.lock import Lock, split_os_spec
+from envlock.probing.process import OSPKGS_PATH
 from envlock.restore import values
 
 SPEC_FILE = "os-packages.txt"

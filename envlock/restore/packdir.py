@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envlock._textsafe import safe
 from envlock.errors import HashMismatch, UsageError
 from envlock.restore.cachedir import touch
+from envlock.text.terminal import safe
 
 if TYPE_CHECKING:
     from envlock.restore.engine import ContainerEngine

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from envlock._textsafe import plural
 from envlock.restore.buildlog import Event, Step
+from envlock.text.terminal import plural
 
 
 class Progress(Protocol):

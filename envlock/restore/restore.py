@@ -27,7 +27,7 @@ from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
 
 if TYPE_CHECKING:
-    from envlock._comparison import Comparison
+    from envlock.drift.result import Comparison
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.progress import Progress
 

@@ -19,14 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envlock._compare import OS_FROM_BASE_ENV
-from envlock._textsafe import Tail
+from envlock.drift.compare import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
 from envlock.lock import PROTECTED_ENV, Lock, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
 from envlock.runtime.common import WORKERS_ENV
+from envlock.text.terminal import Tail
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")

@@ -29,7 +29,7 @@ from envlock.restore import context as ctx
 from envlock.restore import dockerfile
 
 if TYPE_CHECKING:
-    from envlock._comparison import Comparison
+    from envlock.drift.result import Comparison
 
 INSTALL_TIMEOUT = 3600.0
 # In DIR from before ``python -m venv`` until the last install is done (``unfinished``).
@@ -212,12 +212,12 @@ def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, 
 
 
 def verify_venv(lock: Lock, plan: ctx.Plan, python: str) -> Comparison:
-    from envlock._capture import capture
-    from envlock._verify import judge, probe_wanted_for
+    from envlock.check.local import judge, probe_wanted_for
+    from envlock.probing.capture import capture
 
     want_torch, want_canary = probe_wanted_for(lock)
     here = capture(python=python, torch=want_torch, canary=want_canary)
-    # The restore's own verdict (``_verify.judge``, as in an image), with what it changed on
+    # The restore's own verdict (``check/local.judge``, as in an image), with what it changed on
     # purpose allowed for; a venv sits on the host, so its OS packages are the host's.
     restored = replace(plan.restored, os_packages_restored=False)
     return judge(lock, here, None, strict=False, process_state="report", limit=None,

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from envlock._probeproc import PROBE_PATH, parse_document, probe_args
 from envlock.errors import CommandNotFound, InterpreterNotFound, ProbeFailed
+from envlock.probing.process import PROBE_PATH, parse_document, probe_args
 from envlock.restore.engine import ContainerEngine, RunSpec
 
 if TYPE_CHECKING:
-    from envlock._comparison import Comparison
-    from envlock._expected import Restored
+    from envlock.drift.expected import Restored
+    from envlock.drift.result import Comparison
     from envlock.lock import Lock
 
 PROBE_DIR = "/tmp/envlock-probe"
@@ -53,7 +53,7 @@ def probe_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: s
                 reference: str | None = None) -> dict[str, Any]:
     """What the probe prints inside a fresh container of ``image_id``, asked what ``lock``
     needs answered (torch, the canary: ``probe_wanted_for``); restore's check, before judging."""
-    from envlock._verify import probe_wanted_for
+    from envlock.check.local import probe_wanted_for
 
     env = {"ENVLOCK_IMAGE_ID": image_id}
     if reference:
@@ -68,13 +68,13 @@ def probe_image(engine: ContainerEngine, lock: Lock, image_id: str, *, python: s
 def judge_document(lock: Lock, doc: dict[str, Any], *, restored: Restored) -> tuple[Lock, Comparison]:
     """(lock captured inside the image, its comparison with ``lock``) from the probe's document.
 
-    Judged by ``_verify.judge``, the verdict of every verify, with what the restore changed on
+    Judged by ``check/local.judge``, the verdict of every verify, with what the restore changed on
     purpose (``restored``: the image is new, packages left out with ``--skip-local``, vcs
     packages restored from a wheel, envlock itself...) allowed for, as ``envlock verify``
     inside the image allows for it reading the same facts from the image.
     """
-    from envlock._capture import build_lock
-    from envlock._verify import judge
+    from envlock.check.local import judge
+    from envlock.probing.capture import build_lock
 
     inside = build_lock(doc, note="captured inside the restored image by envlock restore")
     # A fresh container process: the lock's seeds and flags are replayed by `envlock run` /

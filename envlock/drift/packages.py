@@ -1,7 +1,7 @@
 """The package sections of a comparison: distributions, shadowed copies, conda, OS packages.
 
 The largest sections of a lock and the ones with their own wording rules (one line per breaking
-OS package, one summary line for the rest), apart from the environment-wide rules in ``_compare``.
+OS package, one summary line for the rest), apart from the environment-wide rules in ``compare``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from envlock._comparison import Collector, Severity, dump
-from envlock._textsafe import agree, plural
+from envlock.drift.result import Collector, Severity, dump
+from envlock.text.terminal import agree, plural
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -20,7 +20,7 @@ _PACKAGE: dict[str, Severity] = {
     "commit": "breaking", "archive_hash": "warning", "record_sha256": "warning",
     "requested_revision": "info", "installer": "info", "requested": "info",
     "os_package": "warning", "os_package_version": "warning",
-    # Only compared when both locks were captured with --deep (deepreport.align).
+    # Only compared when both locks were captured with --deep (drift/deep.align).
     "files_sha256": "breaking", "files_changed": "breaking",
 }
 

@@ -30,8 +30,8 @@ import json
 import re
 import shlex
 
-from envlock._textsafe import safe
 from envlock.errors import EnvlockError, UnsafeValue, UsageError
+from envlock.text.terminal import safe
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 

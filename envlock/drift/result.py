@@ -1,6 +1,6 @@
 """The result of comparing two locks: differences, each with a severity, and the verdict.
 
-Kept apart from the rules (``_compare``, ``_compare_packages``) so that renderers and the deep report can
+Kept apart from the rules (``compare``, ``packages``) so that renderers and the deep report can
 use the data types without the comparator, and the comparator's sections can share the
 collector without importing each other.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from envlock._textsafe import plural, safe
+from envlock.text.terminal import plural, safe
 
 Severity = Literal["breaking", "warning", "info"]
 ProcessState = Literal["compare", "report"]

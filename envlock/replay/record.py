@@ -49,12 +49,12 @@ from pydantic import (
 )
 
 from envlock import _files
-from envlock._textsafe import safe
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
 from envlock.lock._seal import canonical_json
 from envlock.lock._text import parse_toml
 from envlock.lock._values import check_clean
 from envlock.probe.rules import METRIC_NAME
+from envlock.text.terminal import safe
 
 RECORD_SCHEMA_VERSION = 1
 # A record of a long run (a million steps of a few metrics) stays well under this.

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from envlock._compare import as_info, os_packages_from_base
-from envlock._comparison import Comparison, Difference
+from envlock.drift.compare import as_info, os_packages_from_base
+from envlock.drift.result import Comparison, Difference
 from envlock.lock import Lock
 
 RESTORED_FILE = "/usr/local/share/envlock-restore/restored.json"

@@ -7,7 +7,7 @@ requirement says whether this host meets it, fails it, or cannot tell (no NVIDIA
 GPU): the job passes what it can check and names what it could not.
 
 Pure functions of the lock, the host's probe and its CPU flags; the command line is in
-``commands/verify.py``, the text in ``_requirements_report.py``.
+``commands/verify.py``, the text in ``report/requirements.py``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Capture: run the probe and build the lock from its document.
 
-Nothing here chooses an environment (``_target`` does, for the command line) or decides what a
+Nothing here chooses an environment (``target`` does, for the command line) or decides what a
 lock means; it runs the probe where it is told to and validates what comes back.
 
 The probe runs in-process for ``envlock.capture()`` inside a training script, because seeds and
 determinism flags are live state that only that process knows. Anywhere else it runs in the
-chosen interpreter (``_probeproc``), started *before* pydantic and the models are imported, so
+chosen interpreter (``process``), started *before* pydantic and the models are imported, so
 that the probe's own work (importing torch, above all) overlaps envlock's.
 """
 
@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from envlock._probeproc import ProbeProcess, probe_args
 from envlock._version import __version__
 from envlock.errors import ProbeFailed, UsageError
+from envlock.probing.process import ProbeProcess, probe_args
 
 if TYPE_CHECKING:
-    from envlock._deepreport import Progress
     from envlock.lock import Lock
+    from envlock.probing.progress import Progress
 
 
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
@@ -59,7 +59,7 @@ class StartedProbe:
         self.python = python or sys.executable
         self.progress: Progress | None = None
         if deep:
-            from envlock._deepreport import Progress
+            from envlock.probing.progress import Progress
 
             self.progress = Progress()
         self.args = probe_args(deep=deep, progress=self.progress is not None and self.progress.enabled,

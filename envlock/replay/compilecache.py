@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envlock._textsafe import plural, safe
 from envlock.errors import CompileCacheRefused, UsageError
 from envlock.probe import compilecache
+from envlock.text.terminal import plural, safe
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -115,7 +115,7 @@ def host_python(program: str | None, base: Path) -> str:
     (``.venv/bin/torchrun``), else the environment chosen as capture chooses it."""
     if program and re.fullmatch(r"python(\d+(\.\d+)*)?", os.path.basename(program)):
         return program
-    from envlock._target import choose, prefix_interpreter
+    from envlock.probing.target import choose, prefix_interpreter
 
     prefix = Path(program).parent.parent if program else None
     if prefix is not None and ((prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir()):

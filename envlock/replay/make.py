@@ -3,9 +3,9 @@
 The training process writes a journal (``envlock.runtime.recorder``: one JSON line per
 ``envlock.record`` call, its own capture first); when the command has exited, envlock reads
 it, hashes the declared outputs, reads the declared inputs (data paths, Hugging Face cache
-revisions: ``envlock.probe.inputs``) and seals all of it as a record (``envlock._record``).
+revisions: ``envlock.probe.inputs``) and seals all of it as a record (``envlock.replay.record``).
 The capture is validated as a lock (``build_lock``, the gate every probed value passes) and
-kept only as the few facts that can explain a divergence (``_recordcmp.context_of``). Every
+kept only as the few facts that can explain a divergence (``compare.context_of``). Every
 other rank of a multi-process run leaves its own capture beside the journal, kept as what
 differs from rank 0's; the workspace's git state is read here before the command starts.
 """
@@ -24,7 +24,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from envlock._files import FileDigest, file_digest
-from envlock._record import (
+from envlock._version import __version__
+from envlock.errors import LockInvalid, OtherProgram, UsageError
+from envlock.replay.compare import ReplayComparison, context_of, input_drift
+from envlock.replay.record import (
     Code,
     Input,
     Meta,
@@ -36,10 +39,7 @@ from envlock._record import (
     rank_entry,
     recorded_command,
 )
-from envlock._recordcmp import ReplayComparison, context_of, input_drift
-from envlock._textsafe import safe
-from envlock._version import __version__
-from envlock.errors import LockInvalid, OtherProgram, UsageError
+from envlock.text.terminal import safe
 
 # A journal line longer than this is not one step's metrics (the capture line of a big
 # environment is the longest: a few MiB).
@@ -136,8 +136,8 @@ def _rank_contexts(path: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
 
 
 def _context(row: Mapping[str, Any]) -> dict[str, Any]:
-    from envlock._capture import build_lock
     from envlock.lock._seal import canonical_form
+    from envlock.probing.capture import build_lock
 
     lock = build_lock(dict(row["capture"]))
     extra = {k: row[k] for k in ("world_size", "rank") if isinstance(row.get(k), int)}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from envlock._recordcmp import CodeChange, ContextChange, InputDrift, ReplayComparison
-from envlock._textsafe import plural, safe
+from envlock.replay.compare import CodeChange, ContextChange, InputDrift, ReplayComparison
+from envlock.text.terminal import plural, safe
 
 
 def _value(v: Any) -> str:

@@ -2,8 +2,10 @@
 
 A summary that leads when many things differ (so the report reads in one screen), the pointer
 to ``envlock restore`` for a lock of an image checked elsewhere, and the one line of recorded
-process state (seeds, flags) that a fresh process does not have. ``_render.verify_text`` puts
-them together; nothing here decides what counts as drift.
+process state (seeds, flags) that a fresh process does not have; and the lines of a
+``--deep`` check (what was hashed, what was trusted on its stat) and of the torch-facts cache.
+``render.verify_text`` and the verify command put them together; nothing here decides what
+counts as drift.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock._comparison import Comparison, Difference, counts_text
-from envlock._textsafe import dash, plural, safe
+from envlock.drift.result import Comparison, Difference, counts_text
+from envlock.text.terminal import agree, dash, plural, safe
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -154,3 +156,35 @@ def process_state_text(cmp: Comparison) -> str:
     more = f", and {len(items) - 6} more" if len(items) > 6 else ""
     return (f"  process state recorded (not compared: only the capturing process had it): "
             f"{', '.join(items[:6])}{more} - replay with envlock.apply() or `envlock run`\n")
+
+
+def deep_summary(report: dict[str, Any] | None) -> str:
+    """One line: what was checked, and how much of it was read again or taken on its stat."""
+    if not report:
+        return ""
+    secs = max(report.get("seconds", 0.0), 1e-6)
+    files = report.get("files", 0)
+    gb = report.get("bytes", 0) / 1e9
+    cached = report.get("cached_files", 0)
+    bad = len(report.get("dists", {}))
+    if cached:
+        # Said in full: a user who suspects more than an edit needs to know what was trusted.
+        head = (f"deep: {plural(files, 'file')} ({gb:.2f} GB) in {secs:.2f}s; "
+                f"{report.get('hashed_files', files - cached)} re-hashed, {cached} unchanged "
+                f"since the last check by size/mtime/ctime (--no-cache re-hashes all); ")
+    else:
+        head = (f"deep: {plural(files, 'file')}, {gb:.2f} GB hashed in {secs:.2f}s "
+                f"({gb / secs:.2f} GB/s, {plural(report.get('workers', 1), 'worker')}); ")
+    return head + (f"{plural(bad, 'distribution')} {agree(bad, 'differs', 'differ')} from RECORD" if bad
+                   else "every file matches RECORD") + "\n"
+
+
+def torch_facts_line(lock: Lock) -> str:
+    """Whether the torch facts were imported live or taken from the cache, so a user who
+    suspects the cache knows what to rerun with."""
+    facts = lock.probe.torch_facts
+    if facts == "cached":
+        return "torch facts: cached (nothing torch depends on changed; --no-cache re-imports)\n"
+    if facts == "live":
+        return "torch facts: live (torch imported)\n"
+    return ""

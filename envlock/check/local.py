@@ -12,15 +12,15 @@ import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from envlock._capture import (
+from envlock.probing.capture import (
     StartedProbe,
     build_lock,
     run_probe_in_process,
 )
 
 if TYPE_CHECKING:
-    from envlock._comparison import Comparison
-    from envlock._expected import Restored
+    from envlock.drift.expected import Restored
+    from envlock.drift.result import Comparison
     from envlock.lock import Lock
 
 
@@ -130,9 +130,9 @@ def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, stric
     the comparison of the two locks, what a restore changed on purpose allowed for (``restored``:
     restore passes its plan's; elsewhere it is read from the image, when this is an image
     restored from ``expected``'s environment), and the ``--deep`` findings (``report``) merged in."""
-    from envlock._compare import compare, os_packages_come_from_base, os_packages_from_base
-    from envlock._deepreport import align, merge
-    from envlock._expected import allow, restored_here
+    from envlock.drift.compare import compare, os_packages_come_from_base, os_packages_from_base
+    from envlock.drift.deep import align, merge
+    from envlock.drift.expected import allow, restored_here
 
     if restored is None:
         restored = restored_here(expected)

@@ -9,11 +9,11 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from envlock._escape import markdown_code, markdown_text
-from envlock._textsafe import agree, dash, plural, safe
+from envlock.text.escape import markdown_code, markdown_text
+from envlock.text.terminal import agree, dash, plural, safe
 
 if TYPE_CHECKING:
-    from envlock._comparison import Comparison, Difference
+    from envlock.drift.result import Comparison, Difference
     from envlock.lock import Canary, Lock
 
 _SEVERITY_LABEL = {"breaking": "BREAKING", "warning": "warning", "info": "info"}
@@ -215,7 +215,7 @@ def differences_text(differences: Iterable[Difference]) -> str:
 
 def counts_line(cmp: Comparison) -> str:
     # Imported here: `show` renders no comparison and does not load the comparison types.
-    from envlock._comparison import SEVERITIES, counts_text
+    from envlock.drift.result import SEVERITIES, counts_text
 
     return counts_text({s: cmp.count(s) for s in SEVERITIES})
 
@@ -240,7 +240,7 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
     another one was checked: the one line that explains a wall of drift. ``restored``: the
     check of a restore, which is another image than the lock's by design, so the hint to
     restore is not given (it would name "LOCK inside TAG" as a lock to restore)."""
-    from envlock._verify_report import (
+    from envlock.report.verify import (
         DETAIL_LINES,
         SUMMARY_AFTER,
         image_hint,

@@ -1,8 +1,8 @@
 """Text a terminal shows literally: the one escaping rule for everything envlock prints, and the
 one way a count is written ("1 output", "2 outputs").
 
-Apart from ``_render`` so that the report modules ``_render`` puts together (``_verify_report``,
-``_deepreport``) can use it without the two importing each other.
+A leaf below every package that prints (the reports, the comparator's messages, the commands,
+the lock's reader naming a bad value), so each can use it without importing another's module.
 """
 
 from __future__ import annotations

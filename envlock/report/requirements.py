@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from envlock._requirements import RequirementsResult
-from envlock._textsafe import safe
+from envlock.drift.requirements import RequirementsResult
+from envlock.text.terminal import safe
 
 _MARK = {"ok": "ok          ", "fail": "FAIL        ", "unchecked": "cannot check"}
 

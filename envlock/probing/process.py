@@ -19,14 +19,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from envlock._textsafe import safe
 from envlock.errors import InterpreterNotFound, ProbeFailed, ProbeTimeout, UsageError
 from envlock.probe.flags import DOCUMENT_MARKER, command_line
 from envlock.probe.rules import PROBE_RUN_VAR as RUN_VAR  # never recorded in a lock
+from envlock.text.terminal import safe
 
 # The probe is a package directory run as a program (``python PROBE_PATH``): on the host with
 # another venv's interpreter, and copied whole into containers (``restore.verify.probe_files``).
-PROBE_PATH = Path(os.path.abspath(__file__)).parent / "probe"
+PROBE_PATH = Path(os.path.abspath(__file__)).parents[1] / "probe"
 # Its stdlib-only OS package reader, which restore also copies alone into system-Python builds.
 OSPKGS_PATH = PROBE_PATH / "ospkgs.py"
 # The probe imports torch (1-3 s warm, 10-30 s from a cold network file system) and, with

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock._compare_native import context_form
-from envlock._record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
-from envlock._textsafe import plural
+from envlock.drift.native import context_form
 from envlock.probe.rules import COMPILE_ENV_PREFIXES
+from envlock.replay.record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
+from envlock.text.terminal import plural
 
 # Which facts of a process can change numbers while every version matches: what the record's
 # [context] keeps from the process's capture, as prefixes of flat ``table.field`` keys.

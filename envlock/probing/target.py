@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-from envlock._probeproc import PREFIX_INTERPRETERS, resolve_python
+from envlock.probing.process import PREFIX_INTERPRETERS, resolve_python
 
 # Files that pipx and uv leave in the venvs they make for tools.
 _TOOL_VENV_MARKERS = ("pipx_metadata.json", "uv-receipt.toml")

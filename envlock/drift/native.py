@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from envlock._comparison import Collector
+from envlock.drift.result import Collector
 from envlock.lock import CudaLibrary, Library, Lock, Runtime
 from envlock.probe.rules import numerics_library
 
@@ -241,7 +241,7 @@ def _unowned(lib: Library) -> bool:
 
 def context_form(form: dict[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
-    pairs them, for a replay record's flat ``[context]`` (``_recordcmp.context_of``): a list
+    pairs them, for a replay record's flat ``[context]`` (``replay/compare.context_of``): a list
     flattened by position would pair the 12th library of one run with the 12th of the other.
 
     Each library is kept as where it was loaded from: those that decide numerics

@@ -10,7 +10,7 @@ Each difference carries a dotted path, the old and new value and a severity:
 
 ``verify`` fails (exit 1) on breaking differences only. A field's severity is declared beside
 the field in the models (``envlock.lock``'s policies); what is compared by code of its own (the
-image's identity, python's version, the canary; the packages in ``_compare_packages``) is here,
+image's identity, python's version, the canary; the packages in ``packages``) is here,
 so every command agrees on what counts as drift.
 
 What the environment *is* (packages, torch build, driver, image, variables set before start)
@@ -27,9 +27,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from envlock import _compare_native as native
-from envlock import _compare_packages
-from envlock._comparison import (
+from envlock.drift import native, packages
+from envlock.drift.result import (
     SEVERITY_RANK,
     Collector,
     Comparison,
@@ -39,7 +38,6 @@ from envlock._comparison import (
     Words,
     dump,
 )
-from envlock._textsafe import plural
 from envlock.lock import (
     Determinism,
     GpuDevice,
@@ -53,6 +51,7 @@ from envlock.lock import (
     severities,
 )
 from envlock.probe.rules import COMPILE_ENV_PREFIXES, is_path_variable
+from envlock.text.terminal import plural
 
 # How a change of each field counts, as its model declares it (``Policy`` beside the field).
 _PLATFORM = severities(Platform)
@@ -319,9 +318,9 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     numerics = set(old.determinism.env) | set(new.determinism.env) | _reported_by_seeds(old, new)
     c.fields("env", "env", {k: v for k, v in old.env.items() if k not in numerics},
              {k: v for k, v in new.env.items() if k not in numerics}, env_rules, default="info")
-    _compare_packages.packages(c, old, new)
-    _compare_packages.conda(c, old, new)
-    _compare_packages.os_packages(c, old, new)
+    packages.packages(c, old, new)
+    packages.conda(c, old, new)
+    packages.os_packages(c, old, new)
     native.libraries(c, old, new)
     native.runtimes(c, old, new)
     native.compile_state(c, old, new)
