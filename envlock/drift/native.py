@@ -65,6 +65,9 @@ def _by_name(libraries: Iterable[Library]) -> dict[str, list[Library]]:
 
 
 def libraries(c: Collector, old: Lock, new: Lock) -> None:
+    """The native libraries each process had loaded, by name: a numerics library loaded from
+    another file is breaking (it computes the numbers), one loaded by one process only is info
+    (that process imported less), and any other library that moved is info."""
     if old.native is None or new.native is None:
         return
     w = c.words
@@ -109,6 +112,9 @@ def _pair_runtimes(a: Sequence[Runtime], b: Sequence[Runtime]
 
 
 def runtimes(c: Collector, old: Lock, new: Lock) -> None:
+    """The BLAS and OpenMP runtimes, paired by API and implementation: a version, threading
+    layer, architecture or thread count that differs can change how sums are ordered, which no
+    package version shows."""
     if old.native is None or new.native is None:
         return
     pairs, only_a, only_b = _pair_runtimes(old.native.runtimes, new.native.runtimes)
@@ -127,6 +133,8 @@ def runtimes(c: Collector, old: Lock, new: Lock) -> None:
 
 
 def compile_state(c: Collector, old: Lock, new: Lock) -> None:
+    """torch.compile's settings and Triton, compared only where both processes had imported
+    them: an older lock, or a process that never compiled, did not look."""
     a, b = old.compile, new.compile
     if a is None or b is None:
         return

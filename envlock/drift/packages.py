@@ -25,6 +25,8 @@ _PACKAGE: dict[str, Severity] = {
 }
 
 def packages(c: Collector, old: Lock, new: Lock) -> None:
+    """The ``[[packages]]`` sections compared by name: versions and where each came from, one
+    difference per package, so a report names what to reinstall."""
     a = {p.name: p for p in old.packages}
     b = {p.name: p for p in new.packages}
     for name in sorted(set(a) | set(b)):
@@ -136,6 +138,8 @@ def _os_side(versions: dict[str, str]) -> str | None:
 
 
 def conda(c: Collector, old: Lock, new: Lock) -> None:
+    """The conda packages compared by name: a build string or channel that differs is another
+    binary even at the same version."""
     a = {p.name: p for p in (old.conda.packages if old.conda else [])}
     b = {p.name: p for p in (new.conda.packages if new.conda else [])}
     for name in sorted(set(a) | set(b)):

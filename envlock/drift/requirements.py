@@ -30,6 +30,9 @@ _LISTS = ("gpu_archs", "cpu_features")
 
 
 class Check(NamedTuple):
+    """One requirement judged on this host, kept as the words ``verify --requirements`` prints
+    and the JSON it writes."""
+
     requirement: str  # "glibc >= 2.28"
     verdict: Verdict
     message: str
@@ -51,6 +54,9 @@ class Host(NamedTuple):
 
 
 class RequirementsResult(NamedTuple):
+    """Every requirement judged, with whether they were declared or derived from an older
+    lock's facts; ``strict`` counts what could not be checked here as failed."""
+
     checks: tuple[Check, ...]
     derived: bool  # the lock has no [requires] (older than it): derived from its facts
     strict: bool = False
@@ -152,6 +158,8 @@ def judge(req: Requires, host: Host) -> list[Check]:
 
 
 def check(lock: Lock, host: Host, *, strict: bool = False) -> RequirementsResult:
+    """The host judged against the lock's ``[requires]`` alone (or what its torch build implies
+    when it has none), so a lock made on a GPU box can be checked on a CPU-only machine."""
     req, derived = requirements_of(lock)
     return RequirementsResult(tuple(judge(req, host)), derived, strict)
 

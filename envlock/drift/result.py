@@ -28,6 +28,9 @@ def counts_text(counts: Mapping[str, int], *, zeros: bool = True) -> str:
 # NamedTuples: immutable values, equal when their fields are, changed only through
 # ``_replace`` (a filter or a re-grading makes a new result); that is all a result needs.
 class Difference(NamedTuple):
+    """One field that differs: what the comparator found, its severity, and the words a report
+    prints, so every report and the JSON say the same thing."""
+
     category: str
     path: str
     old: Any
@@ -142,6 +145,9 @@ class Words(NamedTuple):
 
 
 class Collector:
+    """The differences of one comparison as the comparator's sections add them, with the words
+    for its two sides (a lock against this environment, or two locks)."""
+
     def __init__(self, words: Words | None = None) -> None:
         self.items: list[Difference] = []
         self.words = words or Words()
@@ -169,4 +175,6 @@ class Collector:
 
 
 def dump(model: Any) -> dict[str, Any]:
+    """A model as the plain dict the field comparisons walk (``None`` as an empty table), so a
+    table missing on one side compares field by field like any other."""
     return {} if model is None else dict(model.model_dump(mode="json", exclude_none=True))

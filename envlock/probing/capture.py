@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str | None = None,
                          cwd: str | None = None, deep: bool = False,
                          git_exclude: Sequence[str] = ()) -> dict[str, Any]:
+    """The probe in this process, for ``envlock.capture()`` inside a training script: seeds and
+    determinism flags are live state only this process knows."""
     from envlock.probe.collect import collect
     from envlock.probe.statcache import file_cache_allowed
 

@@ -88,6 +88,8 @@ def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = 
 
 
 def probe_timeout() -> float:
+    """The probe's deadline in seconds, from ``ENVLOCK_PROBE_TIMEOUT``; a value that is not a
+    positive number is a usage error rather than a probe that never ends."""
     raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
     if not raw:
         return DEFAULT_PROBE_TIMEOUT

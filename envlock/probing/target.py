@@ -86,6 +86,8 @@ def find_dot_venv(start: str) -> str | None:
 
 
 def same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name the same file once links are resolved: a venv's ``bin/python``
+    is a link, and the environment it names is what matters."""
     return os.path.realpath(a) == os.path.realpath(b)
 
 

@@ -90,6 +90,9 @@ def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How far a replayed metric may be from the recorded one (``rtol``, ``atol``); zero is
+    bit-identical, the default, since a replay is meant to reproduce."""
+
     rtol: float = 0.0
     atol: float = 0.0
 
@@ -135,6 +138,9 @@ class CodeChange:
 
 @dataclass(frozen=True)
 class InputDrift:
+    """One input that is not what the record read: which, how it changed, and both values, so a
+    divergence can be explained by its data."""
+
     name: str
     what: str  # "revision", "content", "missing", "snapshot"
     original: str
@@ -196,6 +202,8 @@ def _close(a: float, b: float, tol: Tolerance) -> bool:
 
 
 def metric_equal(a: Any, b: Any, tol: Tolerance) -> bool:
+    """Whether two recorded values of one metric agree under ``tol``: a tensor by its bytes, or
+    within tolerance by its mean when shape and dtype agree; a bool only equals a bool."""
     if isinstance(a, TensorDigest) or isinstance(b, TensorDigest):
         if not (isinstance(a, TensorDigest) and isinstance(b, TensorDigest)):
             return False

@@ -90,6 +90,8 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
 
 
 def inputs_text(cmp: ReplayComparison, record: str) -> str:
+    """``verify --record``'s lines: whether the record's inputs read the same now, each changed
+    one named with how it changed."""
     if not cmp.inputs:
         return f"OK: the inputs of {safe(record)} are unchanged\n"
     return "".join(f"DRIFT input {_drift(d)}\n" for d in cmp.inputs)

@@ -129,6 +129,7 @@ def native_rows(lock: Lock) -> list[tuple[str, str]]:
 
 
 def show_text(lock: Lock, name: str = "env.lock") -> str:
+    """``envlock show``: the summary rows of a lock, escaped for a terminal."""
     rows = summary_rows(lock)
     width = max(len(k) for k, _ in rows)
     return "\n".join([safe(name)] + [f"  {k.ljust(width)}  {safe(v)}" for k, v in rows]) + "\n"
@@ -185,6 +186,8 @@ def replay_lines(name: str) -> tuple[str, str]:
 
 
 def show_markdown(lock: Lock, name: str = "env.lock") -> str:
+    """``envlock show --format markdown``: the environment as a pull request or a paper shows
+    it, every value of the lock written as inert markdown."""
     out = [f"#### Environment `envlock:{lock.short_id}`", "", "| what | value |", "|---|---|"]
     # Every value is the lock's (a note, an OS name, a version): inert markdown that reads as written.
     out += [f"| {k} | {markdown_text(v, inline=True)} |" for k, v in shared_rows(lock)]
@@ -202,10 +205,13 @@ def show_markdown(lock: Lock, name: str = "env.lock") -> str:
 
 
 def show_json(lock: Lock) -> str:
+    """``envlock show --json``: the lock's own fields, as its models dump them."""
     return json.dumps(lock.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
 
 
 def differences_text(differences: Iterable[Difference]) -> str:
+    """The differences as aligned rows (severity, path, what changed), the one table every
+    text report lists them in."""
     rows = [(_SEVERITY_LABEL[d.severity], safe(d.path), safe(d.describe())) for d in differences]
     if not rows:
         return ""
@@ -215,6 +221,7 @@ def differences_text(differences: Iterable[Difference]) -> str:
 
 def counts_line(cmp: Comparison) -> str:
     # Imported here: `show` renders no comparison and does not load the comparison types.
+    """How many differences of each severity: the line that leads a verify and a diff."""
     from envlock.drift.result import SEVERITIES, counts_text
 
     return counts_text({s: cmp.count(s) for s in SEVERITIES})
@@ -278,6 +285,8 @@ def verify_text(cmp: Comparison, lock: Lock, name: str, *, show_info: bool = Fal
 
 
 def diff_text(cmp: Comparison, a: str, b: str) -> str:
+    """``envlock diff``: what changed from ``a`` to ``b``, and apart from it the process state
+    that differs, which is reported but not counted."""
     process = ""
     if cmp.process:
         process = (f"process state differs (seeds, flags, variables the process set; not compared, "
@@ -288,6 +297,8 @@ def diff_text(cmp: Comparison, a: str, b: str) -> str:
 
 
 def diff_markdown(cmp: Comparison, a: Lock, b: Lock, a_name: str, b_name: str) -> str:
+    """``envlock diff --format markdown``: the differences as a table a pull request shows,
+    every value written as inert markdown."""
     out = [f"#### Environment diff `envlock:{a.short_id}` → `envlock:{b.short_id}`", ""]
     if not cmp.differences:
         return "\n".join([*out, "No differences.", ""])
@@ -306,6 +317,7 @@ def comparison_payload(cmp: Comparison, **extra: Any) -> dict[str, Any]:
 
 
 def comparison_json(cmp: Comparison, **extra: Any) -> str:
+    """The JSON document of a verify or a diff, from the one payload both commands build."""
     return json.dumps(comparison_payload(cmp, **extra), indent=2, default=str) + "\n"
 
 

@@ -9,6 +9,8 @@ _MARK = {"ok": "ok          ", "fail": "FAIL        ", "unchecked": "cannot chec
 
 
 def requirements_text(result: RequirementsResult, name: str, short_id: str) -> str:
+    """The text of ``verify --requirements``: each requirement's verdict, and whether they were
+    declared or derived, so a user knows what was judged."""
     lines = [f"{safe(name)} (id {safe(short_id)}): this host against the lock's [requires] only"]
     if result.derived:
         lines.append("  (the lock has no [requires] table, written by envlock since it existed: "

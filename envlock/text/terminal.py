@@ -31,6 +31,8 @@ def safe(value: Any) -> str:
 
 
 def dash(value: Any) -> str:
+    """``value`` as a table cell shows it: a dash where there is nothing, so an empty cell is
+    not read as a missing column; escaped like every other value."""
     return "-" if value in (None, "", []) else safe(value)
 
 
