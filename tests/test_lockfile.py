@@ -112,6 +112,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pyt
         (b"\xff\xfe\xfa not utf8", "not UTF-8"),
         (b'title = "not a lock"\n', "no [envlock] table"),
         (b"[envlock]\nschema_version = 99\n", "schema 99"),
+        (b"[envlock]\nschema_version = 0\n", "lock schema 0, which no envlock wrote"),
     ],
 )
 def test_bad_input_gives_one_clear_error(tmp_path: Path, content: bytes, message: str) -> None:

@@ -168,6 +168,21 @@ def test_no_import_goes_up_the_map() -> None:
     assert sorted(upward) == []
 
 
+def test_the_lock_package_is_used_through_its_init() -> None:
+    """Every module outside ``envlock/lock/`` imports the lock's API, never one of its ``_``
+    modules: the record reuses the seal, the TOML reader and writer through the same door."""
+    inside = [f"{m} imports {t}" for m, targets in graph().items() if not m.startswith("envlock.lock")
+              for t in targets if t.startswith("envlock.lock._")]
+    assert inside == []
+
+
+def test_the_lock_rule_sees_an_import_of_a_private_module(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("from envlock.lock._seal import canonical_json\n")
+    modules = {"envlock.lock": path, "envlock.lock._seal": path, "envlock.x": path}
+    assert imports_of(path, "envlock.x", modules) == {"envlock.lock._seal"}
+
+
 @pytest.mark.parametrize(("source", "expected"), [
     ("from envlock import lock\n", {"envlock.lock"}),
     ("from envlock import __version__\n", {"envlock"}),

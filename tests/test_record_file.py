@@ -190,3 +190,28 @@ def test_save_keeps_an_existing_records_mode_and_updates_a_links_target(tmp_path
     assert link.is_symlink() and (real.stat().st_mode & 0o777) == 0o640
     assert load(real).record.command == ["python", "train.py"]
     assert not [p for p in shared.iterdir() if p.name != "run.record"]  # no temp file left
+
+
+# -- the schema version, read before the model ---------------------------------------------------
+
+
+def test_a_record_of_a_newer_schema_asks_for_a_newer_envlock_not_for_a_field(tmp_path: Path) -> None:
+    # A newer envlock's record has fields this one does not know: the version is the answer.
+    text = dumps(_record()).replace("schema_version = 1", "schema_version = 2")
+    text += "\n[future]\nfact = 1\n"
+    with pytest.raises(LockInvalid, match=r"newer envlock \(schema 2\)") as caught:
+        loads(text, "run.record")
+    assert caught.value.hint == "upgrade envlock"
+
+
+def test_a_record_of_a_schema_no_envlock_wrote_is_refused_by_its_number() -> None:
+    text = dumps(_record()).replace("schema_version = 1", "schema_version = 0")
+    with pytest.raises(LockInvalid, match="record schema 0, which no envlock wrote; this one reads schema 1"):
+        loads(text, "run.record")
+
+
+def test_a_record_of_the_current_schema_reads_through_the_version_registry() -> None:
+    from envlock.replay.record import READERS, RECORD_SCHEMA_VERSION, seal
+
+    assert READERS[RECORD_SCHEMA_VERSION] is Record
+    assert loads(dumps(seal(_record())), "run.record") == seal(_record())

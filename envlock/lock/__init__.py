@@ -1,5 +1,8 @@
 """The lock and nothing else: its models, each field's policy, the seal, the reader, the writer
-and the JSON Schema. Callers import from here; the ``_`` modules are its inside. Names are
+and the JSON Schema. Callers import from here; the ``_`` modules are its inside. The replay
+record is the one other format envlock seals and writes, and it does so through this API too
+(``canonical_json``, ``check_clean``, ``parse_toml``, ``toml_table``, ``atomic_write``), so the
+two formats share one seal, one character rule, one TOML reader and one writer. Names are
 resolved on first use, so that ``verify`` can read a lock's tables (``read_data``) and start
 its probe before pydantic and the models are imported.
 
@@ -74,6 +77,8 @@ if TYPE_CHECKING:
     )
     from envlock.lock._seal import (
         FINGERPRINT_EXCLUDE,
+        canonical_form,
+        canonical_json,
         check_seal,
         fingerprint,
         integrity,
@@ -85,7 +90,10 @@ if TYPE_CHECKING:
         read_data,
         read_text,
     )
+    from envlock.lock._toml import array_of_tables as toml_array_of_tables
     from envlock.lock._toml import document as toml_document
+    from envlock.lock._toml import table as toml_table
+    from envlock.lock._values import check_clean
     from envlock.lock._write import (
         PROTECTED_ENV,
         REPLAY_DIR,
@@ -144,11 +152,16 @@ _WHERE = {
     "json_schema": ("_schema", "json_schema"),
     "schema_json": ("_schema", "schema_json"),
     "FINGERPRINT_EXCLUDE": ("_seal", "FINGERPRINT_EXCLUDE"),
+    "canonical_form": ("_seal", "canonical_form"),
+    "canonical_json": ("_seal", "canonical_json"),
     "check_seal": ("_seal", "check_seal"),
     "fingerprint": ("_seal", "fingerprint"),
     "integrity": ("_seal", "integrity"),
     "seal": ("_seal", "seal"),
     "toml_document": ("_toml", "document"),
+    "toml_table": ("_toml", "table"),
+    "toml_array_of_tables": ("_toml", "array_of_tables"),
+    "check_clean": ("_values", "check_clean"),
     "LOCK_NAME": ("_find", "LOCK_NAME"),
     "find_lock": ("_find", "find_lock"),
     "project_root": ("_find", "project_root"),
@@ -203,6 +216,9 @@ __all__ = [
     "TorchBuild",
     "TorchInfo",
     "atomic_write",
+    "canonical_form",
+    "canonical_json",
+    "check_clean",
     "check_seal",
     "dumps",
     "file_head",
@@ -225,7 +241,9 @@ __all__ = [
     "seal",
     "severities",
     "split_os_spec",
+    "toml_array_of_tables",
     "toml_document",
+    "toml_table",
     "write_target",
 ]
 

@@ -4,6 +4,13 @@
 is checked on the result. ``show`` and ``verify`` read this way too: a second reader that trusted
 the seal instead of the models was faster by pydantic's import, and had to be kept in step with
 the models by hand.
+
+Each schema version this envlock reads has one entry in ``READERS``; the version a lock
+declares picks its reader before anything is validated, and a version with no entry is refused
+in words of its own. Only schema 1 exists. When schema 2 does, schema 1 keeps an entry here: a
+model of the old tables (a module of its own beside ``_model``) whose reader returns today's
+``Lock``, so every lock an older envlock wrote still reads and everything above this module
+sees the newest models only; the writer writes the newest version alone.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from envlock.lock._model import SCHEMA_VERSION
 from envlock.lock._seal import check_seal
 from envlock.lock._text import parse_toml, read_text
 from envlock.text.terminal import safe
+
+# Schema version -> the model a lock of that version is validated with.
+READERS: dict[int, type[Lock]] = {SCHEMA_VERSION: Lock}
 
 
 def _row(loc: tuple[Any, ...], data: Any) -> str | None:
@@ -72,20 +82,33 @@ def _first_error(exc: ValidationError, data: Any = None) -> str:
     return f"unknown key '{safe(key)}' in {_table(parent, data)}{hint}{extra}"
 
 
-def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool = True) -> Lock:
-    """Validate a parsed lock (and by default check its seal); LockInvalid says what is wrong."""
-    meta = data.get("envlock")
-    if not isinstance(meta, dict):
-        raise LockInvalid(f"{name} is not an env.lock: it has no [envlock] table")
-    version = meta.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
+def reader_for(version: object, name: str) -> type[Lock]:
+    """The model that reads a lock of schema ``version``, or why none does: a newer version is
+    a newer envlock's (upgrade), any other number one no envlock wrote. A value that is no
+    number (or none: the models' default) is left to the models, which say what is wrong."""
+    if not isinstance(version, int) or isinstance(version, bool):
+        return READERS[SCHEMA_VERSION]
+    reader = READERS.get(version)
+    if reader is not None:
+        return reader
+    if version > SCHEMA_VERSION:
         raise LockInvalid(
             f"{name} uses lock schema {version}; this envlock ({__version__}) reads up to "
             f"{SCHEMA_VERSION}",
             hint="upgrade envlock",
         )
+    raise LockInvalid(f"{name} declares lock schema {version}, which no envlock wrote; this one "
+                      f"reads schema {', '.join(map(str, sorted(READERS)))}")
+
+
+def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool = True) -> Lock:
+    """Validate a parsed lock (and by default check its seal); LockInvalid says what is wrong."""
+    meta = data.get("envlock")
+    if not isinstance(meta, dict):
+        raise LockInvalid(f"{name} is not an env.lock: it has no [envlock] table")
+    model = reader_for(meta.get("schema_version"), name)
     try:
-        lock = Lock.model_validate(data)
+        lock = model.model_validate(data)
     except ValidationError as exc:
         raise LockInvalid(f"{name} does not match the lock schema: {_first_error(exc, data)}") from None
     except RecursionError:

@@ -28,6 +28,8 @@ FINGERPRINT_EXCLUDE: dict[str, Any] = fingerprint_exclude(LockData)
 
 
 def canonical_json(data: Any) -> bytes:
+    """The bytes a seal hashes: sorted keys, no spaces, UTF-8, so the same data always hashes the
+    same and a file's formatting (which the writer may change) never enters a seal."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

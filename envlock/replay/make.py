@@ -136,7 +136,7 @@ def _rank_contexts(path: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
 
 
 def _context(row: Mapping[str, Any]) -> dict[str, Any]:
-    from envlock.lock._seal import canonical_form
+    from envlock.lock import canonical_form
     from envlock.probing.capture import build_lock
 
     lock = build_lock(dict(row["capture"]))
@@ -146,7 +146,7 @@ def _context(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def lock_context(lock: Any) -> dict[str, Any]:
     """The same facts from a lock (when the run recorded no step, or to compare with one)."""
-    from envlock.lock._seal import canonical_form
+    from envlock.lock import canonical_form
 
     return context_of(canonical_form(lock))
 

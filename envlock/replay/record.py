@@ -50,9 +50,7 @@ from pydantic import (
 
 from envlock import _files
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
-from envlock.lock._seal import canonical_json
-from envlock.lock._text import parse_toml
-from envlock.lock._values import check_clean
+from envlock.lock import canonical_json, check_clean, parse_toml
 from envlock.probe.rules import METRIC_NAME
 from envlock.text.terminal import safe
 
@@ -92,17 +90,25 @@ Metric = bool | int | float | TensorDigest
 
 
 class Step(_Model):
+    """One ``envlock.record(step, ...)`` call: the rows a replay compares, in call order."""
+
     step: Annotated[int, Field(ge=0)]
     metrics: dict[Name, Metric] = Field(default_factory=dict)
 
 
 class Output(_Model):
+    """A declared output after the run, by digest: a replay that writes other bytes diverged
+    even when every metric agrees."""
+
     path: Text
     sha256: Hex64 | None = None  # None: the run did not produce it
     size: Annotated[int, Field(ge=0)] | None = None
 
 
 class Input(_Model):
+    """What the run read (a data path's digest, a Hugging Face revision), so that a divergence
+    caused by other data is named as such rather than blamed on the environment."""
+
     kind: Literal["path", "hf"]
     name: Text
     sha256: Hex64 | None = None           # path: the file's, or the directory's digest
@@ -151,6 +157,8 @@ class RankContext(_Model):
 
 
 class Meta(_Model):
+    """``[record]``: the command and how it ended, the lock it ran under, and the seal."""
+
     schema_version: int = RECORD_SCHEMA_VERSION
     tool_version: Text
     created_at: datetime
@@ -190,6 +198,8 @@ class RestoreOptions(_Model):
 
 
 class Record(_Model):
+    """The whole record file; frozen, so what was read is what is compared."""
+
     record: Meta
     restore: RestoreOptions | None = None
     context: dict[ContextKey, Scalar] = Field(default_factory=dict)
@@ -211,12 +221,15 @@ def _integrity_of(rec: Record) -> str:
 
 
 def seal(rec: Record) -> Record:
+    """``rec`` with its integrity set, so an edit made after recording is found on reading."""
     meta = rec.record.model_copy(update={"integrity": _integrity_of(rec)})
     return rec.model_copy(update={"record": meta})
 
 
 def dumps(rec: Record) -> str:
-    from envlock.lock._toml import array_of_tables, table
+    """The record's TOML text, written with the lock's writer so both files read alike."""
+    from envlock.lock import toml_array_of_tables as array_of_tables
+    from envlock.lock import toml_table as table
 
     form = rec.model_dump(mode="python", exclude_none=True)
     out = ["# envlock replay record: what a run produced and read. Written by envlock; "
@@ -339,17 +352,39 @@ def command_to_replay(rec: Record, name: str) -> list[str]:
     return list(rec.record.command)
 
 
+# Schema version -> the model a record of that version is validated with. Only schema 1 exists;
+# a later schema keeps an entry for each older one (a model of its tables whose reader returns
+# today's ``Record``), so every record an older envlock wrote still replays.
+READERS: dict[int, type[Record]] = {RECORD_SCHEMA_VERSION: Record}
+
+
+def reader_for(version: object, name: str) -> type[Record]:
+    """The model that reads a record of schema ``version``, chosen before any validation: a
+    record of a newer envlock has fields this one does not know, and "upgrade envlock" is the
+    answer, not an unknown key. A value that is no number is left to the model to refuse."""
+    if not isinstance(version, int) or isinstance(version, bool):
+        return READERS[RECORD_SCHEMA_VERSION]
+    reader = READERS.get(version)
+    if reader is not None:
+        return reader
+    if version > RECORD_SCHEMA_VERSION:
+        raise LockInvalid(f"{name} is a record of a newer envlock (schema {version})", hint="upgrade envlock")
+    raise LockInvalid(f"{name} declares record schema {version}, which no envlock wrote; this one "
+                      f"reads schema {', '.join(map(str, sorted(READERS)))}")
+
+
 def loads(text: str, name: str = "record") -> Record:
+    """A record from its TOML text: its schema's model, then the seal (``name`` is what errors
+    call it). The one reader, so a record from elsewhere is checked as strictly as a lock."""
     data = parse_toml(text, name)
+    meta = data.get("record")
+    model = reader_for(meta.get("schema_version") if isinstance(meta, dict) else None, name)
     try:
-        rec = Record.model_validate(data)
+        rec = model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise LockInvalid(f"{name} is not a replay record: {where}: {err['msg']}") from None
-    if rec.record.schema_version > RECORD_SCHEMA_VERSION:
-        raise LockInvalid(f"{name} is a record of a newer envlock (schema {rec.record.schema_version})",
-                          hint="upgrade envlock")
     if rec.record.integrity is None:
         raise LockTampered(f"{name} is not sealed (no integrity)")
     if rec.record.integrity != _integrity_of(rec):
@@ -359,6 +394,8 @@ def loads(text: str, name: str = "record") -> Record:
 
 
 def load(path: str | os.PathLike[str]) -> Record:
+    """Read a record file whole through the capped reader a lock uses (a FIFO, ``/dev/zero`` or
+    a huge file is refused, not hung on), then ``loads``."""
     text = _files.read_text(path, limit=MAX_RECORD_BYTES, what="a replay record", error=LockInvalid,
                             missing_hint=f"make one with `envlock run env.lock --record {os.fspath(path)} -- CMD`")
     return loads(text, os.fspath(path))
