@@ -1,9 +1,9 @@
 """The lock and nothing else: its models, each field's policy, the seal, the reader, the writer
 and the JSON Schema. Callers import from here; the ``_`` modules are its inside. The replay
 record is the one other format envlock seals and writes, and it does so through this API too
-(``canonical_json``, ``check_clean``, ``parse_toml``, ``toml_table``, ``atomic_write``), so the
-two formats share one seal, one character rule, one TOML reader and one writer. Names are
-resolved on first use, so that ``verify`` can read a lock's tables (``read_data``) and start
+(``canonical_json``, ``check_clean``, ``parse_toml``, ``schema_reader``, ``toml_table``,
+``atomic_write``), so the two formats share one seal, one character rule, one TOML reader, one
+rule for schema versions and one writer. Names are resolved on first use, so that ``verify`` can read a lock's tables (``read_data``) and start
 its probe before pydantic and the models are imported.
 
 =============  ====================================================================
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         from_dict,
         load,
         loads,
+        schema_reader,
     )
     from envlock.lock._schema import (
         json_schema,
@@ -149,6 +150,7 @@ _WHERE = {
     "from_dict": ("_read", "from_dict"),
     "load": ("_read", "load"),
     "loads": ("_read", "loads"),
+    "schema_reader": ("_read", "schema_reader"),
     "json_schema": ("_schema", "json_schema"),
     "schema_json": ("_schema", "schema_json"),
     "FINGERPRINT_EXCLUDE": ("_seal", "FINGERPRINT_EXCLUDE"),
@@ -238,6 +240,7 @@ __all__ = [
     "remove_stale_temps",
     "save",
     "schema_json",
+    "schema_reader",
     "seal",
     "severities",
     "split_os_spec",

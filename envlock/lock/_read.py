@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -31,6 +32,7 @@ from envlock.text.terminal import safe
 
 # Schema version -> the model a lock of that version is validated with.
 READERS: dict[int, type[Lock]] = {SCHEMA_VERSION: Lock}
+_R = TypeVar("_R")
 
 
 def _row(loc: tuple[Any, ...], data: Any) -> str | None:
@@ -82,23 +84,23 @@ def _first_error(exc: ValidationError, data: Any = None) -> str:
     return f"unknown key '{safe(key)}' in {_table(parent, data)}{hint}{extra}"
 
 
-def reader_for(version: object, name: str) -> type[Lock]:
-    """The model that reads a lock of schema ``version``, or why none does: a newer version is
-    a newer envlock's (upgrade), any other number one no envlock wrote. A value that is no
-    number (or none: the models' default) is left to the models, which say what is wrong."""
+def schema_reader(readers: Mapping[int, _R], version: object, name: str, *, what: str) -> _R:
+    """The reader ``readers`` holds for schema ``version`` of a file (``what``: "lock",
+    "record"), or why none does: a newer version is a newer envlock's (upgrade), any other
+    number one no envlock wrote. One rule for every format envlock reads, applied before the
+    models, since a newer file's fields are not this envlock's. A value that is no number (or
+    none: the models' default) gets the newest reader, whose model says what is wrong."""
+    newest = max(readers)
     if not isinstance(version, int) or isinstance(version, bool):
-        return READERS[SCHEMA_VERSION]
-    reader = READERS.get(version)
+        return readers[newest]
+    reader = readers.get(version)
     if reader is not None:
         return reader
-    if version > SCHEMA_VERSION:
-        raise LockInvalid(
-            f"{name} uses lock schema {version}; this envlock ({__version__}) reads up to "
-            f"{SCHEMA_VERSION}",
-            hint="upgrade envlock",
-        )
-    raise LockInvalid(f"{name} declares lock schema {version}, which no envlock wrote; this one "
-                      f"reads schema {', '.join(map(str, sorted(READERS)))}")
+    if version > newest:
+        raise LockInvalid(f"{name} uses {what} schema {version}; this envlock ({__version__}) reads "
+                          f"up to {newest}", hint="upgrade envlock")
+    raise LockInvalid(f"{name} declares {what} schema {version}, which no envlock wrote; this one "
+                      f"reads schema {', '.join(map(str, sorted(readers)))}")
 
 
 def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool = True) -> Lock:
@@ -106,7 +108,7 @@ def from_dict(data: dict[str, Any], name: str = "env.lock", *, verify_seal: bool
     meta = data.get("envlock")
     if not isinstance(meta, dict):
         raise LockInvalid(f"{name} is not an env.lock: it has no [envlock] table")
-    model = reader_for(meta.get("schema_version"), name)
+    model = schema_reader(READERS, meta.get("schema_version"), name, what="lock")
     try:
         lock = model.model_validate(data)
     except ValidationError as exc:

@@ -50,7 +50,7 @@ from pydantic import (
 
 from envlock import _files
 from envlock.errors import EnvlockError, LockInvalid, LockTampered, UsageError
-from envlock.lock import canonical_json, check_clean, parse_toml
+from envlock.lock import canonical_json, check_clean, parse_toml, schema_reader
 from envlock.probe.rules import METRIC_NAME
 from envlock.text.terminal import safe
 
@@ -358,27 +358,15 @@ def command_to_replay(rec: Record, name: str) -> list[str]:
 READERS: dict[int, type[Record]] = {RECORD_SCHEMA_VERSION: Record}
 
 
-def reader_for(version: object, name: str) -> type[Record]:
-    """The model that reads a record of schema ``version``, chosen before any validation: a
-    record of a newer envlock has fields this one does not know, and "upgrade envlock" is the
-    answer, not an unknown key. A value that is no number is left to the model to refuse."""
-    if not isinstance(version, int) or isinstance(version, bool):
-        return READERS[RECORD_SCHEMA_VERSION]
-    reader = READERS.get(version)
-    if reader is not None:
-        return reader
-    if version > RECORD_SCHEMA_VERSION:
-        raise LockInvalid(f"{name} is a record of a newer envlock (schema {version})", hint="upgrade envlock")
-    raise LockInvalid(f"{name} declares record schema {version}, which no envlock wrote; this one "
-                      f"reads schema {', '.join(map(str, sorted(READERS)))}")
-
-
 def loads(text: str, name: str = "record") -> Record:
     """A record from its TOML text: its schema's model, then the seal (``name`` is what errors
     call it). The one reader, so a record from elsewhere is checked as strictly as a lock."""
     data = parse_toml(text, name)
     meta = data.get("record")
-    model = reader_for(meta.get("schema_version") if isinstance(meta, dict) else None, name)
+    # The version first: a record of a newer envlock has fields this one does not know, and
+    # "upgrade envlock" is the answer, not an unknown key.
+    model = schema_reader(READERS, meta.get("schema_version") if isinstance(meta, dict) else None,
+                          name, what="record")
     try:
         rec = model.model_validate(data)
     except ValidationError as exc:
