@@ -117,7 +117,8 @@ def cmd_canary(repeats: int) -> dict[str, Any]:
 def cmd_first(calls: list[str]) -> dict[str, Any]:
     """What a training process pays, in this fresh interpreter: ``import torch``, then each of
     ``calls`` in order, timed apart: "capture" is ``import envlock; envlock.capture()``,
-    "record" the first ``envlock.record()`` (the in-process probe and the hash of the
+    "collect_env" PyTorch's ``torch.utils.collect_env.get_env_info()`` (the peer), "record" the
+    first ``envlock.record()`` (the in-process probe and the hash of the
     workspace files the process loaded), with ``ENVLOCK_RECORD`` set for that call alone."""
     import os
     import tempfile
@@ -134,6 +135,12 @@ def cmd_first(calls: list[str]) -> dict[str, Any]:
 
             if call == "capture":
                 envlock.capture()
+            elif call == "collect_env":
+                # The Python peer: PyTorch's own environment report, what an issue template asks
+                # a researcher to paste (envlock is imported above only to keep the timing alike).
+                from torch.utils.collect_env import get_env_info
+
+                get_env_info()
             else:
                 os.environ["ENVLOCK_RECORD"] = os.path.join(tmp, "journal.jsonl")
                 envlock.record(0, loss=1.0)

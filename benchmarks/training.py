@@ -15,6 +15,8 @@ ratio's two figures come from the same process and the same moment of load):
 
 * ``import torch``, then ``import envlock; envlock.capture()``, then the first ``record()``;
 * ``import torch``, then the first ``record()`` alone (what ``envlock run --record`` costs);
+* ``import torch``, then ``torch.utils.collect_env.get_env_info()``: the Python peer, PyTorch's
+  own report of the environment (info, beside the targets);
 * both again with ``ENVLOCK_NO_CACHE=1``: nothing remembered of files (info: the first run on
   a fresh host; any capture or verify of the environment fills the cache);
 * ``python -c "import torch"`` and ``envlock capture --no-cache`` as processes.
@@ -91,6 +93,8 @@ def children(venv: Path, tmp: Path, tree: str = "", src: Path | None = None) -> 
         Child(f"{tree}:import_torch", 'python -c "import torch"', [py, "-c", "import torch"], warm),
         Child(f"{tree}:capture_record", "capture(), then record()", [*inproc, "capture", "record"], warm),
         Child(f"{tree}:record", "record() alone", [*inproc, "record"], warm),
+        Child(f"{tree}:collect_env", "torch.utils.collect_env.get_env_info() (the peer)",
+              [*inproc, "collect_env"], warm),
         Child(f"{tree}:capture_record_cold", "capture(), then record(); ENVLOCK_NO_CACHE=1",
               [*inproc, "capture", "record"], cold),
         Child(f"{tree}:record_cold", "record() alone; ENVLOCK_NO_CACHE=1", [*inproc, "record"], cold),
@@ -117,6 +121,10 @@ def _ms(x: float | None) -> str:
 
 def _x(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}x"
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def render(kids: dict[str, Child], trees: list[str]) -> tuple[str, list[dict[str, Any]]]:
@@ -147,6 +155,11 @@ def render(kids: dict[str, Child], trees: list[str]) -> tuple[str, list[dict[str
             (name(tree, "first record() <= 0.10 x import torch (warm)"),
              kids[f"{tree}:record"].ratio("record_s"), LIMIT_INPROC),
             (name(tree, "capture --no-cache <= 1.15 x import torch"), cold_p / torch_p, LIMIT_CAPTURE),
+            (name(tree, "(info) the peer, torch.utils.collect_env.get_env_info()"),
+             kids[f"{tree}:collect_env"].ratio("collect_env_s"), None),
+            (name(tree, "(info) capture() / the peer (medians in their own processes)"),
+             _over(kids[f"{tree}:capture_record"].median("capture_s"),
+                   kids[f"{tree}:collect_env"].median("collect_env_s")), None),
             (name(tree, "(info) capture() with ENVLOCK_NO_CACHE=1"),
              kids[f"{tree}:capture_record_cold"].ratio("capture_s"), None),
             (name(tree, "(info) first record() with ENVLOCK_NO_CACHE=1"),

@@ -242,6 +242,8 @@ def test_training_report_judges_each_tree_on_ratios_from_one_process(tmp_path: P
         kid.rows = [{"import torch_s": t, "capture_s": cost * t, "record_s": cost * t / 2}
                     for t in (1.0, 1.2, 2.0)]
         kid.wall = [1.5] if key.endswith("import_torch") else [1.2]
+        if key.endswith("collect_env"):
+            kid.rows = [{"import torch_s": t, "collect_env_s": 0.5 * t} for t in (1.0, 1.2, 2.0)]
     assert kids["after:record"].env["PYTHONPATH"] == str(tmp_path)
     assert kids["after:record"].env["ENVLOCK_CACHE_DIR"] != kids["before:record"].env["ENVLOCK_CACHE_DIR"]
     text, judged = training.render(kids, ["before", "after"])
@@ -251,6 +253,10 @@ def test_training_report_judges_each_tree_on_ratios_from_one_process(tmp_path: P
     assert verdicts["after: first record() <= 0.10 x import torch (warm)"] == "PASS"
     assert verdicts["after: capture --no-cache <= 1.15 x import torch"] == "PASS"  # 1.2 / 1.5
     assert "| after: record() alone |" in text and "0.200x" in text and "0.050x" in text
+    # The peer beside the targets: collect_env at 0.5x import torch; after's capture() is a tenth of it.
+    values = {t["target"]: t["value"] for t in judged}
+    assert values["after: (info) the peer, torch.utils.collect_env.get_env_info()"] == pytest.approx(0.5)
+    assert values["after: (info) capture() / the peer (medians in their own processes)"] == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",

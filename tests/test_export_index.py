@@ -285,3 +285,30 @@ def test_a_file_index_is_read_from_each_projects_index_html_as_pip_reads_it(tmp_
     assert found.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert Path(found.url.split("#")[0].removeprefix("file://")).resolve() == wheel.resolve()
     assert index.files("not-there", Version("1.0")) == []
+
+
+@pytest.mark.parametrize("reason", [
+    "redirected to https://alice:s3cretpw@idx.example/simple/six/?token=t0k3nVALUE",
+    "`https://alice:s3cretpw@idx.example/simple/?token=t0k3nVALUE` refused",
+    "<urlopen error 'https://alice:s3cretpw@idx.example/simple/#t0k3nVALUE'>",
+])
+def test_an_errors_reason_shows_its_urls_without_credentials(reason: str) -> None:
+    """A library's reason can carry the URL it failed on (a redirect's Location): its password
+    and query are not in the message, and the URL is found however it is quoted."""
+    from envlock.export.redaction import shown_reason
+
+    text = shown_reason(reason)
+    assert "s3cretpw" not in text and "t0k3nVALUE" not in text
+    assert "idx.example/simple/" in text
+
+
+@pytest.mark.parametrize("reason", [
+    "[Errno 110] Connection timed out",
+    "HTTP 404 for https://idx.example/simple/six/ (not found)",
+    "git+ssh form a+b://x is a scheme, xhttps://y is not a separate URL",
+])
+def test_an_errors_reason_without_credentials_reads_as_it_was(reason: str) -> None:
+    """The over-redaction twin: a reason with nothing secret in it is not rewritten."""
+    from envlock.export.redaction import shown_reason
+
+    assert shown_reason(reason) == reason

@@ -190,6 +190,32 @@ def test_only_the_workspaces_own_files_are_hashed(tmp_path: Path) -> None:
     assert probe_code.workspace_files(str(tmp_path / "link"), modules) == found
 
 
+def test_a_workspace_in_a_git_repository_keeps_the_repositorys_files_it_ran(tmp_path: Path) -> None:
+    """``cd experiments && python ../train.py``: the script is the project's, and an edit to it
+    must be named, keyed from the workspace; files outside the repository stay out."""
+    repo, ws = tmp_path / "proj", tmp_path / "proj" / "experiments"
+    (repo / ".git").mkdir(parents=True)
+    ws.mkdir()
+    for path in (repo / "train.py", repo / "lib" / "util.py", ws / "cfg.py", tmp_path / "elsewhere.py",
+                 repo / ".venv" / "lib" / "python3.11" / "site-packages" / "six.py"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {path.name}\n")
+    modules: dict[str, Any] = {
+        "__main__": SimpleNamespace(__file__=str(ws / ".." / "train.py")),
+        "util": SimpleNamespace(__file__=str(repo / "lib" / "util.py")),
+        "cfg": SimpleNamespace(__file__=str(ws / "cfg.py")),
+        "elsewhere": SimpleNamespace(__file__=str(tmp_path / "elsewhere.py")),
+        "six": SimpleNamespace(__file__=str(repo / ".venv" / "lib" / "python3.11" / "site-packages" / "six.py")),
+    }
+    found = probe_code.workspace_files(str(ws), modules)
+    assert found == {"files": {"../train.py": sha(repo / "train.py"), "../lib/util.py": sha(repo / "lib" / "util.py"),
+                               "cfg.py": sha(ws / "cfg.py")}, "left_out": 0}
+    assert next(iter(found["files"])) == "../train.py"  # the script first
+    # Without the repository, the workspace alone: its own files keep the same keys.
+    (repo / ".git").rmdir()
+    assert probe_code.workspace_files(str(ws), modules) == {"files": {"cfg.py": sha(ws / "cfg.py")}, "left_out": 0}
+
+
 def test_the_files_are_bounded_and_the_script_is_kept_first(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     modules: dict[str, Any] = {}

@@ -401,9 +401,9 @@ def test_an_engine_is_closed_when_its_with_block_ends() -> None:
             closed.append(True)
 
     with pytest.raises(KeyboardInterrupt), DockerEngine(lambda timeout: Client(FakeAPI()), "fake://") as eng:
-        assert eng.name == "docker" and closed == [True]  # the ping client, closed at once
+        assert eng.name == "docker" and closed == []  # one client, kept for the whole command
         raise KeyboardInterrupt
-    assert closed == [True, True]
+    assert closed == [True]
 
 
 def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> None:
@@ -497,3 +497,77 @@ def test_an_interrupted_build_removes_the_images_its_steps_committed(tmp_path: P
         engine(api).build(tmp_path, tag="t:1", labels={}, log_path=tmp_path / "build.log",
                           progress=PlainProgress(io.StringIO()))
     assert api.calls == [("3333333333cc", False, True)] * 3 + [("2222222222bb", False, True)]
+
+
+class _Engine:
+    """A unix socket that speaks just enough of the engine API, with the docker SDK on the other
+    end: ``answer=False`` accepts and never answers (a wedged daemon)."""
+
+    def __init__(self, path: Path, *, answer: bool) -> None:
+        import threading
+
+        self.requests: list[str] = []
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(8)
+        self.answer = answer
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import json
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if not self.answer:
+                continue
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            if not data:
+                continue
+            self.requests.append(data.split(b" ")[1].decode())
+            body = json.dumps({"Version": "27.0", "ApiVersion": "1.43",
+                               "Components": [{"Name": "Engine"}]}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_connecting_asks_the_engine_twice_and_lifts_the_timeout_for_long_reads(tmp_path: Path) -> None:
+    """Every command connects: the API version (the SDK's own question) and the version
+    document (Docker or Podman) are all it asks, and the client it keeps has no read timeout (a
+    pip install inside a build prints nothing for minutes)."""
+    fake = _Engine(tmp_path / "engine.sock", answer=True)
+    try:
+        with connect(f"unix://{tmp_path / 'engine.sock'}") as eng:
+            assert eng.name == "docker" and eng.server_version == "27.0"
+            assert eng.api.timeout is None
+        assert [r.rsplit("/", 1)[-1] for r in fake.requests] == ["version", "version"]
+    finally:
+        fake.close()
+
+
+def test_an_engine_that_accepts_and_never_answers_is_unavailable_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.restore import dockerengine
+
+    monkeypatch.setattr(dockerengine, "CONNECT_TIMEOUT", 0.5)
+    fake = _Engine(tmp_path / "engine.sock", answer=False)
+    try:
+        with pytest.raises(EngineUnavailable, match="no container engine reachable"):
+            connect(f"unix://{tmp_path / 'engine.sock'}")
+    finally:
+        fake.close()

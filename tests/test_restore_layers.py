@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 from helpers import LockFactory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from envlock.restore import context as ctx
-from envlock.restore import dockerfile, uvbin
+from envlock.restore import dockerfile, uvbin, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.dockerengine import DockerEngine
 
@@ -142,7 +144,7 @@ def test_what_torch_requires_gets_a_layer_of_its_own_before_the_rest(restore_loc
     assert dockerfile.torch_layer_key(other) == dockerfile.torch_layer_key(plan)
     assert dockerfile.context_key(other) != dockerfile.context_key(plan)
     # Online there is no wheel to read: everything but torch stays in the packages layer.
-    assert ctx.wheel_requires(tmp_path / "missing.whl") == set()
+    assert wheelhouse.wheel_requires(tmp_path / "missing.whl") == set()
 
 
 def test_each_build_is_sent_only_what_it_uses(restore_lock: LockFactory, tmp_path: Path) -> None:
@@ -342,3 +344,37 @@ def test_a_builder_without_layer_images_gets_one_build_with_the_torch_layer_as_a
     assert dockerfile.TORCH_LAYER_ARG not in text
     everything = "\n".join(files.values())
     assert all(f"{name}=={version}" in everything for name, version in TORCH_PKGS)
+
+
+def test_a_wheels_requirements_keep_platform_markers_and_leave_extras_out(tmp_path: Path) -> None:
+    wheel = _zip_wheel(tmp_path, "torch", "2.13.0", [
+        "Sympy>=1.13", 'nvidia_cudnn_cu13==9.20.0.48; platform_system == "Linux"',
+        'zipp; extra == "opt"', 'pytest ; python_version > "3.8" and extra=="test"', "not a requirement!"])
+    assert wheelhouse.wheel_requires(wheel) == {"sympy", "nvidia-cudnn-cu13"}
+    # Headers after the first blank line are the description, not metadata.
+    assert "not-a-header" not in wheelhouse.wheel_requires(wheel)
+
+
+@given(st.binary(max_size=2048))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_metadata_gives_a_set_of_names_never_an_error(tmp_path: Path, meta: bytes) -> None:
+    """Fuzz: whatever bytes a wheel's METADATA holds, planning reads a set of names from it."""
+    wheel = tmp_path / "x-1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("x-1.dist-info/METADATA", meta)
+    names = wheelhouse.wheel_requires(wheel)
+    assert isinstance(names, set) and all(isinstance(n, str) and n for n in names)
+
+
+@given(st.lists(st.sampled_from(["six", "Foo.Bar", "a_b", "x>=1", 'y; os_name == "nt"', 'z; extra == "e"']),
+                max_size=6))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_requires_dist_lines_reach_the_parser(tmp_path: Path, requires: list[str]) -> None:
+    """Fuzz that reaches the parser: valid METADATA built from requirement lines gives every
+    requirement's normalized name except those of an extra."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    wheel = _zip_wheel(tmp_path, "x", "1", requires)
+    want = {canonicalize_name(Requirement(r).name) for r in requires if "extra" not in r}
+    assert wheelhouse.wheel_requires(wheel) == want

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-from envlock.probe.scrub import strip_index_url
+from envlock.probe.scrub import URL_PATTERN, strip_index_url
 
 
 def public(url: str) -> str:
@@ -45,7 +45,7 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_URL_IN_TEXT = re.compile(URL_PATTERN)  # the URLs the probe finds in free text, no other
 
 
 def shown_reason(reason: object) -> str:

@@ -1,5 +1,7 @@
 """The code a process ran from its workspace: the sha256 of each file of its loaded modules
-that lies in the workspace (the script, the modules it imported from the project).
+that lies in the workspace (the script, the modules it imported from the project), or in the
+git repository the workspace is part of: a researcher who runs ``python ../train.py`` from
+``experiments/`` ran the project's script, keyed ``../train.py``.
 
 A replay that diverges because ``train.py`` was edited (another learning rate) has the same
 packages, threads and flags as its original: only the code says why. The files are read from
@@ -19,6 +21,7 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional
 
 from .files import open_regular, sha256
+from .git import repo_root
 
 MAX_FILES = 256
 MAX_FILE_BYTES = 64 << 20
@@ -63,13 +66,19 @@ def _digest(path: str) -> Optional[str]:
 
 def workspace_files(workspace: str, modules: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """``{"files": {path relative to the workspace: sha256}, "left_out": n}`` of the modules
-    loaded from ``workspace`` (``modules``: ``sys.modules`` by default).
+    loaded from ``workspace``, or from the git repository holding it (``modules``:
+    ``sys.modules`` by default).
 
     A path is compared by its real path, so a workspace reached through a link still holds its
-    files; a file that cannot be read or is too large is counted in ``left_out``.
+    files; a file that cannot be read or is too large is counted in ``left_out``. A file of the
+    repository outside the workspace is keyed from the workspace (``../train.py``), so the keys
+    of the workspace's own files are the same with or without a repository.
     """
     modules = sys.modules if modules is None else modules
-    root = os.path.join(os.path.realpath(workspace), "")
+    workspace_root = os.path.realpath(workspace)
+    repo = repo_root(workspace_root)
+    # The repository, when the workspace lies in one; else the workspace alone.
+    root = os.path.join(repo if repo is not None else workspace_root, "")
     # An environment inside the workspace (a conda prefix, a venv: ``.venv/``) is installed
     # code; one that holds the workspace (``/usr/local`` and ``/usr/local/src/proj``) says
     # nothing about the workspace's own files.
@@ -86,7 +95,7 @@ def workspace_files(workspace: str, modules: Optional[Mapping[str, Any]] = None)
         if not real.startswith(root) or any(real.startswith(r) for r in installed) \
                 or any(part in _INSTALLED for part in real[len(root):].split(os.sep)):
             continue
-        found[real] = os.path.relpath(real, root).replace(os.sep, "/")
+        found[real] = os.path.relpath(real, workspace_root).replace(os.sep, "/")
     first = os.path.realpath(main) if main else None
     order = sorted(found, key=lambda p: (p != first, found[p]))
     files: Dict[str, str] = {}

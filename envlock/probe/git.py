@@ -22,7 +22,7 @@ def _git_env() -> Dict[str, str]:
     return env
 
 
-def _repo_root(path: str) -> Optional[str]:
+def repo_root(path: str) -> Optional[str]:
     """The nearest directory holding ``.git`` (a directory, or a file for worktrees)."""
     path = os.path.abspath(path)
     while True:
@@ -44,11 +44,11 @@ def _git_pathspec(cwd: str, exclude: Sequence[str], exclude_globs: Sequence[str]
     """
     if not exclude and not exclude_globs:
         return []
-    root = _repo_root(cwd)
+    root = repo_root(cwd)
     if root is None:
         return []
     spec = [":(exclude,literal)" + os.path.abspath(p) for p in exclude
-            if _repo_root(os.path.dirname(os.path.abspath(p))) == root]
+            if repo_root(os.path.dirname(os.path.abspath(p))) == root]
     spec += [":(exclude,glob,top)" + g for g in exclude_globs]
     return ["--", ":/", *spec] if spec else []
 

@@ -44,8 +44,9 @@ from .rules import (
 # hold few URLs and no scp remote, and compiling every pattern at import cost every run.
 # Only the token shapes, which every string is checked against, are compiled here.
 # Starts only where a run of scheme characters starts: otherwise every position of a long run
-# without "://" would be tried, quadratic in its length.
-_URL = r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+"
+# without "://" would be tried, quadratic in its length. Public: every place that finds URLs in
+# free text (an error's reason: ``export.redaction``) finds the same ones the lock is scrubbed of.
+URL_PATTERN = r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>`]+"
 # scp-style remotes (user[:password]@host:path) in free text: a word (between blanks and
 # quotes) holding "@host:" after a userinfo without "/", the userinfo running from the word's
 # start, or from after a leading "key=" / "(", to the *last* such "@", so a password holding
@@ -297,7 +298,7 @@ def scrub_text(text: str) -> str:
     if _key_block(text):
         text = re.sub(_KEY_BLOCK, REDACTED, text)
     if "://" in text:
-        text = re.sub(_URL, lambda m: strip_url(m.group(0)), text)
+        text = re.sub(URL_PATTERN, lambda m: strip_url(m.group(0)), text)
     if "@" in text:
         text = _strip_scp(text)
     text = re.sub(_BASIC, _basic, text)
@@ -338,7 +339,7 @@ def strip_index_url(url: str) -> str:
 def scrub_index_text(text: str) -> str:
     """``scrub_text`` for a value that holds index URLs (``PIP_EXTRA_INDEX_URL="a b"``)."""
     if "://" in text:
-        text = re.sub(_URL, lambda m: strip_index_url(m.group(0)), text)
+        text = re.sub(URL_PATTERN, lambda m: strip_index_url(m.group(0)), text)
     return scrub_text(text)
 
 
@@ -382,7 +383,7 @@ def _url_passwords(value: str) -> List[str]:
     if "://" not in value or "@" not in value:
         return []
     out = []
-    for m in re.finditer(_URL, value):
+    for m in re.finditer(URL_PATTERN, value):
         scheme = re.match(_SCHEME, m.group(0))
         if scheme is None:
             continue
@@ -402,7 +403,7 @@ def url_tokens(value: str, index: bool) -> List[str]:
     if "://" not in value:
         return []
     out = []
-    for m in re.finditer(_URL, value):
+    for m in re.finditer(URL_PATTERN, value):
         url = m.group(0).partition("#")[0]
         kept = strip_index_url(url) if index else strip_url(url)
         if kept == url:

@@ -130,7 +130,8 @@ class Code(_Model):
     describe the workspace when the command started, with the record, the lock and the declared
     outputs left out (a replay finds them written by the original) and bytecode caches too;
     absent outside a git repository. ``files``: the sha256 of each file, relative to the
-    workspace, that the process had loaded from it by its first ``envlock.record`` call;
+    workspace, that the process had loaded from it (or from the git repository holding it:
+    ``../train.py``) by its first ``envlock.record`` call;
     ``files_left_out``: how many more there were (over the bound, unreadable), and present
     whenever the files were looked at (a process that never called ``envlock.record`` was not
     looked into)."""

@@ -9,8 +9,6 @@ before calling ``plan()``.
 
 from __future__ import annotations
 
-import re
-import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -396,34 +394,12 @@ def _sort_packages(lock: Lock, options: Options, base: BaseChoice, offline: bool
     return out
 
 
-_MAX_METADATA = 1 << 20
-
-
-def wheel_requires(wheel: Path) -> set[str]:
-    """The normalized names a wheel's METADATA requires (``Requires-Dist``, extras left out);
-    empty when it cannot be read (verification of the wheel is ``wheelhouse``'s)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            meta = [i for i in zf.infolist()
-                    if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/METADATA")]
-            if len(meta) != 1 or meta[0].file_size > _MAX_METADATA:
-                return set()
-            text = zf.read(meta[0]).decode("utf-8", "replace")
-    except (OSError, zipfile.BadZipFile, EOFError):
-        return set()
-    out: set[str] = set()
-    for line in text.split("\n\n", 1)[0].splitlines():
-        if not line.startswith("Requires-Dist:") or "extra ==" in line or "extra==" in line:
-            continue
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line[len("Requires-Dist:"):])
-        if m:
-            out.add(canonicalize_name(m.group(1)))
-    return out
-
-
 def _torch_deps(sorted_: _Sorted, wheels_for: Mapping[str, tuple[Path, ...]]) -> None:
     """Move the packages the torch layer's wheels require (transitively, among the packages
-    layer's) into the torch-deps layer."""
+    layer's) into the torch-deps layer (the wheels' reader imported here: only planning with
+    wheels needs it)."""
+    from envlock.restore.wheelhouse import wheel_requires
+
     packages: dict[str, Requirement] = {canonicalize_name(r.name): r for r in sorted_.layers["packages"]}
     pending = [r.name for r in sorted_.layers["torch"]]
     deps: set[str] = set()

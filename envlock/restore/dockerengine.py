@@ -142,35 +142,42 @@ def _command_missing(exc: BaseException) -> bool:
 # -- docker SDK --------------------------------------------------------------------------------
 
 
+CONNECT_TIMEOUT = 15.0  # seconds an engine may take to answer while envlock connects
+
+
 class DockerEngine(ContainerEngine):
     """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
 
-    def __init__(self, make_client: Callable[[float | None], Any], endpoint: str, *,
+    def __init__(self, make_client: Callable[[float], Any], endpoint: str, *,
                  cli_host: str | None = None) -> None:
         """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
         endpoint was named by a URL; without it the client finds the same engine as the SDK."""
         _check_unix_socket(endpoint)
-        pinger = None
+        # One client, two requests: the SDK asks the engine's API version as it connects (under
+        # CONNECT_TIMEOUT, so an engine that accepts and never answers fails here), and the
+        # version document names Docker or Podman. A ping, and a second client for the long
+        # reads, cost two more round trips on every command.
+        client = None
         try:
-            pinger = make_client(15.0)
-            pinger.ping()
-            version = pinger.version()
+            client = make_client(CONNECT_TIMEOUT)
+            version = client.version()
         except Exception as exc:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
             raise EngineUnavailable(
                 f"no container engine reachable at {endpoint} ({_short(exc)})", hint=DOCKER_HINT
             ) from None
-        finally:
-            if pinger is not None:
-                with contextlib.suppress(Exception):
-                    pinger.close()
         components = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
         self.name = "podman" if "podman" in components.lower() else "docker"
         self.endpoint = endpoint
         self.server_version = str(version.get("Version") or "")
         self._cli_host = cli_host
         self._builder: tuple[clibuild.Client | None, str | None] | None = None
-        # No read timeout: pip installing torch prints nothing for minutes, and so may a job.
-        self.client = make_client(None)
+        # No read timeout from here: pip installing torch prints nothing for minutes, and so
+        # may a job.
+        client.api.timeout = None
+        self.client = client
         self.api = self.client.api
 
     # images

@@ -31,18 +31,14 @@ class Endpoint:
     base_url: str | None = None
     tls: Any = False
 
-    def client(self, timeout: float | None) -> Any:
-        """A docker SDK client; ``timeout=None`` means no read timeout at all."""
+    def client(self, timeout: float) -> Any:
+        """A docker SDK client whose requests time out after ``timeout`` seconds (the engine
+        lifts it once connected: ``DockerEngine``)."""
         import docker
 
         if self.base_url is None:
-            client = docker.from_env(**({"timeout": timeout} if timeout is not None else {}))
-        else:
-            client = docker.DockerClient(base_url=self.base_url, tls=self.tls,
-                                         timeout=timeout if timeout is not None else 60)
-        if timeout is None:
-            client.api.timeout = None
-        return client
+            return docker.from_env(timeout=timeout)
+        return docker.DockerClient(base_url=self.base_url, tls=self.tls, timeout=timeout)
 
 
 def docker_endpoint() -> Endpoint:

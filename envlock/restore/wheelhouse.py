@@ -19,6 +19,7 @@ from pathlib import Path
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
+    canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
@@ -229,3 +230,35 @@ def check_builds(packages: Iterable[Package], files_for: Mapping[str, tuple[Path
                     f"{pkg.name} {pkg.version}: {f.name} is another build than the lock's (its RECORD "
                     f"gives record_sha256 {built[:12]}..., the lock {pkg.record_sha256[:12]}...)",
                     hint="use the wheel the locked environment was installed from")
+
+
+_MAX_METADATA = 1 << 20
+_EXTRA = re.compile(r"\bextra\s*==")
+
+
+def wheel_requires(wheel: Path) -> set[str]:
+    """The normalized names a wheel's METADATA requires (``Requires-Dist``; a requirement of an
+    extra left out, one for a platform kept), read with packaging's own METADATA parser; empty
+    when it cannot be read (a missing or broken wheel is ``check_builds``'s to report, and
+    planning must not fail first with a worse message)."""
+    from packaging.metadata import parse_email
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = [i for i in zf.infolist()
+                    if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/METADATA")]
+            if len(meta) != 1 or meta[0].file_size > _MAX_METADATA:
+                return set()
+            raw, _ = parse_email(zf.read(meta[0]))
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return set()
+    out: set[str] = set()
+    for spec in raw.get("requires_dist", ()):
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or not _EXTRA.search(str(req.marker)):
+            out.add(canonicalize_name(req.name))
+    return out
