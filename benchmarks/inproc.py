@@ -140,7 +140,7 @@ def cmd_first(calls: list[str]) -> dict[str, Any]:
                 # a researcher to paste (envlock is imported above only to keep the timing alike).
                 from torch.utils.collect_env import get_env_info
 
-                get_env_info()
+                get_env_info()  # type: ignore[no-untyped-call]
             else:
                 os.environ["ENVLOCK_RECORD"] = os.path.join(tmp, "journal.jsonl")
                 envlock.record(0, loss=1.0)
