@@ -287,6 +287,66 @@ engine_podman() {
     return 0
 }
 
+# --- what earlier runs left ---------------------------------------------------
+# Every test run builds images under new tags (restores, packs, scenarios, torch layers keyed by
+# envlock's own version) and BuildKit keeps their layers. On a machine whose disk outlives a
+# run, they pile up run after run until the disk is full (seen: 38 GB of images and build cache
+# in the private dockerd and 24 GB in Podman after a day of runs). engine_prune removes them:
+#   private dockerd (only when DOCKER_HOST is ours: its data root holds the suite's images
+#     alone): stopped containers, unused volumes, the build cache, and every image but
+#     envlock-test/* (the setup's images and the fixtures' content-keyed sources);
+#   Podman (its storage is the machine's own): only images named envlock/* or envlock-test/*
+#     and dangling ones; containers are left alone.
+# envlock-test/* images tagged other than 1 are fixtures' caches, removed once older than
+# ENVLOCK_TEST_IMAGE_MAX_AGE_H hours (default 168) so that stale keys do not pile up either.
+ENGINE_IMAGE_MAX_AGE_H="${ENVLOCK_TEST_IMAGE_MAX_AGE_H:-168}"
+
+_engine_stale_images() {  # _engine_stale_images CLI NAMESPACE_RE: the references to remove
+    local cli="$1" ours="$2" now full ref id created age_h
+    now="$(date +%s)"
+    "$cli" images --format '{{.ID}} {{.Repository}}:{{.Tag}}' 2>/dev/null | while read -r id full; do
+        if [[ "$full" == "<none>:<none>" ]]; then echo "$id"; continue; fi
+        ref="${full#localhost/}"  # Podman's spellings of a local name
+        ref="${ref#docker.io/}"
+        if [[ "$ref" == envlock-test/* ]]; then
+            [[ "$ref" == *:1 ]] && continue
+            created="$("$cli" image inspect -f '{{.Created}}' "$id" 2>/dev/null)" || continue
+            age_h=$(( (now - $(date -d "$created" +%s 2>/dev/null || echo "$now")) / 3600 ))
+            if (( age_h >= ENGINE_IMAGE_MAX_AGE_H )); then echo "$full"; fi
+        elif [[ "$ref" =~ $ours ]]; then
+            echo "$full"
+        fi
+    done
+}
+
+_engine_rmi() {  # _engine_rmi CLI REF...: untag or remove each, unforced (an image in use stays)
+    local cli="$1"
+    shift
+    (( $# )) || return 0
+    printf '%s\n' "$@" | xargs -r -n 50 "$cli" rmi >/dev/null 2>&1 || true
+}
+
+engine_prune() {
+    local refs=()
+    if [[ "${DOCKER_HOST:-}" == "$ENGINE_DOCKER_HOST" ]]; then
+        docker container prune -f >/dev/null 2>&1 || true
+        mapfile -t refs < <(_engine_stale_images docker '.')
+        _engine_rmi docker "${refs[@]}"
+        docker image prune -f >/dev/null 2>&1 || true
+        docker builder prune -af >/dev/null 2>&1 || true
+        docker volume prune -f >/dev/null 2>&1 || true
+        _engine_log "docker: removed ${#refs[@]} images of earlier runs and the build cache"
+    else
+        _engine_log "docker: DOCKER_HOST is not the suite's own dockerd; nothing removed from it"
+    fi
+    if [[ -n "${ENVLOCK_TEST_PODMAN_HOST:-}" ]]; then
+        mapfile -t refs < <(_engine_stale_images podman '^envlock/')
+        _engine_rmi podman "${refs[@]}"
+        podman image prune -f >/dev/null 2>&1 || true
+        _engine_log "podman: removed ${#refs[@]} envlock images of earlier runs"
+    fi
+}
+
 engine_setup() {
     engine_docker || return 1
     engine_buildkit_client || true  # its absence fails the tests that need it, by name

@@ -65,6 +65,11 @@
 #   ENVLOCK_TEST_NO_PODMAN=1     do not set up Podman
 #   ENVLOCK_TEST_NO_SLURM=1      do not start the Slurm cluster (its tests skip)
 #   ENVLOCK_TEST_REBUILD=1       rebuild the venv install, tarball, images and wheelhouse
+#   ENVLOCK_TEST_MIN_FREE_GB=N   fail at once when a file system the run writes to has less
+#                                free (default 25; a full run's peak use is noted in step 2b)
+#   ENVLOCK_TEST_KEEP_IMAGES=1   keep the images this run built (they are removed at the end,
+#                                and at the start of the next run, to bound the disk used)
+#   ENVLOCK_TEST_IMAGE_MAX_AGE_H=N  age after which fixtures' cached envlock-test/* images go
 #   ENVLOCK_TEST_CACHE=DIR       cache dir (default /var/cache/envlock-test)
 #   ENVLOCK_TEST_DEBIAN_MIRROR=URL  Debian archive (default: from the apt sources)
 #   ENVLOCK_TEST_UBUNTU_MIRROR=URL  Ubuntu archive (default: from the apt sources, else none)
@@ -226,6 +231,58 @@ step "engines"
 source "$ROOT/scripts/engine.sh"
 engine_setup
 step_done "docker at $DOCKER_HOST; podman ${ENVLOCK_TEST_PODMAN_HOST:-unavailable}"
+
+# --- 2b. disk ---------------------------------------------------------------
+# A run writes GBs (images, venvs, packs, tmp_path trees): what earlier runs left is removed
+# first (engine_prune), and a disk too full for a run fails here with one clear line instead of
+# hundreds of "No space left on device" errors. Concurrent runs of this script share the
+# engines, so one must not remove the images another is testing: every run holds the run lock
+# shared while it runs, and leftovers are removed only by a run that can take it alone.
+step "disk"
+MIN_FREE_GB="${ENVLOCK_TEST_MIN_FREE_GB:-25}"
+free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }'; }
+disk_paths() {  # the file systems a run writes to: the engines' storage, tmp, caches, the repo
+    local p
+    for p in /var/lib/envlock-docker /var/lib/containers "${TMPDIR:-/tmp}" "$CACHE" "$ROOT"; do
+        [[ -d "$p" ]] && printf '%s %s\n' "$(df -P "$p" | awk 'NR == 2 { print $6 }')" "$p"
+    done | sort -u -k1,1
+}
+exec 8>/run/lock/envlock-test-run.lock
+if flock -n -x 8; then
+    engine_prune
+    pruned="leftovers of earlier runs removed"
+else
+    pruned="another run is under way, its images kept"
+fi
+flock -s 8
+low=""
+disk_report=""
+while read -r mnt path; do
+    gb="$(free_gb "$path")"
+    disk_report+="${disk_report:+, }$gb GB free on $mnt"
+    if (( gb < MIN_FREE_GB )); then low+="${low:+, }$mnt ($gb GB, holds $path)"; fi
+done < <(disk_paths)
+if [[ -n "$low" ]]; then
+    log "not enough free disk: $low; a full run needs about $MIN_FREE_GB GB free"
+    log "(images, venvs, packs and test trees). Free space, or set ENVLOCK_TEST_MIN_FREE_GB to try anyway."
+    false
+fi
+# The lowest free space while the tests run, sampled every 5 s, goes into the summary.
+DISK_LOW_FILE="$(mktemp -t envlock-test-disk.XXXXXX)"
+( trap - ERR
+  set +e
+  while kill -0 $$ 2>/dev/null && sleep 5; do
+      while read -r mnt path; do
+          gb="$(free_gb "$path")"
+          prev="$(awk -v m="$mnt" '$1 == m { print $2 }' "$DISK_LOW_FILE")"
+          if [[ -z "$prev" ]] || (( gb < prev )); then
+              { awk -v m="$mnt" '$1 != m' "$DISK_LOW_FILE"; echo "$mnt $gb"; } >"$DISK_LOW_FILE.tmp"
+              mv "$DISK_LOW_FILE.tmp" "$DISK_LOW_FILE"
+          fi
+      done < <(disk_paths)
+  done ) &
+DISK_SAMPLER=$!
+step_done "$pruned; $disk_report"
 
 # --- 3. base image ----------------------------------------------------------
 step "base-image"
@@ -594,6 +651,14 @@ case "$INTEG_RC" in
 esac
 
 trap - ERR
+kill "$DISK_SAMPLER" 2>/dev/null || true
+lowest="$(awk '{ printf "%s%s GB on %s", (NR > 1 ? ", " : ""), $2, $1 }' "$DISK_LOW_FILE")"
+rm -f "$DISK_LOW_FILE" "$DISK_LOW_FILE.tmp"
+SUMMARY+=("disk: lowest free while testing: ${lowest:-not sampled}")
+# What this run built goes too, unless asked to keep it for a look or another run is under way.
+if [[ "${ENVLOCK_TEST_KEEP_IMAGES:-0}" != "1" ]] && flock -n -x 8; then
+    engine_prune 2>&1 | sed 's/^/[test.sh]   /'
+fi
 log "summary (total $((SECONDS - T_START)) s):"
 for s in "${SUMMARY[@]}"; do log "  $s"; done
 if [[ "$fail" -ne 0 ]]; then
