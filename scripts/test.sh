@@ -244,8 +244,8 @@ free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }';
 disk_paths() {  # the file systems a run writes to: the engines' storage, tmp, caches, the repo
     local p
     for p in /var/lib/envlock-docker /var/lib/containers "${TMPDIR:-/tmp}" "$CACHE" "$ROOT"; do
-        [[ -d "$p" ]] && printf '%s %s\n' "$(df -P "$p" | awk 'NR == 2 { print $6 }')" "$p"
-    done | sort -u -k1,1
+        [[ -d "$p" ]] && printf '%s %s\n' "$(df -P "$p" | awk 'NR == 2 { print $1, $6 }')" "$p"
+    done | sort -s -u -k1,1 | cut -d' ' -f2-  # one line per device: bind mounts share one
 }
 exec 8>/run/lock/envlock-test-run.lock
 if flock -n -x 8; then

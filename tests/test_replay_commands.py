@@ -134,7 +134,22 @@ def test_a_failure_the_original_had_too_is_reproduced(project: Path, monkeypatch
     assert main(["record", "run.record", "--", "python", "train.py"]) == 1
     capsys.readouterr()
     assert main(["replay", "run.record"]) == 0
-    assert capsys.readouterr().out.startswith("OK: the replay reproduced run.record")
+    out = capsys.readouterr().out
+    assert out.startswith("OK: the replay reproduced run.record (bit-identical; 0 steps compared)\n")
+    assert "  note: both runs failed before recording a step, with exit code 1: the failure is " \
+           "what was reproduced\n" in out
+    assert main(["replay", "run.record", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["same"] is True and doc["exit_code"] == 1 and doc["failed"] is None
+
+
+def test_twin_a_replay_that_succeeds_has_no_failure_note(project: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["record", "run.record", "--", "python", "train.py"]) == 0
+    capsys.readouterr()
+    assert main(["replay", "run.record"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: the replay reproduced run.record") and "note:" not in out
 
 
 def test_a_signal_is_one_exit_code_in_the_record_and_its_replay(

@@ -151,7 +151,8 @@ class InputDrift:
 class ReplayComparison:
     """``failed``: the replay's exit code when its command failed before it recorded a step
     (nothing was compared: there is nothing to compare, and the two processes' facts would
-    explain nothing)."""
+    explain nothing). ``exit_code``: the replay's own, so that a failure both runs share is
+    said, not left behind an "OK"."""
 
     divergences: tuple[Divergence, ...] = ()
     inputs: tuple[InputDrift, ...] = ()
@@ -160,6 +161,7 @@ class ReplayComparison:
     tolerance: Tolerance = field(default_factory=Tolerance)
     failed: int | None = None
     code: tuple[CodeChange, ...] = ()
+    exit_code: int = 0
 
     @property
     def same(self) -> bool:
@@ -173,6 +175,7 @@ class ReplayComparison:
         return {
             "same": self.same,
             "failed": self.failed,
+            "exit_code": self.exit_code,
             "steps_compared": self.steps_compared,
             "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
             "divergences": [vars(d) for d in self.divergences],
@@ -363,7 +366,8 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
     drift = (input_drift(original.inputs, inputs_now) if inputs_now is not None
              else recorded_input_drift(original, replay))
     if command_failed(original, replay):
-        return ReplayComparison(inputs=tuple(drift), tolerance=tol, failed=replay.record.exit_code)
+        return ReplayComparison(inputs=tuple(drift), tolerance=tol, failed=replay.record.exit_code,
+                                exit_code=replay.record.exit_code)
     div = _steps(original.steps, replay.steps, tol)
     if original.record.exit_code != replay.record.exit_code:
         div.append(Divergence("exit code", "the command", str(original.record.exit_code),
@@ -371,4 +375,4 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
     div += _outputs(original, replay)
     return ReplayComparison(tuple(div), tuple(drift), tuple(context_changes(original, replay)),
                             min(len(original.steps), len(replay.steps)), tol,
-                            code=tuple(code_changes(original, replay)))
+                            code=tuple(code_changes(original, replay)), exit_code=replay.record.exit_code)

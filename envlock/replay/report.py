@@ -66,6 +66,10 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
     if cmp.same:
         lines.append(f"OK: the replay reproduced {safe(original)} ({how}; "
                      f"{plural(cmp.steps_compared, 'step')} compared)")
+        if cmp.exit_code != 0:
+            when = " before recording a step" if not cmp.steps_compared else ""
+            lines.append(f"  note: both runs failed{when}, with exit code {cmp.exit_code}: "
+                         f"the failure is what was reproduced")
         return "\n".join(lines) + "\n"
     if cmp.divergences:
         first = cmp.divergences[0]
