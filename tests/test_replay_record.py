@@ -276,6 +276,23 @@ def test_record_refuses_what_is_not_a_metric_or_a_step(journal: Path) -> None:
         envlock.record(-1, loss=1.0)
     with pytest.raises(TypeError, match="step must be"):
         envlock.record(True, loss=1.0)
+    with pytest.raises(TypeError, match="step must be a non-negative int, not None"):
+        envlock.record(loss=1.0)
+    with pytest.raises(TypeError, match="step must be"):
+        envlock.record(step=-2, loss=1.0)
+
+
+def test_the_step_may_be_given_by_name(journal: Path) -> None:
+    """``record(step=i, loss=l)``, as other loggers spell it, records what ``record(i, loss=l)``
+    does; the twin: a metric named ``step`` beside a positional step stays a metric."""
+    import envlock
+
+    envlock.record(step=0, loss=1.5)
+    envlock.record(1, loss=1.25)
+    envlock.record(2, step=7)
+    rows = [json.loads(line) for line in journal.read_text().splitlines()[-3:]]
+    assert rows == [{"step": 0, "metrics": {"loss": 1.5}}, {"step": 1, "metrics": {"loss": 1.25}},
+                    {"step": 2, "metrics": {"step": 7}}]
 
 
 def test_only_rank_zero_records(journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,12 +128,16 @@ def _capture_rank(path: str, rank: int, world: int) -> None:
             fh.write(_capture_line(rank, world))
 
 
-def record(step: int, /, **metrics: Any) -> None:
+def record(step: int | None = None, /, **metrics: Any) -> None:
     """Append one step's metrics to the run's record (nothing when not recording).
 
-    ``step`` is a non-negative int; each metric a number (bool, int, float), a 0-d tensor, or
-    a tensor/array (kept as the sha256 of its bytes, dtype, shape and mean).
+    ``step`` is a non-negative int, given first or as ``step=`` (how ``wandb.log(..., step=)``
+    and the loggers users come from spell it: a positional-only step made that call a
+    TypeError that stopped the training run); each metric a number (bool, int, float), a 0-d
+    tensor, or a tensor/array (kept as the sha256 of its bytes, dtype, shape and mean).
     """
+    if step is None and "step" in metrics:
+        step = metrics.pop("step")
     arm_save_at_exit()
     path = os.environ.get(RECORD_ENV)
     if not path:
