@@ -49,3 +49,37 @@ def test_a_warning_is_named_not_only_counted(fake_run: Path, monkeypatch: pytest
     head, *rest = err.splitlines()
     assert head.endswith(": 0 breaking, 1 warning, 3 info")
     assert rest == ["  warning  duplicates.six  shadowed copy of six 1.16.0 gone"], err
+
+
+def test_a_path_up_out_of_the_workspace_is_refused_before_anything_runs(
+        restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Found as a user: ``cd sub && envlock run ../env.lock -- python ../train.py`` made the image
+    ready, then failed inside with "can't open file '/workspace/../train.py'". The container
+    sees the workspace alone, so the path is refused first, with the way out."""
+    lock = restore_lock(packages=[("six", "1.17.0")])
+    path = save(lock, tmp_path / "env.lock")
+    ran: list[object] = []
+
+    def runs(*a: object, **k: object) -> int:
+        ran.append(a)
+        return 0
+
+    fake_engine_run(monkeypatch, lock, runs, cached=False)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    # ./../sub/here.py is the workspace's own file, but inside it reads /sub/here.py: refused too
+    (tmp_path / "sub" / "here.py").write_text("")
+    for words in (["python", "../train.py"], ["python", "x.py", "--config=../conf"], ["../train.py"],
+                  ["python", "./../sub/here.py"]):
+        assert main(["run", str(path), "--", *words]) == 2
+        err = capsys.readouterr().err
+        assert "is outside the workspace" in err and "--workspace .. and train.py" in err, err
+    assert not ran
+    # the twin: a path that does not exist here may be the image's own, and one inside the
+    # workspace is seen there; both run
+    assert main(["run", str(path), "--", "python", "../not-here.py", "here.py", "d/../here.py"]) == 0
+    assert main(["run", str(path), "--workspace", "..", "--", "python", "train.py"]) == 0
+    assert len(ran) == 2

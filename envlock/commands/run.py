@@ -25,7 +25,13 @@ if TYPE_CHECKING:
 def run(args: argparse.Namespace) -> int:
     from envlock.lock import load
     from envlock.restore.endpoint import connect
-    from envlock.restore.run import RunOptions, parse_env, parse_ports, run_in_image
+    from envlock.restore.run import (
+        RunOptions,
+        outside_workspace,
+        parse_env,
+        parse_ports,
+        run_in_image,
+    )
 
     command = split_run_args(args)
     if args.record and args.replay:
@@ -48,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
             kept = kept_restore_options(args, args.record)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
+    workspace = Path(args.workspace).resolve() if args.workspace else Path.cwd()
+    up = outside_workspace(command, workspace)
+    if up is not None:
+        raise UsageError(f"{up} is outside the workspace {workspace}, and the container sees the "
+                         "workspace alone (at /workspace)",
+                         hint="run from a directory that holds it, or give --workspace DIR and the "
+                              "path from there (--workspace .. and train.py for ../train.py)")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
     pack = _open_pack(args)

@@ -75,6 +75,20 @@ def parse_ports(items: Sequence[str]) -> dict[str, tuple[str, int]]:
     return out
 
 
+def outside_workspace(command: Sequence[str], workspace: Path) -> str | None:
+    """The first word of ``command`` (or the value of a ``--opt=VALUE`` word) that is a relative
+    path up out of ``workspace`` to a file that exists here: the container sees the workspace
+    alone (at /workspace, its working directory), so ``python ../train.py`` from a subdirectory
+    would fail inside after the image was made ready, with a "No such file" that does not say why.
+    A path that does not exist here is left alone: it may be the image's own."""
+    for word in command:
+        for path in (word, word.partition("=")[2]):
+            up = path and not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == ".."
+            if up and (workspace / path).exists():
+                return path
+    return None
+
+
 def host_driver() -> str | None:
     """The NVIDIA driver version of this host: kernel module, then NVML, then nvidia-smi.
 
