@@ -232,6 +232,36 @@ def fake_engine_run(monkeypatch: pytest.MonkeyPatch, lock: Lock, run_in_image: A
     monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
 
 
+def container_output(client: Any, image: str, command: list[str], **create: Any) -> str:
+    """What a container of ``image`` prints on stdout, run to its end and removed; an exit that
+    is not 0 fails the test with its stderr.
+
+    Attached before it starts, as ``docker run`` and envlock's own engine do: Podman's logs of a
+    container that has just exited may lack their last line (a listing came back without its
+    last name), so reading the logs after ``wait``, as docker-py's ``containers.run`` does, races
+    with the engine writing them."""
+    from docker.utils.socket import STDERR, frames_iter
+
+    from envlock.restore.dockerengine import _close_socket
+
+    container = client.containers.create(image, command, **create)
+    out, err = bytearray(), bytearray()
+    try:
+        sock = client.api.attach_socket(container.id, params={"stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
+        try:
+            container.start()
+            for stream, data in frames_iter(sock, False):
+                (err if stream == STDERR else out).extend(data)
+        finally:
+            _close_socket(sock)
+        code = int(container.wait().get("StatusCode", 1))
+    finally:
+        container.remove(force=True)
+    if code != 0:
+        pytest.fail(f"{' '.join(command)} in {image} exited {code}: {err.decode(errors='replace')}")
+    return out.decode()
+
+
 def remove_image(client: Any, image: Any) -> None:
     """Remove an image by each of its tags, then by id. Removing by id fails while another
     image was built on top of it (the engine refuses even with force), and leaves its tags in

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory, unavailable
+from helpers import LockFactory, container_output, unavailable
 from test_restore_integration import cache_home, capture, small_source  # noqa: F401 (fixtures)
 
 from envlock.commands import main
@@ -85,8 +85,7 @@ def test_push_then_run_the_pulled_image_by_digest(
     with pytest.raises(ImageNotFound):
         docker_client.images.get(image_id)
     docker_client.images.pull(ref)
-    printed = docker_client.containers.run(ref, ["python", "-c", "import six; print(six.__version__)"],
-                                           remove=True).decode()
+    printed = container_output(docker_client, ref, ["python", "-c", "import six; print(six.__version__)"])
     assert printed.strip() == "1.16.0"
 
     job = tmp_path / "job.yaml"

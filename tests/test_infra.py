@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import container_output
 
 PROBE = ["python3", "-c", "import sys; print(tuple(sys.version_info[:2]))"]
 
 
 def _run(client: Any, image: str, command: list[str], **kwargs: Any) -> str:
-    out = client.containers.run(image, command, remove=True, stdout=True, stderr=True, **kwargs)
-    return bytes(out).decode()
+    return container_output(client, image, command, **kwargs)
 
 
 @pytest.mark.integration

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import needs_tool, unavailable
+from helpers import container_output, needs_tool, unavailable
 
 from envlock.commands import main
 
@@ -129,14 +129,14 @@ def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], w
         assert client.images.get(base_id).id == base_id
         tag = f"envlock/it-pack:{lock.short_id}"
         restored.append(tag)
-        ran = client.containers.run(tag, ["python", "-c", "import envlock_packdemo as d, six; "
-                                          "print(d.VALUE, six.__version__)"],
-                                    # network "none", not NetworkDisabled: Podman's Docker API
-                                    # ignores the latter and rootless Podman then needs slirp4netns.
-                                    remove=True, network_mode="none").decode()
+        ran = container_output(client, tag, ["python", "-c", "import envlock_packdemo as d, six; "
+                                             "print(d.VALUE, six.__version__)"],
+                               # network "none", not NetworkDisabled: Podman's Docker API
+                               # ignores the latter and rootless Podman then needs slirp4netns.
+                               network_mode="none")
         assert ran.split() == ["42", "1.16.0"]
         if not engine:  # on Docker: Podman's builder may drop ONBUILD (OCI images carry none)
-            seen = client.containers.run(tag, ["cat", BUILD_NET], remove=True, network_mode="none").decode()
+            seen = container_output(client, tag, ["cat", BUILD_NET], network_mode="none")
             assert seen.split() == ["lo"], f"the restore's build had a network: {seen.split()}"
     finally:
         _remove(client, *restored, f"envlock-pack/base:{lock.short_id}", own, base_id)

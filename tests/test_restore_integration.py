@@ -20,7 +20,7 @@ import pytest
 
 from envlock.commands import main
 
-from helpers import remove_image, stop_with  # isort: skip
+from helpers import container_output, remove_image, stop_with  # isort: skip
 from lock_edits import with_other_six  # isort: skip
 
 pytestmark = pytest.mark.integration
@@ -127,9 +127,9 @@ def test_small_lock_restores_verifies_runs_and_hits_the_cache(
     assert image.attrs["Config"]["User"] == "1000:1000"
     assert image.attrs["Config"]["WorkingDir"] == "/workspace"
     # Nothing of envlock in the image: the probe was copied into throwaway containers only.
-    tmp_listing = docker_client.containers.run(image.id, ["ls", "/tmp"], remove=True).decode()
+    tmp_listing = container_output(docker_client, image.id, ["ls", "/tmp"])
     assert "envlock-probe" not in tmp_listing
-    pip_list = docker_client.containers.run(image.id, ["python", "-m", "pip", "list"], remove=True).decode()
+    pip_list = container_output(docker_client, image.id, ["python", "-m", "pip", "list"])
     assert "envlock" not in pip_list.lower()
 
     ws = tmp_path / "ws"
@@ -387,7 +387,7 @@ def test_a_client_restore_leaves_no_build_stage_or_untagged_image(
             or (i.labels or {}).get("org.envlock.context") == restored.labels["org.envlock.context"]]
     assert ours == [], [i.id for i in ours]
     # Nothing of the build stays in the image: no wheel, no requirement file, no uv, no mount point.
-    listing = client.containers.run(restored.id, ["sh", "-c", "ls -a /tmp; ls /usr/local/share/envlock-restore"],
-                                    remove=True).decode().split()
+    listing = container_output(client, restored.id,
+                               ["sh", "-c", "ls -a /tmp; ls /usr/local/share/envlock-restore"]).split()
     assert sorted(listing) == [".", "..", "restored.json"], listing
     no_leftover_containers(client)
