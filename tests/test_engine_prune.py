@@ -77,7 +77,7 @@ def test_twin_podman_keeps_images_that_are_not_envlocks(fake_cli: Path, tmp_path
         "a2 docker.io/envlock/it-podman:15916a5bdd0b",
         "u1 docker.io/library/debian:bookworm",          # a user's: kept
         "u2 localhost/my-envlock/model:1",               # a look-alike: kept
-        "u3 quay.io/envlock/other:2",                    # another registry's envlock: kept
+        "u3 registry.example/envlock/other:2",           # another registry's envlock: kept
         "k1 localhost/envlock-test/bookworm-python:1",
         "f1 docker.io/envlock-test/src-small-podman:d6c09ffe3a18",
     ])
