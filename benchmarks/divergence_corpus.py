@@ -62,7 +62,12 @@ import corpuspkg
 import envlock
 from helpers import blocks
 
-LR = 0.05
+# Hyper-parameters as researchers keep them: a committed config, an untracked local override,
+# a variable of the shell.
+hp = json.load(open(os.path.join("config", "hparams.json")))
+local = json.load(open("local.json")) if os.path.exists("local.json") else {}
+LR = float(os.environ.get("CORPUS_LR", hp["lr"]))
+torch.set_flush_denormal(bool(hp["flush_denormal"]))
 seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
 if os.environ.get("CORPUS_INTEROP_THREADS"):
     torch.set_num_interop_threads(int(os.environ["CORPUS_INTEROP_THREADS"]))
@@ -85,6 +90,10 @@ flat = np.ascontiguousarray(data, dtype=np.float32).ravel()
 summed = native.corpus_sum(flat.ctypes.data, flat.size) + op.corpus_sum(flat.ctypes.data, flat.size)
 big = np.random.default_rng(0).standard_normal(4_000_000)
 prep = float(big @ big) * 1e-6 + summed * 1e-3 + scale * corpuspkg.SCALE + float(data.mean())
+# A pretrained checkpoint from torch's cache, outside the workspace; a float32 denormal, which
+# flush-to-zero turns into 0.
+backbone = torch.load(os.path.join(os.environ["TORCH_HOME"], "hub", "checkpoints", "backbone.pth"))
+prep += float(backbone.sum()) + local.get("shift", 0.0) + float(torch.tensor(3e-39) * 2) * 1e38
 
 x = torch.from_numpy(data).reshape(32, 8, 28, 28) * float(scale * corpuspkg.SCALE)
 w = (torch.randn(16, 8, 3, 3) * 0.1).requires_grad_()
@@ -105,6 +114,9 @@ for step in range(3):
         w -= lr * w.grad
         w.grad.zero_()
     envlock.record(step, loss=loss.detach(), lr=lr, prep=prep)
+    if os.environ.get("CORPUS_WITNESS"):  # what was recorded, bit for bit, for a run outside envlock
+        with open(os.environ["CORPUS_WITNESS"], "a") as out:
+            out.write(f"{step} {float(loss.detach()).hex()} {lr.hex()} {float(prep).hex()}\n")
 '''
 
 HELPERS = '''
@@ -118,6 +130,8 @@ def blocks(out):
 
 RANKS_TRAIN = r'''
 """Two gloo ranks: rank 0 records the loss of each rank and their sum."""
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -138,6 +152,9 @@ for step in range(3):
     each = [torch.zeros(()) for _ in range(dist.get_world_size())]
     dist.all_gather(each, loss.detach())
     envlock.record(step, loss=sum(each), rank_losses=torch.stack(each))
+    if rank == 0 and os.environ.get("CORPUS_WITNESS"):  # rank 0 holds every rank's loss
+        with open(os.environ["CORPUS_WITNESS"], "a") as out:
+            out.write(" ".join([str(step), *(float(v).hex() for v in each)]) + "\n")
 dist.destroy_process_group()
 '''
 
@@ -189,10 +206,17 @@ class Case:
     baseline: str  # "main", "compile" or "ranks"
     induce: Callable[[Workspace], Induced]
     # What in the verdict names the cause: "file:PATH", "command", "ctx:KEY", "ctx:KEY@RANK",
-    # "input:NAME"; any one of them is enough.
+    # "input:NAME" ("ctx:KEY." a family); any one of them is enough.
     expect: tuple[str, ...]
     depends: str = ""  # the work a cause needs to be explained, where this tree lacks it
     needs: str = ""    # "cc": a C compiler; "numpy-alt": --numpy-alt
+    # Why the cause may leave the numbers alone on some machines (the thread count a CPU
+    # already has, a vector ISA it already runs); empty: it changes them on every machine.
+    machine: str = ""
+    # What else the induced change itself brings about, in the spelling of ``expect``: the same
+    # variable as the process saw it, the thread counts it sets, the working tree an edit
+    # changes. Every other line a diverged verdict lists is a spurious cause.
+    brings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -232,6 +256,28 @@ def _data(ws: Workspace) -> Induced:
     arr[0, 0] += np.float32(1e-3)
     np.save(path, arr)
     return Induced(undo=lambda: path.write_bytes(before))
+
+
+def _write_json(ws: Workspace, rel: str, **changes: Any) -> Induced:
+    path = ws.root / rel
+    before = path.read_text()
+    path.write_text(json.dumps({**json.loads(before), **changes}))
+    return Induced(undo=lambda: path.write_text(before))
+
+
+def _checkpoint(ws: Workspace) -> Induced:
+    path = ws.outside / "torchhome" / "hub" / "checkpoints" / "backbone.pth"
+    before = path.read_bytes()
+    _save_backbone(path, 1.0001)
+    return Induced(undo=lambda: path.write_bytes(before))
+
+
+def _module_in_place(ws: Workspace) -> Induced:
+    # The package's module edited, its version and RECORD unchanged (an editable install, a
+    # directory on PYTHONPATH): nothing but the file itself says so.
+    site = ws.outside / "site"
+    _write_package(site, "1.0", "1.0000001")
+    return Induced(undo=lambda: _write_package(site, "1.0", "1.0"))
 
 
 def _hf_revision(ws: Workspace) -> Induced:
@@ -294,21 +340,30 @@ def _rank1(ws: Workspace) -> Induced:
 INDUCTOR_DEPENDS = "issue 26 item 3: torch.compile state ([torch.compile] settings, variables, caches)"
 NATIVE_DEPENDS = "issue 26 item 1: native libraries as loaded (/proc/self/maps, a sha256 for unowned ones)"
 BLAS_DEPENDS = "issue 26 item 2: BLAS/OpenMP runtimes (threadpoolctl: implementation, version, threads)"
+TRACE_DEPENDS = "issue 35 item 1: a trace of the files, variables and process state the run read"
 UNOWNED_DEPENDS = "libraries no package vouches for, of any name, in a record's context (native.unowned)"
+THREADS = "a sum split over other thread counts rounds otherwise only where the CPU has the cores to split it"
+ISA = ("torch's kernels for another vector ISA round otherwise only where this CPU ran other kernels "
+       "without it (AVX-512 hosts may keep the same reduction order)")
 
 CASES = (
     Case("omp_threads", "OMP_NUM_THREADS=1 (OpenMP: torch's intra-op pool, OpenBLAS)", "main",
-         _env(OMP_NUM_THREADS="1"), ("ctx:env.OMP_NUM_THREADS", "ctx:determinism.num_threads")),
+         _env(OMP_NUM_THREADS="1"), ("ctx:env.OMP_NUM_THREADS",), machine=THREADS,
+         brings=("ctx:determinism.env.OMP_NUM_THREADS", "ctx:determinism.num_threads", "ctx:native.runtimes.")),
     Case("mkl_threads", "MKL_NUM_THREADS=1", "main", _env(MKL_NUM_THREADS="1"),
-         ("ctx:env.MKL_NUM_THREADS",)),
+         ("ctx:env.MKL_NUM_THREADS",), machine=THREADS,
+         brings=("ctx:determinism.env.MKL_NUM_THREADS", "ctx:determinism.num_threads", "ctx:native.runtimes.")),
     Case("openblas_threads", "OPENBLAS_NUM_THREADS=1 (numpy's dot product)", "main",
-         _env(OPENBLAS_NUM_THREADS="1"), ("ctx:env.OPENBLAS_NUM_THREADS",)),
+         _env(OPENBLAS_NUM_THREADS="1"), ("ctx:env.OPENBLAS_NUM_THREADS",), machine=THREADS,
+         brings=("ctx:determinism.env.OPENBLAS_NUM_THREADS", "ctx:native.runtimes.")),
     Case("interop_threads", "torch's inter-op pool: 1 thread (the script's own setting)", "main",
-         _env(CORPUS_INTEROP_THREADS="1"), ("ctx:determinism.num_interop_threads",)),
+         _env(CORPUS_INTEROP_THREADS="1"), ("ctx:determinism.num_interop_threads",), machine=THREADS),
     Case("aten_default", "ATEN_CPU_CAPABILITY=default (no vector kernels)", "main",
-         _env(ATEN_CPU_CAPABILITY="default"), ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY")),
+         _env(ATEN_CPU_CAPABILITY="default"), ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY"),
+         machine=ISA, brings=("ctx:determinism.env.ATEN_CPU_CAPABILITY",)),
     Case("aten_avx2", "ATEN_CPU_CAPABILITY=avx2", "main", _env(ATEN_CPU_CAPABILITY="avx2"),
-         ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY")),
+         ("ctx:torch.cpu_capability", "ctx:env.ATEN_CPU_CAPABILITY"), machine=ISA,
+         brings=("ctx:determinism.env.ATEN_CPU_CAPABILITY",)),
     Case("ld_library_path", "LD_LIBRARY_PATH names another build of a library the run loads",
          "main", _ld_path, ("ctx:env.LD_LIBRARY_PATH", "ctx:native.libraries.libblas_corpus.so"), needs="cc"),
     Case("ld_library_path_in_place", "the library on LD_LIBRARY_PATH replaced in place (a module "
@@ -318,18 +373,41 @@ CASES = (
          "outside the workspace, rebuilt in place", "main", _op_in_place,
          ("ctx:native.unowned.libcorpus_op.so",), depends=UNOWNED_DEPENDS, needs="cc"),
     Case("ld_preload", "LD_PRELOAD of a libm whose cos is one ulp off", "main", _preload,
-         ("ctx:env.LD_PRELOAD", "ctx:native.unowned.libulpcos.so"), needs="cc"),
+         ("ctx:env.LD_PRELOAD", "ctx:native.unowned.libulpcos.so"), needs="cc",
+         brings=("ctx:native.unowned_count",)),
     Case("seed", "another seed (--seed 1 after --)", "main", _seed,
          ("ctx:seeds.torch_initial_seed", "command")),
-    Case("data_file", "one value of the data file changed", "main", _data, ("input:data.npy",)),
+    Case("data_file", "one value of the data file changed", "main", _data, ("input:data.npy",),
+         brings=("tree",)),
     Case("hf_revision", "the Hugging Face cache's main moved to another commit", "main",
          _hf_revision, ("input:hf:models/corpus/model@main",)),
     Case("package_version", "a package of the environment upgraded in place (1.0 -> 1.1)", "main",
          _package, ("ctx:packages.corpuspkg",)),
     Case("edited_script", "the learning rate edited in train.py", "main",
-         _edit("train.py", "LR = 0.05", "LR = 0.06"), ("file:train.py",)),
+         _edit("train.py", "lr = LR * (1", "lr = 1.2 * LR * (1"), ("file:train.py",), brings=("tree",)),
     Case("edited_module", "a module of the project edited (helpers.py)", "main",
-         _edit("helpers.py", "out.pow(2).sum()", "out.pow(2).sum() * 1.0001"), ("file:helpers.py",)),
+         _edit("helpers.py", "out.pow(2).sum()", "out.pow(2).sum() * 1.0001"), ("file:helpers.py",),
+         brings=("tree",)),
+    # Causes only a trace of what the run read can name (issue 35 item 1): a variable the script
+    # reads, a config file committed or not, a module outside the workspace, a checkpoint in a
+    # cache, process-wide numeric state set at run time. "read:PATH" is a file the run read,
+    # whatever root the verdict names it from.
+    Case("env_hparam", "a hyper-parameter from an ordinary variable the script reads (CORPUS_LR=0.06)",
+         "main", _env(CORPUS_LR="0.06"), ("ctx:env.CORPUS_LR",), depends=TRACE_DEPENDS),
+    Case("config_committed", "the committed config/hparams.json edited (lr 0.05 -> 0.06)", "main",
+         lambda ws: _write_json(ws, "config/hparams.json", lr=0.06), ("read:config/hparams.json",),
+         depends=TRACE_DEPENDS, brings=("tree",)),
+    Case("config_untracked", "an untracked local.json the script reads, edited", "main",
+         lambda ws: _write_json(ws, "local.json", shift=0.001), ("read:local.json",), depends=TRACE_DEPENDS),
+    Case("module_outside", "a module outside the workspace (a directory on PYTHONPATH) edited in place, "
+         "its package's version unchanged", "main", _module_in_place, ("read:corpuspkg/__init__.py",),
+         depends=TRACE_DEPENDS),
+    Case("checkpoint", "a pretrained checkpoint under $TORCH_HOME replaced (torch.load)", "main", _checkpoint,
+         ("read:hub/checkpoints/backbone.pth",), depends=TRACE_DEPENDS),
+    Case("flush_denormal", "torch.set_flush_denormal(True), set by the script from its config", "main",
+         lambda ws: _write_json(ws, "config/hparams.json", flush_denormal=True),
+         ("ctx:determinism.flush_denormal",), depends=TRACE_DEPENDS,
+         brings=("read:config/hparams.json", "tree")),
     Case("numpy_blas", "numpy from another build, with its own OpenBLAS (--numpy-alt)", "main",
          _numpy_alt, ("ctx:packages.numpy", "ctx:native.runtimes."), depends=BLAS_DEPENDS, needs="numpy-alt"),
     Case("inductor_setting", "an Inductor setting: TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast",
@@ -342,7 +420,9 @@ CASES = (
          "(replay --compile-cache; the original compiled cold)", "compile", _loaded_cache,
          ("ctx:compile.loaded",)),
     Case("rank1_threads", "one rank of two: OMP_NUM_THREADS=2 on rank 1 only (torchrun sets 1)",
-         "ranks", _rank1, ("ctx:env.OMP_NUM_THREADS@1", "ctx:determinism.num_threads@1")),
+         "ranks", _rank1, ("ctx:env.OMP_NUM_THREADS@1",), machine=THREADS,
+         brings=("ctx:determinism.env.OMP_NUM_THREADS@1", "ctx:determinism.num_threads@1",
+                 "ctx:native.runtimes.@1")),
 )
 
 
@@ -379,6 +459,13 @@ def _write_package(site: Path, version: str, scale: str) -> None:
     (info / "RECORD").write_text("")
 
 
+def _save_backbone(path: Path, value: float) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(torch.full((4,), value), path)
+
+
 def _cc(source: str, out: Path, *flags: str) -> bool:
     """Build a shared library with the C compiler; False when there is none."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -398,7 +485,8 @@ def _git(root: Path, *args: str) -> None:
 
 # The variables a case induces: the baseline runs without them, whatever the caller's shell has.
 _INDUCED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
-            "LD_PRELOAD", "CORPUS_INTEROP_THREADS", "CORPUS_RANK1_THREADS", "CORPUS_COMPILE")
+            "LD_PRELOAD", "CORPUS_INTEROP_THREADS", "CORPUS_RANK1_THREADS", "CORPUS_COMPILE", "CORPUS_WITNESS",
+            "CORPUS_LR")
 
 
 def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) -> Workspace:
@@ -417,10 +505,15 @@ def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) ->
         (root / "train.py").write_text(TRAIN)
         (root / "helpers.py").write_text(HELPERS)
         np.save(root / "data.npy", np.random.default_rng(7).standard_normal((32, 8 * 28 * 28)).astype(np.float32))
+        (root / "config").mkdir()
+        (root / "config" / "hparams.json").write_text(json.dumps({"lr": 0.05, "flush_denormal": False}))
     (root / ".gitignore").write_text("*.record\n")
     _git(root, "init", "-q")
     _git(root, "add", ".")
     _git(root, "commit", "-q", "-m", "the experiment")
+    if baseline != "ranks":
+        (root / "local.json").write_text(json.dumps({"shift": 0.0}))  # untracked, never committed
+    _save_backbone(outside / "torchhome" / "hub" / "checkpoints" / "backbone.pth", 1.0)
     hub = outside / "hub"
     _hf_snapshot(hub, REV1, {"scale": 1.0})
     (hub / "models--corpus--model" / "refs" / "main").write_text(REV1)
@@ -435,7 +528,7 @@ def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) ->
     env.update(PYTHONPATH=os.pathsep.join([str(outside / "site"), str(REPO)]), HF_HUB_CACHE=str(hub),
                LD_LIBRARY_PATH=str(lib.parent), ENVLOCK_CACHE_DIR=str(where / "cache"),
                CORPUS_PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"),
-               CORPUS_OPS=str(outside / "ops"))
+               CORPUS_OPS=str(outside / "ops"), TORCH_HOME=str(outside / "torchhome"))
     env.pop("ENVLOCK_RECORD", None)
     if baseline == "compile":
         env["CORPUS_COMPILE"] = "1"
@@ -463,8 +556,8 @@ def record(ws: Workspace) -> None:
         raise RuntimeError(f"the {ws.baseline} baseline failed to record:\n{done.stderr[-3000:]}")
 
 
-def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
-    """The verdict of a replay with the cause in place, as ``replay --json`` prints it."""
+def _induced_env(ws: Workspace, induced: Induced) -> dict[str, str]:
+    """The baseline's environment with the cause's variables (a compile run: a cold cache)."""
     env = dict(ws.env)
     if ws.baseline == "compile":
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="cold-", dir=ws.outside)
@@ -473,6 +566,31 @@ def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
             env.pop(name, None)
         else:
             env[name] = value
+    return env
+
+
+def witness(ws: Workspace, induced: Induced) -> list[str] | None:
+    """The numbers the training script prints when run outside envlock, with the cause in place
+    (``Induced()``: without it); None for a cause only envlock's own options bring about.
+
+    This is how the corpus learns, on the machine it runs on, whether a cause changes the
+    numbers at all: the same computation with and without it, no envlock in between. A cause
+    that does not (``OMP_NUM_THREADS=1`` on one core, ``ATEN_CPU_CAPABILITY=avx2`` where AVX2 is
+    what torch runs anyway) is no divergence to explain, and its replay must name nothing."""
+    if induced.options:
+        return None
+    command = induced.command or _command(ws.baseline)
+    with tempfile.TemporaryDirectory(prefix="witness-", dir=ws.outside) as tmp:
+        out = Path(tmp) / "numbers"
+        env = {**_induced_env(ws, induced), "CORPUS_WITNESS": str(out)}
+        done = subprocess.run(command, cwd=ws.root, env=env, capture_output=True, text=True)
+        lines = out.read_text().splitlines() if out.exists() else []
+    return [f"exit {done.returncode}", *lines]
+
+
+def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
+    """The verdict of a replay with the cause in place, as ``replay --json`` prints it."""
+    env = _induced_env(ws, induced)
     extra = ["--", *induced.command] if induced.command else []
     done = _envlock(ws, ["replay", "base.record", "--json", *induced.options, *extra], env)
     try:
@@ -498,25 +616,48 @@ def named(verdict: dict[str, Any]) -> list[str]:
     return out
 
 
+def _names(item: str, want: str) -> bool:
+    """Whether a listed ``item`` is ``want``. ``ctx:KEY`` matches KEY on every rank or any;
+    ``ctx:KEY@R`` only a change listed for rank R; a key ending in "." is a family
+    (``ctx:native.``)."""
+    key, _, rank = want.partition("@")
+    name, *ranks = item.split("@")
+    if key.startswith("read:"):  # a file read, named from whichever root the verdict chose
+        hit = name.startswith("read:") and (name == key or name.endswith("/" + key[5:]))
+    else:
+        hit = name.startswith(key) if key.endswith(".") else name == key
+    return hit and (not rank or rank in ranks)
+
+
 def explained(verdict: dict[str, Any], expect: tuple[str, ...]) -> bool:
-    """Whether one of ``expect`` is among what the verdict names. ``ctx:KEY`` matches KEY on
-    every rank or any; ``ctx:KEY@R`` only a change listed for rank R; a key ending in "." is a
-    family (``ctx:native.``)."""
-    listed = named(verdict)
-    for want in expect:
-        key, _, rank = want.partition("@")
-        for item in listed:
-            name, *ranks = item.split("@")
-            hit = name.startswith(key) if key.endswith(".") else name == key
-            if hit and (not rank or rank in ranks):
-                return True
-    return False
+    """Whether one of ``expect`` is among what the verdict names."""
+    return any(_names(item, want) for item in named(verdict) for want in expect)
+
+
+def spurious(case: Case, verdict: dict[str, Any]) -> list[str]:
+    """What a diverged verdict lists that neither names the case's cause nor follows from it
+    (``Case.brings``): a false cause. A replay that reproduced lists no cause at all."""
+    if not verdict.get("divergences"):
+        return []
+    return [item for item in named(verdict) if not any(_names(item, w) for w in case.expect + case.brings)]
+
+
+# What became of a case. The cause changed the numbers outside envlock (or could not be run
+# there: a cause made by envlock's own options), and the replay:
+#   "explained"      diverged, and its verdict names the cause;
+#   "not explained"  diverged, and names something else or nothing;
+#   "missed"         reproduced the record although the numbers changed.
+# The cause left this machine's numbers alone, and the replay:
+#   "no effect here" reproduced the record, naming nothing: what it must do;
+#   "false divergence" diverged all the same.
+# "no divergence": a cause not witnessed (envlock's options) whose replay reproduced.
+DIVERGED = ("explained", "not explained", "missed")
 
 
 @dataclass
 class Result:
     case: Case
-    status: str  # "explained", "not explained", "no divergence", "not run"
+    status: str  # one of the above, or "not run"
     why: str = ""
     verdict: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
@@ -531,16 +672,21 @@ def _missing(case: Case, have_cc: bool, numpy_alt: Path | None) -> str:
     return ""
 
 
-def run_case(ws: Workspace, case: Case) -> Result:
-    start = time.monotonic()
-    induced = case.induce(ws)
-    try:
-        verdict = replay(ws, induced)
-    finally:
-        if induced.undo is not None:
-            induced.undo()
-    seconds = time.monotonic() - start
-    if not verdict.get("divergences"):
+def judge(case: Case, verdict: dict[str, Any], effect: bool | None, seconds: float = 0.0) -> Result:
+    """A case's result from its replay's verdict and its witness (``effect``: whether the
+    cause changed the numbers outside envlock; None: not witnessed)."""
+    diverged = bool(verdict.get("divergences"))
+    if effect is False:
+        if diverged:
+            return Result(case, "false divergence", "the cause leaves this machine's numbers alone outside "
+                          "envlock, yet the replay diverged; named: " + (", ".join(named(verdict)) or "nothing"),
+                          verdict, seconds)
+        return Result(case, "no effect here", "the cause leaves this machine's numbers alone (witnessed "
+                      "outside envlock); the replay reproduced and named nothing", verdict, seconds)
+    if not diverged:
+        if effect:
+            return Result(case, "missed", "the cause changes the numbers outside envlock, yet the replay "
+                          "reproduced the record", verdict, seconds)
         return Result(case, "no divergence", "the replay reproduced the record: nothing to explain",
                       verdict, seconds)
     if explained(verdict, case.expect):
@@ -551,16 +697,35 @@ def run_case(ws: Workspace, case: Case) -> Result:
     return Result(case, "not explained", why, verdict, seconds)
 
 
+def run_case(ws: Workspace, case: Case, plain: list[str]) -> Result:
+    """Induce the case's cause, witness it outside envlock against ``plain`` (the baseline's own
+    numbers there), replay it, and put everything back."""
+    start = time.monotonic()
+    induced = case.induce(ws)
+    try:
+        seen = witness(ws, induced)
+        verdict = replay(ws, induced)
+    finally:
+        if induced.undo is not None:
+            induced.undo()
+    return judge(case, verdict, None if seen is None else seen != plain, time.monotonic() - start)
+
+
 @contextmanager
-def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str]]:
-    """A workspace with its record, checked to replay bit-identically; (None, why) otherwise."""
+def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str, list[str]]]:
+    """A workspace with its record, checked to replay bit-identically and to print the same
+    numbers twice outside envlock (which it yields, as the witness of "no cause"); (None, why,
+    []) otherwise."""
     ws = make_workspace(where / kind, kind, numpy_alt)
     record(ws)
     control = replay(ws, Induced())
+    plain, again = witness(ws, Induced()), witness(ws, Induced())
     if control.get("divergences"):
-        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control))
+        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control)), []
+    elif plain != again or not plain or plain[0] != "exit 0" or len(plain) < 2:
+        yield None, "the baseline's numbers outside envlock are not reproducible: " + " | ".join(plain or []), []
     else:
-        yield ws, ""
+        yield ws, "", plain or []
 
 
 def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
@@ -577,12 +742,12 @@ def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
             results += [Result(c, "not run", _missing(c, have_cc, numpy_alt)) for c in todo if c not in runnable]
             if not runnable:
                 continue
-            with baseline(kind, where, numpy_alt) as (ws, why):
+            with baseline(kind, where, numpy_alt) as (ws, why, plain):
                 if ws is None:
                     results += [Result(c, "not run", why) for c in runnable]
                     continue
                 for case in runnable:
-                    results.append(run_case(ws, case))
+                    results.append(run_case(ws, case, plain))
                     sys.stderr.write(f"{case.name}: {results[-1].status}\n")
     finally:
         if keep is None:
@@ -592,20 +757,28 @@ def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
 
 
 def figure(results: list[Result]) -> tuple[int, int]:
-    """(explained, diverged)."""
-    diverged = [r for r in results if r.status in ("explained", "not explained")]
+    """(explained, diverged): of the causes that changed the numbers, how many were named."""
+    diverged = [r for r in results if r.status in DIVERGED]
     return sum(r.status == "explained" for r in diverged), len(diverged)
+
+
+def spurious_count(results: list[Result]) -> int:
+    """The false causes every verdict listed, together."""
+    return sum(len(spurious(r.case, r.verdict)) for r in results)
 
 
 def report(results: list[Result]) -> str:
     """The markdown table, then the figure."""
     n, m = figure(results)
-    count = {status: sum(r.status == status for r in results) for status in ("no divergence", "not run")}
+    others = ("missed", "no effect here", "false divergence", "no divergence", "not run")
+    count = {status: sum(r.status == status for r in results) for status in others}
+    rest = ", ".join(f"{k} {v}" for k, v in count.items() if v)
     return "\n".join([
-        "| case | cause | replay | named in the verdict |", "|---|---|---|---|",
-        *(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} |" for r in results), "",
-        f"explained {n} of {m} (of {len(results)} causes: {count['no divergence']} did not diverge, "
-        f"{count['not run']} not run)"]) + "\n"
+        "| case | cause | replay | named in the verdict | spurious |", "|---|---|---|---|---|",
+        *(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} | "
+          f"{', '.join(spurious(r.case, r.verdict)) or '-'} |" for r in results), "",
+        f"explained {n} of {m}, spurious causes {spurious_count(results)} "
+        f"(of {len(results)} causes{': ' + rest if rest else ''})"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -625,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(report(results))
     if args.json:
         args.json.write_text(json.dumps([{"case": r.case.name, "status": r.status, "why": r.why,
+                                          "spurious": spurious(r.case, r.verdict),
                                           "seconds": round(r.seconds, 1), "verdict": r.verdict}
                                          for r in results], indent=2) + "\n")
     return 0

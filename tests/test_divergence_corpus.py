@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -50,12 +51,54 @@ def test_a_cause_is_explained_when_the_verdict_names_it(expect: tuple[str, ...],
     assert corpus.explained(VERDICT, expect) is found
 
 
-def test_the_figure_counts_the_causes_that_diverged() -> None:
+def test_the_figure_counts_the_causes_that_changed_the_numbers() -> None:
     case = corpus.CASES[0]
     results = [corpus.Result(case, "explained"), corpus.Result(case, "not explained"),
+               corpus.Result(case, "missed"), corpus.Result(case, "no effect here"),
                corpus.Result(case, "no divergence"), corpus.Result(case, "not run")]
-    assert corpus.figure(results) == (1, 2)
-    assert "explained 1 of 2 (of 4 causes: 1 did not diverge, 1 not run)" in corpus.report(results)
+    assert corpus.figure(results) == (1, 3)
+    assert ("explained 1 of 3, spurious causes 0 (of 6 causes: missed 1, no effect here 1, no divergence 1, "
+            "not run 1)" in corpus.report(results))
+
+
+def test_a_listed_line_the_cause_did_not_bring_about_is_a_spurious_cause() -> None:
+    by = {c.name: c for c in corpus.CASES}
+    verdict = {"divergences": [{"what": "step"}], "code": [{"what": "tree", "name": ""}], "inputs": [],
+               "context": [{"key": k, "ranks": []} for k in (
+                   "env.OMP_NUM_THREADS", "determinism.num_threads", "native.runtimes.openmp.libgomp.num_threads",
+                   "env.TORCHINDUCTOR_CACHE_DIR", "compile.caches.inductor.files")]}
+    assert corpus.spurious(by["omp_threads"], verdict) == [
+        "tree", "ctx:env.TORCHINDUCTOR_CACHE_DIR", "ctx:compile.caches.inductor.files"]
+    assert corpus.spurious(by["edited_script"], verdict)[0] == "ctx:env.OMP_NUM_THREADS"
+    # A replay that reproduced names no cause, false or not.
+    assert corpus.spurious(by["omp_threads"], {**verdict, "divergences": []}) == []
+    results = [corpus.Result(by["omp_threads"], "explained", verdict=verdict)]
+    assert "explained 1 of 1, spurious causes 3 " in corpus.report(results)
+
+
+REPRODUCED: dict[str, Any] = {"divergences": [], "code": [], "inputs": [],
+              "context": [{"key": "env.ATEN_CPU_CAPABILITY", "original": None, "replay": "avx2", "ranks": []}]}
+DIVERGED: dict[str, Any] = {**REPRODUCED, "divergences": [{"what": "step"}]}
+
+
+@pytest.mark.parametrize(("verdict", "effect", "status"), [
+    # The cause changed the numbers outside envlock (or was not witnessed: None).
+    (DIVERGED, True, "explained"), (DIVERGED, None, "explained"),
+    (REPRODUCED, True, "missed"), (REPRODUCED, None, "no divergence"),
+    # It left this machine's numbers alone: the replay must reproduce, naming nothing.
+    (REPRODUCED, False, "no effect here"), (DIVERGED, False, "false divergence"),
+])
+def test_a_case_is_judged_by_its_witness_and_its_replay(verdict: dict[str, Any], effect: bool | None, status: str) -> None:
+    case = next(c for c in corpus.CASES if c.name == "aten_default")
+    assert corpus.judge(case, verdict, effect).status == status
+    assert (corpus.judge(case, {**verdict, "context": []}, effect).status
+            == ("not explained" if status == "explained" else status))
+
+
+def test_only_causes_that_depend_on_the_machine_may_have_no_effect() -> None:
+    by = {c.name: c for c in corpus.CASES}
+    assert by["aten_default"].machine and by["omp_threads"].machine and by["rank1_threads"].machine
+    assert not by["edited_script"].machine and not by["data_file"].machine and not by["ld_preload"].machine
 
 
 def test_the_corpus_has_every_cause_the_issue_asks_for() -> None:
@@ -70,14 +113,24 @@ def test_the_corpus_has_every_cause_the_issue_asks_for() -> None:
 # The cases this tree explains and that run in seconds: one seeded torch run per replay, two
 # baselines (one process; two gloo ranks under torchrun). The libraries are built with the C
 # compiler the machine has.
-CHEAP = ["omp_threads", "openblas_threads", "aten_default", "ld_library_path", "ld_library_path_in_place",
-         "custom_op_in_place", "ld_preload", "seed", "data_file", "hf_revision", "package_version",
-         "edited_script", "edited_module", "rank1_threads"]
+CHEAP = ["omp_threads", "openblas_threads", "aten_default", "aten_avx2", "ld_library_path",
+         "ld_library_path_in_place", "custom_op_in_place", "ld_preload", "seed", "data_file", "hf_revision",
+         "package_version", "edited_script", "edited_module", "rank1_threads"]
 
 
 @pytest.mark.slow
 def test_the_cheap_causes_diverge_and_are_named(tmp_path: Path) -> None:
+    """Whether a cause changes the numbers depends on the CPU for some (``ATEN_CPU_CAPABILITY``
+    where torch keeps the same kernels, a thread count): each case's witness, the script run
+    outside envlock with and without the cause, says so on this machine. A cause that changed
+    them is named; one that did not is replayed as reproduced, naming nothing."""
     results = corpus.run_corpus(CHEAP, keep=tmp_path)
     assert {r.case.name: (r.status, r.why) for r in results} == {
-        r.case.name: ("explained", r.why) for r in results}
-    assert corpus.figure(results) == (len(CHEAP), len(CHEAP))
+        r.case.name: ("no effect here" if r.status == "no effect here" and r.case.machine else "explained", r.why)
+        for r in results}
+    for r in results:
+        if r.status == "no effect here":
+            assert r.verdict["same"] is True and not r.verdict["divergences"], r.case.name
+    n, m = corpus.figure(results)
+    assert n == m >= sum(not r.case.machine for r in results)
+    assert {r.case.name: corpus.spurious(r.case, r.verdict) for r in results} == {r.case.name: [] for r in results}
