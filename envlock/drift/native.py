@@ -13,13 +13,13 @@ both sides from another file is drift when it is one of the libraries that decid
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from envlock.drift.requirements import release_numbers
 from envlock.drift.result import Collector
 from envlock.lock import CudaLibrary, Library, Lock, Runtime
-from envlock.probe.rules import numerics_library
+from envlock.probe.rules import RUNTIME_FIELDS, numerics_library
 
 _CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL",
                 "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
@@ -27,7 +27,6 @@ _CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLA
 # torch.cudnn already is the loaded cuDNN (compared as [torch]); torch.nccl is the NCCL torch
 # was compiled against, so the loaded one is compared here.
 _LOADED_ELSEWHERE = {"cudnn"}
-_RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
 
 
 def _identity(lib: Library) -> tuple[str, ...]:
@@ -120,7 +119,7 @@ def runtimes(c: Collector, old: Lock, new: Lock) -> None:
     pairs, only_a, only_b = _pair_runtimes(old.native.runtimes, new.native.runtimes)
     for ra, rb in pairs:
         label = f"{ra.implementation} ({ra.api})"
-        for field in _RUNTIME_FIELDS:
+        for field in RUNTIME_FIELDS:
             va, vb = getattr(ra, field), getattr(rb, field)
             if va is not None and vb is not None and va != vb:  # a file name alone says neither
                 c.add("native", f"native.runtimes.{ra.api}.{ra.implementation}.{field}", va, vb,
@@ -171,14 +170,10 @@ def _loaded_message(a: str | None, b: str | None) -> str:
     return f"compile cache loaded before compiling: {name(a)} -> {name(b)}"
 
 
-def _numbers(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
-
-
 def mismatch(built: str, loaded: str) -> str | None:
     """How far ``loaded`` is from ``built``, on the parts both name ("13.0" against "13.0.96"):
     None when they agree, "major" for another major version, "older" or "newer" otherwise."""
-    a, b = _numbers(built), _numbers(loaded)
+    a, b = release_numbers(built), release_numbers(loaded)
     n = min(len(a), len(b))
     if not n or a[:n] == b[:n]:
         return None
@@ -279,7 +274,7 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
                         for name in others[:MAX_CONTEXT_UNOWNED]},
             "unowned_count": len(others),
             "runtimes": {f"{r['api']}.{r['implementation']}": {
-                k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
+                k: v for k, v in r.items() if k in (*RUNTIME_FIELDS, "library")}
                 for r in runtimes_},
         }
     if isinstance(compiled, dict):
