@@ -91,6 +91,21 @@ def libraries(c: Collector, old: Lock, new: Lock) -> None:
               f"{name} is loaded from another file: {before} in {w.old}, {after} {here}")
 
 
+def learnt_by_both(a: Any, b: Any) -> bool:
+    """Whether a runtime's field (``RUNTIME_FIELDS``) is compared: both sides have it. A process
+    learns these fields by asking the runtime through threadpoolctl; one without threadpoolctl
+    names its runtimes from their files alone, so a field one side lacks is not a difference
+    (installing threadpoolctl between two runs changes no runtime). Verify and a replay's
+    context both follow this rule (``runtime_field``)."""
+    return a is not None and b is not None
+
+
+def runtime_field(key: str) -> bool:
+    """Whether a flat context key is one of a runtime's fields (``context_form``'s
+    ``native.runtimes.<runtime>.<field>``), compared only when ``learnt_by_both``."""
+    return key.startswith("native.runtimes.") and key.rsplit(".", 1)[-1] in RUNTIME_FIELDS
+
+
 def _pair_runtimes(a: Sequence[Runtime], b: Sequence[Runtime]
                    ) -> tuple[list[tuple[Runtime, Runtime]], list[Runtime], list[Runtime]]:
     """Runtimes paired by (api, implementation) where each side has one of that kind (numpy's
@@ -121,7 +136,7 @@ def runtimes(c: Collector, old: Lock, new: Lock) -> None:
         label = f"{ra.implementation} ({ra.api})"
         for field in RUNTIME_FIELDS:
             va, vb = getattr(ra, field), getattr(rb, field)
-            if va is not None and vb is not None and va != vb:  # a file name alone says neither
+            if learnt_by_both(va, vb) and va != vb:
                 c.add("native", f"native.runtimes.{ra.api}.{ra.implementation}.{field}", va, vb,
                       "warning", f"{label} {field.replace('_', ' ')}: {va} -> {vb}")
     for side, rt in [(c.words.old, r) for r in only_a] + [(c.words.new, r) for r in only_b]:

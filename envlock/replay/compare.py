@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock.drift.native import context_form
+from envlock.drift.native import context_form, learnt_by_both, runtime_field
 from envlock.probe.rules import COMPILE_ENV_PREFIXES
 from envlock.replay.record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
 from envlock.text.terminal import plural
@@ -303,12 +303,14 @@ def _family(key: str) -> str:
 
 def _context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
     """The keys whose values differ; a family added to records later is compared only when
-    both have it (``_ADDED_LATER``)."""
+    both have it (``_ADDED_LATER``), and a runtime's field only when both processes learnt it
+    (``drift.native.learnt_by_both``, verify's rule)."""
     kept = {_family(k) for k in original} & {_family(k) for k in replay} | {""}
     keys = sorted(set(original) | set(replay))
     return [ContextChange(k, original.get(k), replay.get(k)) for k in keys
             if original.get(k) != replay.get(k) or type(original.get(k)) is not type(replay.get(k))
-            if _family(k) in kept]
+            if _family(k) in kept
+            if not runtime_field(k) or learnt_by_both(original.get(k), replay.get(k))]
 
 
 def context_changes(original: Record, replay: Record) -> list[ContextChange]:
