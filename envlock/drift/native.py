@@ -13,7 +13,8 @@ both sides from another file is drift when it is one of the libraries that decid
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envlock.drift.requirements import release_numbers
@@ -257,6 +258,20 @@ def _unowned(lib: Library) -> bool:
     return not (lib.distribution or lib.conda_package or lib.os_package)
 
 
+def runtime_keys(runtimes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each runtime's name in a record's context, in order: its kind (``blas.openblas``) where
+    the process loaded one of that kind, so that it meets its counterpart whatever its file is
+    called (numpy's OpenBLAS changes its file name with every numpy), as ``_pair_runtimes`` pairs
+    them; else its kind and file name, so that two of one kind (libgomp and libiomp5, numpy's and
+    scipy's OpenBLAS) are both kept; two files of one name, by their directory too."""
+    kinds = Counter((r["api"], r["implementation"]) for r in runtimes)
+    keys = [f"{r['api']}.{r['implementation']}" + (
+        f".{r['library']}" if kinds[(r["api"], r["implementation"])] > 1 else "") for r in runtimes]
+    same = Counter(keys)
+    return [key + (f".{os.path.basename(os.path.dirname(str(r.get('path') or '')))}"
+                   if same[key] > 1 else "") for key, r in zip(keys, runtimes, strict=True)]
+
+
 def context_form(form: dict[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
     pairs them, for a replay record's flat ``[context]`` (``replay/compare.context_of``): a list
@@ -269,7 +284,8 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
     ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
     version, which the record keeps as ``packages.<name>``; the kernels torch.compile built and
     loaded from its caches are the caches' (``compile.caches.*``): one file per kernel, named by
-    its contents, and in a fresh cache directory at every cold start."""
+    its contents, and in a fresh cache directory at every cold start. Runtimes are keyed by
+    ``runtime_keys``."""
     out = dict(form)
     native = form.get("native")
     compiled = form.get("compile")
@@ -288,9 +304,8 @@ def context_form(form: dict[str, Any]) -> dict[str, Any]:
             "unowned": {name: "; ".join(where(x) for x in groups[name])
                         for name in others[:MAX_CONTEXT_UNOWNED]},
             "unowned_count": len(others),
-            "runtimes": {f"{r['api']}.{r['implementation']}": {
-                k: v for k, v in r.items() if k in (*RUNTIME_FIELDS, "library")}
-                for r in runtimes_},
+            "runtimes": {key: {k: v for k, v in r.items() if k in (*RUNTIME_FIELDS, "library")}
+                         for key, r in zip(runtime_keys(runtimes_), runtimes_, strict=True)},
         }
     if isinstance(compiled, dict):
         out["compile"] = {
