@@ -6,8 +6,11 @@ read by the probe, this host's package database, threadpoolctl's own answer."""
 
 from __future__ import annotations
 
+import base64
 import glob
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,11 +25,20 @@ from envlock.drift.compare import compare
 from envlock.drift.native import context_form, runtime_keys
 from envlock.lock import Lock
 from envlock.lock._seal import canonical_form
-from envlock.probe.native import _from_threadpoolctl
+from envlock.probe.collect import collect_os_packages
+from envlock.probe.native import (
+    NoHashes,
+    _from_threadpoolctl,
+    describe_libraries,
+    distribution_files,
+)
+from envlock.probe.packages import RecordReader
 from envlock.replay.compare import compare_records, context_of
 from envlock.replay.record import Meta, Record, Step
 
 ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "double dot(const double *a, const double *b, int n) {\n" \
+         "  double s = 0; for (int i = 0; i < n; i++) s += a[i] * b[i]; return s;\n}\n"
 
 
 def _record(lock: Lock, loss: float = 0.5) -> Record:
@@ -37,6 +49,103 @@ def _record(lock: Lock, loss: float = 0.5) -> Record:
 
 def _changes(original: Lock, replay: Lock) -> dict[str, Any]:
     return {c.key: c for c in compare_records(_record(original), _record(replay, 0.25)).context}
+
+
+# -- a library at one path, other bytes ------------------------------------------------------------
+
+def _build(out: Path, *flags: str) -> None:
+    """A shared object with the soname of a numerics library, compiled here with ``flags``."""
+    src = out.parent / "dot.c"
+    src.write_text(SOURCE)
+    subprocess.run(["gcc", "-shared", "-fPIC", *flags, "-Wl,-soname,libopenblas.so.0", "-o", str(out), str(src)],
+                   check=True, capture_output=True)
+
+
+def _install(site: Path, *flags: str) -> dict[str, Any]:
+    """The wheel ``fastblas 1.0`` installed into ``site`` as pip leaves it (the library and a
+    RECORD with its hash), its library built with ``flags``; returns the lock's sections as
+    the probe describes them (its own RECORD reader, owners and library description)."""
+    lib = site / "fastblas" / "lib" / "libopenblas.so.0"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    _build(lib, *flags)
+    data = lib.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    info = site / "fastblas-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fastblas\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"fastblas/lib/libopenblas.so.0,sha256={digest},{len(data)}\n"
+                                 "fastblas-1.0.dist-info/METADATA,,\nfastblas-1.0.dist-info/RECORD,,\n")
+    reader = RecordReader()
+    record_sha256 = reader(str(info / "RECORD"))
+    owners = distribution_files([("fastblas", str(site), info.name)], reader.libraries_of)
+    libraries = describe_libraries([str(lib.resolve())], owners, {}, None, NoHashes())
+    return {"packages": [{"name": "fastblas", "version": "1.0", "record_sha256": record_sha256}],
+            "native": {"libraries": libraries, "runtimes": []}}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler")
+def test_a_wheel_rebuilt_at_one_version_and_path_is_named_by_its_library(tmp_path: Path) -> None:
+    """The same distribution and version, its library at the same path, built -O2 then -O3
+    -ffast-math (other sums): the where of the library and the package's version agree, what
+    identifies its bytes (the RECORD's digest) does not, and the replay names it."""
+    site = tmp_path / "site-packages"
+    first = _install(site, "-O2")
+    second = _install(site, "-O3", "-ffast-math")
+    assert first["native"]["libraries"][0]["distribution"] == "fastblas"
+    assert first["native"]["libraries"][0]["path"] == second["native"]["libraries"][0]["path"]
+    a, b = make_lock(**first), make_lock(**second)
+    found = _changes(a, b)
+    key = "native.content.libopenblas.so.0"
+    assert set(found) == {key}, sorted(found)  # not the path, not packages.fastblas
+    was, now = a.packages[0].record_sha256, b.packages[0].record_sha256
+    assert was and now and was != now
+    assert found[key].original == f"distribution fastblas 1.0, RECORD sha256 {was}"
+    assert found[key].replay == f"distribution fastblas 1.0, RECORD sha256 {now}"
+    assert _changes(a, make_lock(**first)) == {}
+
+
+def _system_libgomp() -> tuple[str, dict[str, Any], Any] | None:
+    """This host's libgomp.so.1, its package database's section and the database, or None."""
+    paths = sorted(glob.glob("/usr/lib/*-linux-gnu/libgomp.so.1")) + sorted(glob.glob("/usr/lib64/libgomp.so.1"))
+    found: list[Any] = []
+    section = collect_os_packages([], {}, found=found) if paths else None
+    return (paths[0], section, found[0]) if section and found else None
+
+
+def test_an_os_upgrade_of_a_library_at_one_path_is_named_with_the_package_version() -> None:
+    """libgomp as this host's package manager installed it: its owner is read from the real
+    database, its version from the real ``[os_packages]``; the same file under the next
+    release of that package (what ``apt upgrade`` leaves: one path, one package name) is named."""
+    system = _system_libgomp()
+    if system is None:
+        pytest.skip("no libgomp.so.1 from a package manager on this host")
+    path, section, db = system
+    libraries = describe_libraries([path], {}, {}, db.file_owners, NoHashes())
+    owner = libraries[0].get("os_package")
+    assert owner, libraries
+    pins = [p for p in section["packages"] if p.split(":", 1)[0] == owner]
+    version = pins[0].split("=", 1)[1]
+    upgraded = {**section, "packages": [p + "+1" if p in pins else p for p in section["packages"]]}
+    native = {"libraries": libraries, "runtimes": []}
+    a = make_lock(os_packages=section, native=native)
+    b = make_lock(os_packages=upgraded, native=native)
+    found = _changes(a, b)
+    change = found["native.content.libgomp.so.1"]
+    assert (change.original, change.replay) == (f"OS package {owner} {version}", f"OS package {owner} {version}+1")
+    assert "native.libraries.libgomp.so.1" not in found
+
+
+def test_a_record_kept_before_library_content_compares_none_of_it(tmp_path: Path) -> None:
+    """A record written before ``native.content`` is not a process whose libraries nobody
+    vouched for: the family is compared only when both records have it."""
+    lock = make_lock(native={"libraries": [{"name": "libgomp.so.1", "path": "/usr/lib/libgomp.so.1",
+                                            "os_package": "libgomp1"}], "runtimes": []},
+                     os_packages={"manager": "dpkg", "packages": ["libgomp1:amd64=12.2.0-14"]})
+    new = _record(lock)
+    assert new.context["native.content.libgomp.so.1"] == "OS package libgomp1 12.2.0-14"
+    old = new.model_copy(update={"context": {k: v for k, v in new.context.items()
+                                             if not k.startswith("native.content.")}})
+    assert compare_records(old, new).context == ()
 
 
 # -- two runtimes of one kind ------------------------------------------------------------------------

@@ -272,35 +272,77 @@ def runtime_keys(runtimes: Sequence[Mapping[str, Any]]) -> list[str]:
                    if same[key] > 1 else "") for key, r in zip(keys, runtimes, strict=True)]
 
 
-def context_form(form: dict[str, Any]) -> dict[str, Any]:
+def _vouchers(form: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """What each owner a library can have says of the files it installed, by (kind of owner,
+    name): a distribution's version and RECORD digest (a wheel rebuilt at one version has
+    another), a conda package's version and build, an OS package's version (an OS upgrade of
+    libgomp or OpenBLAS keeps its path and its package's name)."""
+    out: dict[tuple[str, str], str] = {}
+    for p in form.get("packages") or ():
+        if isinstance(p, Mapping) and p.get("name"):
+            digest = f", RECORD sha256 {p['record_sha256']}" if p.get("record_sha256") else ""
+            out[("distribution", p["name"])] = f"distribution {p['name']} {p.get('version')}{digest}"
+    conda = form.get("conda")
+    for p in (conda.get("packages") or ()) if isinstance(conda, Mapping) else ():
+        if isinstance(p, Mapping) and p.get("name"):
+            build = f" {p['build']}" if p.get("build") else ""
+            out[("conda", p["name"])] = f"conda package {p['name']} {p.get('version')}{build}"
+    versions: dict[str, set[str]] = {}
+    os_packages = form.get("os_packages")
+    for spec in (os_packages.get("packages") or ()) if isinstance(os_packages, Mapping) else ():
+        name, _, version = str(spec).partition("=")  # name:arch=version
+        versions.setdefault(name.split(":", 1)[0], set()).add(version)
+    out.update({("os", name): f"OS package {name} {','.join(sorted(v))}" for name, v in versions.items()})
+    return out
+
+
+def _content(lib: Library, vouchers: Mapping[tuple[str, str], str]) -> str | None:
+    """What identifies the bytes of a library a package vouches for (``_vouchers``; the owner's
+    name alone where its facts were not captured); None for one nobody vouches for, whose
+    ``where`` already carries its own sha256, and for one deleted since it was loaded."""
+    for kind, owner in (("distribution", lib.distribution), ("conda", lib.conda_package),
+                        ("os", lib.os_package)):
+        if owner and not lib.deleted:
+            return vouchers.get((kind, owner), f"{kind} {owner}")
+    return None
+
+
+def context_form(form: Mapping[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
     pairs them, for a replay record's flat ``[context]`` (``replay/compare.context_of``): a list
     flattened by position would pair the 12th library of one run with the 12th of the other.
+    ``[[packages]]`` is left out (the context keeps each version, by name, on its own).
 
     Each library is kept as where it was loaded from: those that decide numerics
     (``native.libraries``), and, whatever their name, those no package vouches for
     (``native.unowned``, with ``native.unowned_count``: how many there were, which also marks a
     record that kept them): a custom op's library rebuilt in place, a ``libfoo.so`` found on
-    ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
-    version, which the record keeps as ``packages.<name>``; the kernels torch.compile built and
-    loaded from its caches are the caches' (``compile.caches.*``): one file per kernel, named by
-    its contents, and in a fresh cache directory at every cold start. Runtimes are keyed by
-    ``runtime_keys``."""
-    out = dict(form)
+    ``LD_LIBRARY_PATH`` or preloaded. A library that decides numerics and that a package
+    vouches for is also kept as what identifies its bytes (``native.content``, ``_content``): at
+    one path, a rebuilt wheel or an upgraded OS package runs other code. Any other library a
+    package ships changes with that package's version, which the record keeps as
+    ``packages.<name>``; the kernels torch.compile built and loaded from its caches are the
+    caches' (``compile.caches.*``): one file per kernel, named by its contents, and in a fresh
+    cache directory at every cold start. Runtimes are keyed by ``runtime_keys``."""
+    out = {k: v for k, v in form.items() if k != "packages"}
     native = form.get("native")
     compiled = form.get("compile")
     if isinstance(native, dict):
         libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
         runtimes_ = native.get("runtimes") or ()
         groups = _by_name(libs)
+        vouchers = _vouchers(form)
         caches = tuple(os.path.join(str(c.get("path")), "") for c in
                        (compiled.get("caches") or () if isinstance(compiled, dict) else ())
                        if isinstance(c, dict) and c.get("path"))
         others = sorted(name for name, group in groups.items() if not numerics_library(name)
                         and any(_unowned(x) and not x.path.startswith(caches) for x in group))
+        numerics = {name: group for name, group in groups.items() if numerics_library(name)}
+        content = {name: [c for c in (_content(x, vouchers) for x in group) if c]
+                   for name, group in numerics.items()}
         out["native"] = {
-            "libraries": {name: "; ".join(where(x) for x in group)
-                          for name, group in groups.items() if numerics_library(name)},
+            "libraries": {name: "; ".join(where(x) for x in group) for name, group in numerics.items()},
+            "content": {name: "; ".join(found) for name, found in content.items() if found},
             "unowned": {name: "; ".join(where(x) for x in groups[name])
                         for name in others[:MAX_CONTEXT_UNOWNED]},
             "unowned_count": len(others),
