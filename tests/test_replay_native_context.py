@@ -148,6 +148,18 @@ def test_a_record_kept_before_library_content_compares_none_of_it(tmp_path: Path
     assert compare_records(old, new).context == ()
 
 
+def test_a_conda_rebuild_at_one_version_is_named_by_its_build() -> None:
+    """conda-forge rebuilds a package at one version under another build string: the library's
+    path and the package's version agree, the build does not."""
+    native = {"libraries": [{"name": "libomp.so", "path": "/opt/conda/lib/libomp.so",
+                             "conda_package": "llvm-openmp"}], "runtimes": []}
+    a = make_lock(native=native, conda={"packages": [{"name": "llvm-openmp", "version": "17.0.6", "build": "h4bd325d_0"}]})
+    b = make_lock(native=native, conda={"packages": [{"name": "llvm-openmp", "version": "17.0.6", "build": "h4bd325d_1"}]})
+    change = _changes(a, b)["native.content.libomp.so"]
+    assert (change.original, change.replay) == ("conda package llvm-openmp 17.0.6 h4bd325d_0",
+                                                "conda package llvm-openmp 17.0.6 h4bd325d_1")
+
+
 # -- two runtimes of one kind ------------------------------------------------------------------------
 
 SITE = "/venv/lib/python3.11/site-packages"

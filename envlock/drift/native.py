@@ -273,26 +273,26 @@ def runtime_keys(runtimes: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _vouchers(form: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    """What each owner a library can have says of the files it installed, by (kind of owner,
-    name): a distribution's version and RECORD digest (a wheel rebuilt at one version has
+    """What each owner a library can have says of the files it installed, by (kind of owner, as
+    messages name it, and name): a distribution's version and RECORD digest (a wheel rebuilt at one version has
     another), a conda package's version and build, an OS package's version (an OS upgrade of
     libgomp or OpenBLAS keeps its path and its package's name)."""
     out: dict[tuple[str, str], str] = {}
     for p in form.get("packages") or ():
         if isinstance(p, Mapping) and p.get("name"):
             digest = f", RECORD sha256 {p['record_sha256']}" if p.get("record_sha256") else ""
-            out[("distribution", p["name"])] = f"distribution {p['name']} {p.get('version')}{digest}"
+            out[("distribution", p["name"])] = f"{p.get('version')}{digest}"
     conda = form.get("conda")
     for p in (conda.get("packages") or ()) if isinstance(conda, Mapping) else ():
         if isinstance(p, Mapping) and p.get("name"):
             build = f" {p['build']}" if p.get("build") else ""
-            out[("conda", p["name"])] = f"conda package {p['name']} {p.get('version')}{build}"
+            out[("conda package", p["name"])] = f"{p.get('version')}{build}"
     versions: dict[str, set[str]] = {}
     os_packages = form.get("os_packages")
     for spec in (os_packages.get("packages") or ()) if isinstance(os_packages, Mapping) else ():
         name, _, version = str(spec).partition("=")  # name:arch=version
         versions.setdefault(name.split(":", 1)[0], set()).add(version)
-    out.update({("os", name): f"OS package {name} {','.join(sorted(v))}" for name, v in versions.items()})
+    out.update({("OS package", name): ",".join(sorted(v)) for name, v in versions.items()})
     return out
 
 
@@ -300,10 +300,11 @@ def _content(lib: Library, vouchers: Mapping[tuple[str, str], str]) -> str | Non
     """What identifies the bytes of a library a package vouches for (``_vouchers``; the owner's
     name alone where its facts were not captured); None for one nobody vouches for, whose
     ``where`` already carries its own sha256, and for one deleted since it was loaded."""
-    for kind, owner in (("distribution", lib.distribution), ("conda", lib.conda_package),
-                        ("os", lib.os_package)):
+    for kind, owner in (("distribution", lib.distribution), ("conda package", lib.conda_package),
+                        ("OS package", lib.os_package)):
         if owner and not lib.deleted:
-            return vouchers.get((kind, owner), f"{kind} {owner}")
+            known = vouchers.get((kind, owner))
+            return f"{kind} {owner} {known}" if known else f"{kind} {owner}"
     return None
 
 
