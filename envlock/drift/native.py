@@ -13,13 +13,14 @@ both sides from another file is drift when it is one of the libraries that decid
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from envlock.drift.requirements import release_numbers
 from envlock.drift.result import Collector
 from envlock.lock import CudaLibrary, Library, Lock, Runtime
-from envlock.probe.rules import numerics_library
+from envlock.probe.rules import RUNTIME_FIELDS, numerics_library
 
 _CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLAS", "nccl": "NCCL",
                 "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
@@ -27,7 +28,6 @@ _CUDA_LABELS = {"cudart": "the CUDA runtime", "cudnn": "cuDNN", "cublas": "cuBLA
 # torch.cudnn already is the loaded cuDNN (compared as [torch]); torch.nccl is the NCCL torch
 # was compiled against, so the loaded one is compared here.
 _LOADED_ELSEWHERE = {"cudnn"}
-_RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
 
 
 def _identity(lib: Library) -> tuple[str, ...]:
@@ -92,6 +92,21 @@ def libraries(c: Collector, old: Lock, new: Lock) -> None:
               f"{name} is loaded from another file: {before} in {w.old}, {after} {here}")
 
 
+def learnt_by_both(a: Any, b: Any) -> bool:
+    """Whether a runtime's field (``RUNTIME_FIELDS``) is compared: both sides have it. A process
+    learns these fields by asking the runtime through threadpoolctl; one without threadpoolctl
+    names its runtimes from their files alone, so a field one side lacks is not a difference
+    (installing threadpoolctl between two runs changes no runtime). Verify and a replay's
+    context both follow this rule (``runtime_field``)."""
+    return a is not None and b is not None
+
+
+def runtime_field(key: str) -> bool:
+    """Whether a flat context key is one of a runtime's fields (``context_form``'s
+    ``native.runtimes.<runtime>.<field>``), compared only when ``learnt_by_both``."""
+    return key.startswith("native.runtimes.") and key.rsplit(".", 1)[-1] in RUNTIME_FIELDS
+
+
 def _pair_runtimes(a: Sequence[Runtime], b: Sequence[Runtime]
                    ) -> tuple[list[tuple[Runtime, Runtime]], list[Runtime], list[Runtime]]:
     """Runtimes paired by (api, implementation) where each side has one of that kind (numpy's
@@ -120,9 +135,9 @@ def runtimes(c: Collector, old: Lock, new: Lock) -> None:
     pairs, only_a, only_b = _pair_runtimes(old.native.runtimes, new.native.runtimes)
     for ra, rb in pairs:
         label = f"{ra.implementation} ({ra.api})"
-        for field in _RUNTIME_FIELDS:
+        for field in RUNTIME_FIELDS:
             va, vb = getattr(ra, field), getattr(rb, field)
-            if va is not None and vb is not None and va != vb:  # a file name alone says neither
+            if learnt_by_both(va, vb) and va != vb:
                 c.add("native", f"native.runtimes.{ra.api}.{ra.implementation}.{field}", va, vb,
                       "warning", f"{label} {field.replace('_', ' ')}: {va} -> {vb}")
     for side, rt in [(c.words.old, r) for r in only_a] + [(c.words.new, r) for r in only_b]:
@@ -171,14 +186,10 @@ def _loaded_message(a: str | None, b: str | None) -> str:
     return f"compile cache loaded before compiling: {name(a)} -> {name(b)}"
 
 
-def _numbers(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
-
-
 def mismatch(built: str, loaded: str) -> str | None:
     """How far ``loaded`` is from ``built``, on the parts both name ("13.0" against "13.0.96"):
     None when they agree, "major" for another major version, "older" or "newer" otherwise."""
-    a, b = _numbers(built), _numbers(loaded)
+    a, b = release_numbers(built), release_numbers(loaded)
     n = min(len(a), len(b))
     if not n or a[:n] == b[:n]:
         return None
@@ -247,40 +258,97 @@ def _unowned(lib: Library) -> bool:
     return not (lib.distribution or lib.conda_package or lib.os_package)
 
 
-def context_form(form: dict[str, Any]) -> dict[str, Any]:
+def runtime_keys(runtimes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each runtime's name in a record's context, in order: its kind (``blas.openblas``) where
+    the process loaded one of that kind, so that it meets its counterpart whatever its file is
+    called (numpy's OpenBLAS changes its file name with every numpy), as ``_pair_runtimes`` pairs
+    them; else its kind and file name, so that two of one kind (libgomp and libiomp5, numpy's and
+    scipy's OpenBLAS) are both kept; two files of one name, by their directory too."""
+    kinds = Counter((r["api"], r["implementation"]) for r in runtimes)
+    keys = [f"{r['api']}.{r['implementation']}" + (
+        f".{r['library']}" if kinds[(r["api"], r["implementation"])] > 1 else "") for r in runtimes]
+    same = Counter(keys)
+    return [key + (f".{os.path.basename(os.path.dirname(str(r.get('path') or '')))}"
+                   if same[key] > 1 else "") for key, r in zip(keys, runtimes, strict=True)]
+
+
+def _vouchers(form: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """What each owner a library can have says of the files it installed, by (kind of owner, as
+    messages name it, and name): a distribution's version and RECORD digest (a wheel rebuilt at one version has
+    another), a conda package's version and build, an OS package's version (an OS upgrade of
+    libgomp or OpenBLAS keeps its path and its package's name)."""
+    out: dict[tuple[str, str], str] = {}
+    for p in form.get("packages") or ():
+        if isinstance(p, Mapping) and p.get("name"):
+            digest = f", RECORD sha256 {p['record_sha256']}" if p.get("record_sha256") else ""
+            out[("distribution", p["name"])] = f"{p.get('version')}{digest}"
+    conda = form.get("conda")
+    for p in (conda.get("packages") or ()) if isinstance(conda, Mapping) else ():
+        if isinstance(p, Mapping) and p.get("name"):
+            build = f" {p['build']}" if p.get("build") else ""
+            out[("conda package", p["name"])] = f"{p.get('version')}{build}"
+    versions: dict[str, set[str]] = {}
+    os_packages = form.get("os_packages")
+    for spec in (os_packages.get("packages") or ()) if isinstance(os_packages, Mapping) else ():
+        name, _, version = str(spec).partition("=")  # name:arch=version
+        versions.setdefault(name.split(":", 1)[0], set()).add(version)
+    out.update({("OS package", name): ",".join(sorted(v)) for name, v in versions.items()})
+    return out
+
+
+def _content(lib: Library, vouchers: Mapping[tuple[str, str], str]) -> str | None:
+    """What identifies the bytes of a library a package vouches for (``_vouchers``; the owner's
+    name alone where its facts were not captured); None for one nobody vouches for, whose
+    ``where`` already carries its own sha256, and for one deleted since it was loaded."""
+    for kind, owner in (("distribution", lib.distribution), ("conda package", lib.conda_package),
+                        ("OS package", lib.os_package)):
+        if owner and not lib.deleted:
+            known = vouchers.get((kind, owner))
+            return f"{kind} {owner} {known}" if known else f"{kind} {owner}"
+    return None
+
+
+def context_form(form: Mapping[str, Any]) -> dict[str, Any]:
     """A lock's canonical form with its lists of libraries, runtimes and caches keyed by what
     pairs them, for a replay record's flat ``[context]`` (``replay/compare.context_of``): a list
     flattened by position would pair the 12th library of one run with the 12th of the other.
+    ``[[packages]]`` is left out (the context keeps each version, by name, on its own).
 
     Each library is kept as where it was loaded from: those that decide numerics
     (``native.libraries``), and, whatever their name, those no package vouches for
     (``native.unowned``, with ``native.unowned_count``: how many there were, which also marks a
     record that kept them): a custom op's library rebuilt in place, a ``libfoo.so`` found on
-    ``LD_LIBRARY_PATH`` or preloaded. A library a package ships changes with that package's
-    version, which the record keeps as ``packages.<name>``; the kernels torch.compile built and
-    loaded from its caches are the caches' (``compile.caches.*``): one file per kernel, named by
-    its contents, and in a fresh cache directory at every cold start."""
-    out = dict(form)
+    ``LD_LIBRARY_PATH`` or preloaded. A library that decides numerics and that a package
+    vouches for is also kept as what identifies its bytes (``native.content``, ``_content``): at
+    one path, a rebuilt wheel or an upgraded OS package runs other code. Any other library a
+    package ships changes with that package's version, which the record keeps as
+    ``packages.<name>``; the kernels torch.compile built and loaded from its caches are the
+    caches' (``compile.caches.*``): one file per kernel, named by its contents, and in a fresh
+    cache directory at every cold start. Runtimes are keyed by ``runtime_keys``."""
+    out = {k: v for k, v in form.items() if k != "packages"}
     native = form.get("native")
     compiled = form.get("compile")
     if isinstance(native, dict):
         libs = [Library.model_validate(x) for x in native.get("libraries") or ()]
         runtimes_ = native.get("runtimes") or ()
         groups = _by_name(libs)
+        vouchers = _vouchers(form)
         caches = tuple(os.path.join(str(c.get("path")), "") for c in
                        (compiled.get("caches") or () if isinstance(compiled, dict) else ())
                        if isinstance(c, dict) and c.get("path"))
         others = sorted(name for name, group in groups.items() if not numerics_library(name)
                         and any(_unowned(x) and not x.path.startswith(caches) for x in group))
+        numerics = {name: group for name, group in groups.items() if numerics_library(name)}
+        content = {name: [c for c in (_content(x, vouchers) for x in group) if c]
+                   for name, group in numerics.items()}
         out["native"] = {
-            "libraries": {name: "; ".join(where(x) for x in group)
-                          for name, group in groups.items() if numerics_library(name)},
+            "libraries": {name: "; ".join(where(x) for x in group) for name, group in numerics.items()},
+            "content": {name: "; ".join(found) for name, found in content.items() if found},
             "unowned": {name: "; ".join(where(x) for x in groups[name])
                         for name in others[:MAX_CONTEXT_UNOWNED]},
             "unowned_count": len(others),
-            "runtimes": {f"{r['api']}.{r['implementation']}": {
-                k: v for k, v in r.items() if k in (*_RUNTIME_FIELDS, "library")}
-                for r in runtimes_},
+            "runtimes": {key: {k: v for k, v in r.items() if k in (*RUNTIME_FIELDS, "library")}
+                         for key, r in zip(runtime_keys(runtimes_), runtimes_, strict=True)},
         }
     if isinstance(compiled, dict):
         out["compile"] = {

@@ -95,13 +95,15 @@ def requirements_of(lock: Lock) -> tuple[Requires, bool]:
     return Requires.model_validate(derive(torch, None)), True
 
 
-def _numbers(version: str) -> tuple[int, ...]:
+def release_numbers(version: str) -> tuple[int, ...]:
+    """The numbers of a version string, in order ("2.35" -> (2, 35), "13.0.96" -> (13, 0, 96)):
+    what a required glibc or driver and a loaded CUDA library are compared by."""
     return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
 def _at_least(what: str, have: str, need: str, met: str, failed: str) -> Check:
     """Version ``have`` against ``need``: met, or failed, with the message of each."""
-    return Check(what, "ok", met) if _numbers(have) >= _numbers(need) else Check(what, "fail", failed)
+    return Check(what, "ok", met) if release_numbers(have) >= release_numbers(need) else Check(what, "fail", failed)
 
 
 def judge(req: Requires, host: Host) -> list[Check]:

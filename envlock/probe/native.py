@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 from .files import open_regular, read_text, sha256
 from .ospkgs import merged_usr_spellings
+from .rules import RUNTIME_FIELDS
 
 MAPS = "/proc/self/maps"
 # A torch process maps a few thousand regions; each line is short.
@@ -263,7 +264,6 @@ _RUNTIME_NAMES = (
     (r"^libflexiblas", "blas", "flexiblas"),
     (r"^lib(g|i|)omp(5)?([-.]|$)", "openmp", "openmp"),
 )
-_RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
 
 
 def runtime_of(name: str) -> Optional[Tuple[str, str]]:
@@ -327,7 +327,7 @@ def _from_threadpoolctl(info: Dict[str, Any]) -> Dict[str, Any]:
     entry: Dict[str, Any] = {"api": str(info.get("user_api")),
                              "implementation": str(info.get("internal_api")),
                              "library": path.rsplit("/", 1)[-1], "path": path}
-    for field in _RUNTIME_FIELDS:
+    for field in RUNTIME_FIELDS:
         value = info.get(field)
         if isinstance(value, bool) or value is None:
             continue

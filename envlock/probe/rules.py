@@ -410,6 +410,12 @@ def numerics_library(name: str) -> bool:
     return re.match(_NUMERICS_LIBRARY, name) is not None
 
 
+# What threadpoolctl asks of each BLAS or OpenMP runtime beyond its file: the probe records these
+# fields, the comparator and a replay record's context compare them. A runtime named from its
+# file alone (no threadpoolctl where the probe ran) has none of them.
+RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
+
+
 # What a GPU gets from a CUDA build of torch (``torch.cuda.get_arch_list()``): "native" when a
 # cubin for its architecture is there (sm_XY runs on compute capability X.Z for Z >= Y; an
 # architecture-specific sm_XYa only on X.Y itself), "ptx" when only PTX for an older or equal

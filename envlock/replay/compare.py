@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock.drift.native import context_form
+from envlock.drift.native import context_form, learnt_by_both, runtime_field
 from envlock.probe.rules import COMPILE_ENV_PREFIXES
 from envlock.replay.record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
 from envlock.text.terminal import plural
@@ -34,7 +34,8 @@ CONTEXT_PREFIXES = (
     "torch.build.parallel_backend", "torch.build.cuda_runtime", "torch.build.cudnn_version",
     "gpu.driver", "gpu.devices.",
     "determinism.", "seeds.", "env.", "process.",
-    "torch.cuda_libraries.", "native.libraries.", "native.unowned", "native.runtimes.", "compile.",
+    "torch.cuda_libraries.", "native.libraries.", "native.content.", "native.unowned",
+    "native.runtimes.", "compile.",
     # Each distribution's version, as ``packages.<name>`` (see ``context_of``): on a host the
     # environment a replay runs in is not rebuilt from the lock, and a package upgraded since
     # is a cause no other fact shows.
@@ -42,8 +43,8 @@ CONTEXT_PREFIXES = (
 )
 # The families of keys added to records after the first ones. Such a family is compared only
 # when both records have it: a record written before it was kept is not a process without it.
-_ADDED_LATER = ("python.", "packages.", "native.libraries.", "native.unowned", "native.runtimes.",
-                "compile.", "torch.cuda_libraries.")
+_ADDED_LATER = ("python.", "packages.", "native.libraries.", "native.content.", "native.unowned",
+                "native.runtimes.", "compile.", "torch.cuda_libraries.")
 # Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
 # loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
 _NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
@@ -78,7 +79,7 @@ def _wild(key: str) -> str:
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
-    flat = flatten(context_form({k: v for k, v in form.items() if k != "packages"}))
+    flat = flatten(context_form(form))
     flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
                  if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
@@ -303,12 +304,14 @@ def _family(key: str) -> str:
 
 def _context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
     """The keys whose values differ; a family added to records later is compared only when
-    both have it (``_ADDED_LATER``)."""
+    both have it (``_ADDED_LATER``), and a runtime's field only when both processes learnt it
+    (``drift.native.learnt_by_both``, verify's rule)."""
     kept = {_family(k) for k in original} & {_family(k) for k in replay} | {""}
     keys = sorted(set(original) | set(replay))
     return [ContextChange(k, original.get(k), replay.get(k)) for k in keys
             if original.get(k) != replay.get(k) or type(original.get(k)) is not type(replay.get(k))
-            if _family(k) in kept]
+            if _family(k) in kept
+            if not runtime_field(k) or learnt_by_both(original.get(k), replay.get(k))]
 
 
 def context_changes(original: Record, replay: Record) -> list[ContextChange]:
