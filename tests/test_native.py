@@ -83,6 +83,22 @@ def test_maps_lines_become_one_path_per_shared_object() -> None:
     ]
 
 
+def test_a_library_whose_path_holds_line_breaks_other_than_newline_is_found(tmp_path: Path) -> None:
+    """The kernel separates maps lines with "\\n" only: a "\\r", a form feed, "\\x1c" or U+2028 in
+    a directory's name is part of the path, which ``str.splitlines`` would cut in two."""
+    odd = tmp_path / "cr\rff\x0cfs\x1cls\u2028end"
+    odd.mkdir()
+    lib = build_library(tmp_path, "libodd.so.1", "libodd.so.1")
+    moved = odd / "libodd.so.1"
+    shutil.copy(lib, moved)
+    out = probe_after_loading([moved], _env(tmp_path))
+    entry = next((e for e in out["native"]["libraries"] if e["path"] == str(moved)), None)
+    assert entry == {"name": "libodd.so.1", "path": str(moved),
+                     "sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}
+    assert not any(e["path"].startswith(str(odd)) and e is not entry
+                   for e in out["native"]["libraries"])
+
+
 def test_the_soname_comes_from_the_elf_file(tmp_path: Path) -> None:
     named = build_library(tmp_path, "libdemo.so.1.2.3", "libdemo.so.1")
     bare = build_library(tmp_path, "libbare.so", None)

@@ -47,9 +47,13 @@ _STDLIB_EXTENSIONS = "/lib-dynload/"
 def mapped_libraries(text: str) -> List[str]:
     """The shared objects ``/proc/self/maps`` lists (one path each, sorted), but the
     interpreter's own extension modules; a file deleted or replaced since it was mapped keeps
-    the kernel's `` (deleted)`` mark."""
+    the kernel's `` (deleted)`` mark.
+
+    Lines are split on ``\n`` alone: the kernel ends each line with it and writes a newline in
+    a path as ``\012`` (``seq_path``), while every other character of a path - ``\r``, a form
+    feed, ``\x1c``, U+2028, all line breaks to ``str.splitlines`` - is written as it is."""
     seen: Set[str] = set()
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue
