@@ -14,11 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, make_dist, needs_tool
+from helpers import REPO, make_dist, make_lock, needs_tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,6 +124,32 @@ def test_a_library_from_outside_any_package_is_named_by_its_soname_and_hash(tmp_
     if db is not None and db.manager == "dpkg":  # the test image is Debian: libc is libc6's
         libc = next(e for e in out["native"]["libraries"] if e["name"] == "libc.so.6")
         assert libc.get("os_package") == "libc6" and "sha256" not in libc
+
+
+def test_a_library_whose_soname_holds_a_plus_is_kept_in_a_replay_record(tmp_path: Path) -> None:
+    """``libstdc++.so.6``, ``libfoo+cu121.so``: a soname with ``+`` is a record's context key
+    like any other, written, read back and compared."""
+    from envlock.lock._seal import canonical_form
+    from envlock.replay.compare import compare_records, context_of
+    from envlock.replay.record import Meta, Record, Step, dumps, loads, seal
+
+    def record_of(lib: Path, loss: float) -> Record:
+        out = probe_after_loading([lib], _env(tmp_path))
+        meta = Meta(tool_version="0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                    where="host", command=["python", "train.py"], exit_code=0)
+        rec = Record(record=meta, context=context_of(canonical_form(make_lock(native=out["native"]))),
+                     steps=[Step(step=0, metrics={"loss": loss})])
+        return loads(dumps(seal(rec)))
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = build_library(tmp_path / "a", "libfoo+cu121.so", "libfoo+cu121.so")
+    rebuilt = build_library(tmp_path / "b", "libfoo+cu121.so", "libfoo+cu121.so", "int f(void){return 2;}")
+    original, replay = record_of(first, 0.5), record_of(rebuilt, 0.25)
+    key = "native.unowned.libfoo+cu121.so"
+    assert str(first) in str(original.context.get(key)), sorted(original.context)
+    change = next(c for c in compare_records(original, replay).context if c.key == key)
+    assert str(first) in str(change.original) and str(rebuilt) in str(change.replay)
 
 
 def _fastmath(tmp_path: Path) -> tuple[Path, Path]:
