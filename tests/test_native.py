@@ -23,7 +23,7 @@ from helpers import REPO, make_dist, make_lock, needs_tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlock.probe import native, ospkgs, statcache
+from envlock.probe import native, ospkgs, rules, statcache
 from envlock.probe.filehashes import FileHashes
 from envlock.probe.procs import run_tool
 
@@ -366,6 +366,74 @@ def test_without_threadpoolctl_runtimes_are_named_from_the_files(monkeypatch: py
     assert [(r["api"], r["implementation"], r["library"]) for r in runtimes] == [
         ("blas", "mkl", "libmkl_rt.so.2"), ("blas", "openblas", "libscipy_openblas64_-32a4b2a6.so"),
         ("openmp", "openmp", "libgomp.so.1"), ("openmp", "openmp", "libiomp5.so")]
+
+
+# Real file names (sonames where they have one) of libraries that decide numbers, with what
+# threadpoolctl calls those that are BLAS or OpenMP runtimes.
+NUMERICS_NAMES = [
+    ("libcudart.so.13", None), ("libcudnn_ops.so.9", None), ("libcublasLt.so.13", None),
+    ("libcusparseLt.so.0", None), ("libnccl.so.2", None), ("libnvrtc-builtins.so.13.0", None),
+    ("libnvJitLink.so.13", None), ("libamdhip64.so.6", None), ("libMIOpen.so.1", None),
+    ("librccl.so.1", None), ("librocblas.so.4", None), ("libhipblas.so.2", None),
+    ("libhipblaslt.so.0", None), ("librocfft.so.0", None), ("librocrand.so.1", None),
+    ("librocsolver.so.0", None), ("librocsparse.so.1", None), ("libhipfft.so.0", None),
+    ("libhipsparse.so.1", None), ("libmkl_core.so.2", None), ("libblas.so.3", None),
+    ("liblapack.so.3", None),
+    ("libmkl_rt.so.2", ("blas", "mkl")),
+    ("libopenblas.so.0", ("blas", "openblas")),
+    ("libopenblasp-r0-085ca80a.3.9.so", ("blas", "openblas")),  # scipy 1.5's wheel
+    ("libopenblasp-r0-2ecf47d5.3.7.dev.so", ("blas", "openblas")),  # numpy 1.17's
+    ("libopenblas64_p-r0-0cf96a72.3.23.dev.so", ("blas", "openblas")),  # numpy 1.26's
+    ("libopenblas_haswellp-r0.2.20.so", ("blas", "openblas")),
+    ("libopenblaso.so.0", ("blas", "openblas")),
+    ("libscipy_openblas64_-ff651d7f.so", ("blas", "openblas")),  # numpy 2's
+    ("libblis.so.4", ("blas", "blis")), ("libflexiblas.so.3", ("blas", "flexiblas")),
+    ("libgomp.so.1", ("openmp", "openmp")), ("libgomp-a34b3233.so.1", ("openmp", "openmp")),
+    ("libiomp5.so", ("openmp", "openmp")), ("libomp.so.5", ("openmp", "openmp")),
+]
+# Names that begin like one of them and are something else.
+NOT_NUMERICS = ["librocksdb.so.8", "librocm_smi64.so.7", "libroctx64.so.4", "librocprofiler64.so.2",
+                "libompl.so.17", "libomptarget.so.17", "libompitrace.so", "libcurl.so.4",
+                "libcupti.so.13", "libcuda.so.1", "libblosc2.so.2",
+                "libstdc++.so.6", "libhipblasfoo.so", "libopenblastic.so",
+                "libc.so.6", "libopenjp2.so.7"]
+
+
+@pytest.mark.parametrize(("name", "runtime"), NUMERICS_NAMES)
+def test_a_library_that_decides_numbers_is_one_by_its_name(name: str, runtime: tuple[str, str] | None) -> None:
+    assert rules.numerics_library(name)
+    assert rules.numerics_runtime(name) == runtime
+
+
+@pytest.mark.parametrize("name", NOT_NUMERICS)
+def test_a_library_named_like_one_that_decides_numbers_is_not_one(name: str) -> None:
+    assert not rules.numerics_library(name)
+    assert rules.numerics_runtime(name) is None
+
+
+@pytest.mark.parametrize("name", ["libhipblaslt.so.0", "librocfft.so.0", "librocsparse.so.1",
+                                  "libopenblasp-r0-085ca80a.3.9.so"])
+def test_a_numerics_library_loaded_from_another_file_is_breaking(name: str) -> None:
+    from envlock.drift.compare import compare
+
+    def lock(path: str, **owner: str) -> Any:
+        return make_lock(native={"libraries": [{"name": name, "path": path, **owner}], "runtimes": []})
+
+    ours = lock(f"/venv/site/torch/lib/{name}", distribution="torch", file=f"torch/lib/{name}")
+    cluster = lock(f"/opt/rocm/lib/{name}", sha256="a" * 64)
+    found = {d.path: d for d in compare(ours, cluster).differences}
+    assert found[f"native.libraries.{name}"].severity == "breaking"
+
+
+def test_runtimes_named_from_files_are_the_numerics_rule_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without threadpoolctl a runtime is named by the same rule the comparator judges by:
+    every name it counts as a runtime, none it does not."""
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    names = [name for name, _ in NUMERICS_NAMES] + NOT_NUMERICS
+    runtimes, source = native.collect_runtimes([f"/opt/lib/{name}" for name in names])
+    assert source == "maps"
+    assert sorted((r["library"], (r["api"], r["implementation"])) for r in runtimes) == sorted(
+        (name, runtime) for name, runtime in NUMERICS_NAMES if runtime is not None)
 
 
 def test_importing_threadpoolctl_leaves_the_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:

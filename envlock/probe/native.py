@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 from .files import open_regular, read_text, sha256
 from .ospkgs import merged_usr_spellings
+from .rules import numerics_runtime
 
 MAPS = "/proc/self/maps"
 # A torch process maps a few thousand regions; each line is short.
@@ -258,31 +259,16 @@ def file_sha256(path: str) -> Optional[str]:
 
 # -- BLAS and OpenMP runtimes --------------------------------------------------------------------
 
-# Without threadpoolctl, a runtime is known by its file's name only: (api, implementation) as
-# threadpoolctl names them, so that entries of the two sources compare.
-_RUNTIME_NAMES = (
-    (r"^lib(scipy_)?openblas", "blas", "openblas"),
-    (r"^libmkl_rt", "blas", "mkl"),
-    (r"^libblis", "blas", "blis"),
-    (r"^libflexiblas", "blas", "flexiblas"),
-    (r"^lib(g|i|)omp(5)?([-.]|$)", "openmp", "openmp"),
-)
 _RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
-
-
-def runtime_of(name: str) -> Optional[Tuple[str, str]]:
-    """(api, implementation) of a BLAS or OpenMP runtime's file name, else None."""
-    for pattern, api, implementation in _RUNTIME_NAMES:
-        if re.match(pattern, name):
-            return api, implementation
-    return None
 
 
 def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     """(the BLAS and OpenMP runtimes this process loaded, where their facts come from).
 
     threadpoolctl, when importable here, asks each runtime (OpenBLAS's core type, MKL's code
-    path, thread counts); otherwise the runtimes among ``paths`` are named from their files.
+    path, thread counts); otherwise the runtimes among ``paths`` are named from their files
+    alone (``rules.numerics_runtime``), as threadpoolctl names them, so that entries of the two
+    sources compare.
     """
     threadpoolctl = _import_threadpoolctl()
     if threadpoolctl is not None:
@@ -293,7 +279,7 @@ def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     out = []
     for path in paths:
         leaf = path.rsplit("/", 1)[-1]
-        found = runtime_of(leaf)
+        found = numerics_runtime(leaf)
         if found is not None and not path.endswith(_DELETED):
             out.append({"api": found[0], "implementation": found[1], "library": leaf, "path": path})
     return _sorted(out), "maps"
