@@ -8,6 +8,7 @@ interpreter, so what is checked is what the kernel maps and the probe reads back
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -35,6 +36,13 @@ from envlock.probe.collect import collect
 doc = collect(torch="no", cache=True)
 print(json.dumps({"native": doc.get("native"), "errors": doc["probe"]["errors"]}))
 """
+
+
+def _mapped() -> list[str]:
+    """The libraries this test process has mapped (Linux: there always is a maps file)."""
+    found = native.loaded_libraries()
+    assert found is not None
+    return found
 
 
 def build_library(directory: Path, name: str, soname: str | None, body: str = "int f(void){return 1;}") -> Path:
@@ -100,6 +108,64 @@ def test_a_library_whose_path_holds_line_breaks_other_than_newline_is_found(tmp_
                    for e in out["native"]["libraries"])
 
 
+def test_a_maps_file_that_cannot_be_read_whole_is_an_error_not_an_empty_list(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Part of the maps file, or none of it, would be a process that loaded fewer libraries."""
+    copy = tmp_path / "maps"
+    copy.write_bytes(Path("/proc/self/maps").read_bytes())
+    whole = native.loaded_libraries(str(copy))
+    assert whole and any("/libc.so" in p or "/libc-" in p for p in whole)
+    monkeypatch.setattr(native, "MAX_MAPS", copy.stat().st_size - 1)
+    with pytest.raises(OSError, match="larger than"):
+        native.loaded_libraries(str(copy))
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="not a regular file"):
+        native.loaded_libraries(str(tmp_path))
+    with pytest.raises(FileNotFoundError):  # on Linux, where a process has one
+        native.loaded_libraries(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("why", ["unreadable", "over its cap"])
+def test_libraries_not_captured_are_no_native_section_and_no_replay_claims_them(
+        why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture whose maps could not be read has no ``[native]`` (its error says why), so a
+    replay compares no ``native.*`` fact rather than name every library as gone."""
+    from envlock.lock._seal import canonical_form
+    from envlock.probe.collect import collect
+    from envlock.probing.capture import build_lock
+    from envlock.replay.compare import compare_records, context_of
+    from envlock.replay.record import Meta, Record, Step
+    from envlock.replay.report import replay_text
+
+    def record_of(doc: dict[str, Any], loss: float) -> Record:
+        meta = Meta(tool_version="0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                    where="host", command=["python", "train.py"], exit_code=0)
+        return Record(record=meta, context=context_of(canonical_form(build_lock(doc))),
+                      steps=[Step(step=0, metrics={"loss": loss})])
+
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    lib = build_library(tmp_path, "libstandin.so.1", "libstandin.so.1")
+    ctypes.CDLL(str(lib))  # one library no package vouches for: a fact the replay would compare
+    captured = collect(torch="no", git=False)
+    assert captured["native"]["libraries"] and "native" not in captured["probe"]["errors"]
+    if why == "unreadable":
+        monkeypatch.setattr(native, "MAPS", str(tmp_path))  # a directory: not a regular file
+    else:
+        monkeypatch.setattr(native, "MAX_MAPS", 1024)
+    missing = collect(torch="no", git=False)
+    assert "native" not in missing
+    assert missing["probe"]["errors"]["native"].startswith("UnsafeFile")
+    original = record_of(captured, 0.5)
+    assert any(k.startswith("native.unowned.libstandin") for k in original.context)
+    for a, b in ((original, record_of(missing, 0.25)), (record_of(missing, 0.25), original)):
+        cmp = compare_records(a, b)
+        assert not [c.key for c in cmp.context if c.key.startswith("native.")]
+        # The verdict says these facts were not compared, not that they did not differ.
+        assert "native.unowned" in cmp.not_compared
+        line = next(x for x in replay_text(cmp, "run.record").splitlines() if "not compared" in x)
+        assert "native.unowned" in line
+
+
 def test_the_soname_comes_from_the_elf_file(tmp_path: Path) -> None:
     named = build_library(tmp_path, "libdemo.so.1.2.3", "libdemo.so.1")
     bare = build_library(tmp_path, "libbare.so", None)
@@ -109,7 +175,7 @@ def test_the_soname_comes_from_the_elf_file(tmp_path: Path) -> None:
     assert native.elf_soname(str(bare)) is None
     assert native.elf_soname(str(text)) is None
     assert native.elf_soname(str(tmp_path / "missing.so")) is None
-    libc = [p for p in native.loaded_libraries() if "/libc.so" in p or "/libc-" in p]
+    libc = [p for p in _mapped() if "/libc.so" in p or "/libc-" in p]
     assert libc and native.elf_soname(libc[0]) == "libc.so.6"
 
 
@@ -290,7 +356,7 @@ def test_rpm_names_the_package_of_a_library_in_one_query(tmp_path: Path, monkeyp
     """A real rpm database says which package lists the libm this process mapped: one ``rpm -qf``
     for every library asked about, each answer told apart by the file it names; a library no
     package lists is hashed as before."""
-    mapped = native.loaded_libraries()
+    mapped = _mapped()
     libm = next(p for p in mapped if os.path.basename(p).startswith("libm.so"))
     libc = next(p for p in mapped if os.path.basename(p).startswith("libc.so"))
     listed = max(ospkgs.merged_usr_spellings(libm), key=len)  # rpm-based systems list /usr/lib64/...
@@ -347,7 +413,7 @@ def test_runtimes_through_threadpoolctl_with_real_numpy_and_torch() -> None:
     import threadpoolctl  # noqa: F401  (a dev dependency: the tests exercise it)
     import torch  # noqa: F401  (loads its OpenMP runtime)
 
-    runtimes, source = native.collect_runtimes(native.loaded_libraries())
+    runtimes, source = native.collect_runtimes(_mapped())
     assert source == "threadpoolctl"
     blas = next(r for r in runtimes if r["api"] == "blas")
     assert blas["implementation"] == "openblas" and blas["version"] and blas["architecture"]
@@ -441,9 +507,9 @@ def test_importing_threadpoolctl_leaves_the_environment_as_it_was(monkeypatch: p
     environment of the process it describes (nor record its own mark in [env])."""
     monkeypatch.delitem(sys.modules, "threadpoolctl", raising=False)
     monkeypatch.delenv("KMP_DUPLICATE_LIB_OK", raising=False)
-    _, source = native.collect_runtimes(native.loaded_libraries())
+    _, source = native.collect_runtimes(_mapped())
     assert source == "threadpoolctl" and "KMP_DUPLICATE_LIB_OK" not in os.environ
     monkeypatch.delitem(sys.modules, "threadpoolctl")
     monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "FALSE")  # the user's own setting stays
-    native.collect_runtimes(native.loaded_libraries())
+    native.collect_runtimes(_mapped())
     assert os.environ["KMP_DUPLICATE_LIB_OK"] == "FALSE"

@@ -22,7 +22,7 @@ import struct
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .files import open_regular, read_text, sha256
+from .files import open_regular, read_regular, sha256
 from .ospkgs import merged_usr_spellings
 from .rules import numerics_runtime
 
@@ -65,10 +65,20 @@ def mapped_libraries(text: str) -> List[str]:
     return sorted(seen)
 
 
-def loaded_libraries() -> List[str]:
-    """The shared objects this process has mapped now ([] where there is no /proc)."""
-    text = read_text(MAPS, MAX_MAPS)
-    return mapped_libraries(text) if text else []
+def loaded_libraries(maps: Optional[str] = None) -> Optional[List[str]]:
+    """The shared objects this process has mapped now, from ``maps`` (``MAPS`` by default).
+
+    None where the system has no such file (not Linux): the libraries are not known there. A
+    maps file that is there but cannot be read whole (unreadable, over ``MAX_MAPS``) raises
+    ``OSError``: the libraries of part of it, or none, would read as a process that loaded
+    fewer libraries, and a comparison would name every missing one."""
+    try:
+        data = read_regular(maps or MAPS, MAX_MAPS)
+    except FileNotFoundError:
+        if sys.platform.startswith("linux"):
+            raise
+        return None
+    return mapped_libraries(data.decode("utf-8", "replace"))
 
 
 # -- ELF: the soname, which is what the dynamic loader looks a library up by ----------------------
