@@ -163,6 +163,32 @@ def test_torch_library_file_touched_changes_the_key(tmp_path: Path, monkeypatch:
     assert torch_cache_key() != before
 
 
+def test_a_numerics_library_on_ld_library_path_changes_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library `import torch` may load from LD_LIBRARY_PATH in place of its own is keyed by
+    stat when it is one that decides numbers (``rules.numerics_library``, the comparator's rule):
+    ROCm's hipBLASLt and rocFFT, an older scipy's OpenBLAS; another library is not."""
+    site_dir = tmp_path / "site"
+    (site_dir / "torch").mkdir(parents=True)
+    (site_dir / "torch" / "__init__.py").write_text("")
+    info = site_dir / "torch-9.9.9.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text(f"torch/__init__.py,sha256=x,0\n{info.name}/RECORD,,\n")
+    monkeypatch.syspath_prepend(str(site_dir))
+    libs = tmp_path / "cluster-libs"
+    libs.mkdir()
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(libs))
+    before = torch_cache_key()
+    assert before is not None
+    (libs / "librocksdb.so.8").write_bytes(b"\0" * 8)
+    assert torch_cache_key() == before
+    for name in ("libhipblaslt.so.0", "librocfft.so.0", "libopenblasp-r0-085ca80a.3.9.so"):
+        (libs / name).write_bytes(b"\0" * 8)
+        after = torch_cache_key()
+        assert after != before, name
+        before = after
+
+
 def _key() -> str:
     key = torch_cache_key()
     assert key is not None

@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import source
 from .files import read_text, sha256
+from .native import is_shared_object
 from .packages import path_entries
-from .rules import canonicalize_name
+from .rules import canonicalize_name, numerics_library
 from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record, write_cache
 
 # ---------------------------------------------------------------------------------------------
@@ -40,10 +41,16 @@ _KEY_ENV_PREFIXES = (
     "PYTHONSAFEPATH", "PYTHONUSERBASE",
 )
 # Strings compiled by ``re`` on first use: only a run that reads torch's facts needs them.
-_KEY_LIB_RE = (
-    r"^lib(cuda|cudart|cudnn|cublas|nccl|nvrtc|nvrtc-builtins|nvJitLink|cufft|curand|cusolver|"
-    r"cusparse|cupti|nvToolsExt|amdhip64|MIOpen|rccl|rocblas|hipblas|gomp|iomp5|mkl)[^/]*\.so")
+# Of the files in LD_LIBRARY_PATH's directories, those `import torch` may load in place of its
+# own: the libraries that decide numerics (``rules.numerics_library``) and those that do not
+# but that torch's facts come from (the CUDA driver's, the profiler's, NVTX).
+_KEY_LIB_ALSO_RE = r"^lib(cuda|cupti|nvToolsExt)(?![a-z])"
 _KEY_DIST_RE = r"(?i)^(torch|triton|pytorch_triton[^-]*|nvidia_[^-]+)-[^-]+\.dist-info$"
+
+
+def _key_library(name: str) -> bool:
+    """Whether a file of a directory on LD_LIBRARY_PATH goes into the key."""
+    return is_shared_object(name) and (numerics_library(name) or re.match(_KEY_LIB_ALSO_RE, name) is not None)
 
 
 def _stat_line(path: str) -> str:
@@ -111,7 +118,7 @@ def torch_cache_key(records: Optional[RecordDigests] = None) -> Optional[str]:
             put("%s:unreadable" % directory)
             continue
         for name in names:
-            if re.match(_KEY_LIB_RE, name):
+            if _key_library(name):
                 put(_stat_line(os.path.join(directory, name)))
     for lib in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
         if lib:

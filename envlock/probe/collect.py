@@ -172,7 +172,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             if info:
                 doc["torch"] = info
                 libs = guard("torch", lambda: cuda_libraries(
-                    torch_mod, loaded_libraries(), torch_pins(
+                    torch_mod, _mapped_now(), torch_pins(
                         _metadata_head(locations.get("torch")),
                         _metadata_head(locations.get("cuda-toolkit")))))
                 if libs:
@@ -195,17 +195,23 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             doc["canary"] = result
     # Native code as loaded, read after everything this run imports (torch, NVML, the canary):
     # with cached facts, the libraries and runtimes `import torch` loaded come from the cache.
-    loaded = guard("native", loaded_libraries) or []
-    if facts is not None:
-        loaded = sorted(set(loaded) | set(facts.get("libraries") or ()))
-        runtimes = (facts.get("runtimes") or [], facts.get("runtimes_source") or "maps")
-    else:
-        runtimes = guard("native", lambda: collect_runtimes(loaded)) or ([], "maps")
-    native = guard("native", lambda: _native(
-        loaded, runtimes, deep_locations, libraries_of, conda_libraries, databases,
-        files_cache, now_ns))
-    if native is not None:
-        doc["native"] = native
+    # Where the mapped libraries cannot be read (no maps file, one unreadable or over its cap),
+    # there is no [native] at all, and the error says why: an empty one would be a process that
+    # loaded nothing, and a comparison would name every library the other side loaded.
+    mapped = guard("native", loaded_libraries)
+    loaded = mapped or []
+    runtimes: Tuple[List[Dict[str, Any]], str] = ([], "maps")
+    if mapped is not None:
+        if facts is not None:
+            loaded = sorted(set(loaded) | set(facts.get("libraries") or ()))
+            runtimes = (facts.get("runtimes") or [], facts.get("runtimes_source") or "maps")
+        else:
+            runtimes = guard("native", lambda: collect_runtimes(loaded)) or ([], "maps")
+        native = guard("native", lambda: _native(
+            loaded, runtimes, deep_locations, libraries_of, conda_libraries, databases,
+            files_cache, now_ns))
+        if native is not None:
+            doc["native"] = native
     if "torch" in doc:
         from .compilestate import collect_compile
 
@@ -219,7 +225,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     if records is not None:
         records.save()
     if facts is None and key and "torch" in doc and "torch" not in errors \
-            and "determinism" not in errors and "native" not in errors:
+            and "determinism" not in errors and "native" not in errors and "native" in doc:
         # The flags of this fresh interpreter, minus what is read live on every run; the files
         # importing torch mapped and the runtimes among them.
         flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
@@ -300,6 +306,15 @@ def _native(loaded: List[str], runtimes: Tuple[List[Dict[str, Any]], str],
     if runtimes[0]:
         out["runtimes_source"] = runtimes[1]
     return out
+
+
+def _mapped_now() -> List[str]:
+    """The libraries mapped now, for what torch's CUDA libraries say of themselves; [] where
+    they cannot be read (then no loaded version is known, and [native]'s error says why)."""
+    try:
+        return loaded_libraries() or []
+    except OSError:
+        return []
 
 
 # The stat cache of the loaded libraries' hashes, apart from --deep's per site directory.

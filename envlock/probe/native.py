@@ -22,9 +22,9 @@ import struct
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .files import open_regular, read_text, sha256
+from .files import open_regular, read_regular, sha256
 from .ospkgs import merged_usr_spellings
-from .rules import RUNTIME_FIELDS
+from .rules import RUNTIME_FIELDS, numerics_runtime
 
 MAPS = "/proc/self/maps"
 # A torch process maps a few thousand regions; each line is short.
@@ -48,9 +48,13 @@ _STDLIB_EXTENSIONS = "/lib-dynload/"
 def mapped_libraries(text: str) -> List[str]:
     """The shared objects ``/proc/self/maps`` lists (one path each, sorted), but the
     interpreter's own extension modules; a file deleted or replaced since it was mapped keeps
-    the kernel's `` (deleted)`` mark."""
+    the kernel's `` (deleted)`` mark.
+
+    Lines are split on ``\n`` alone: the kernel ends each line with it and writes a newline in
+    a path as ``\012`` (``seq_path``), while every other character of a path - ``\r``, a form
+    feed, ``\x1c``, U+2028, all line breaks to ``str.splitlines`` - is written as it is."""
     seen: Set[str] = set()
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue
@@ -61,10 +65,20 @@ def mapped_libraries(text: str) -> List[str]:
     return sorted(seen)
 
 
-def loaded_libraries() -> List[str]:
-    """The shared objects this process has mapped now ([] where there is no /proc)."""
-    text = read_text(MAPS, MAX_MAPS)
-    return mapped_libraries(text) if text else []
+def loaded_libraries(maps: Optional[str] = None) -> Optional[List[str]]:
+    """The shared objects this process has mapped now, from ``maps`` (``MAPS`` by default).
+
+    None where the system has no such file (not Linux): the libraries are not known there. A
+    maps file that is there but cannot be read whole (unreadable, over ``MAX_MAPS``) raises
+    ``OSError``: the libraries of part of it, or none, would read as a process that loaded
+    fewer libraries, and a comparison would name every missing one."""
+    try:
+        data = read_regular(maps or MAPS, MAX_MAPS)
+    except FileNotFoundError:
+        if sys.platform.startswith("linux"):
+            raise
+        return None
+    return mapped_libraries(data.decode("utf-8", "replace"))
 
 
 # -- ELF: the soname, which is what the dynamic loader looks a library up by ----------------------
@@ -255,30 +269,15 @@ def file_sha256(path: str) -> Optional[str]:
 
 # -- BLAS and OpenMP runtimes --------------------------------------------------------------------
 
-# Without threadpoolctl, a runtime is known by its file's name only: (api, implementation) as
-# threadpoolctl names them, so that entries of the two sources compare.
-_RUNTIME_NAMES = (
-    (r"^lib(scipy_)?openblas", "blas", "openblas"),
-    (r"^libmkl_rt", "blas", "mkl"),
-    (r"^libblis", "blas", "blis"),
-    (r"^libflexiblas", "blas", "flexiblas"),
-    (r"^lib(g|i|)omp(5)?([-.]|$)", "openmp", "openmp"),
-)
-
-
-def runtime_of(name: str) -> Optional[Tuple[str, str]]:
-    """(api, implementation) of a BLAS or OpenMP runtime's file name, else None."""
-    for pattern, api, implementation in _RUNTIME_NAMES:
-        if re.match(pattern, name):
-            return api, implementation
-    return None
 
 
 def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     """(the BLAS and OpenMP runtimes this process loaded, where their facts come from).
 
     threadpoolctl, when importable here, asks each runtime (OpenBLAS's core type, MKL's code
-    path, thread counts); otherwise the runtimes among ``paths`` are named from their files.
+    path, thread counts); otherwise the runtimes among ``paths`` are named from their files
+    alone (``rules.numerics_runtime``), as threadpoolctl names them, so that entries of the two
+    sources compare.
     """
     threadpoolctl = _import_threadpoolctl()
     if threadpoolctl is not None:
@@ -289,7 +288,7 @@ def collect_runtimes(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     out = []
     for path in paths:
         leaf = path.rsplit("/", 1)[-1]
-        found = runtime_of(leaf)
+        found = numerics_runtime(leaf)
         if found is not None and not path.endswith(_DELETED):
             out.append({"api": found[0], "implementation": found[1], "library": leaf, "path": path})
     return _sorted(out), "maps"

@@ -394,15 +394,36 @@ def read_knobs(torch: Any, names: Optional[List[str]] = None) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 # Libraries whose file decides kernels or reductions: CUDA's math libraries and runtime, NCCL,
-# the OpenMP runtimes, MKL, OpenBLAS and BLIS (and ROCm's counterparts). One of them loaded
-# from another file than the lock's is drift: a cluster's module system putting its cuDNN on
-# LD_LIBRARY_PATH in front of the nvidia-* wheel's is the classic divergence nothing else sees.
-# Matched on the file's soname (or name) after "lib", up to a character that cannot continue
-# the word: libcublasLt, libcudnn_ops.so.9, libgomp-a34b3233.so.1, libscipy_openblas64_-xx.so.
-_NUMERICS_LIBRARY = (
-    r"^lib(?:cudart|cudnn|cublas|cufft|curand|cusolver|cusparse|nccl|nvrtc|nvJitLink|gomp|"
-    r"iomp5|omp|mkl|openblas|scipy_openblas|blis|flexiblas|blas|cblas|lapack|amdhip64|MIOpen|"
-    r"rccl|rocblas|hipblas)(?![a-z])")
+# ROCm's counterparts, the OpenMP runtimes, MKL, OpenBLAS, BLIS and the reference BLAS/LAPACK.
+# One of them loaded from another file than the lock's is drift: a cluster's module system
+# putting its cuDNN on LD_LIBRARY_PATH in front of the nvidia-* wheel's is the classic divergence
+# nothing else sees. The one list of them: the comparator, the probe's cache key and the naming
+# of BLAS/OpenMP runtimes without threadpoolctl all read it.
+# Each is the name after "lib" (a regular expression), and the (api, implementation) that
+# threadpoolctl gives the library when it is a BLAS or OpenMP runtime it can ask. A name matches
+# up to a character that cannot continue the word (anything but a lower-case letter):
+# libcublasLt, libcudnn_ops.so.9, libgomp-a34b3233.so.1, libscipy_openblas64_-xx.so,
+# libopenblas64_p-r0-xx.so; so librocksdb is no ROCm library and libompl no OpenMP runtime.
+# Where one name begins another, the longer comes first (mkl_rt, then the rest of MKL); a name
+# holds no group of its own (``numerics_runtime`` tells the entry by the group that matched).
+_BLAS = ("blas", "openblas")
+_OPENMP = ("openmp", "openmp")
+NUMERICS_LIBRARIES: Tuple[Tuple[str, Optional[Tuple[str, str]]], ...] = (
+    ("cudart", None), ("cudnn", None), ("cublas", None), ("cufft", None), ("curand", None),
+    ("cusolver", None), ("cusparse", None), ("nccl", None), ("nvrtc", None), ("nvJitLink", None),
+    ("amdhip64", None), ("MIOpen", None), ("rccl", None), ("rocblas", None), ("hipblas", None),
+    ("hipblaslt", None), ("rocfft", None), ("rocrand", None), ("rocsolver", None),
+    ("rocsparse", None), ("hipfft", None), ("hiprand", None), ("hipsolver", None),
+    ("hipsparse", None),
+    ("gomp", _OPENMP), ("iomp5", _OPENMP), ("omp", _OPENMP),
+    ("mkl_rt", ("blas", "mkl")), ("mkl", None),
+    # OpenBLAS's own builds add a letter for their threading: libopenblasp-r0-<hash>.<ver>.so
+    # (pthreads, older numpy and scipy wheels), libopenblaso (OpenMP, Fedora).
+    ("openblas[op]?", _BLAS), ("scipy_openblas", _BLAS),
+    ("blis", ("blas", "blis")), ("flexiblas", ("blas", "flexiblas")),
+    ("blas", None), ("cblas", None), ("lapack", None),
+)
+_NUMERICS_LIBRARY = "^lib(?:%s)(?![a-z])" % "|".join("(%s)" % name for name, _ in NUMERICS_LIBRARIES)
 
 
 def numerics_library(name: str) -> bool:
@@ -414,6 +435,13 @@ def numerics_library(name: str) -> bool:
 # fields, the comparator and a replay record's context compare them. A runtime named from its
 # file alone (no threadpoolctl where the probe ran) has none of them.
 RUNTIME_FIELDS = ("version", "threading_layer", "architecture", "num_threads")
+
+
+def numerics_runtime(name: str) -> Optional[Tuple[str, str]]:
+    """(api, implementation) as threadpoolctl names them of a BLAS or OpenMP runtime's soname or
+    file name (``libmkl_rt.so.2``: ("blas", "mkl")), else None."""
+    m = re.match(_NUMERICS_LIBRARY, name)
+    return NUMERICS_LIBRARIES[m.lastindex - 1][1] if m is not None and m.lastindex else None
 
 
 # What a GPU gets from a CUDA build of torch (``torch.cuda.get_arch_list()``): "native" when a

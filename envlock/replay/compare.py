@@ -163,6 +163,10 @@ class ReplayComparison:
     failed: int | None = None
     code: tuple[CodeChange, ...] = ()
     exit_code: int = 0
+    # The families of facts one record kept and the other did not (``native.libraries``: a
+    # process whose libraries could not be read, or a record written before they were kept):
+    # not compared, and said so, rather than counted as no difference.
+    not_compared: tuple[str, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -184,6 +188,7 @@ class ReplayComparison:
             "code": [vars(c) for c in self.code],
             "context": [{"key": c.key, "original": c.original, "replay": c.replay,
                          "ranks": list(c.ranks)} for c in self.context],
+            "not_compared": list(self.not_compared),
         }
 
 
@@ -330,6 +335,16 @@ def context_changes(original: Record, replay: Record) -> list[ContextChange]:
     return sorted(out, key=lambda c: (c.key, c.ranks))
 
 
+def families_not_compared(original: Record, replay: Record) -> list[str]:
+    """The families added later (``_ADDED_LATER``, as ``native.libraries``) that one record
+    kept on a rank both records have and the other did not: ``_context_changes`` skips them."""
+    ours, theirs = rank_contexts(original), rank_contexts(replay)
+    found: set[str] = set()
+    for rank in set(ours) & set(theirs):
+        found |= {_family(k) for k in ours[rank]} ^ {_family(k) for k in theirs[rank]}
+    return sorted(f.rstrip(".") for f in found if f)
+
+
 def _commands(original: Record, replay: Record) -> tuple[list[str], list[str]]:
     """The two commands as run: the first word as the program it found where both records
     know it (``python`` and the venv's ``bin/python`` given after ``--`` are one command)."""
@@ -378,4 +393,5 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
     div += _outputs(original, replay)
     return ReplayComparison(tuple(div), tuple(drift), tuple(context_changes(original, replay)),
                             min(len(original.steps), len(replay.steps)), tol,
-                            code=tuple(code_changes(original, replay)), exit_code=replay.record.exit_code)
+                            code=tuple(code_changes(original, replay)), exit_code=replay.record.exit_code,
+                            not_compared=tuple(families_not_compared(original, replay)))

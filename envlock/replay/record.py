@@ -119,8 +119,10 @@ class Input(_Model):
 
 
 # A key of ``[context]``: ``table.field`` (``packages.<name>``, ``env.<VARIABLE>``); the context is
-# made of keys that match, so no odd variable name can stop a record from being written.
-CONTEXT_KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+# made of keys that match, so no odd variable name can stop a record from being written. ``+``
+# is a soname's (``native.unowned.libstdc++.so.6``, ``libfoo+cu121.so``): printable, never a
+# separator of keys, and quoted in TOML like the dot every soname has.
+CONTEXT_KEY = re.compile(r"[A-Za-z0-9_.:/+-]{1,200}")
 ContextKey = Annotated[str, StringConstraints(pattern=f"^{CONTEXT_KEY.pattern}$")]
 
 

@@ -90,6 +90,9 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
             lines.append("  no difference in code, packages, CPU, GPU, threads, world size, determinism "
                          "flags, BLAS or numerics variables: a nondeterministic operation or a changed "
                          "input")
+        if cmp.not_compared:
+            lines.append("  not compared, kept by one record only: "
+                         + ", ".join(safe(f) for f in cmp.not_compared))
     return "\n".join(lines) + "\n"
 
 
