@@ -238,6 +238,8 @@ def test_the_loader_is_the_commands_python_else_the_environment_capture_chooses(
 
 def test_the_probe_names_the_cache_loaded_into_the_directory_in_use(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a process that compiled records (``compiled_here``: real compiles in test_compilecache_torch).
+    monkeypatch.setattr(compilestate, "compiled_here", lambda: True)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("ENVLOCK_COMPILE_CACHE_LOADED", f"{'c' * 64}:{tmp_path / 'inductor'}")
     assert compilestate.collect_compile([])["loaded"] == "c" * 64
