@@ -21,7 +21,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from .compilecache import TRITON_DISTRIBUTIONS, loaded_here
+from .compilecache import INDUCTOR_DIR_ENV, TRITON_DISTRIBUTIONS, loaded_here
 from .files import sha256
 from .rules import COMPILE_MODULES, COMPILE_SETTINGS, quiet
 
@@ -111,7 +111,7 @@ def _attribute(obj: Any, parts: List[str]) -> Any:
 def inductor_cache_dir() -> str:
     """Where Inductor keeps compiled graphs, kernels and autotuning results (as torch computes
     it in torch._inductor.runtime.cache_dir_utils, without importing torch._inductor)."""
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    configured = os.environ.get(INDUCTOR_DIR_ENV)
     if configured:
         return os.path.abspath(configured)
     import getpass
