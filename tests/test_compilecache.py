@@ -22,6 +22,7 @@ from envlock.drift.compare import compare
 from envlock.errors import CompileCacheRefused, UsageError
 from envlock.lock._seal import canonical_form
 from envlock.probe import compilecache, compilestate
+from envlock.probe.env import collect_env
 from envlock.probe.rules import ENV_NOT_RECORDED, env_allowed
 from envlock.replay import compilecache as carried
 from envlock.replay.compare import context_of
@@ -238,6 +239,8 @@ def test_the_loader_is_the_commands_python_else_the_environment_capture_chooses(
 
 def test_the_probe_names_the_cache_loaded_into_the_directory_in_use(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a process that compiled records (``compiled_here``: real compiles in test_compilecache_torch).
+    monkeypatch.setattr(compilestate, "compiled_here", lambda: True)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("ENVLOCK_COMPILE_CACHE_LOADED", f"{'c' * 64}:{tmp_path / 'inductor'}")
     assert compilestate.collect_compile([])["loaded"] == "c" * 64
@@ -248,8 +251,30 @@ def test_the_probe_names_the_cache_loaded_into_the_directory_in_use(tmp_path: Pa
         monkeypatch.setenv("ENVLOCK_COMPILE_CACHE_LOADED", garbage)
         assert "loaded" not in compilestate.collect_compile([])
     # Its variables are envlock's bookkeeping for one run, not the environment.
-    assert {compilecache.SAVE_ENV, compilecache.LOADED_ENV} <= set(ENV_NOT_RECORDED)
+    assert {compilecache.SAVE_ENV, compilecache.LOADED_ENV, compilecache.OWN_DIR_ENV} <= set(ENV_NOT_RECORDED)
     assert not env_allowed(compilecache.LOADED_ENV) and env_allowed("ENVLOCK_SEED")
+
+
+def test_the_inductor_directory_envlock_made_is_not_recorded_but_a_users_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader points TORCHINDUCTOR_CACHE_DIR at a fresh temporary directory at every run:
+    recorded, it made every replay with ``--compile-cache`` name the variable as a cause. Its
+    twin: a directory the user (or the process) chose is a cause, and stays recorded."""
+    own = str(tmp_path / "envlock-compile-x" / "inductor")
+    monkeypatch.setenv(compilecache.INDUCTOR_DIR_ENV, own)
+    monkeypatch.setenv(compilecache.OWN_DIR_ENV, own)
+    assert compilecache.INDUCTOR_DIR_ENV not in collect_env()
+    # The process (or the user, under torchrun) pointed it elsewhere: theirs.
+    monkeypatch.setenv(compilecache.INDUCTOR_DIR_ENV, str(tmp_path / "mine"))
+    assert collect_env()[compilecache.INDUCTOR_DIR_ENV] == str(tmp_path / "mine")
+    # No directory of envlock's: a user's own cache, as it always was.
+    monkeypatch.delenv(compilecache.OWN_DIR_ENV)
+    monkeypatch.setenv(compilecache.INDUCTOR_DIR_ENV, own)
+    assert collect_env()[compilecache.INDUCTOR_DIR_ENV] == own
+    # Only that variable: another one with the same value is the user's.
+    monkeypatch.setenv(compilecache.OWN_DIR_ENV, own)
+    monkeypatch.setenv("TRITON_CACHE_DIR", own)
+    assert collect_env()["TRITON_CACHE_DIR"] == own
 
 
 def test_cold_against_warm_is_named_and_is_process_state() -> None:

@@ -19,6 +19,8 @@ from helpers import REPO, needs_tool
 
 from envlock.commands import main
 from envlock.probe import compilecache
+from envlock.replay.compare import compare_records
+from envlock.replay.record import load
 
 pytestmark = pytest.mark.slow
 
@@ -132,3 +134,31 @@ def test_a_cache_of_another_torch_is_refused_by_the_commands_own_torch(
     triton = f"Triton {header['triton']}" if header["triton"] else "no Triton"
     assert f"made by torch 2.0.0 ({triton}); this environment has torch {header['torch']} ({triton})" in err, err
     assert "nothing was run" in err and not (tmp_path / "counters.json").exists()
+
+
+def test_a_replay_with_the_cache_names_no_directory_envlock_made(
+        project: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Recorded and replayed with ``--compile-cache``, each run loads the cache into a fresh
+    temporary directory of envlock's that TORCHINDUCTOR_CACHE_DIR names: a new path at every
+    run, which was named as a cause of every such replay. What the runs started from is
+    ``compile.loaded``. The caches of these processes, which compiled, are recorded. Its twin:
+    a directory the user chose is recorded and named."""
+    assert main(["record", "cold.rec", "--save-compile-cache", "compiled.cache", "--",
+                 sys.executable, "train.py"]) == 0
+    _counters(project)
+    digest = compilecache.read("compiled.cache")[2]
+    assert main(["record", "warm.rec", "--compile-cache", "compiled.cache", "--", sys.executable, "train.py"]) == 0
+    _counters(project)
+    warm = load("warm.rec").context
+    assert warm["compile.loaded"] == digest and warm["compile.caches.inductor.files"] > 0
+    assert "env.TORCHINDUCTOR_CACHE_DIR" not in warm
+    capfd.readouterr()
+    assert main(["replay", "warm.rec", "--json", "--compile-cache", "compiled.cache"]) == 0
+    assert _counters(project)["loaded"] == digest
+    verdict = json.loads(capfd.readouterr().out)
+    assert verdict["same"] and verdict["context"] == [], verdict["context"]
+    # The user's own directory, where the first run compiled cold, is a fact and a cause.
+    cold = load("cold.rec").context
+    assert cold["env.TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cold") and cold["compile.caches.inductor.files"] > 0
+    named = {c.key for c in compare_records(load("cold.rec"), load("warm.rec")).context}
+    assert {"env.TORCHINDUCTOR_CACHE_DIR", "compile.loaded"} <= named, named

@@ -101,3 +101,50 @@ def test_settings_of_the_real_inductor_config() -> None:
 
     wanted = {f"{config}.{attr}" for config, attr in COMPILE_SETTINGS}
     assert wanted - set(settings) <= {"inductor.cpp.simdlen"}, wanted - set(settings)  # None: not recorded
+
+
+NEVER_COMPILES = """
+import os
+import torch
+import envlock
+# Imports Inductor (as libraries that ask whether they are compiled do), compiles nothing.
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+x = torch.linspace(0, 1, 64).reshape(8, 8)
+envlock.record(0, loss=float((x @ x.T).sum()))
+with open(os.environ["CACHE_DIR_OUT"], "w") as fh:
+    fh.write(default_cache_dir())
+"""
+
+
+@pytest.mark.slow  # two torch processes
+def test_a_process_that_never_compiled_records_no_compile_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every torch process recorded the user's shared default caches, so another job that
+    compiled into them meanwhile was named beside a replay of a script that never compiles
+    (``compile.caches.inductor.files: 0 -> 3``). The default directory is torch's own, under a
+    private TMPDIR here. Its twin, a process that compiled, is in test_compilecache_torch."""
+    from envlock.commands import main
+    from envlock.replay.record import load
+
+    ws, tmp = tmp_path / "ws", tmp_path / "tmp"
+    ws.mkdir()
+    tmp.mkdir()
+    (ws / "train.py").write_text(NEVER_COMPILES)
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("CACHE_DIR_OUT", str(tmp_path / "cache_dir"))
+    assert main(["record", "run.rec", "--", sys.executable, "train.py"]) == 0
+    default = Path((tmp_path / "cache_dir").read_text())
+    assert default.parent == tmp and default.name.startswith("torchinductor_")
+    context = load("run.rec").context
+    assert "torch.version" in context
+    assert not [k for k in context if k.startswith("compile.caches.") or k == "compile.loaded"], context
+    # Another job of the same user compiles into the shared default directory meanwhile.
+    _fill(default, {"fxgraph/ab/entry": b"x", "aotautograd/cd/entry": b"y", "triton/0/k.so": b"z"})
+    capfd.readouterr()
+    assert main(["replay", "run.rec", "--json"]) == 0
+    verdict = json.loads(capfd.readouterr().out)
+    assert verdict["same"] and not [c for c in verdict["context"] if c["key"].startswith("compile.")], verdict

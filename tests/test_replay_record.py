@@ -198,6 +198,26 @@ def test_a_family_of_facts_one_record_predates_is_not_a_difference() -> None:
         ("packages.numpy", "2.4.5", "2.4.6")]
 
 
+def test_compile_caches_are_compared_only_where_both_processes_compiled() -> None:
+    """A record of a process that never compiled has no compile caches; one an older envlock
+    wrote has the user's shared cache directories of every torch process (another job fills
+    them), and a cache loaded for a replay that did not compile ran nothing: neither is a
+    cause. Its twin: two processes that compiled, a changed cache or a cold start is named."""
+    old_record = {"compile.triton": "3.7.1", "compile.caches.inductor.files": 0, "compile.caches.triton.files": 0}
+    never = {"compile.triton": "3.7.1"}
+    assert compare_records(rec([1.0], context=old_record), rec([1.0], context=never)).context == ()
+    assert compare_records(rec([1.0], context={**never, "compile.loaded": "a" * 64}),
+                           rec([1.0], context=never)).context == ()
+    warm = {**old_record, "compile.caches.inductor.files": 3, "compile.loaded": "a" * 64}
+    assert [(x.key, x.original, x.replay) for x in compare_records(rec([1.0], context=warm),
+                                                                   rec([1.0], context=old_record)).context] == [
+        ("compile.caches.inductor.files", 3, 0), ("compile.loaded", "a" * 64, None)]
+    # What every torch process records stays compared: another Triton.
+    assert [x.key for x in compare_records(rec([1.0], context=never),
+                                           rec([1.0], context={"compile.triton": "3.8.0"})).context] == [
+        "compile.triton"]
+
+
 def test_context_keeps_numerics_facts_and_drops_the_rest() -> None:
     form = {"platform": {"cpu_model": "EPYC", "kernel": "6.1"},
             "torch": {"cpu_capability": "AVX512", "version": "2.13.0", "arch_list": ["sm_90"],

@@ -45,6 +45,11 @@ MAGIC = b"envlock-compile-cache 1\n"
 # ``<file sha256>:<the Inductor cache directory it was loaded into>``, read by the probe.
 SAVE_ENV = "ENVLOCK_COMPILE_CACHE_OUT"
 LOADED_ENV = "ENVLOCK_COMPILE_CACHE_LOADED"
+# The Inductor cache directory envlock made for one run and pointed ``TORCHINDUCTOR_CACHE_DIR``
+# at (``populate``): a fresh temporary path at every run, so the variable is left out of what the
+# probe records while it names this directory (``set_by_envlock``).
+OWN_DIR_ENV = "ENVLOCK_COMPILE_CACHE_DIR"
+INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
 MAX_HEADER = 64 * 1024
 # A large model's artifacts on a GPU are hundreds of MB; torch loads them from one bytes object.
@@ -265,7 +270,7 @@ def load(path: str, cache_dir: Optional[str] = None) -> Dict[str, Any]:
     _needs_mega_cache(torch, "load_cache_artifacts")
     if cache_dir is not None:
         os.makedirs(cache_dir, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cache_dir)
+        os.environ[INDUCTOR_DIR_ENV] = os.environ[OWN_DIR_ENV] = os.path.abspath(cache_dir)
     info = torch.compiler.load_cache_artifacts(payload or b"")
     if info is None:
         raise CacheError("invalid", "torch could not read its artifacts")
@@ -283,6 +288,14 @@ def loaded_here(inductor_cache_dir: str) -> Optional[str]:
     if sep and len(digest) == 64 and not digest.strip("0123456789abcdef") and directory == inductor_cache_dir:
         return digest
     return None
+
+
+def set_by_envlock(name: str, value: str) -> bool:
+    """True for ``TORCHINDUCTOR_CACHE_DIR`` while it names the directory envlock loaded a compile
+    cache into for this run: envlock's temporary path, another at every run, which no process
+    chose; what the directory held when the process started is ``[compile].loaded``. A value the
+    process or its user set (another cache) is theirs, and recorded."""
+    return name == INDUCTOR_DIR_ENV and bool(value) and value == os.environ.get(OWN_DIR_ENV)
 
 
 # -- populate: load, then become the command -----------------------------------------------------

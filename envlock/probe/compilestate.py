@@ -1,11 +1,13 @@
 """torch.compile's state: the Inductor and Dynamo settings that choose kernels, the Triton
-version, and the compile and autotune caches a run would read.
+version, and the compile and autotune caches a process that compiled read.
 
 A cache directory switch alone gives non-bitwise-identical runs (triton-lang/triton #9368), and
 fresh containers without a compile cache have given four different results where two with a
 persisted one agreed: which kernels a compiled model runs depends on what autotuning found, and
 a warm cache replays what an earlier run found. So each cache directory in use is recorded with
-a bounded digest of what it holds.
+a bounded digest of what it holds, and the compile cache loaded into it, by a process that
+compiled (``compiled_here``): the default directories are shared by every job of a user, and for
+a process that never compiled, another job filling them is no fact of its run.
 
 Settings are read only from config modules the process already imported (``rules.COMPILE_*``
 says why). Stdlib only, Python >= 3.8.
@@ -19,7 +21,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from .compilecache import TRITON_DISTRIBUTIONS, loaded_here
+from .compilecache import INDUCTOR_DIR_ENV, TRITON_DISTRIBUTIONS, loaded_here
 from .files import sha256
 from .rules import COMPILE_MODULES, COMPILE_SETTINGS, quiet
 
@@ -31,8 +33,9 @@ _MAX_SETTING = 256
 
 
 def collect_compile(packages: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """``[compile]``: triton, settings (those readable in this process), caches, and the compile
-    cache loaded into the Inductor cache directory in use (``compilecache``), if any."""
+    """``[compile]``: triton, settings (those readable in this process) and, for a process that
+    compiled (``compiled_here``), its caches and the compile cache loaded into the Inductor cache
+    directory in use (``compilecache``), if any."""
     out: Dict[str, Any] = {}
     triton = _triton_version(packages)
     if triton:
@@ -40,11 +43,34 @@ def collect_compile(packages: List[Dict[str, Any]]) -> Dict[str, Any]:
     settings = read_settings()
     if settings:
         out["settings"] = settings
-    out["caches"] = [describe_cache(kind, path) for kind, path in cache_dirs()]
-    loaded = loaded_here(inductor_cache_dir())
-    if loaded:
-        out["loaded"] = loaded
+    if compiled_here():
+        out["caches"] = [describe_cache(kind, path) for kind, path in cache_dirs()]
+        loaded = loaded_here(inductor_cache_dir())
+        if loaded:
+            out["loaded"] = loaded
     return out
+
+
+def compiled_here() -> bool:
+    """True when torch.compile compiled in this process: Dynamo converted at least one frame
+    (its own ``counters["frames"]["ok"]``, counted once per frame it compiled, whatever the
+    backend, and kept by ``torch._dynamo.reset()``).
+
+    Only such a process read or filled an Inductor or Triton cache, or ran kernels from a loaded
+    compile cache; for any other, what the user's shared cache directories hold (another job
+    writes to them) cannot explain its numbers. Imported modules are no such signal:
+    ``import torch._dynamo`` imports Inductor and its config without compiling anything, and
+    libraries import it to ask whether they are being compiled. The counters are read from
+    ``sys.modules`` (nothing is imported; a process that never imported ``torch._dynamo.utils``
+    compiled nothing), so a shell probe, which never compiles, records no caches. A process
+    probed before its first compiled call (a capture before the first step) has not compiled
+    yet either."""
+    counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
+    try:
+        frames = counters.get("frames") if isinstance(counters, dict) else None
+        return bool(frames and frames.get("ok", 0) > 0)
+    except Exception:  # another torch's counters: not known to have compiled
+        return False
 
 
 def _triton_version(packages: List[Dict[str, Any]]) -> Optional[str]:
@@ -85,7 +111,7 @@ def _attribute(obj: Any, parts: List[str]) -> Any:
 def inductor_cache_dir() -> str:
     """Where Inductor keeps compiled graphs, kernels and autotuning results (as torch computes
     it in torch._inductor.runtime.cache_dir_utils, without importing torch._inductor)."""
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    configured = os.environ.get(INDUCTOR_DIR_ENV)
     if configured:
         return os.path.abspath(configured)
     import getpass

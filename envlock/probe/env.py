@@ -9,6 +9,7 @@ import os
 import re
 from typing import Dict, List
 
+from .compilecache import set_by_envlock
 from .files import read_bytes
 from .rules import env_allowed, recorded_name
 from .scrub import env_value
@@ -37,9 +38,11 @@ def process_set_env() -> List[str]:
 
 
 def collect_env() -> Dict[str, str]:
+    """``[env]``: the allow-listed variables, less the compile cache directory envlock itself
+    set for this run (``compilecache.set_by_envlock``)."""
     out = {}
     for name, value in os.environ.items():
-        if not env_allowed(name):
+        if not env_allowed(name) or set_by_envlock(name, value):
             continue
         out[name] = env_value(name, value)
     return dict(sorted(out.items()))

@@ -203,10 +203,12 @@ PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 
 # Set by envlock for one run, never part of an environment: the replay journal's path (a fresh
 # temporary path every run) would give a capture inside a recorded run another lock, and the
-# workspace it runs in is where, not what. The compile cache's two (``compilecache.SAVE_ENV`` and
-# ``LOADED_ENV``: a temporary path; what was loaded is ``[compile].loaded``) likewise.
+# workspace it runs in is where, not what. The compile cache's three (``compilecache.SAVE_ENV``,
+# ``LOADED_ENV`` and ``OWN_DIR_ENV``: a temporary path; what was loaded is ``[compile].loaded``)
+# likewise, and so is the ``TORCHINDUCTOR_CACHE_DIR`` envlock set to that directory
+# (``compilecache.set_by_envlock``, judged by its value in ``env.collect_env``).
 ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR, "ENVLOCK_COMPILE_CACHE_OUT",
-                    "ENVLOCK_COMPILE_CACHE_LOADED")
+                    "ENVLOCK_COMPILE_CACHE_LOADED", "ENVLOCK_COMPILE_CACHE_DIR")
 
 
 def rank_journal(path: str, rank: int) -> str:

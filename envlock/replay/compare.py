@@ -41,10 +41,18 @@ CONTEXT_PREFIXES = (
     # is a cause no other fact shows.
     "packages.",
 )
-# The families of keys added to records after the first ones. Such a family is compared only
-# when both records have it: a record written before it was kept is not a process without it.
-_ADDED_LATER = ("python.", "packages.", "native.libraries.", "native.content.", "native.unowned",
-                "native.runtimes.", "compile.", "torch.cuda_libraries.")
+# The families of keys a record may lack, each as its prefixes (the first names it). Such a
+# family is compared only when both records have it. Most were added to records after the first
+# ones: a record written before one was kept is not a process without it. The compile caches and
+# the compile cache loaded into one are recorded only by a process that compiled
+# (``probe.compilestate.compiled_here``), and an older record has them for every torch process:
+# what the user's shared cache directories held (another job fills them) is no cause for a
+# process that never compiled, nor a cache loaded for one whose replay did not compile. They come
+# before "compile.", which holds what every torch process records (Triton, settings).
+_OPTIONAL_FAMILIES: tuple[tuple[str, ...], ...] = (
+    ("python.",), ("packages.",), ("native.libraries.",), ("native.content.",), ("native.unowned",),
+    ("native.runtimes.",),
+    ("compile.caches.", "compile.loaded"), ("compile.",), ("torch.cuda_libraries.",))
 # Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
 # loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
 _NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
@@ -303,13 +311,14 @@ def command_failed(original: Record, replay: Record) -> bool:
 
 
 def _family(key: str) -> str:
-    """The family added later that ``key`` belongs to ("" for the first ones)."""
-    return next((f for f in _ADDED_LATER if key.startswith(f)), "")
+    """The family a record may lack that ``key`` belongs to, by its first prefix ("" for the
+    keys every record has)."""
+    return next((f[0] for f in _OPTIONAL_FAMILIES if key.startswith(f)), "")
 
 
 def _context_changes(original: Mapping[str, Any], replay: Mapping[str, Any]) -> list[ContextChange]:
-    """The keys whose values differ; a family added to records later is compared only when
-    both have it (``_ADDED_LATER``), and a runtime's field only when both processes learnt it
+    """The keys whose values differ; a family a record may lack is compared only when both
+    have it (``_OPTIONAL_FAMILIES``), and a runtime's field only when both processes learnt it
     (``drift.native.learnt_by_both``, verify's rule)."""
     kept = {_family(k) for k in original} & {_family(k) for k in replay} | {""}
     keys = sorted(set(original) | set(replay))
@@ -336,7 +345,7 @@ def context_changes(original: Record, replay: Record) -> list[ContextChange]:
 
 
 def families_not_compared(original: Record, replay: Record) -> list[str]:
-    """The families added later (``_ADDED_LATER``, as ``native.libraries``) that one record
+    """The families a record may lack (``_OPTIONAL_FAMILIES``, as ``native.libraries``) that one record
     kept on a rank both records have and the other did not: ``_context_changes`` skips them."""
     ours, theirs = rank_contexts(original), rank_contexts(replay)
     found: set[str] = set()
