@@ -22,7 +22,13 @@ from envlock.commands import main
 from envlock.errors import LockInvalid, LockTampered
 from envlock.probe import deep, inputs
 from envlock.probe.rules import env_allowed
-from envlock.replay.compare import Tolerance, compare_records, context_of, metric_equal
+from envlock.replay.compare import (
+    Tolerance,
+    compare_records,
+    context_of,
+    metric_equal,
+    unrecordable,
+)
 from envlock.replay.make import make_record, read_journal
 from envlock.replay.record import (
     Input,
@@ -575,6 +581,37 @@ def test_a_record_is_made_from_the_journal_with_outputs_and_inputs(project: Path
                     outputs=["ckpt", "gone.pt"], inputs=["data"])
     assert r.steps[0].step == 3 and r.outputs[0].sha256 and r.outputs[1].sha256 is None
     assert r.inputs[0].kind == "path" and r.inputs[0].files == 1
+
+
+def test_a_context_value_the_record_cannot_hold_is_marked_and_the_record_kept(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numerics library loaded from a path with a terminal control, and a loader path longer
+    than a record's text: the capture is a valid lock, but ``[context]`` used to take the values as
+    they were and the record was refused after the run. Each is kept as a mark holding its
+    sha256, so the record is written and reads back, and a replay that ran another value is
+    still told apart."""
+    import torch
+
+    from envlock.replay.record import holds
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", ":".join(f"/opt/lib{i:04d}" for i in range(600)))
+    line = json.loads(recorder._capture_line(0, 1))
+    odd_path = "/opt/blas\x1b]0;build\x07/libopenblas.so.0"
+    line["capture"]["native"]["libraries"].append(
+        {"name": "libopenblas.so.0", "path": odd_path, "sha256": "a" * 64})
+    journal = project / "j.jsonl"
+    journal.write_text(json.dumps(line) + "\n" + '{"step": 0, "metrics": {"loss": 0.5}}\n')
+    r = make_record(journal, command=["x"], exit_code=0, where="host", base=project)
+    r.save(project / "run.record")
+    back = load(project / "run.record")
+    assert back.context == r.context and back.steps == r.steps and back.steps[0].metrics["loss"] == 0.5
+    long_path = back.context["env.LD_LIBRARY_PATH"]
+    blas = back.context["native.libraries.libopenblas.so.0"]
+    assert isinstance(long_path, str) and isinstance(blas, str)
+    assert long_path == unrecordable(os.environ["LD_LIBRARY_PATH"]) and holds(long_path)
+    assert blas.startswith(unrecordable("")[:12]) and holds(blas) and "\x1b" not in blas
+    assert unrecordable("/other\x1bpath") != unrecordable(odd_path)
+    assert back.context["torch.version"] == torch.__version__  # the rest kept as it was
 
 
 def test_verify_reads_the_record_inputs_again(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
