@@ -308,7 +308,7 @@ def test_a_tensor_digest_is_the_one_older_records_hold(monkeypatch: pytest.Monke
 
     def counted(self: Any, index: Any) -> Any:
         reads.append(index)
-        return original(self, index)
+        return original(self, index)  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(torch.UntypedStorage, "__getitem__", counted)
     for beside in (0, 1 << 60):  # hashed on a thread beside the mean, and inline

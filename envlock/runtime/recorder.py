@@ -121,7 +121,7 @@ def _tensor_mean(torch: Any, t: Any) -> float:
         chunk = buf[:part.numel()]
         chunk.copy_(part)
         total += float(chunk.sum())
-    return total / flat.numel()
+    return total / int(flat.numel())
 
 
 def _digest(digest: Any, dtype: str, shape: list[int], mean: float | None) -> dict[str, Any]:
