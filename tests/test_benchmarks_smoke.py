@@ -261,7 +261,7 @@ def test_training_report_judges_each_tree_on_ratios_from_one_process(tmp_path: P
 
 @pytest.mark.parametrize("script", ["run", "biglock", "export", "hashing", "ospkgs",
                                     "profile_capture", "adversarial_secrets", "adversarial_outputs",
-                                    "bundle", "restore", "runstart", "training"])
+                                    "bundle", "restore", "runstart", "training", "tensor_record"])
 def test_every_benchmark_explains_itself(script: str) -> None:
     """``--help`` is how a reader finds the knobs; argparse formats help lazily, so a stray
     ``%`` in a help string only breaks when someone asks."""
@@ -270,3 +270,18 @@ def test_every_benchmark_explains_itself(script: str) -> None:
     r = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+
+
+def test_tensor_record_prints_a_ratio_per_dtype(tmp_path: Path) -> None:
+    """tensor_record.py, at a small size: one row per dtype with both timings and their ratio,
+    and the journal it records into stays in its own temporary directory."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
+    r = subprocess.run([sys.executable, str(BENCH / "tensor_record.py"), "--mb", "1", "--repeat", "1",
+                        "--old-mb", "0"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("| float32", "| bfloat16"))]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("x") for row in rows), r.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -22,7 +22,13 @@ from envlock.commands import main
 from envlock.errors import LockInvalid, LockTampered
 from envlock.probe import deep, inputs
 from envlock.probe.rules import env_allowed
-from envlock.replay.compare import Tolerance, compare_records, context_of, metric_equal
+from envlock.replay.compare import (
+    Tolerance,
+    compare_records,
+    context_of,
+    metric_equal,
+    unrecordable,
+)
 from envlock.replay.make import make_record, read_journal
 from envlock.replay.record import (
     Input,
@@ -287,6 +293,66 @@ def test_record_writes_the_capture_then_one_line_per_call(journal: Path) -> None
     assert "env.ENVLOCK_RECORD" not in context
 
 
+def _old_tensor_sha256(value: Any) -> str:
+    """The digest records were written with before the hash read memory in place: the bytes
+    of a clone's storage of the contiguous CPU tensor (kept here as the reference)."""
+    import hashlib
+
+    t = value.detach().cpu().contiguous()
+    return hashlib.sha256(bytes(t.clone().untyped_storage()) if t.numel() else b"").hexdigest()
+
+
+def test_a_tensor_digest_is_the_one_older_records_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest is unchanged for every dtype and layout (so a record made before still
+    replays bit-identically), and no byte is read through the storage one by one in Python
+    (``bytes(storage)`` took about 5 s for 2 MB, which a training loop paid at every call)."""
+    import torch
+
+    base = torch.randn(6, 10, generator=torch.Generator().manual_seed(0))
+    cplx = torch.complex(base, base.flip(0))
+    tensors = {
+        "float32": base, "float64": base.double(), "float16": base.half(),
+        "bfloat16": base.bfloat16(), "float8_e4m3fn": base.to(torch.float8_e4m3fn),
+        "float8_e5m2": base.to(torch.float8_e5m2), "bool": base > 0,
+        "int8": (base * 10).to(torch.int8), "uint8": (base.abs() * 10).to(torch.uint8),
+        "int64": (base * 1e6).long(), "complex64": cplx, "conjugate view": cplx.conj(),
+        "negative view": torch.ops.aten._neg_view(cplx), "transposed": base.t(),
+        "strided": base[:, ::3], "offset view": base.reshape(-1)[7:40],
+        "expanded": base[0].expand(4, 10), "channels_last": torch.randn(2, 3, 4, 5).to(
+            memory_format=torch.channels_last), "zero elements": base[:0], "0 by 3": torch.zeros(0, 3),
+        "1-d bfloat16 slice": base.bfloat16().reshape(-1)[1::7],
+    }
+    expected = {name: _old_tensor_sha256(t) for name, t in tensors.items()}
+    reads = []
+    original = torch.UntypedStorage.__getitem__
+
+    def counted(self: Any, index: Any) -> Any:
+        reads.append(index)
+        return original(self, index)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(torch.UntypedStorage, "__getitem__", counted)
+    for beside in (0, 1 << 60):  # hashed on a thread beside the mean, and inline
+        monkeypatch.setattr(recorder, "_HASH_BESIDE", beside)
+        for name, t in tensors.items():
+            got = recorder.encode("w", t)
+            assert got["sha256"] == expected[name], (name, beside)
+            assert got["dtype"] == str(t.dtype).removeprefix("torch.") and got["shape"] == list(t.shape), name
+    assert reads == []
+    mean = recorder.encode("w", base)["mean"]
+    assert math.isclose(mean, float(base.double().mean()), rel_tol=1e-12)
+
+
+def test_the_mean_of_a_tensor_spans_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor longer than the float64 buffer of the mean: each chunk counts, the last one
+    short, so the mean is the whole tensor's."""
+    import torch
+
+    monkeypatch.setattr(recorder, "_MEAN_CHUNK", 7)
+    t = torch.arange(30, dtype=torch.int32).reshape(5, 6)
+    assert recorder.encode("w", t)["mean"] == 14.5
+    assert recorder.encode("w", torch.ones(3, dtype=torch.bool))["mean"] == 1.0
+
+
 def test_record_refuses_what_is_not_a_metric_or_a_step(journal: Path) -> None:
     import envlock
 
@@ -535,6 +601,37 @@ def test_a_record_is_made_from_the_journal_with_outputs_and_inputs(project: Path
                     outputs=["ckpt", "gone.pt"], inputs=["data"])
     assert r.steps[0].step == 3 and r.outputs[0].sha256 and r.outputs[1].sha256 is None
     assert r.inputs[0].kind == "path" and r.inputs[0].files == 1
+
+
+def test_a_context_value_the_record_cannot_hold_is_marked_and_the_record_kept(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numerics library loaded from a path with a terminal control, and a loader path longer
+    than a record's text: the capture is a valid lock, but ``[context]`` used to take the values as
+    they were and the record was refused after the run. Each is kept as a mark holding its
+    sha256, so the record is written and reads back, and a replay that ran another value is
+    still told apart."""
+    import torch
+
+    from envlock.replay.record import holds
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", ":".join(f"/opt/lib{i:04d}" for i in range(600)))
+    line = json.loads(recorder._capture_line(0, 1))
+    odd_path = "/opt/blas\x1b]0;build\x07/libopenblas.so.0"
+    line["capture"]["native"]["libraries"].append(
+        {"name": "libopenblas.so.0", "path": odd_path, "sha256": "a" * 64})
+    journal = project / "j.jsonl"
+    journal.write_text(json.dumps(line) + "\n" + '{"step": 0, "metrics": {"loss": 0.5}}\n')
+    r = make_record(journal, command=["x"], exit_code=0, where="host", base=project)
+    r.save(project / "run.record")
+    back = load(project / "run.record")
+    assert back.context == r.context and back.steps == r.steps and back.steps[0].metrics["loss"] == 0.5
+    long_path = back.context["env.LD_LIBRARY_PATH"]
+    blas = back.context["native.libraries.libopenblas.so.0"]
+    assert isinstance(long_path, str) and isinstance(blas, str)
+    assert long_path == unrecordable(os.environ["LD_LIBRARY_PATH"]) and holds(long_path)
+    assert blas.startswith(unrecordable("")[:12]) and holds(blas) and "\x1b" not in blas
+    assert unrecordable("/other\x1bpath") != unrecordable(odd_path)
+    assert back.context["torch.version"] == torch.__version__  # the rest kept as it was
 
 
 def test_verify_reads_the_record_inputs_again(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,11 +70,52 @@ def test_the_glibc_requirement_is_the_newest_any_native_wheel_needs(tmp_path: Pa
 
 
 def test_requirements_derived_from_a_cuda_build() -> None:
+    """What the build needs, each key named as derived; the CPU capability torch dispatched to
+    on the capturing host is not one (the wheel carries its AVX2 and DEFAULT kernels too)."""
     torch = {"cuda": "12.6", "arch_list": ["sm_80", "sm_90", "gfx90a"], "cpu_capability": "AVX512"}
     assert derive(torch, "2.28") == {"cuda_driver": "12.6", "gpu_archs": ["sm_80", "sm_90"],
-                                     "cpu_features": ["avx512f", "avx512bw", "avx512vl", "avx512dq"],
-                                     "glibc": "2.28"}
+                                     "glibc": "2.28", "derived": ["cuda_driver", "glibc", "gpu_archs"]}
     assert derive({"arch_list": [], "cpu_capability": "DEFAULT"}, None) == {}
+    assert derive({"arch_list": [], "cpu_capability": "SVE256"}, "2.17") == {"glibc": "2.17", "derived": ["glibc"]}
+
+
+def test_a_torch_capture_on_an_avx512_host_verifies_on_a_host_without_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real in-process capture of this process's torch, with its dispatcher answering AVX512
+    as on the capturing box: the host's capability stays a fact of the lock, but no AVX-512
+    feature becomes a requirement, so ``verify --requirements`` passes on a laptop's AVX2 CPU
+    (it used to fail there: "this x86_64 CPU lacks avx512f, ...")."""
+    import torch
+
+    import envlock
+    from envlock.probe import system
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    lock = envlock.capture()
+    assert lock.torch is not None and lock.torch.cpu_capability == "AVX512"
+    assert lock.requires is not None and lock.requires.cpu_features == []
+    assert lock.requires.glibc and lock.requires.derived and "glibc" in lock.requires.derived
+    path = tmp_path / "env.lock"
+    lock.save(path)
+    monkeypatch.setattr(system, "cpu_flags", lambda: AVX2)
+    capsys.readouterr()
+    assert main(["verify", str(path), "--requirements", "--json"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and not any(c["requirement"].startswith("CPU features") for c in doc["checks"])
+    assert main(["fmt", str(path), "--require", "cpu_features=avx512f", "--require", "glibc=2.17"]) == EXIT_OK
+    declared = load(path).requires
+    assert declared is not None and declared.cpu_features == ["avx512f"] and declared.glibc == "2.17"
+    assert "glibc" not in (declared.derived or ())  # set by hand now, so declared
+    assert main(["verify", str(path), "--requirements"]) == EXIT_DRIFT  # declared: judged
+    assert "lacks avx512f" in capsys.readouterr().out
+
+
+def test_derived_names_only_keys_of_requires() -> None:
+    from pydantic import ValidationError
+
+    assert Requires(glibc="2.28", derived=["glibc"]).derived == ["glibc"]
+    with pytest.raises(ValidationError, match="not a key of"):
+        Requires(derived=["derived"])
 
 
 def test_a_cpu_only_host_passes_what_it_can_check_and_names_the_rest() -> None:
@@ -107,7 +148,7 @@ def test_a_lock_older_than_requires_is_judged_by_what_its_torch_implies() -> Non
     old = load(RICH)
     req, derived = requirements_of(old)
     assert derived and req.cuda_driver == "12.6" and req.gpu_archs == ["sm_80", "sm_90"]
-    assert req.cpu_features == ["avx2", "fma"] and req.glibc is None
+    assert req.cpu_features == [] and req.glibc is None  # its AVX2 was the host's, not the build's
 
 
 def test_require_options_are_checked_before_anything_runs() -> None:

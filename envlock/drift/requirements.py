@@ -195,10 +195,13 @@ def requirement_updates(specs: Sequence[str]) -> dict[str, Any]:
 
 
 def with_requirements(lock: Lock, updates: dict[str, Any]) -> Lock:
-    """``lock`` with ``requirement_updates`` applied to its ``[requires]`` (not yet sealed)."""
+    """``lock`` with ``requirement_updates`` applied to its ``[requires]`` (not yet sealed); a
+    key set (or removed) here is declared, so it leaves ``derived``."""
     from envlock.lock import Requires
 
     data: dict[str, Any] = lock.requires.model_dump(mode="json") if lock.requires else {}
     data.update(updates)
+    derived = [key for key in data.get("derived") or () if key not in updates]
+    data["derived"] = derived or None
     return lock.model_copy(update={"requires": Requires.model_validate(
         {k: v for k, v in data.items() if v is not None})})

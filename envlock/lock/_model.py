@@ -494,7 +494,13 @@ MajorMinor = Annotated[str, StringConstraints(pattern=r"^\d{1,4}\.\d{1,4}$")]
 class Requires(_Model):
     """``[requires]``: what a host needs to run this environment, declared (derived at capture,
     editable by hand or ``--require``) and judged by ``verify --requirements`` alone, apart from
-    what the capturing host had."""
+    what the capturing host had.
+
+    ``derived`` names the keys whose values capture derived from what was built (torch's CUDA
+    version and arch list, the wheels' manylinux tags); every other key was declared by hand or
+    with ``--require``, which takes the key it sets out of ``derived``. ``cpu_features`` is never
+    derived: torch's wheels pick their CPU kernels at run time (``probe/requires.py``).
+    """
 
     # The CUDA version the driver must support (NVML's, as [gpu].cuda_driver records it).
     cuda_driver: Annotated[MajorMinor | None, NOT_COMPARED] = None
@@ -505,6 +511,20 @@ class Requires(_Model):
     # As /proc/cpuinfo spells them.
     cpu_features: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,32}$")]], NOT_COMPARED] = Field(
         default_factory=list)
+    # Added later: None (left out) in a lock written before it, which keeps its seal.
+    derived: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")]] | None,
+                       NOT_COMPARED] = None
+
+    @field_validator("derived")
+    @classmethod
+    def _keys(cls, derived: list[str] | None) -> list[str] | None:
+        """Only the names of the requirements themselves (the model's other fields)."""
+        keys = [name for name in cls.model_fields if name != "derived"]
+        unknown = [name for name in derived or () if name not in keys]
+        if unknown:
+            raise ValueError(f"derived names {', '.join(unknown)}: not a key of [requires] "
+                             f"({', '.join(keys)})")
+        return derived
 
 
 class Unreadable(_Model):
@@ -537,7 +557,8 @@ class LockData(_Model):
     # own policies); ``comment`` is the line written under the table's header.
     envlock: Annotated[Meta, NOT_COMPARED]
     requires: Annotated[Requires | None, Policy("ignored", fingerprint=False, comment=(
-        "What a host needs, declared: edit by hand (then `envlock fmt`) or set with --require; "
+        "What a host needs: the keys in `derived` come from the build, the others were declared; "
+        "edit by hand (then `envlock fmt`) or set with --require; "
         "`envlock verify --requirements` judges a host by it alone."))] = None
     image: Annotated[Image, Policy("custom", comment=(
         "Container the environment ran in; `source` says where each value came from."))] = Field(

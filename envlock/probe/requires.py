@@ -2,8 +2,8 @@
 
 Detection says what the capturing host *has* (its driver, its GPUs, its CPU); a requirement
 says what *any* host needs (the CUDA version the driver must support, the glibc the wheels were
-built for, the GPU architectures the torch build has kernels for, the CPU features behind the
-kernels torch dispatched to). Kept apart so that a lock made on one machine can be judged on
+built for, the GPU architectures the torch build has kernels for; CPU features only as a user
+declares them, see ``derive``). Kept apart so that a lock made on one machine can be judged on
 another, a CPU-only CI runner included, by ``envlock verify --requirements``; a user may edit
 them by hand (``envlock fmt`` checks the edit) or set them with ``--require``.
 
@@ -17,7 +17,7 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .files import read_text
-from .rules import CPU_CAPABILITY_FEATURES, parse_arch
+from .rules import parse_arch
 
 # manylinux's legacy aliases (PEP 600): the glibc each stands for.
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -57,7 +57,20 @@ def wheel_glibc(dists: Iterable[Tuple[str, str, str]],
 
 
 def derive(torch: Optional[Dict[str, Any]], glibc: Optional[str]) -> Dict[str, Any]:
-    """``[requires]`` from a probe document's (or a lock's) ``torch`` table and the wheels' glibc."""
+    """``[requires]`` from a probe document's (or a lock's) ``torch`` table and the wheels' glibc,
+    with ``derived`` naming the keys it set.
+
+    Only what the build needs, never what the capturing host has. So no ``cpu_features``:
+    ``torch.cpu_capability`` is the kernel set ATen's dispatcher *chose* on the capturing CPU
+    (DEFAULT, AVX2, AVX512 on x86-64; DEFAULT, SVE256 on Arm; the best the CPU has, at run
+    time), and a torch wheel carries every one of them, so on a CPU without AVX-512 it runs its
+    AVX2 or DEFAULT kernels. The build itself needs only its platform's baseline ISA, which
+    ``platform.machine`` already says; what it was compiled with beyond that (a source build
+    with ``-march=native``) is not written anywhere a probe can read. That the numbers of
+    other kernels can differ is a fact of the run, compared as ``torch.cpu_capability`` by
+    ``verify`` and named by a replay; a user who needs the same kernels declares it
+    (``--require cpu_features=avx512f``).
+    """
     out: Dict[str, Any] = {}
     if torch:
         cuda = re.match(r"^(\d+)\.(\d+)", str(torch.get("cuda") or ""))
@@ -66,9 +79,8 @@ def derive(torch: Optional[Dict[str, Any]], glibc: Optional[str]) -> Dict[str, A
         archs = [a for a in torch.get("arch_list") or [] if parse_arch(a)]
         if archs:
             out["gpu_archs"] = archs
-        features = CPU_CAPABILITY_FEATURES.get(str(torch.get("cpu_capability") or ""))
-        if features:
-            out["cpu_features"] = list(features)
     if glibc:
         out["glibc"] = glibc
+    if out:
+        out["derived"] = sorted(out)
     return out

@@ -481,17 +481,6 @@ def kernels_for(capability: str, arch_list: List[str]) -> Optional[str]:
     return "none"
 
 
-# The CPU features behind the kernels torch's dispatcher picked (``torch.backends.cpu.
-# get_cpu_capability()``): a host without them runs other kernels (AVX2 instead of AVX512),
-# with other reduction orders. As /proc/cpuinfo spells them.
-CPU_CAPABILITY_FEATURES = {
-    "AVX512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
-    "AVX2": ("avx2", "fma"),
-    "SVE256": ("sve",),
-    "ZVECTOR": ("vx",),
-}
-
-
 # ---------------------------------------------------------------------------------------------
 # torch.compile: the settings that change numerics or kernel choice, as (config, attribute path).
 # Read only from a config module the process already imported: importing torch._inductor takes

@@ -11,6 +11,7 @@ Bit-identical by default: two floats are equal when ``float.hex`` is (so ``-0.0`
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shlex
 from collections.abc import Iterable, Mapping
@@ -19,7 +20,15 @@ from typing import Any
 
 from envlock.drift.native import context_form, learnt_by_both, runtime_field
 from envlock.probe.rules import COMPILE_ENV_PREFIXES
-from envlock.replay.record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
+from envlock.replay.record import (
+    CONTEXT_KEY,
+    Input,
+    Record,
+    Step,
+    TensorDigest,
+    holds,
+    rank_contexts,
+)
 from envlock.text.terminal import plural
 
 # Which facts of a process can change numbers while every version matches: what the record's
@@ -86,15 +95,32 @@ def _wild(key: str) -> str:
 
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
+    """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts); a
+    text the record cannot hold is kept as its mark (``unrecordable``)."""
     flat = flatten(context_form(form))
     flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
                  if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
-    return {k: v for k, v in sorted(flat.items())
+    return {k: v if not isinstance(v, str) or holds(v) else unrecordable(v)
+            for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)
             and (not k.startswith("env.") or k[4:].startswith(_NUMERICS_ENV_PREFIXES))
             and isinstance(v, (bool, int, float, str)) and v != "" and CONTEXT_KEY.fullmatch(k)}
+
+
+def unrecordable(value: str) -> str:
+    """What ``[context]`` keeps of a text the record's model refuses (a control character, as
+    in a library path with a newline; more than a record's 4096 characters, as a long
+    ``LD_LIBRARY_PATH`` or many copies of a library): a mark with the sha256 of the value.
+
+    Marked rather than left out, because the record is what a run leaves (refusing the value
+    used to lose the whole record after the run, as ``make._code`` already avoided for file
+    names), and a key that is absent reads as a fact the process did not have (a rank's
+    ``absent`` keys, a family one record predates). The mark is the same for the same value
+    and differs for another, so a replay that ran with another path is still named as a
+    difference, while the record holds only printable text of bounded length."""
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"<not recordable: {len(value)} characters, sha256 {digest}>"
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,13 @@ for that.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
 import os
 import sys
+import threading
 from typing import Any, TextIO
 
 from envlock.probe.rules import METRIC_NAME, rank_journal
@@ -52,23 +54,78 @@ def _tensor(value: Any) -> dict[str, Any] | None:
     """A torch tensor or numpy array as {sha256, dtype, shape, mean}; None for anything else."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        # The raw bytes, whatever the dtype (bfloat16 and float8 have no numpy type), without
-        # numpy (a restored image need not have it): a clone's storage holds exactly them.
-        data = bytes(t.clone().untyped_storage()) if t.numel() else b""
-        mean = float(t.double().mean()) if t.numel() and not t.is_complex() else None
-        return _digest(data, str(t.dtype).removeprefix("torch."), list(t.shape), mean)
+        # On the CPU, in row-major order, with a conjugate or negative view's bits resolved:
+        # the bytes a clone's storage holds, which is what records have always hashed.
+        t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        digest = hashlib.sha256()
+        data = _element_bytes(t)
+        # Both read every byte: the hash (hashlib lets go of the GIL) runs beside the mean, so
+        # a large tensor costs about one pass over its memory, not two. Joined whatever the
+        # mean does: the thread reads ``t``'s memory, which must outlive it.
+        hasher = None
+        if len(data) >= _HASH_BESIDE:
+            hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
+            hasher.start()
+        else:
+            digest.update(data)
+        try:
+            mean = _tensor_mean(torch, t) if t.numel() and not t.is_complex() else None
+        finally:
+            if hasher is not None:
+                hasher.join()
+        return _digest(digest, str(t.dtype).removeprefix("torch."), list(t.shape), mean)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.ndarray):
         a = numpy.ascontiguousarray(value)
         mean = (float(a.astype("float64").mean())
                 if a.size and a.dtype.kind in "biuf" else None)
-        return _digest(a.tobytes(), str(a.dtype), list(a.shape), mean)
+        return _digest(hashlib.sha256(a.tobytes()), str(a.dtype), list(a.shape), mean)
     return None
 
 
-def _digest(data: bytes, dtype: str, shape: list[int], mean: float | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "dtype": dtype, "shape": shape}
+def _element_bytes(t: Any) -> memoryview:
+    """A contiguous CPU tensor's element bytes, in place, whatever the dtype.
+
+    The memory is read through a ``ctypes`` view of ``data_ptr()`` (which includes the
+    storage offset of a view) rather than copied: ``bytes(storage)`` went element by element in
+    Python (about 5 s for 2 MB), and ``tensor.numpy()`` would need numpy (a restored image need
+    not have it) and has no bfloat16 or float8. The caller holds ``t`` while the view is read.
+    """
+    size = t.numel() * t.element_size()
+    if not size:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * size).from_address(t.data_ptr())).cast("B")
+
+
+# From this many bytes a tensor is hashed on a thread of its own beside the mean: below it,
+# starting a thread costs more than the overlap saves.
+_HASH_BESIDE = 1 << 20
+
+# Elements converted to float64 at a time for the mean: a buffer this size is reused, where
+# ``t.double()`` allocated (and faulted in) eight bytes per element, which cost twice the hash.
+_MEAN_CHUNK = 1 << 20
+
+
+def _tensor_mean(torch: Any, t: Any) -> float:
+    """The mean of a contiguous real tensor, accumulated in float64 a chunk at a time.
+
+    The mean serves a comparison within a tolerance only (bit-identity is the sha256), so the
+    order of the float64 additions (per chunk, then the chunks' sums) may differ from a
+    whole-tensor reduction in the last bits without changing what a replay finds.
+    """
+    flat = t.reshape(-1)
+    buf = torch.empty(min(flat.numel(), _MEAN_CHUNK), dtype=torch.float64)
+    total = 0.0
+    for start in range(0, flat.numel(), _MEAN_CHUNK):
+        part = flat[start:start + _MEAN_CHUNK]
+        chunk = buf[:part.numel()]
+        chunk.copy_(part)
+        total += float(chunk.sum())
+    return total / int(flat.numel())
+
+
+def _digest(digest: Any, dtype: str, shape: list[int], mean: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"sha256": digest.hexdigest(), "dtype": dtype, "shape": shape}
     if mean is not None and math.isfinite(mean):
         out["mean"] = mean
     return out
