@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import source
 from .files import read_text, sha256
 from .packages import path_entries
-from .rules import canonicalize_name
+from .rules import canonicalize_name, numerics_variable
 from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record, write_cache
 
 # ---------------------------------------------------------------------------------------------
@@ -32,8 +32,10 @@ from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record,
 
 CACHE_FORMAT = 2  # 2: the libraries and runtimes import torch loads, the CUDA libraries
 CACHE_MAX_ENTRIES = 64
-# Everything torch, its BLAS/OpenMP runtimes, CUDA or the dynamic loader read at import.
-_KEY_ENV_PREFIXES = (
+# Beyond the variables that change numerics (``rules.numerics_variable``, keyed on too): the
+# families torch, its BLAS/OpenMP runtimes, CUDA, ROCm, the dynamic loader and the interpreter
+# read at import, settings and diagnostics alike (a whole family: a fact may follow from any).
+_IMPORT_ENV_PREFIXES = (
     "CUDA_", "TORCH_", "PYTORCH_", "ATEN_", "MKL_", "OMP_", "KMP_", "GOMP_", "CUBLAS", "CUDNN_",
     "NCCL_", "NVIDIA_", "ONEDNN_", "DNNL_", "OPENBLAS_", "TRITON_", "LD_", "HIP_", "ROCM_",
     "ROCR_", "HSA_", "XLA_", "USE_", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE",
@@ -52,6 +54,12 @@ def _stat_line(path: str) -> str:
     except OSError:
         return "%s:absent" % path
     return "%s:%d:%d:%d" % (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def key_variable(name: str) -> bool:
+    """True for a variable the torch-facts key holds: one that changes numerics, or one read
+    while ``import torch`` runs."""
+    return numerics_variable(name) or name.startswith(_IMPORT_ENV_PREFIXES)
 
 
 def _torch_dists() -> List[Tuple[str, str]]:
@@ -118,7 +126,7 @@ def torch_cache_key(records: Optional[RecordDigests] = None) -> Optional[str]:
             put(_stat_line(lib))
     put(_stat_line("/etc/ld.so.cache"))
     for name in sorted(os.environ):
-        if name.startswith(_KEY_ENV_PREFIXES):
+        if key_variable(name):
             put(name, os.environ[name])
     cpuinfo = read_text("/proc/cpuinfo", 1 << 16) or ""
     flags = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))][:1]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envlock.drift.native import context_form
-from envlock.probe.rules import COMPILE_ENV_PREFIXES
+from envlock.probe.rules import recorded_name
 from envlock.replay.record import CONTEXT_KEY, Input, Record, Step, TensorDigest, rank_contexts
 from envlock.text.terminal import plural
 
@@ -44,12 +44,6 @@ CONTEXT_PREFIXES = (
 # when both records have it: a record written before it was kept is not a process without it.
 _ADDED_LATER = ("python.", "packages.", "native.libraries.", "native.unowned", "native.runtimes.",
                 "compile.", "torch.cuda_libraries.")
-# Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
-# loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
-_NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
-                          "CUBLAS", "CUDNN_", "NVIDIA_TF32", "TORCH_", "PYTORCH_", "NCCL_", "XLA_",
-                          "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTHONHASHSEED",
-                          "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD", *COMPILE_ENV_PREFIXES)
 _NOT_CONTEXT = ("determinism.process_env", "determinism.torch_loaded", "gpu.devices.*.uuid_sha256",
                 "gpu.devices.*.index", "seeds.seed_source")
 
@@ -77,14 +71,18 @@ def _wild(key: str) -> str:
 
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts)."""
+    """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts).
+
+    Every variable the lock records (``rules.recorded_name``), as the capture scrubbed it: a
+    record that kept fewer than the lock (a list of its own) could not name NVTE_FUSED_ATTN or
+    PYTHONPATH as the cause of a divergence the lock itself would have shown."""
     flat = flatten(context_form({k: v for k, v in form.items() if k != "packages"}))
     flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
                  if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
     return {k: v for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)
-            and (not k.startswith("env.") or k[4:].startswith(_NUMERICS_ENV_PREFIXES))
+            and (not k.startswith("env.") or recorded_name(k[4:]))
             and isinstance(v, (bool, int, float, str)) and v != "" and CONTEXT_KEY.fullmatch(k)}
 
 
