@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import statcache
-from .cache import cache_read, cache_write, torch_cache_key
+from .cache import cache_read, cache_write, library_stats, torch_cache_key
 from .env import collect_env
 from .files import read_text
 from .flags import DOCUMENT_MARKER, FLAGS, INT, REPEATED, SWITCH
@@ -146,7 +146,8 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     conda = guard("conda", lambda: collect_conda(failed, conda_libraries))
     if conda is not None:
         doc["conda"] = conda
-    key = guard("cache", lambda: torch_cache_key(records)) \
+    key = guard("cache", lambda: torch_cache_key(
+        records, doc["packages"] if pkgs is not None else None)) \
         if cache and _cacheable(torch, canary) else None
 
     def libraries_of(record: str) -> Optional[List[str]]:
@@ -224,6 +225,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         # importing torch mapped and the runtimes among them.
         flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
         cache_write(key, {"torch": doc["torch"], "determinism": flags, "libraries": loaded,
+                          "library_stats": library_stats(loaded),
                           "runtimes": runtimes[0], "runtimes_source": runtimes[1]})
     if git_job is not None:
         state, git_error = git_job.collect()
