@@ -71,7 +71,9 @@ def test_second_run_is_cached_and_says_so(tmp_path: Path, warm: Path) -> None:
     # What `import torch` mapped, and the runtimes among it, come from the cache too.
     assert cached["native"] == live["native"] and any(
         lib["name"].startswith("libtorch_cpu") for lib in cached["native"]["libraries"])
-    assert not (tmp_path / "fresh").exists(), "--no-cache neither reads nor writes the cache"
+    # --no-cache read nothing, and wrote what it imported (see the refresh test below).
+    assert [json.loads(p.read_text())["facts"]["torch"] for p in _entries(tmp_path / "fresh")] == [
+        live["torch"]]
     res = run_cli("capture", "-o", str(tmp_path / "env.lock"), cwd=tmp_path,
                   env={"ENVLOCK_CACHE_DIR": str(warm)})
     assert res.returncode == 0, res.stderr
@@ -298,3 +300,23 @@ def test_an_entry_whose_mapped_library_changed_or_went_is_not_served(
     cache_write(key, {k: v for k, v in facts.items() if k != "library_stats"})
     assert cache_read(key) is None
 
+
+def test_no_cache_rewrites_a_stale_entry(tmp_path: Path) -> None:
+    """``verify --no-cache`` after a stale hit imported torch but left the entry as it was, so
+    the next verify without the flag served the stale facts again."""
+    cache = tmp_path / "cache"
+    assert _facts(cache) == "live"
+    (entry,) = _entries(cache)
+    good = json.loads(entry.read_text())
+    stale = json.loads(entry.read_text())
+    stale["facts"]["torch"]["version"] = "0.0.1-stale"
+    entry.write_text(json.dumps(stale))
+    assert _probe(cache)["torch"]["version"] == "0.0.1-stale"  # the stale hit the user saw
+    live = _probe(cache, "--no-cache")
+    assert live["probe"]["torch_facts"] == "live"
+    assert json.loads(entry.read_text()) == good
+    again = _probe(cache)
+    assert again["probe"]["torch_facts"] == "cached" and again["torch"] == live["torch"]
+    # Twin: ENVLOCK_NO_CACHE trusts no cache, and writes none either.
+    assert _facts(tmp_path / "off", ENVLOCK_NO_CACHE="1") == "live"
+    assert _entries(tmp_path / "off") == []
