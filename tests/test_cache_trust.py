@@ -26,7 +26,9 @@ from envlock.restore.engine import BuildMode
 
 ROOT = hasattr(os, "getuid") and os.getuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="handing a file to another user needs root")
-FACTS = {"torch": {"version": "2.5.0", "cuda": "99.9-poisoned"}, "determinism": {}}
+# An entry as the probe writes it: what import torch told, and the libraries it mapped (none).
+FACTS = {"torch": {"version": "2.5.0", "cuda": "99.9-poisoned"}, "determinism": {}, "libraries": [],
+         "library_stats": []}
 
 
 def _nobody() -> int:

@@ -10,9 +10,20 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import LockFactory
 
 from envlock.lock import Determinism
-from envlock.probe.rules import ALGORITHMS, KNOB_NAMES, KNOBS, Knob, knobs_in, quiet, read_knobs
+from envlock.probe.rules import (
+    ALGORITHMS,
+    KNOB_NAMES,
+    KNOBS,
+    NUMERICS_ENV,
+    Knob,
+    knobs_in,
+    numerics_variable,
+    quiet,
+    read_knobs,
+)
 from envlock.probe.torchstack import collect_determinism
 
 # Fields of [determinism] that are not torch knobs.
@@ -96,3 +107,54 @@ def test_a_knob_entry_reads_and_writes_torch_not_a_copy() -> None:
         assert torch.backends.cudnn.benchmark is (not old) and entry.read(torch) is (not old)
     finally:
         torch.backends.cudnn.benchmark = old
+
+
+# -- numerics variables: one rule for the lock, the canary, a replay record and the cache key --
+
+# Each changes which kernel runs or how it reduces; none shows in a version number.
+KERNEL_CHOOSERS = {"NVTE_FUSED_ATTN": "0", "KMP_DETERMINISTIC_REDUCTION": "true",
+                   "MKL_DEBUG_CPU_TYPE": "5", "OMP_NUM_THREADS": "3"}
+# Their over-inclusion twins: a diagnostic and a location of the same families.
+NOT_NUMERICS = {"NVTE_DEBUG": "1", "NVTE_CUDA_INCLUDE_PATH": "/usr/local/cuda/include",
+                "MKL_VERBOSE": "1"}
+
+
+def test_one_numerics_rule_for_the_lock_the_canary_the_record_and_the_cache_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four lists disagreed: the lock sealed variables the cache key ignored, the canary kept
+    fewer than the lock, the record others again (NVTE_*: none of them but the record)."""
+    from envlock.probe import kernels
+    from envlock.probe.cache import key_variable, torch_cache_key
+    from envlock.probe.env import collect_env
+    from envlock.replay.compare import context_of
+
+    without = torch_cache_key()
+    for name, value in {**KERNEL_CHOOSERS, **NOT_NUMERICS}.items():
+        monkeypatch.setenv(name, value)
+    locked = collect_determinism(None)["env"]
+    assert {k: v for k, v in locked.items() if k in KERNEL_CHOOSERS or k in NOT_NUMERICS} == KERNEL_CHOOSERS
+    assert all(numerics_variable(k) for k in locked)
+    # The canary's settings hold the very same variables, scrubbed as the lock's.
+    settings = kernels._settings(torch, ["cpu"])
+    assert {k[4:]: v for k, v in settings.items() if k.startswith("env.")} == locked
+    # A replay record keeps each of them, sealed, and every one the lock's [env] keeps.
+    context = context_of({"determinism": {"env": locked}, "env": collect_env()})
+    for name, value in KERNEL_CHOOSERS.items():
+        assert context[f"determinism.env.{name}"] == value and context[f"env.{name}"] == value
+    for name, value in NOT_NUMERICS.items():
+        assert context[f"env.{name}"] == value and f"determinism.env.{name}" not in context
+    # The torch-facts key holds every numerics variable.
+    assert all(key_variable(name) for name in NUMERICS_ENV)
+    with_them = torch_cache_key()
+    monkeypatch.delenv("NVTE_FUSED_ATTN")
+    assert without is not None and len({without, with_them, torch_cache_key()}) == 3
+
+
+def test_restore_sets_what_the_rule_calls_numerics_and_refuses_the_rest(restore_lock: LockFactory) -> None:
+    from envlock.errors import UnsafeValue
+    from envlock.restore.context import numerics_env
+
+    lock = restore_lock(determinism={"env": {"NVTE_FUSED_ATTN": "0", "MKL_DEBUG_CPU_TYPE": "5"}})
+    assert numerics_env(lock, process=False) == {"MKL_DEBUG_CPU_TYPE": "5", "NVTE_FUSED_ATTN": "0"}
+    with pytest.raises(UnsafeValue):
+        numerics_env(restore_lock(determinism={"env": {"NVTE_DEBUG": "1"}}), process=False)

@@ -241,9 +241,62 @@ def test_packages_and_the_loaders_variables_are_context() -> None:
             "env": {"LD_PRELOAD": "/opt/libfast.so", "LD_LIBRARY_PATH": "/opt/cuda/lib64",
                     "PYTHONPATH": "/src"}}
     assert context_of(form) == {"env.LD_LIBRARY_PATH": "/opt/cuda/lib64", "env.LD_PRELOAD": "/opt/libfast.so",
+                                "env.PYTHONPATH": "/src",
                                 "packages.numpy": "2.4.6", "packages.six": "1.17.0"}
+    # A variable no lock records is no context either (a form handed in from elsewhere).
+    assert context_of({"env": {"SOME_SETTING": "1", "NVTE_FUSED_ATTN": "0"}}) == {
+        "env.NVTE_FUSED_ATTN": "0"}
     # A key the record cannot hold (a variable's odd name) is left out, not a record refused.
     assert context_of({"env": {"OMP_A B": "1", "OMP_C": "2"}}) == {"env.OMP_C": "2"}
+
+
+# The variables a lock records beyond threads and BLAS: they select kernels (Transformer
+# Engine's attention), precision (accelerate), which GPU is "cuda:0", and which code imports.
+LOCKED_VARIABLES = {"NVTE_FUSED_ATTN": ("0", "1"), "ACCELERATE_MIXED_PRECISION": ("bf16", "fp16"),
+                    "CUDA_DEVICE_ORDER": ("PCI_BUS_ID", "FASTEST_FIRST")}
+HF_TOKEN = "hf_" + "Q7xk2Lm9Pw4Rt8Vb3Nc6Zd1Fg5Hj0Ks7Ae"
+WANDB_KEY = "4f9c2d7e1b8a6350c9e2f4a7d1b3e5c8f0a2d4b6"
+
+
+def test_every_variable_the_lock_records_is_named_by_a_replay(
+        project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record kept fewer variables than the lock: a replay whose only other cause was
+    NVTE_FUSED_ATTN or PYTHONPATH said "a nondeterministic operation or a changed input"."""
+    path = os.environ["PYTHONPATH"]
+    for name, (recorded, _) in LOCKED_VARIABLES.items():
+        monkeypatch.setenv(name, recorded)
+    monkeypatch.setenv("PYTHONPATH", path + os.pathsep + "x")
+    assert main(["record", "run.record", "--", sys.executable, "train.py"]) == 0
+    context = load(project / "run.record").context
+    assert {k: context.get(f"env.{k}") for k in LOCKED_VARIABLES} == {
+        k: v[0] for k, v in LOCKED_VARIABLES.items()}
+    for name, (_, other) in LOCKED_VARIABLES.items():
+        monkeypatch.setenv(name, other)
+    monkeypatch.setenv("PYTHONPATH", path + os.pathsep + "y")
+    monkeypatch.setenv("BUMP", "1")
+    code, out = _replay(capsys)
+    assert code == 1 and "nondeterministic" not in out
+    for name, (recorded, other) in LOCKED_VARIABLES.items():
+        assert f"    env.{name}: {recorded} -> {other}\n" in out
+    assert f"    env.PYTHONPATH: {path}{os.pathsep}x -> {path}{os.pathsep}y\n" in out
+
+
+def test_a_secret_variable_never_reaches_the_record_with_its_value(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's context is the lock's [env], scrubbed by the lock's rules: a secret-named
+    variable is recorded as redacted (the lock's own rule), never with its value; its
+    over-redaction twins, a setting whose name holds "TOKEN" and a path, stay readable."""
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv("HF_TOKEN_PATH", str(project / "hf-token"))
+    assert main(["record", "run.record", "--", sys.executable, "train.py"]) == 0
+    text = (project / "run.record").read_text()
+    assert HF_TOKEN not in text and WANDB_KEY not in text
+    context = load(project / "run.record").context
+    assert context["env.HF_TOKEN"] == "<redacted>"
+    assert context["env.TOKENIZERS_PARALLELISM"] == "false"
+    assert context["env.HF_TOKEN_PATH"] == str(project / "hf-token")
 
 
 # -- ranks ---------------------------------------------------------------------------------------

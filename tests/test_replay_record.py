@@ -230,10 +230,14 @@ def test_context_keeps_numerics_facts_and_drops_the_rest() -> None:
                       "build": {"blas": "mkl", "compiler": "gcc"}},
             "gpu": {"driver": "550", "devices": [{"index": 0, "name": "H200", "uuid_sha256": "f" * 64}]},
             "determinism": {"num_threads": 4, "process_env": ["X"], "late": [], "env": {"OMP_NUM_THREADS": "4"}},
-            "env": {"OMP_NUM_THREADS": "4", "PYTHONPATH": "/src", "HF_HOME": "/hf", "ENVLOCK_SEED": "1"}}
+            "env": {"OMP_NUM_THREADS": "4", "PYTHONPATH": "/src", "HF_HOME": "/hf", "ENVLOCK_SEED": "1",
+                    "EDITOR": "vi"}}
     ctx = context_of(form, {"world_size": 8})
+    # Every variable a lock records is kept (which code imports, where models come from), and
+    # only those: EDITOR is no lock's.
     assert ctx == {"determinism.env.OMP_NUM_THREADS": "4", "determinism.num_threads": 4,
-                   "env.ENVLOCK_SEED": "1", "env.OMP_NUM_THREADS": "4", "gpu.devices.0.name": "H200",
+                   "env.ENVLOCK_SEED": "1", "env.HF_HOME": "/hf", "env.OMP_NUM_THREADS": "4",
+                   "env.PYTHONPATH": "/src", "gpu.devices.0.name": "H200",
                    "gpu.driver": "550", "platform.cpu_model": "EPYC", "process.world_size": 8,
                    "torch.build.blas": "mkl", "torch.cpu_capability": "AVX512", "torch.version": "2.13.0"}
 

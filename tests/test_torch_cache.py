@@ -6,6 +6,7 @@ torch ("live") or reuses the facts of an earlier run ("cached").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ import torch  # noqa: F401 - a pinned dev dependency: without it these tests wou
 from helpers import REPO, run_cli
 
 from envlock.probe import source
-from envlock.probe.cache import torch_cache_key
+from envlock.probe.cache import cache_read, cache_write, torch_cache_key
 from envlock.probe.collect import collect
+from envlock.probe.packages import collect_packages
 from envlock.probe.statcache import cache_dir
 from envlock.probing.process import parse_document
 
@@ -69,7 +71,9 @@ def test_second_run_is_cached_and_says_so(tmp_path: Path, warm: Path) -> None:
     # What `import torch` mapped, and the runtimes among it, come from the cache too.
     assert cached["native"] == live["native"] and any(
         lib["name"].startswith("libtorch_cpu") for lib in cached["native"]["libraries"])
-    assert not (tmp_path / "fresh").exists(), "--no-cache neither reads nor writes the cache"
+    # --no-cache read nothing, and wrote what it imported (see the refresh test below).
+    assert [json.loads(p.read_text())["facts"]["torch"] for p in _entries(tmp_path / "fresh")] == [
+        live["torch"]]
     res = run_cli("capture", "-o", str(tmp_path / "env.lock"), cwd=tmp_path,
                   env={"ENVLOCK_CACHE_DIR": str(warm)})
     assert res.returncode == 0, res.stderr
@@ -266,3 +270,79 @@ def test_another_probe_version_is_another_key(tmp_path: Path, monkeypatch: pytes
     torchstack = edited / "torchstack.py"
     torchstack.write_bytes(torchstack.read_bytes() + b"\n# a newer probe\n")
     assert _key() != before
+
+
+def _dist(site: Path, name: str, version: str, lib: str) -> None:
+    """A distribution as pip leaves it: METADATA, RECORD and a bundled shared library."""
+    for old in site.glob(f"{name}-*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (site / lib).parent.mkdir(parents=True, exist_ok=True)
+    (site / lib).write_bytes(version.encode())
+    (info / "RECORD").write_text(f"{lib},sha256={hashlib.sha256(version.encode()).hexdigest()},"
+                                 f"{len(version)}\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+def test_another_version_of_a_distribution_torch_imports_changes_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install numpy==...`` kept the key: the next verify served the old numpy's
+    OpenBLAS runtime and a library path that no longer existed. A numpy placed first on
+    sys.path stands in for the installed one."""
+    site = tmp_path / "site"
+    _dist(site, "numpy", "2.0.0", "numpy.libs/libscipy_openblas64_-aaaa.so")
+    monkeypatch.syspath_prepend(str(site))
+    before = _key()
+    # The package scan a capture made anyway gives the same key as the key's own scan.
+    assert torch_cache_key(packages=collect_packages(errors=[])[0]) == before
+    assert _key() == before
+    _dist(site, "numpy", "2.0.1", "numpy.libs/libscipy_openblas64_-bbbb.so")
+    after = _key()
+    assert after != before
+    # Twin: a file that is no distribution's metadata changes nothing.
+    (site / "notes.txt").write_text("x")
+    assert _key() == after
+
+
+def test_an_entry_whose_mapped_library_changed_or_went_is_not_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from envlock.probe.cache import library_stats
+
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    lib = tmp_path / "numpy.libs" / "libscipy_openblas64_-aaaa.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"\0" * 64)
+    key = "a" * 64
+    facts = {"torch": {"version": "2.13.0"}, "determinism": {}, "libraries": [str(lib)],
+             "library_stats": library_stats([str(lib)]), "runtimes": [], "runtimes_source": "maps"}
+    cache_write(key, facts)
+    assert cache_read(key) == facts
+    lib.write_bytes(b"\0" * 65)  # replaced in place
+    assert cache_read(key) is None
+    lib.unlink()  # removed: the phantom library a new lock recorded
+    assert cache_read(key) is None
+    # An entry of a probe that stored no stats is no entry either.
+    cache_write(key, {k: v for k, v in facts.items() if k != "library_stats"})
+    assert cache_read(key) is None
+
+
+def test_no_cache_rewrites_a_stale_entry(tmp_path: Path) -> None:
+    """``verify --no-cache`` after a stale hit imported torch but left the entry as it was, so
+    the next verify without the flag served the stale facts again."""
+    cache = tmp_path / "cache"
+    assert _facts(cache) == "live"
+    (entry,) = _entries(cache)
+    good = json.loads(entry.read_text())
+    stale = json.loads(entry.read_text())
+    stale["facts"]["torch"]["version"] = "0.0.1-stale"
+    entry.write_text(json.dumps(stale))
+    assert _probe(cache)["torch"]["version"] == "0.0.1-stale"  # the stale hit the user saw
+    live = _probe(cache, "--no-cache")
+    assert live["probe"]["torch_facts"] == "live"
+    assert json.loads(entry.read_text()) == good
+    again = _probe(cache)
+    assert again["probe"]["torch_facts"] == "cached" and again["torch"] == live["torch"]
+    # Twin: ENVLOCK_NO_CACHE trusts no cache, and writes none either.
+    assert _facts(tmp_path / "off", ENVLOCK_NO_CACHE="1") == "live"
+    assert _entries(tmp_path / "off") == []

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import statcache
-from .cache import cache_read, cache_write, torch_cache_key
+from .cache import cache_read, cache_write, library_stats, torch_cache_key
 from .env import collect_env
 from .files import read_text
 from .flags import DOCUMENT_MARKER, FLAGS, INT, REPEATED, SWITCH
@@ -84,7 +84,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             deep: bool = False, cache: bool = False, progress: bool = False,
             processes: bool = False, git_exclude: Sequence[str] = (),
             now_ns: Clock = time.time_ns, hash_cache: Optional[bool] = None,
-            git: bool = True) -> Dict[str, Any]:
+            git: bool = True, refresh: bool = False) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
@@ -100,6 +100,10 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     change, not at every start. None: as ``cache``. Without it nothing is read or written.
 
     ``now_ns``: the clock the stat-keyed caches judge a file's age by (``statcache``).
+
+    ``refresh`` (``--no-cache``, with ``cache`` False): read no torch facts, import torch, and
+    write what it told under the key, replacing a stale entry; one that was only bypassed would
+    be served again by the next run without the flag. Only for a fresh interpreter, as ``cache``.
 
     ``git``: read the working tree's git state (``[git]``). A replay record's context keeps no
     git facts (envlock reads the workspace's git state itself, before the command starts), so
@@ -146,13 +150,14 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
     conda = guard("conda", lambda: collect_conda(failed, conda_libraries))
     if conda is not None:
         doc["conda"] = conda
-    key = guard("cache", lambda: torch_cache_key(records)) \
-        if cache and _cacheable(torch, canary) else None
+    key = guard("cache", lambda: torch_cache_key(
+        records, doc["packages"] if pkgs is not None else None)) \
+        if (cache or refresh) and _cacheable(torch, canary) else None
 
     def libraries_of(record: str) -> Optional[List[str]]:
         scanned = records.scan(record) if records is not None else None
         return scanned[1] if scanned is not None else reader.libraries_of(record)
-    facts = cache_read(key) if key else None
+    facts = cache_read(key) if key and cache else None
     gpu = None
     if facts is not None:
         gpu = guard("gpu", lambda: collect_gpu(None, nvml_timeout))
@@ -230,6 +235,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         # importing torch mapped and the runtimes among them.
         flags = {k: v for k, v in doc["determinism"].items() if k not in ("env", "late")}
         cache_write(key, {"torch": doc["torch"], "determinism": flags, "libraries": loaded,
+                          "library_stats": library_stats(loaded),
                           "runtimes": runtimes[0], "runtimes_source": runtimes[1]})
     if git_job is not None:
         state, git_error = git_job.collect()
@@ -387,6 +393,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     doc = collect(torch="no" if args["no_torch"] else "auto", canary=args["canary"],
                   image=args["image"], cwd=args["cwd"], skip_dir=here, deep=args["deep"],
                   cache=not args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
+                  refresh=args["no_cache"] and not os.environ.get("ENVLOCK_NO_CACHE"),
                   progress=args["progress"], processes=True, git_exclude=args["git_exclude"])
     # A line of its own even after start-up output that did not end its line.
     sys.stdout.write("\n%s\n" % DOCUMENT_MARKER)

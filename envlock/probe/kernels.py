@@ -6,10 +6,10 @@ kernel by CPU ISA, oneDNN by its own dispatcher, cuBLAS by GPU and workspace, an
 have AMX. Hashing the bytes of a few representative outputs catches all of those at once.
 
 This module travels with the probe into containers that have nothing of envlock installed, so
-it is stdlib + torch only (and the probe's own rules) and keeps Python 3.8 syntax. It must not
-disturb the caller: inputs come from a private generator (the global RNG is untouched) and no
-flag is changed, because the whole point is to measure the numerics under the settings the
-process is actually using.
+it is stdlib + torch only (and the probe's own rules and scrub) and keeps Python 3.8 syntax. It
+must not disturb the caller: inputs come from a private generator (the global RNG is
+untouched) and no flag is changed, because the whole point is to measure the numerics under the
+settings the process is actually using.
 """
 
 import ctypes
@@ -19,21 +19,15 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # One setting; a knob missing in this torch (or raising on a mixed TF32 state) is None.
+from .rules import numerics_variable
 from .rules import quiet as _read
+from .scrub import env_value
 
 # Bump when a kernel, a shape or the input recipe changes: hashes of different versions are
 # not comparable, and compare reports that instead of a false numeric drift.
 CANARY_VERSION = 1
 SEED = 20240531
 
-# Variables that select CPU kernels or their precision. None of them is visible in any version
-# number, and several are not in the lock's [env] allow-list (ATEN_CPU_CAPABILITY), so they are
-# recorded here, next to the hashes they explain.
-SETTINGS_ENV = (
-    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR",
-    "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-    "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-)
 
 
 def _bytes_of(torch: Any, t: Any) -> bytes:
@@ -129,9 +123,11 @@ def _settings(torch: Any, devices: List[str]) -> Dict[str, Any]:
                 if props is not None:
                     out["%s.name" % dev] = str(props.name)
                     out["%s.capability" % dev] = "%d.%d" % (props.major, props.minor)
-    for name in SETTINGS_ENV:
-        if name in os.environ:
-            out["env.%s" % name] = os.environ[name]
+    # The variables that change numerics (the one rule of rules.numerics_variable; none shows in
+    # a version number), next to the hashes they explain, scrubbed as the lock's [env] is.
+    for name, value in sorted(os.environ.items()):
+        if numerics_variable(name):
+            out["env.%s" % name] = env_value(name, value)
     return out
 
 

@@ -40,7 +40,13 @@ INDEX_VARIABLES = (
     "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
     "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS", "ENVLOCK_TORCH_INDEX_URL",
 )
-# The variables that change numerics on their own; they are sealed in the fingerprint.
+# The variables that change numerics on their own (``numerics_variable``): each selects a
+# kernel, an ISA, a thread count, a reduction or an algorithm, and none shows in any version.
+# A lock seals them in ``[determinism].env`` (a changed one is breaking drift), ``restore`` and
+# ``apply`` set them, the canary records them beside its hashes, and the torch-facts cache keys
+# on them. By name, because most families mix settings with diagnostics and paths
+# (MKL_VERBOSE, OMP_DISPLAY_ENV, NCCL_SOCKET_IFNAME); a family whose variables all choose
+# kernels is a prefix.
 NUMERICS_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE",
     "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -48,7 +54,36 @@ NUMERICS_ENV = (
     "TORCH_CUDNN_V8_API_DISABLED", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT",
     "CUBLASLT_WORKSPACE_SIZE", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED",
     "TORCH_DETERMINISTIC", "XLA_FLAGS", "ENVLOCK_SEED", "ATEN_CPU_CAPABILITY",
+    # Thread counts and CPU kernels chosen at run time: MKL's and OpenMP's dynamic adjustment,
+    # MKL's threading layer, the CPU type MKL and OpenBLAS pick kernels for, Intel OpenMP's
+    # deterministic reductions, oneDNN's implicit down-conversion of fp32 math.
+    "OMP_DYNAMIC", "OMP_THREAD_LIMIT", "MKL_DYNAMIC", "MKL_THREADING_LAYER", "MKL_DEBUG_CPU_TYPE",
+    "OPENBLAS_CORETYPE", "KMP_DETERMINISTIC_REDUCTION", "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
 )
+# Transformer Engine's variables choose its attention and fusion kernels (NVTE_FUSED_ATTN,
+# NVTE_FLASH_ATTN, NVTE_ALLOW_NONDETERMINISTIC_ALGO, ...).
+NUMERICS_ENV_PREFIXES = ("NVTE_",)
+# Words of a variable of such a family that make it a diagnostic, not a setting (NVTE_DEBUG).
+_DIAGNOSTIC_WORDS = frozenset(("DEBUG", "VERBOSE", "LOG", "TRACE", "PRINT", "DISPLAY", "WARNINGS"))
+
+
+def numerics_variable(name: str) -> bool:
+    """True for a variable that changes numerics on its own (NUMERICS_ENV, or a setting of a
+    NUMERICS_ENV_PREFIXES family that is neither a location nor a diagnostic).
+
+    The one rule of what a lock seals in ``[determinism].env``, what a replay record's context
+    and the canary keep beside the bytes they explain, and what the torch-facts cache keys on;
+    a second list drifted from the first (the record dropped what the lock sealed).
+    """
+    if name in NUMERICS_ENV:
+        return True
+    if not name.startswith(NUMERICS_ENV_PREFIXES) or is_path_variable(name) \
+            or not re.fullmatch(r"[A-Z][A-Z0-9_]{0,127}", name):
+        return False
+    return not any(w in _DIAGNOSTIC_WORDS for w in _name_words(name))
+
+
 # The variables that configure torch.compile (Inductor, Dynamo, Triton): they choose kernels, so
 # a changed one can explain a divergence; their paths name caches (``[compile].caches``).
 COMPILE_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TRITON_", "TORCH_COMPILE_")
@@ -224,7 +259,7 @@ def env_allowed(name: str) -> bool:
 
 def recorded_name(name: str) -> bool:
     """True for every variable a lock records, in ``[env]`` or in ``[determinism].env``."""
-    return name in NUMERICS_ENV or env_allowed(name)
+    return numerics_variable(name) or env_allowed(name)
 
 
 def quiet(fn: Callable[[], Any]) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .env import process_set_env
 from .files import sha256
-from .rules import NUMERICS_ENV, quiet, read_knobs
+from .rules import numerics_variable, quiet, read_knobs
 from .scrub import env_value
 
 
@@ -143,7 +143,7 @@ def collect_determinism(torch: Any) -> Dict[str, Any]:
     if torch is not None:
         # Every knob of the one table (rules.KNOBS), read live; one this torch lacks is left out.
         det.update(read_knobs(torch))
-    det["env"] = {k: env_value(k, os.environ[k]) for k in NUMERICS_ENV if k in os.environ}
+    det["env"] = {k: env_value(k, v) for k, v in sorted(os.environ.items()) if numerics_variable(k)}
     # Knobs that envlock.runtime set in *this* process after they could take effect. It writes
     # _ENVLOCK_LATE=<pid>:NAME,NAME: an environment variable, so the probe needs nothing of
     # envlock to read it, tagged with the pid because children inherit the environment but not

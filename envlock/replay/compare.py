@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envlock.drift.native import context_form, learnt_by_both, runtime_field
-from envlock.probe.rules import COMPILE_ENV_PREFIXES
+from envlock.probe.rules import COMPILE_ENV_PREFIXES, recorded_name
 from envlock.replay.record import (
     CONTEXT_KEY,
     Input,
@@ -62,9 +62,13 @@ _OPTIONAL_FAMILIES: tuple[tuple[str, ...], ...] = (
     ("python.",), ("packages.",), ("native.libraries.",), ("native.content.",), ("native.unowned",),
     ("native.runtimes.",),
     ("compile.caches.", "compile.loaded"), ("compile.",), ("torch.cuda_libraries.",))
-# Of the recorded variables, those that select threads, kernels, ISAs or devices, and the
-# loader's (which native libraries run: a cluster module's cuDNN, a preloaded libm).
-_NUMERICS_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
+# A record keeps every variable the lock records (``rules.recorded_name``) and says so with this
+# key. Records written before kept only the variables below (the rule they were written with,
+# frozen here, not a rule of today's): against such a record the others are a family it lacks,
+# compared only when both records hold the mark, so that a PYTHONPATH an older record could not
+# keep is no cause.
+ENV_MARK = "process.env_recorded"
+_ENV_BEFORE_MARK = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_",
                           "CUBLAS", "CUDNN_", "NVIDIA_TF32", "TORCH_", "PYTORCH_", "NCCL_", "XLA_",
                           "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTHONHASHSEED",
                           "ENVLOCK_SEED", "LD_LIBRARY_PATH", "LD_PRELOAD", *COMPILE_ENV_PREFIXES)
@@ -96,15 +100,20 @@ def _wild(key: str) -> str:
 
 def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The explanatory facts of a lock's canonical form (``extra``: ``process.*`` facts); a
-    text the record cannot hold is kept as its mark (``unrecordable``)."""
+    text the record cannot hold is kept as its mark (``unrecordable``).
+
+    Every variable the lock records (``rules.recorded_name``), as the capture scrubbed it: a
+    record that kept fewer than the lock (a list of its own) could not name NVTE_FUSED_ATTN or
+    PYTHONPATH as the cause of a divergence the lock itself would have shown."""
     flat = flatten(context_form(form))
     flat.update({f"packages.{p['name']}": p["version"] for p in form.get("packages", ())
                  if isinstance(p, Mapping) and p.get("name") and p.get("version")})
     flat.update({f"process.{k}": v for k, v in (extra or {}).items()})
+    flat[ENV_MARK] = "lock"
     return {k: v if not isinstance(v, str) or holds(v) else unrecordable(v)
             for k, v in sorted(flat.items())
             if k.startswith(CONTEXT_PREFIXES) and not _wild(k).startswith(_NOT_CONTEXT)
-            and (not k.startswith("env.") or k[4:].startswith(_NUMERICS_ENV_PREFIXES))
+            and (not k.startswith("env.") or recorded_name(k[4:]))
             and isinstance(v, (bool, int, float, str)) and v != "" and CONTEXT_KEY.fullmatch(k)}
 
 
@@ -338,7 +347,10 @@ def command_failed(original: Record, replay: Record) -> bool:
 
 def _family(key: str) -> str:
     """The family a record may lack that ``key`` belongs to, by its first prefix ("" for the
-    keys every record has)."""
+    keys every record has); the variables records kept only since ``ENV_MARK`` are "env." with
+    the mark."""
+    if key == ENV_MARK or (key.startswith("env.") and not key[4:].startswith(_ENV_BEFORE_MARK)):
+        return "env."
     return next((f[0] for f in _OPTIONAL_FAMILIES if key.startswith(f)), "")
 
 

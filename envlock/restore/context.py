@@ -20,7 +20,7 @@ from envlock._files import sha256_file
 from envlock.drift.expected import TOOLING, Restored
 from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
-from envlock.probe.rules import NUMERICS_ENV
+from envlock.probe.rules import numerics_variable
 from envlock.restore import ospackages, values
 from envlock.restore.ownwheel import OWN_DIST
 from envlock.restore.requirements import Requirement, requirement
@@ -236,17 +236,16 @@ def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
     """The lock's numerics variables, validated: those set before the capturing process started
     (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
     state, which ``envlock run`` passes to the command and the image does not carry)."""
-    allowed = set(NUMERICS_ENV)
     set_by_process = set(lock.determinism.process_env)
     out: dict[str, str] = {}
     for key, value in sorted(lock.determinism.env.items()):
         if (key in set_by_process) != process:
             continue
         values.env_name(key)
-        if key not in allowed:
+        if not numerics_variable(key):
             raise UnsafeValue(
                 f"refusing determinism variable {key!r}: not one of the variables that change "
-                "numerics (envlock.probe.rules.NUMERICS_ENV)",
+                "numerics (envlock.probe.rules.numerics_variable)",
                 hint="the lock was edited or crafted; restore only sets known numerics variables")
         out[key] = values.env_value(value, name=key)
     return out

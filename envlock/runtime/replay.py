@@ -131,10 +131,10 @@ def _apply_seeds(lock: Lock, changed: list[Change], missing: list[NotApplied]) -
 
 
 def _apply_env(lock: Lock, changed: list[Change], late: set[str]) -> None:
-    from envlock.probe.rules import NUMERICS_ENV
+    from envlock.probe.rules import numerics_variable
 
     wanted = lock.determinism.env
-    for name in sorted(set(wanted) | {n for n in NUMERICS_ENV if n in os.environ}):
+    for name in sorted(set(wanted) | {n for n in os.environ if numerics_variable(n)}):
         if name in _ENV_AS_SEEDS:
             continue
         old, new = os.environ.get(name), wanted.get(name)
