@@ -422,3 +422,28 @@ def test_a_tensor_metric_needs_no_numpy(tmp_path: Path, monkeypatch: pytest.Monk
     assert recorder.encode("w", t) == {"sha256": expected, "dtype": "float32", "shape": [2, 2], "mean": 3.0}
     half = recorder.encode("h", torch.ones(3, dtype=torch.bfloat16))
     assert half["sha256"] == hashlib.sha256(b"\x80\x3f" * 3).hexdigest()
+
+
+def test_a_record_kept_before_every_locked_variable_was_names_none_of_the_others() -> None:
+    """A record written before it kept every variable the lock records has no PYTHONPATH nor
+    NVTE_* in its context: against a replay that has them they are not compared (no false
+    cause), while the numerics variables both kinds of record keep still are; between two
+    records that both keep them, they are named."""
+    from datetime import datetime, timezone
+
+    from envlock.replay.compare import ENV_MARK, compare_records
+    from envlock.replay.record import Meta, Record, Step
+
+    def rec(context: dict[str, str], loss: float) -> Record:
+        meta = Meta(tool_version="0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                    where="host", command=["python", "train.py"], exit_code=0)
+        return Record(record=meta, context=context, steps=[Step(step=0, metrics={"loss": loss})])
+
+    older = rec({"env.OMP_NUM_THREADS": "2"}, 0.5)
+    newer = rec({ENV_MARK: "lock", "env.OMP_NUM_THREADS": "1", "env.PYTHONPATH": "/src",
+                 "env.NVTE_FUSED_ATTN": "0"}, 0.25)
+    keys = [c.key for c in compare_records(older, newer).context]
+    assert keys == ["env.OMP_NUM_THREADS"]
+    both = rec({ENV_MARK: "lock", "env.OMP_NUM_THREADS": "2", "env.PYTHONPATH": "/lib"}, 0.5)
+    keys = [c.key for c in compare_records(both, newer).context]
+    assert keys == ["env.NVTE_FUSED_ATTN", "env.OMP_NUM_THREADS", "env.PYTHONPATH"]
