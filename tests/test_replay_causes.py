@@ -434,7 +434,7 @@ def test_a_record_kept_before_every_locked_variable_was_names_none_of_the_others
     from envlock.replay.compare import ENV_MARK, compare_records
     from envlock.replay.record import Meta, Record, Step
 
-    def rec(context: dict[str, str], loss: float) -> Record:
+    def rec(context: dict[str, bool | int | float | str], loss: float) -> Record:
         meta = Meta(tool_version="0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
                     where="host", command=["python", "train.py"], exit_code=0)
         return Record(record=meta, context=context, steps=[Step(step=0, metrics={"loss": loss})])
