@@ -22,7 +22,7 @@ from envlock.commands import main
 from envlock.probe import code as probe_code
 from envlock.probe.collect import collect
 from envlock.probe.rules import env_allowed, rank_journal
-from envlock.replay.compare import compare_records, context_of
+from envlock.replay.compare import ENV_MARK, compare_records, context_of
 from envlock.replay.make import make_record, read_journal
 from envlock.replay.record import Code, RankContext, Record, load, rank_contexts, rank_entry
 from envlock.replay.report import replay_text
@@ -240,14 +240,14 @@ def test_packages_and_the_loaders_variables_are_context() -> None:
     form = {"packages": [{"name": "numpy", "version": "2.4.6"}, {"name": "six", "version": "1.17.0"}],
             "env": {"LD_PRELOAD": "/opt/libfast.so", "LD_LIBRARY_PATH": "/opt/cuda/lib64",
                     "PYTHONPATH": "/src"}}
-    assert context_of(form) == {"env.LD_LIBRARY_PATH": "/opt/cuda/lib64", "env.LD_PRELOAD": "/opt/libfast.so",
+    assert context_of(form) == {ENV_MARK: "lock", "env.LD_LIBRARY_PATH": "/opt/cuda/lib64", "env.LD_PRELOAD": "/opt/libfast.so",
                                 "env.PYTHONPATH": "/src",
                                 "packages.numpy": "2.4.6", "packages.six": "1.17.0"}
     # A variable no lock records is no context either (a form handed in from elsewhere).
     assert context_of({"env": {"SOME_SETTING": "1", "NVTE_FUSED_ATTN": "0"}}) == {
-        "env.NVTE_FUSED_ATTN": "0"}
+        ENV_MARK: "lock", "env.NVTE_FUSED_ATTN": "0"}
     # A key the record cannot hold (a variable's odd name) is left out, not a record refused.
-    assert context_of({"env": {"OMP_A B": "1", "OMP_C": "2"}}) == {"env.OMP_C": "2"}
+    assert context_of({"env": {"OMP_A B": "1", "OMP_C": "2"}}) == {ENV_MARK: "lock", "env.OMP_C": "2"}
 
 
 # The variables a lock records beyond threads and BLAS: they select kernels (Transformer
@@ -431,7 +431,6 @@ def test_a_record_kept_before_every_locked_variable_was_names_none_of_the_others
     records that both keep them, they are named."""
     from datetime import datetime, timezone
 
-    from envlock.replay.compare import ENV_MARK, compare_records
     from envlock.replay.record import Meta, Record, Step
 
     def rec(context: dict[str, bool | int | float | str], loss: float) -> Record:

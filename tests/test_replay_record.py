@@ -239,7 +239,7 @@ def test_context_keeps_numerics_facts_and_drops_the_rest() -> None:
                    "env.ENVLOCK_SEED": "1", "env.HF_HOME": "/hf", "env.OMP_NUM_THREADS": "4",
                    "env.PYTHONPATH": "/src", "gpu.devices.0.name": "H200",
                    "gpu.driver": "550", "platform.cpu_model": "EPYC", "process.world_size": 8,
-                   "torch.build.blas": "mkl", "torch.cpu_capability": "AVX512", "torch.version": "2.13.0"}
+                   "process.env_recorded": "lock", "torch.build.blas": "mkl", "torch.cpu_capability": "AVX512", "torch.version": "2.13.0"}
 
 
 # -- the journal (in-process API) ----------------------------------------------------------------
