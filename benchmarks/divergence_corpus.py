@@ -6,12 +6,17 @@ and does envlock's verdict name the cause among "lock differences that can expla
     python benchmarks/divergence_corpus.py --skip-compile      # leave out the torch.compile cases
     python benchmarks/divergence_corpus.py --numpy-alt DIR     # DIR: another numpy build (pip --target)
     python benchmarks/divergence_corpus.py --json FILE         # every verdict, as envlock printed it
+    python benchmarks/divergence_corpus.py --twice             # again, the shared Inductor cache written
 
 Run it with an interpreter that has torch and numpy and can import envlock (the repository root
 is put on ``PYTHONPATH`` of every command). Each case starts from a sealed record of a seeded
 run made once per baseline (``envlock record``, on this host), induces one cause, replays with
 ``envlock replay --json`` and undoes the cause. A baseline's own replay must reproduce it first:
-otherwise the run is nondeterministic and no case of it means anything.
+otherwise the run is nondeterministic and no case of it means anything. Each cause is also
+witnessed: the script run outside envlock with and without it. A cause that leaves this
+machine's numbers alone (a thread count, a vector ISA: ``Case.machine``) is "no effect here",
+and its replay must reproduce, naming nothing. Every line a diverged verdict lists beyond the
+case's cause and what the change itself brings about (``Case.brings``) is a spurious cause.
 
 The training script (``TRAIN`` below) is small but takes the paths through which causes reach
 numbers in real runs: a convolution and large reductions on torch's intra-op pool (OpenMP,
@@ -22,13 +27,14 @@ baseline adds ``torch.compile`` (Inductor's C++ backend), the ranks baseline two
 ``torchrun``. A case whose cause is explained only by work not in this tree says so
 (``depends``): its figure is what this tree explains, not what it will.
 
-Prints a markdown table and "explained N of M" (M: the cases whose replay diverged). Exit 0
-when it ran; the figure is the result, not a pass/fail.
+Prints a markdown table and "explained N of M, spurious causes K" (M: the causes that changed
+the numbers). Exit 0 when it ran; the figure is the result, not a pass/fail.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -323,7 +329,7 @@ def _numpy_alt(ws: Workspace) -> Induced:
 
 def _warm_cache(ws: Workspace) -> Induced:
     # The baseline compiled into an empty Inductor cache; this replay finds it filled by that
-    # run (every other replay of the compile baseline gets an empty one of its own).
+    # run (every other run of the compile baseline finds it emptied: `_cold`).
     return Induced(env={"TORCHINDUCTOR_CACHE_DIR": ws.env["TORCHINDUCTOR_CACHE_DIR"]})
 
 
@@ -409,13 +415,16 @@ CASES = (
          ("ctx:determinism.flush_denormal",), depends=TRACE_DEPENDS,
          brings=("read:config/hparams.json", "tree")),
     Case("numpy_blas", "numpy from another build, with its own OpenBLAS (--numpy-alt)", "main",
-         _numpy_alt, ("ctx:packages.numpy", "ctx:native.runtimes."), depends=BLAS_DEPENDS, needs="numpy-alt"),
+         _numpy_alt, ("ctx:packages.numpy", "ctx:native.runtimes."), depends=BLAS_DEPENDS, needs="numpy-alt",
+         brings=("ctx:env.PYTHONPATH", "ctx:native.")),
     Case("inductor_setting", "an Inductor setting: TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast",
          "compile", _env(TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG="fast"),
          ("ctx:env.TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG", "ctx:compile."),
          depends=INDUCTOR_DEPENDS),
     Case("compile_cache_warm", "a warm Inductor cache where the original compiled cold", "compile",
-         _warm_cache, ("ctx:compile.",), depends=INDUCTOR_DEPENDS),
+         _warm_cache, ("ctx:compile.",), depends=INDUCTOR_DEPENDS,
+         machine="a warm cache holds the kernels a cold compile builds; only autotuning (on GPUs) may "
+                 "have chosen others"),
     Case("compile_cache_loaded", "the original's own saved compile cache loaded before the replay "
          "(replay --compile-cache; the original compiled cold)", "compile", _loaded_cache,
          ("ctx:compile.loaded",)),
@@ -432,8 +441,6 @@ CASES = (
 def _hf_snapshot(hub: Path, rev: str, config: dict[str, Any]) -> None:
     """A model in the cache as huggingface_hub lays it out: a blob named by its content, the
     snapshot's file a link to it."""
-    import hashlib
-
     folder = hub / "models--corpus--model"
     body = json.dumps(config).encode()
     blob = folder / "blobs" / hashlib.sha1(body).hexdigest()
@@ -525,14 +532,36 @@ def make_workspace(where: Path, baseline: str, numpy_alt: Path | None = None) ->
         _cc(NATIVE, outside / "ops-fast" / "libcorpus_op.so", "-O3", "-ffast-math")
         _cc(PRELOAD, outside / "preload" / "libulpcos.so", "-O2")
     env = {k: v for k, v in os.environ.items() if k not in _INDUCED}
+    # Temporary files, and with them the user's shared default Inductor cache
+    # (``$TMPDIR/torchinductor_<user>``, which any job of the user may fill), stay in the corpus.
+    (where / "tmp").mkdir()
     env.update(PYTHONPATH=os.pathsep.join([str(outside / "site"), str(REPO)]), HF_HUB_CACHE=str(hub),
                LD_LIBRARY_PATH=str(lib.parent), ENVLOCK_CACHE_DIR=str(where / "cache"),
-               CORPUS_PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"),
+               CORPUS_PYTHON=sys.executable, TMPDIR=str(where / "tmp"),
                CORPUS_OPS=str(outside / "ops"), TORCH_HOME=str(outside / "torchhome"))
-    env.pop("ENVLOCK_RECORD", None)
+    for name in ("ENVLOCK_RECORD", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(name, None)
     if baseline == "compile":
-        env["CORPUS_COMPILE"] = "1"
+        # A cache of its own, which the warm case hands to its replay.
+        env.update(CORPUS_COMPILE="1", TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"))
     return Workspace(root, outside, env, baseline, numpy_alt)
+
+
+def shared_cache(ws: Workspace) -> Path:
+    """The Inductor cache the workspace's runs use when they name none: torch's own default."""
+    code = "from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())"
+    env = {k: v for k, v in ws.env.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip())
+
+
+def another_job_writes(cache: Path, n: int) -> None:
+    """What another job of the user leaves in the shared cache: kernels and graphs of its own."""
+    for kind in ("fxgraph", "aotautograd", "kernels"):
+        name = hashlib.sha256(f"{kind}-{n}".encode()).hexdigest()
+        path = cache / kind / name[:2] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(name.encode() * 4)
 
 
 def _command(baseline: str) -> list[str]:
@@ -556,11 +585,31 @@ def record(ws: Workspace) -> None:
         raise RuntimeError(f"the {ws.baseline} baseline failed to record:\n{done.stderr[-3000:]}")
 
 
+@contextmanager
+def _cold(ws: Workspace, induced: Induced) -> Iterator[None]:
+    """A run of the compile baseline starts cold, in the cache directory its record named: the
+    warm cache the record left is moved aside for the run and put back after, so that the
+    directory's name is the same in every run and only its contents differ. A cause that hands
+    the replay the warm cache on purpose (``_warm_cache``) keeps it."""
+    if ws.baseline != "compile" or "TORCHINDUCTOR_CACHE_DIR" in induced.env:
+        yield
+        return
+    cache = Path(ws.env["TORCHINDUCTOR_CACHE_DIR"])
+    aside = cache.with_name(cache.name + ".warm")
+    if cache.exists():
+        cache.rename(aside)
+    cache.mkdir()
+    try:
+        yield
+    finally:
+        shutil.rmtree(cache)
+        if aside.exists():
+            aside.rename(cache)
+
+
 def _induced_env(ws: Workspace, induced: Induced) -> dict[str, str]:
-    """The baseline's environment with the cause's variables (a compile run: a cold cache)."""
+    """The baseline's environment with the cause's variables."""
     env = dict(ws.env)
-    if ws.baseline == "compile":
-        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="cold-", dir=ws.outside)
     for name, value in induced.env.items():
         if value is None:
             env.pop(name, None)
@@ -580,7 +629,7 @@ def witness(ws: Workspace, induced: Induced) -> list[str] | None:
     if induced.options:
         return None
     command = induced.command or _command(ws.baseline)
-    with tempfile.TemporaryDirectory(prefix="witness-", dir=ws.outside) as tmp:
+    with tempfile.TemporaryDirectory(prefix="witness-", dir=ws.outside) as tmp, _cold(ws, induced):
         out = Path(tmp) / "numbers"
         env = {**_induced_env(ws, induced), "CORPUS_WITNESS": str(out)}
         done = subprocess.run(command, cwd=ws.root, env=env, capture_output=True, text=True)
@@ -592,7 +641,8 @@ def replay(ws: Workspace, induced: Induced) -> dict[str, Any]:
     """The verdict of a replay with the cause in place, as ``replay --json`` prints it."""
     env = _induced_env(ws, induced)
     extra = ["--", *induced.command] if induced.command else []
-    done = _envlock(ws, ["replay", "base.record", "--json", *induced.options, *extra], env)
+    with _cold(ws, induced):
+        done = _envlock(ws, ["replay", "base.record", "--json", *induced.options, *extra], env)
     try:
         verdict: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -661,6 +711,8 @@ class Result:
     why: str = ""
     verdict: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    effect: bool | None = None  # what the witness said: the cause changed the numbers outside envlock
+    shared: bool = False        # the second pass: another job wrote the shared cache before the replay
 
 
 def _missing(case: Case, have_cc: bool, numpy_alt: Path | None) -> str:
@@ -697,18 +749,24 @@ def judge(case: Case, verdict: dict[str, Any], effect: bool | None, seconds: flo
     return Result(case, "not explained", why, verdict, seconds)
 
 
-def run_case(ws: Workspace, case: Case, plain: list[str]) -> Result:
+def run_case(ws: Workspace, case: Case, plain: list[str], first: Result | None = None) -> Result:
     """Induce the case's cause, witness it outside envlock against ``plain`` (the baseline's own
-    numbers there), replay it, and put everything back."""
+    numbers there), replay it, and put everything back. ``first``: the case's result of the
+    first pass, whose witness holds (same machine, same cause)."""
     start = time.monotonic()
     induced = case.induce(ws)
     try:
-        seen = witness(ws, induced)
+        effect = first.effect if first is not None else None
+        if first is None:
+            seen = witness(ws, induced)
+            effect = None if seen is None else seen != plain
         verdict = replay(ws, induced)
     finally:
         if induced.undo is not None:
             induced.undo()
-    return judge(case, verdict, None if seen is None else seen != plain, time.monotonic() - start)
+    result = judge(case, verdict, effect, time.monotonic() - start)
+    result.effect, result.shared = effect, first is not None
+    return result
 
 
 @contextmanager
@@ -729,7 +787,10 @@ def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[W
 
 
 def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
-               numpy_alt: Path | None = None, keep: Path | None = None) -> list[Result]:
+               numpy_alt: Path | None = None, keep: Path | None = None, twice: bool = False) -> list[Result]:
+    """Every case of ``names`` (default: all). ``twice``: then a second pass of the same cases,
+    another job writing the user's shared Inductor cache before each replay (``Result.shared``):
+    a cache no run of the case used must change no verdict."""
     cases = [c for c in CASES if (names is None or c.name in names)
              and not (skip_compile and c.baseline == "compile")]
     where = keep or Path(tempfile.mkdtemp(prefix="divergence-corpus-"))
@@ -746,14 +807,22 @@ def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
                 if ws is None:
                     results += [Result(c, "not run", why) for c in runnable]
                     continue
+                firsts = []
                 for case in runnable:
-                    results.append(run_case(ws, case, plain))
-                    sys.stderr.write(f"{case.name}: {results[-1].status}\n")
+                    firsts.append(run_case(ws, case, plain))
+                    sys.stderr.write(f"{case.name}: {firsts[-1].status}\n")
+                results += firsts
+                if twice:
+                    cache = shared_cache(ws)
+                    for n, first in enumerate(firsts):
+                        another_job_writes(cache, n)
+                        results.append(run_case(ws, first.case, plain, first))
+                        sys.stderr.write(f"{first.case.name} (shared cache written): {results[-1].status}\n")
     finally:
         if keep is None:
             shutil.rmtree(where, ignore_errors=True)
     order = {c.name: i for i, c in enumerate(CASES)}
-    return sorted(results, key=lambda r: order[r.case.name])
+    return sorted(results, key=lambda r: (r.shared, order[r.case.name]))
 
 
 def figure(results: list[Result]) -> tuple[int, int]:
@@ -767,18 +836,28 @@ def spurious_count(results: list[Result]) -> int:
     return sum(len(spurious(r.case, r.verdict)) for r in results)
 
 
-def report(results: list[Result]) -> str:
-    """The markdown table, then the figure."""
+def _figure_line(results: list[Result]) -> str:
     n, m = figure(results)
     others = ("missed", "no effect here", "false divergence", "no divergence", "not run")
     count = {status: sum(r.status == status for r in results) for status in others}
     rest = ", ".join(f"{k} {v}" for k, v in count.items() if v)
-    return "\n".join([
+    return (f"explained {n} of {m}, spurious causes {spurious_count(results)} "
+            f"(of {len(results)} causes{': ' + rest if rest else ''})")
+
+
+def report(results: list[Result]) -> str:
+    """The markdown table, then the figure (of each pass, where there were two)."""
+    first = [r for r in results if not r.shared]
+    second = [r for r in results if r.shared]
+    lines = [
         "| case | cause | replay | named in the verdict | spurious |", "|---|---|---|---|---|",
-        *(f"| `{r.case.name}` | {r.case.cause} | {r.status} | {r.why} | "
-          f"{', '.join(spurious(r.case, r.verdict)) or '-'} |" for r in results), "",
-        f"explained {n} of {m}, spurious causes {spurious_count(results)} "
-        f"(of {len(results)} causes{': ' + rest if rest else ''})"]) + "\n"
+        *(f"| `{r.case.name}`{' (shared cache written)' if r.shared else ''} | {r.case.cause} | {r.status} | "
+          f"{r.why} | {', '.join(spurious(r.case, r.verdict)) or '-'} |" for r in results), "",
+        _figure_line(first)]
+    if second:
+        lines.append("second pass, another job writing the shared Inductor cache before each replay: "
+                     + _figure_line(second))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -788,16 +867,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--numpy-alt", type=Path, help="a directory holding another numpy build")
     parser.add_argument("--keep", type=Path, help="build the workspaces here and keep them")
     parser.add_argument("--json", type=Path, help="write every case's verdict to this file")
+    parser.add_argument("--twice", action="store_true", help="a second pass, another job writing the "
+                        "user's shared Inductor cache before each replay")
     args = parser.parse_args(argv)
     names = args.cases.split(",") if args.cases else None
     unknown = sorted(set(names or ()) - {c.name for c in CASES})
     if unknown:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
     results = run_corpus(names, skip_compile=args.skip_compile,
-                         numpy_alt=args.numpy_alt.resolve() if args.numpy_alt else None, keep=args.keep)
+                         numpy_alt=args.numpy_alt.resolve() if args.numpy_alt else None, keep=args.keep,
+                         twice=args.twice)
     sys.stdout.write(report(results))
     if args.json:
-        args.json.write_text(json.dumps([{"case": r.case.name, "status": r.status, "why": r.why,
+        args.json.write_text(json.dumps([{"case": r.case.name, "shared_cache": r.shared, "status": r.status,
+                                          "why": r.why,
                                           "spurious": spurious(r.case, r.verdict),
                                           "seconds": round(r.seconds, 1), "verdict": r.verdict}
                                          for r in results], indent=2) + "\n")

@@ -41,6 +41,7 @@
 #   CONTAINERS_CONF              Podman config in use (only when Podman works)
 #   ENVLOCK_TEST_BASE_IMAGE      base image name
 #   ENVLOCK_TEST_WHEELHOUSE      wheelhouse directory
+#   ENVLOCK_TEST_NUMPY_ALT       numpy 1.26.4 installed into a directory (the corpus's numpy_blas)
 #   ENVLOCK_TEST_NGC_IMAGE       base + torch pip-installed into the system Python
 #   ENVLOCK_TEST_DEBIAN_TORCH_IMAGE  base + Debian's python3-torch (apt)
 #   ENVLOCK_TEST_DEBS            .debs for the Debian scenario (scripts/matrix.sh)
@@ -470,6 +471,24 @@ else
     step_done "built ($(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels)"
 fi
 export ENVLOCK_TEST_WHEELHOUSE="$WHEELHOUSE"
+
+# --- 4a. a second numpy build -------------------------------------------------
+# The divergence corpus's numpy_blas case replays with another numpy (1.26.4, its own older
+# OpenBLAS) put first on PYTHONPATH: pip installs it into a directory once.
+step "numpy-alt"
+NUMPY_ALT="$CACHE/numpy-alt-1.26.4"
+if [[ "$REBUILD" != "1" && -f "$NUMPY_ALT/.stamp" ]]; then
+    step_done "cached"
+else
+    rm -rf "$NUMPY_ALT.tmp"
+    "$VPY" -m pip install -q --progress-bar off --only-binary=:all: --no-deps --target "$NUMPY_ALT.tmp" \
+        numpy==1.26.4
+    rm -rf "$NUMPY_ALT"
+    mv "$NUMPY_ALT.tmp" "$NUMPY_ALT"
+    touch "$NUMPY_ALT/.stamp"
+    step_done "installed"
+fi
+export ENVLOCK_TEST_NUMPY_ALT="$NUMPY_ALT"
 
 # --- 4b. system-Python images ------------------------------------------------
 # Two images that keep torch in the system Python, as the seeds' images do:
