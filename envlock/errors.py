@@ -66,6 +66,14 @@ class CompileCacheRefused(EnvlockError):
     exit_code = EXIT_USAGE
 
 
+class PackDamaged(EnvlockError):
+    """A pack (``envlock pack``) that is not exactly the files its ``SHA256SUMS`` lists, with
+    those digests (2): a file changed, missing or unlisted, a link, or a ``SHA256SUMS`` that is
+    not one. The pack is the input; another copy of it is the fix."""
+
+    exit_code = EXIT_USAGE
+
+
 # -- 3: the environment is wrong ---------------------------------------------------------------
 
 

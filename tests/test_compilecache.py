@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from envlock.drift.compare import compare
-from envlock.errors import CompileCacheRefused, UsageError
+from envlock.errors import CompileCacheRefused, PackDamaged, UsageError
 from envlock.lock._seal import canonical_form
 from envlock.probe import compilecache, compilestate
 from envlock.probe.env import collect_env
@@ -348,25 +348,41 @@ def _pack_dir(tmp_path: Path, entry: Any) -> Path:
     root = tmp_path / "p"
     root.mkdir()
     (root / "pack.json").write_text(json.dumps({"envlock_pack": 1, "compile_cache": entry}))
-    (root / "SHA256SUMS").write_text("")
     return root
+
+
+def _seal(root: Path) -> None:
+    """SHA256SUMS over the pack's files, as ``pack`` writes it last."""
+    from envlock.export.pack import sums_text
+
+    (root / "SHA256SUMS").write_text(sums_text(root))
 
 
 @pytest.mark.parametrize("rel", ["../c.cache", "/etc/passwd", "compile/../../c.cache", "link/c.cache"])
 def test_a_compile_cache_named_outside_the_pack_is_refused(tmp_path: Path, rel: str) -> None:
     write_cache(tmp_path / "c.cache")
     root = _pack_dir(tmp_path, {"path": rel, "sha256": "0" * 64})
-    (root / "link").symlink_to(tmp_path)  # a link inside the pack that leads out of it
-    opened = packdir.open_pack(root, tmp_path / "work")
-    with pytest.raises(UsageError, match="compile cache outside the pack") as exc:
-        _ = opened.compile_cache
-    assert exc.value.exit_code == 2
+    _seal(root)
+    if not rel.startswith("link/"):  # a path that leads out by its own text
+        opened = packdir.open_pack(root, tmp_path / "work")
+        with pytest.raises(UsageError, match="compile cache outside the pack") as exc:
+            _ = opened.compile_cache
+        assert exc.value.exit_code == 2
+    # A link inside the pack that leads out of it: the pack's check refuses it before the
+    # manifest is read, and the manifest's path rule refuses what it leads to too.
+    (root / "link").symlink_to(tmp_path)
+    with pytest.raises(PackDamaged, match="holds a link, link") as damaged:
+        packdir.open_pack(root, tmp_path / "work")
+    assert damaged.value.exit_code == 2
+    with pytest.raises(UsageError, match="compile cache outside the pack"):
+        _ = packdir.Pack(root, json.loads((root / "pack.json").read_text())).compile_cache
 
 
 def test_twin_a_cache_inside_the_pack_is_found_and_its_digest_checked(tmp_path: Path) -> None:
     root = _pack_dir(tmp_path, {"path": "compile/c.cache", "sha256": "0" * 64})
     (root / "compile").mkdir()
     write_cache(root / "compile" / "c.cache")
+    _seal(root)
     opened = packdir.open_pack(root, tmp_path / "work")
     assert opened.compile_cache == root / "compile" / "c.cache"
     with pytest.raises(CompileCacheRefused, match="not the one its manifest names"):
@@ -518,7 +534,7 @@ def test_run_pack_loads_the_cache_the_pack_carries_unless_told_not_to(
     assert "the pack's compile cache is loaded before a command after --" in capsys.readouterr().err
     # A pack whose compile cache was swapped after packing is refused: SHA256SUMS names it.
     write_cache(tmp_path / "pack" / packdir.COMPILE_CACHE, b"other artifacts")
-    assert main(["run", "pack", "--", "python", "train.py"]) == 3
+    assert main(["run", "pack", "--", "python", "train.py"]) == 2
     assert "compile/torch-compile.cache (changed)" in capsys.readouterr().err
 
 

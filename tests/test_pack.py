@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import sys
 import tarfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from envlock.errors import (
     HashMismatch,
     HostIncompatible,
     NotRestorable,
+    PackDamaged,
     UsageError,
 )
 from envlock.export.pack import PackOptions, pack
@@ -187,9 +189,9 @@ def test_a_damaged_or_crafted_pack_is_refused_naming_the_file(
     opened = packdir.open_pack(tmp_path / "p.tar", tmp_path / "work")
     wheel = opened.root / "wheels" / "six-1.16.0-py3-none-any.whl"
     wheel.write_bytes(wheel.read_bytes() + b"x")
-    with pytest.raises(HashMismatch, match=r"damaged: wheels/six-1.16.0-py3-none-any.whl \(changed\)") as exc:
+    with pytest.raises(PackDamaged, match=r"damaged: wheels/six-1.16.0-py3-none-any.whl \(changed\)") as exc:
         packdir.check_sums(opened.root)
-    assert exc.value.exit_code == 3
+    assert exc.value.exit_code == 2
     # A tar holding a link (or a path out of it) is not a pack.
     evil = tmp_path / "evil.tar"
     with tarfile.open(evil, "w") as tar:
@@ -240,9 +242,247 @@ def test_any_sha256sums_text_is_a_one_line_refusal_or_checked(text: str, tmp_pat
     (root / "SHA256SUMS").write_text(text, encoding="utf-8")
     try:
         packdir.check_sums(root)
-    except (UsageError, HashMismatch) as exc:
+    except PackDamaged as exc:
         # The CLI prints the message as it is: one line, nothing a terminal would act on.
         assert exc.message and safe(exc.message) == exc.message, exc.message
+
+
+# -- a pack proves all of itself ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def made_pack(restore_lock: LockFactory, site: Path, tmp_path: Path, isolated: None,
+              monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A pack directory written by ``pack`` itself (no engine, no network)."""
+    house = tmp_path / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.16.0")
+    _pack(local_lock(restore_lock, site), tmp_path, tmp_path / "pack", house, site, monkeypatch)
+    return tmp_path / "pack"
+
+
+def _sums_lines(root: Path) -> list[str]:
+    return (root / "SHA256SUMS").read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _uv_wheel(directory: Path, marker: bytes, version: str = "0.9.1") -> Path:
+    """A uv wheel whose binary is an x86-64 ELF header followed by ``marker``."""
+    import zipfile
+
+    from test_restore_layers import ELF_X86_64
+
+    wheel = directory / f"uv-{version}-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"uv-{version}.data/scripts/uv", ELF_X86_64 + marker)
+        zf.writestr(f"uv-{version}.dist-info/RECORD", "")
+    return wheel
+
+
+def _reseal(root: Path) -> None:
+    """SHA256SUMS written again over what the pack now holds, as ``pack`` writes it last."""
+    from envlock.export.pack import sums_text
+
+    (root / "SHA256SUMS").write_text(sums_text(root), encoding="utf-8")
+
+
+def _tamper(root: Path, how: str, tmp_path: Path) -> str:
+    """Damage the pack at ``root`` one way; the text the refusal must contain."""
+    sums = root / "SHA256SUMS"
+    lines = _sums_lines(root)
+    manifest_line = next(line for line in lines if line.endswith("  pack.json\n"))
+    if how == "empty":
+        sums.write_bytes(b"")
+        return "is empty"
+    if how == "shortened":  # a line left out: the file it vouched for is no longer checked
+        sums.write_text("".join(line for line in lines if line != manifest_line), encoding="utf-8")
+        return "does not list: pack.json"
+    if how == "cut mid-line":
+        sums.write_bytes(sums.read_bytes()[:-7])
+        return "cut short"
+    if how == "extra file":
+        _uv_wheel(root / "wheels", b"unlisted")
+        return "does not list: wheels/uv-0.9.1-py3-none-manylinux_2_17_x86_64.whl"
+    if how == "missing file":
+        (root / "README.md").unlink()
+        return "not there: README.md"
+    if how == "symlink":
+        (root / "wheels" / "link.whl").symlink_to(root / "wheels" / "six-1.16.0-py3-none-any.whl")
+        return "holds a link, wheels/link.whl"
+    if how == "fifo":
+        os.mkfifo(root / "wheels" / "pipe")
+        return "wheels/pipe, which is not a plain file"
+    if how == "dot-dot":
+        (tmp_path / "outside").write_bytes(b"x")
+        sums.write_text("".join(lines) + f"{_digest(b'x')}  wheels/../../outside\n", encoding="utf-8")
+        return f"line {len(lines) + 1}: not a path inside the pack: wheels/../../outside"
+    if how == "absolute":
+        sums.write_text("".join(lines) + f"{_digest(b'x')}  /etc/hostname\n", encoding="utf-8")
+        return "not a path inside the pack: /etc/hostname"
+    if how == "duplicate line":
+        sums.write_text("".join(lines) + manifest_line, encoding="utf-8")
+        return "pack.json is listed twice"
+    if how == "malformed line":  # sha256sum's binary-mode marker, which pack never writes
+        sums.write_text("".join(lines).replace("  pack.json", " *pack.json"), encoding="utf-8")
+        return "not a checksum line"
+    if how == "uppercase digest":
+        sums.write_text("".join(lines).replace(manifest_line, manifest_line[:64].upper() + manifest_line[64:]),
+                        encoding="utf-8")
+        return "not a checksum line"
+    if how == "swapped pack.json":  # another base image named; SHA256SUMS left as it was
+        manifest = json.loads((root / "pack.json").read_text())
+        manifest["base"] = {"id": "sha256:" + "66" * 32, "display": "evil/base:1", "origin": "lock"}
+        manifest["docker_archive"] = "image/base.docker.tar"
+        (root / "pack.json").write_text(json.dumps(manifest), encoding="utf-8")
+        return "pack.json (changed)"
+    raise AssertionError(how)
+
+
+TAMPERS = ["empty", "shortened", "cut mid-line", "extra file", "missing file", "symlink", "fifo", "dot-dot",
+           "absolute", "duplicate line", "malformed line", "uppercase digest", "swapped pack.json"]
+
+
+@pytest.mark.parametrize("how", TAMPERS)
+def test_a_pack_that_is_not_exactly_its_sha256sums_is_refused_before_anything_is_read(
+        made_pack: Path, tmp_path: Path, how: str) -> None:
+    packdir.open_pack(made_pack, tmp_path / "work")  # the intact pack opens
+    expected = _tamper(made_pack, how, tmp_path)
+    with pytest.raises(PackDamaged) as exc:
+        packdir.open_pack(made_pack, tmp_path / "work")
+    assert expected in exc.value.message and exc.value.exit_code == 2
+    assert safe(exc.value.message) == exc.value.message
+
+
+def test_twin_sha256sums_in_another_order_is_the_same_pack(made_pack: Path, tmp_path: Path) -> None:
+    """Order means nothing: the lines reversed list the same files."""
+    listing = packdir.open_pack(made_pack, tmp_path / "work").sums
+    assert len(listing) == len(_sums_lines(made_pack)) > 3
+    (made_pack / "SHA256SUMS").write_text("".join(reversed(_sums_lines(made_pack))), encoding="utf-8")
+    opened = packdir.open_pack(made_pack, tmp_path / "work")
+    assert opened.sums == listing
+
+
+def test_a_venv_made_inside_the_pack_is_named_in_a_bounded_refusal(made_pack: Path, tmp_path: Path) -> None:
+    venv = made_pack / "venv" / "lib"
+    venv.mkdir(parents=True)
+    for i in range(25):
+        (venv / f"m{i:02d}.py").write_text("")
+    with pytest.raises(PackDamaged, match=r"does not list: venv/lib/m00\.py, .* and 15 more") as exc:
+        packdir.check_sums(made_pack)
+    assert "beside the pack" in (exc.value.hint or "")
+
+
+def test_uv_runs_only_from_a_wheel_the_packs_sha256sums_lists(
+        made_pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uv wheel dropped into a pack's wheels/ is refused with the pack; one the pack lists
+    gives its binary, cached by the wheel's sha256; one swapped after the check is refused."""
+    from envlock.restore import uvbin
+
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    monkeypatch.setattr(uvbin, "from_host", lambda: None)
+    cache = tmp_path / "uv-cache"
+    wheel = _uv_wheel(made_pack / "wheels", b"listed")
+    with pytest.raises(PackDamaged, match=r"does not list: wheels/uv-0\.9\.1"):
+        packdir.open_pack(made_pack, tmp_path / "work")
+    _reseal(made_pack)
+    opened = packdir.open_pack(made_pack, tmp_path / "work")
+    digest = _digest(wheel.read_bytes())
+    assert opened.checked_wheels[wheel] == digest
+    found = uvbin.find(opened.checked_wheels, cache)
+    assert found == cache / digest / "uv" and found.read_bytes().endswith(b"listed")
+    # Swapped between the check and the unpack: the bytes read are hashed, and refused.
+    cache_two = tmp_path / "uv-cache-2"
+    _uv_wheel(made_pack / "wheels", b"swapped")
+    with pytest.raises(PackDamaged, match="changed after the pack was checked") as exc:
+        uvbin.find(opened.checked_wheels, cache_two)
+    assert exc.value.exit_code == 2 and not (cache_two / digest).exists()
+    # The command's options carry the pack's checked wheels, and nothing else, to uvbin.
+    from argparse import Namespace
+
+    from envlock.commands.restore import pack_options
+
+    opts = pack_options(Namespace(wheelhouse=None, base=None), opened, ctx.Options())
+    assert opts.checked_wheels == opened.checked_wheels and opts.wheelhouse == made_pack / "wheels"
+
+
+def test_two_uv_wheels_of_one_name_are_two_binaries(
+        made_pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is keyed by the wheel's sha256: a second pack whose uv wheel has the first
+    one's name but other bytes gets its own binary, not the first one's."""
+    from envlock.restore import uvbin
+
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    monkeypatch.setattr(uvbin, "from_host", lambda: None)
+    cache = tmp_path / "uv-cache"
+    first = _uv_wheel(made_pack / "wheels", b"first")
+    _reseal(made_pack)
+    one = uvbin.find(packdir.open_pack(made_pack, tmp_path / "work").checked_wheels, cache)
+    assert one is not None and one.read_bytes().endswith(b"first")
+    second = _uv_wheel(made_pack / "wheels", b"second")
+    assert second == first  # the same file name
+    _reseal(made_pack)
+    two = uvbin.find(packdir.open_pack(made_pack, tmp_path / "work").checked_wheels, cache)
+    assert two is not None and two != one and two.read_bytes().endswith(b"second")
+    assert one.read_bytes().endswith(b"first")  # each binary stays its own wheel's
+
+
+# -- SHA256SUMS bytes, garbled ----------------------------------------------------------------------------
+
+
+def _garble(rng: random.Random, data: bytes) -> bytes:
+    """``data`` changed by a few random edits: a byte flipped, inserted or removed, a span
+    repeated, the end cut off, lines swapped."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        at = rng.randrange(len(out) + 1)
+        if op == 0 and out:
+            out[min(at, len(out) - 1)] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            out[at:at] = bytes([rng.choice([0, 9, 10, 13, 32, 42, 46, 47, 0x80, 0xC3, 0xFF, rng.randrange(256)])])
+        elif op == 2 and out:
+            del out[min(at, len(out) - 1)]
+        elif op == 3:
+            end = min(len(out), at + rng.randint(1, 80))
+            out[at:at] = out[at:end]
+        elif op == 4:
+            del out[at:]
+        else:
+            lines = bytes(out).split(b"\n")
+            rng.shuffle(lines)
+            out = bytearray(b"\n".join(lines))
+    return bytes(out)
+
+
+def test_garbled_sha256sums_bytes_give_the_same_listing_or_a_pack_damaged_refusal(
+        made_pack: Path, tmp_path: Path) -> None:
+    """Seeded and bounded: 400 garblings of a real SHA256SUMS. The parser answers each with
+    ``PackDamaged`` (one printable line) or a listing, and the whole check passes only where
+    the listing is the pack's own (lines reordered): never another exception, never a pass
+    that vouches for less or other than the pack."""
+    original = (made_pack / "SHA256SUMS").read_bytes()
+    listing = packdir.parse_sums(original, "SHA256SUMS")
+    rng = random.Random(36)
+    outcomes = {"refused": 0, "same": 0}
+    for _ in range(400):
+        data = _garble(rng, original)
+        try:
+            parsed = packdir.parse_sums(data, "SHA256SUMS")
+        except PackDamaged as exc:
+            assert exc.message and safe(exc.message) == exc.message and exc.exit_code == 2
+            outcomes["refused"] += 1
+            continue
+        (made_pack / "SHA256SUMS").write_bytes(data)
+        try:
+            assert packdir.check_sums(made_pack) == listing == parsed
+            outcomes["same"] += 1
+        except PackDamaged as exc:
+            assert safe(exc.message) == exc.message and exc.exit_code == 2
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 300 and sum(outcomes.values()) == 400
 
 
 # -- the README: every lock value escaped ----------------------------------------------------------------
@@ -278,7 +518,7 @@ def test_the_readme_keeps_ordinary_values_verbatim(restore_lock: LockFactory) ->
     assert "| Operating system | Debian GNU/Linux 12 (bookworm) |" in text
     assert "| CPU | AMD EPYC 7763 (64 logical CPUs) |" in text
     assert "`h20-demo`" in text and "docker load -i image/base.docker.tar" in text
-    assert "python3.11 -m venv venv" in text
+    assert "python3.11 -m venv ../venv" in text and "--target venv ../venv" in text
 
 
 # -- the venv target's refusals -------------------------------------------------------------------------

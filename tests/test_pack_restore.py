@@ -18,7 +18,7 @@ import pytest
 from helpers import REPO, LockFactory, stop_with
 
 from envlock.commands import main
-from envlock.errors import BuildFailed, UsageError
+from envlock.errors import BuildFailed, PackDamaged, UsageError
 from envlock.export.pack import PackOptions, pack
 from envlock.restore import context as ctx
 from envlock.restore import packdir
@@ -369,8 +369,9 @@ def test_sha256sums_cannot_name_a_file_through_a_link_out_of_the_pack(tmp_path: 
     (tmp_path / "secret").write_text("x")
     (root / "wheels").symlink_to(tmp_path)
     (root / "SHA256SUMS").write_text(f"{'0' * 64}  wheels/secret\n")
-    with pytest.raises(UsageError, match="outside the pack"):
+    with pytest.raises(PackDamaged, match="holds a link, wheels") as exc:
         packdir.check_sums(root)
+    assert exc.value.exit_code == 2
 
 
 # -- two restores of one pack at once -------------------------------------------------------------

@@ -8,6 +8,7 @@ back to pip by itself when the binary does not run in the base.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -264,20 +265,26 @@ def test_uv_is_taken_only_as_an_executable_of_this_machine(tmp_path: Path,
     assert not uvbin.runs_here(tmp_path / "missing")
 
 
-def test_the_uv_wheel_of_the_wheelhouse_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uv_is_taken_only_from_a_wheel_listed_with_its_digest(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uv wheel that merely lies in the wheelhouse is not run (its binary runs as root in the
+    build); one a pack's checked SHA256SUMS lists is, cached under the wheel's sha256."""
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     monkeypatch.setattr(uvbin, "from_host", lambda: None)
     house = tmp_path / "house"
     house.mkdir()
-    assert uvbin.find(house, tmp_path / "cache") is None
-    with zipfile.ZipFile(house / "uv-0.9.1-py3-none-manylinux_2_17_x86_64.whl", "w") as zf:
+    assert uvbin.find({}, tmp_path / "cache") is None
+    wheel = house / "uv-0.9.1-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("uv-0.9.1.data/scripts/uv", ELF_X86_64)
         zf.writestr("uv-0.9.1.dist-info/RECORD", "")
-    found = uvbin.find(house, tmp_path / "cache")
-    assert found is not None and found.name == "uv" and found.read_bytes() == ELF_X86_64
+    assert uvbin.find({}, tmp_path / "cache") is None  # in the wheelhouse, listed nowhere
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    found = uvbin.find({wheel: digest}, tmp_path / "cache")
+    assert found == tmp_path / "cache" / digest / "uv" and found.read_bytes() == ELF_X86_64
     assert os.access(found, os.X_OK)
     monkeypatch.setenv("ENVLOCK_RESTORE_INSTALLER", "pip")
-    assert uvbin.find(house, tmp_path / "cache") is None
+    assert uvbin.find({wheel: digest}, tmp_path / "cache") is None
 
 
 class _API:

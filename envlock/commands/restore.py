@@ -124,10 +124,11 @@ def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
 
 
 def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
-    """The pack's wheels and its base image (by id: it is loaded from the pack, never pulled)."""
+    """The pack's wheels and its base image (by id: it is loaded from the pack, never pulled),
+    and the wheels its checked SHA256SUMS lists (the only ones uv is taken from)."""
     import dataclasses
 
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels}
     if not args.wheelhouse:
         changes["wheelhouse"] = pack.wheels
     if not args.base and pack.base_id:

@@ -103,7 +103,7 @@ def pack_definition(plan: Plan, *, archive: str | None, wheels_dir: str,
         head = f"Bootstrap: docker\nFrom: {escape.apptainer_line(plan.base.ref, 'image')}\n"
     out[DEFINITION] = (
         f"# Apptainer definition for envlock {escape.comment(plan.short_id)}, from its pack: no network.\n"
-        f"# build, in the pack's directory: apptainer build env.sif {DEFINITION}\n"
+        f"# build, in the pack's directory: apptainer build ../env.sif {DEFINITION} (the pack holds only its own files)\n"
         + head + "\n"
         "%files\n" + "".join(line + "\n" for line in files) + "\n"
         "%post\n" + "".join(f"    {line}\n" for line in post) + "\n"

@@ -197,7 +197,10 @@ def needed_base(lock: Lock, base: str | None) -> str | None:
 # -- the pack itself ------------------------------------------------------------------------------
 
 
-def _sums(root: Path) -> str:
+def sums_text(root: Path) -> str:
+    """The SHA256SUMS of the pack at ``root``: one ``<sha256>  <path>`` line for every file in
+    it (``sha256sum -c`` reads it), sorted. ``packdir.check_sums`` refuses a pack that holds a
+    file more or less than these lines, so this must be the last file written."""
     lines = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != SUMS):
         rel = path.relative_to(root).as_posix()
@@ -284,7 +287,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             readme(lock, len(rows), [r.name for r in rows if r.origin == "rebuilt"], base=base, oci=oci, debs=debs, missing_debs=missing_debs,
                    skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base),
             encoding="utf-8")
-        (directory / SUMS).write_text(_sums(directory), encoding="utf-8")
+        (directory / SUMS).write_text(sums_text(directory), encoding="utf-8")
         size = _size(directory)
         if archive is not None:
             _write_tar(directory, archive)

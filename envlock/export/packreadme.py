@@ -103,7 +103,9 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
     if skipped:
         lines.append("- not packed (restored by the OS package manager or the image, or left out "
                      "with `--skip-local`): " + ", ".join(f"`{code(s, table=False)}`" for s in skipped))
-    lines += ["- `SHA256SUMS`: every file's sha256 (`sha256sum -c SHA256SUMS`)", "",
+    lines += ["- `SHA256SUMS`: every file's sha256 (`sha256sum -c SHA256SUMS`); `envlock restore` also "
+              "refuses a file it does not list, so keep what you make (a venv, an image) beside this "
+              "directory, not in it", "",
               "## Restore and run", ""]
     if base:
         lines += ["With envlock (no network needed; the base image is loaded from the pack when the "
@@ -111,8 +113,8 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
                   "```sh",
                   "sha256sum -c SHA256SUMS",
                   "envlock restore .                      # a container image, verified inside",
-                  "envlock restore . --target venv ./venv # or a plain virtual environment on this host",
-                  *(["envlock restore . --target charliecloud ./image  # or Charliecloud, no daemon"] if oci else []),
+                  "envlock restore . --target venv ../venv  # or a plain virtual environment on this host",
+                  *(["envlock restore . --target charliecloud ../image  # or Charliecloud, no daemon"] if oci else []),
                   "envlock run env.lock --base <image id from pack.json> --wheelhouse wheels -- python train.py",
                   "```", ""]
     else:
@@ -120,7 +122,7 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
                   "this pack, may be pulled):", "",
                   "```sh",
                   "sha256sum -c SHA256SUMS",
-                  "envlock restore . --target venv ./venv # a plain virtual environment on this host, offline",
+                  "envlock restore . --target venv ../venv  # a plain virtual environment on this host, offline",
                   "envlock restore .                      # a container image, verified inside (pulls its base)",
                   "envlock restore . --base REF           # or FROM an image the engine has (reported as a change)",
                   "envlock run env.lock --base REF --wheelhouse wheels -- python train.py",
@@ -130,8 +132,8 @@ def readme(lock: Lock, wheels: int, rebuilt: Sequence[str], *, base: dict[str, s
     if base:
         lines.append(f"docker load -i {DOCKER_ARCHIVE}")
     major_minor = ".".join(py.version.split(".")[:2])
-    lines += [f"python{major_minor} -m venv venv",
-              f"venv/bin/pip install --no-deps --no-index --find-links {WHEELS} {WHEELS}/*.whl",
+    lines += [f"python{major_minor} -m venv ../venv",
+              f"../venv/bin/pip install --no-deps --no-index --find-links {WHEELS} {WHEELS}/*.whl",
               "```", ""]
     lines += ["## Disk and time", ""]
     est = size / 1e6 / _LOAD_MB_S + size / 1e6 / _INSTALL_MB_S

@@ -6,7 +6,7 @@ a by-product that the next restore makes again when it is gone:
 * ``packs/pack-<key>/``: a pack's ``.tar`` unpacked (the tar itself stays where it is);
 * ``<name>-<id>/``: a build context with its logs (an offline one holds every wheel);
 * ``envlock-wheel/*.whl``: wheels of the running envlock (``ownwheel``);
-* ``uv/<wheel>/``: uv binaries taken from packs (``uvbin``);
+* ``uv/<sha256 of the wheel>/``: uv binaries taken from packs (``uvbin``);
 * ``inside/``: the checks inside restored images, kept per image id (``inside``), one entry for
   all of them; without it the next restore or run of each image checks it again.
 

@@ -68,6 +68,10 @@ class Options:
     # Local (sdist or directory) packages whose wheel, rebuilt from the installed files and
     # proven equal to the lock's record_sha256, is in the wheelhouse (an `envlock pack`).
     local_wheels: frozenset[str] = frozenset()
+    # The wheels a pack's checked SHA256SUMS lists, with their sha256 (``Pack.checked_wheels``):
+    # the only files uv's binary is taken from (``restore.uvbin``), since it runs before
+    # anything is proven against the lock.
+    checked_wheels: Mapping[Path, str] = field(default_factory=dict)
     # Where ``base`` came from when envlock chose it (a pack restores the image it saved of the
     # lock's own base by its id): the comparison then treats it as that origin.
     base_origin: BaseOrigin | None = None

@@ -1,9 +1,10 @@
 """Reading a pack that ``envlock pack`` wrote: check every file, load the base image if needed.
 
-A pack is restored with no network at all: its files are checked against ``SHA256SUMS`` first
-(a truncated copy or a swapped wheel stops here, naming the file), the base image is loaded
-from its docker-archive when the engine does not have it, and the build then takes every wheel
-from the pack. The layout's names live here, beside the reader; ``envlock.export.pack`` (the
+A pack is restored with no network at all: its files are checked against ``SHA256SUMS`` first,
+before any of them is read (the pack must be exactly the files listed there, with those digests:
+a truncated copy, a swapped wheel, an unlisted file or a link stops here, naming it), the base
+image is loaded from its docker-archive when the engine does not have it, and the build then
+takes every wheel from the pack. The layout's names live here, beside the reader; ``envlock.export.pack`` (the
 writer, a layer above) imports them.
 """
 
@@ -12,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envlock.errors import HashMismatch, UsageError
+from envlock.errors import HashMismatch, PackDamaged, UsageError
 from envlock.restore.cachedir import touch
 from envlock.text.terminal import safe
 
@@ -37,12 +41,21 @@ SUMS = "SHA256SUMS"
 COMPILE_CACHE = "compile/torch-compile.cache"
 README = "README.md"
 MAX_MANIFEST = 16 << 20
+MAX_SUMS = 16 << 20
+# One line of SHA256SUMS as ``pack`` writes it (``sha256sum``'s text mode): a lowercase digest,
+# two spaces, the file's path relative to the pack.
+_SUMS_LINE = re.compile(r"([0-9a-f]{64})  ([^\n]+)")
+# How many names one refusal lists (a venv made inside the pack has thousands of files).
+_NAMED = 10
+_DAMAGED_HINT = "copy the pack again from its archive"
 
 
 @dataclass(frozen=True)
 class Pack:
     root: Path
     manifest: dict[str, Any]
+    # What SHA256SUMS lists (path relative to the pack -> sha256 hex), checked by ``open_pack``.
+    sums: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def lock(self) -> Path:
@@ -83,12 +96,20 @@ class Pack:
             raise UsageError("the pack's manifest names a compile cache without a path")
         return inside(self.root, rel, "the pack's manifest names a compile cache")
 
+    @property
+    def checked_wheels(self) -> dict[Path, str]:
+        """The files of ``wheels/`` with the sha256 SHA256SUMS gives each: the only wheels a
+        restore runs anything of before proving it against the lock (uv's binary, ``uvbin``)."""
+        prefix = WHEELS + "/"
+        return {self.root / rel: digest for rel, digest in self.sums.items()
+                if rel.startswith(prefix) and "/" not in rel[len(prefix):]}
+
 
 def inside(root: Path, rel: str, what: str) -> Path:
     """``root / rel``, refused (exit 2) unless it is a path inside the pack ``root``: not
-    absolute, no ``..`` step, and no link on the way that leads out. The one rule for every path
-    a pack's own files name (its manifest's archives, the lines of SHA256SUMS): the engine loads
-    and Charliecloud unpacks what they name."""
+    absolute, no ``..`` step, and no link on the way that leads out. The rule for the paths a
+    pack's manifest names (its archives, its compile cache): the engine loads and Charliecloud
+    unpacks what they name. (SHA256SUMS's own lines are stricter: ``parse_sums``.)"""
     path = root / rel
     top = os.path.realpath(root)
     if (not rel or "\0" in rel or rel.startswith("/") or ".." in Path(rel).parts
@@ -136,43 +157,131 @@ def _extract(archive: Path, into: Path) -> Path:
     return dest
 
 
-def check_sums(root: Path) -> None:
-    """Every file listed in SHA256SUMS is there with that digest; raises naming each bad one."""
+def parse_sums(data: bytes, where: str) -> dict[str, str]:
+    """The listing of a SHA256SUMS file's bytes: path relative to the pack -> sha256 hex.
+
+    Only what ``pack`` writes is read: UTF-8, every line ``<64 lowercase hex>  <path>`` ending
+    in a newline, each path once, relative and plain (no ``..``, ``.`` or empty step, no
+    control character, not SHA256SUMS itself). Anything else raises ``PackDamaged`` naming the
+    line; order means nothing. ``where`` names the file in the message."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackDamaged(f"{where} is not UTF-8 text (byte {exc.start})", hint=_DAMAGED_HINT) from None
+    if not text:
+        raise PackDamaged(f"{where} is empty: it lists no file", hint=_DAMAGED_HINT)
+    if not text.endswith("\n"):
+        raise PackDamaged(f"{where} is cut short: its last line has no end", hint=_DAMAGED_HINT)
+    listing: dict[str, str] = {}
+    for number, line in enumerate(text[:-1].split("\n"), 1):
+        match = _SUMS_LINE.fullmatch(line)
+        if match is None:
+            raise PackDamaged(f"{where}, line {number}: not a checksum line: {safe(line[:80])}",
+                              hint=_DAMAGED_HINT)
+        digest, rel = match.groups()
+        steps = rel.split("/")
+        if (safe(rel) != rel or rel == SUMS or not all(steps)
+                or any(step in (".", "..") for step in steps)):
+            raise PackDamaged(f"{where}, line {number}: not a path inside the pack: {safe(rel[:80])}",
+                              hint=_DAMAGED_HINT)
+        if rel in listing:
+            raise PackDamaged(f"{where}, line {number}: {safe(rel)} is listed twice", hint=_DAMAGED_HINT)
+        listing[rel] = digest
+    return listing
+
+
+def _files(root: Path) -> set[str]:
+    """Every file under ``root`` (relative paths, ``/``-separated), SHA256SUMS left out; a link
+    or anything else that is not a plain file or directory is refused, naming it. ``pack``
+    writes no link, and a link would let a listed path read a file outside the pack."""
+    found: set[str] = set()
+    pending = [(str(root), "")]
+    while pending:
+        directory, prefix = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_symlink():
+                    raise PackDamaged(f"the pack {root} holds a link, {safe(rel)}: a pack holds plain files only",
+                                      hint=_DAMAGED_HINT)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, rel + "/"))
+                elif entry.is_file(follow_symlinks=False):
+                    found.add(rel)
+                else:
+                    raise PackDamaged(f"the pack {root} holds {safe(rel)}, which is not a plain file",
+                                      hint=_DAMAGED_HINT)
+    found.discard(SUMS)
+    return found
+
+
+def _named(kind: str, names: list[str]) -> str:
+    """``names`` for a refusal: the first few, then how many more."""
+    shown = ", ".join(safe(n) for n in names[:_NAMED])
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    return f"{kind}: {shown}{more}"
+
+
+def check_sums(root: Path) -> dict[str, str]:
+    """The pack at ``root`` is exactly the files SHA256SUMS lists, each with its digest: the
+    listing (path -> sha256 hex), or ``PackDamaged`` naming every file that is unlisted,
+    missing or changed. Nothing of the pack but SHA256SUMS is read before this passes: an
+    unlisted file (a second uv wheel, another ``pack.json``) would otherwise be used unchecked,
+    and a shortened SHA256SUMS would vouch for less than the pack holds."""
     from envlock._files import sha256_file
 
     sums = root / SUMS
-    if not sums.is_file():
-        raise UsageError(f"{root} is not a pack: it has no {SUMS}")
-    bad = []
-    for line in sums.read_text(encoding="utf-8").splitlines():
-        digest, sep, rel = line.partition("  ")
-        if not sep:
-            raise UsageError(f"{sums}: not a checksum line: {line[:80]!r}")
-        # A name is the pack's text, shown as such: a control character in it is escaped.
-        path = inside(root, rel, f"{sums} names a file")
-        if not path.is_file() or path.is_symlink():
-            bad.append(f"{safe(rel)} (missing)")
-        elif sha256_file(path)[7:] != digest:
-            bad.append(f"{safe(rel)} (changed)")
-    if bad:
-        raise HashMismatch(f"the pack {root} is damaged: " + ", ".join(bad),
-                           hint="copy the pack again from its archive")
+    try:
+        st = os.lstat(sums)
+    except FileNotFoundError:
+        raise UsageError(f"{root} is not a pack: it has no {SUMS}") from None
+    except OSError as exc:
+        raise PackDamaged(f"{sums} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PackDamaged(f"{sums} is not a plain file", hint=_DAMAGED_HINT)
+    if st.st_size > MAX_SUMS:
+        raise PackDamaged(f"{sums} is larger than any pack's ({st.st_size} bytes)", hint=_DAMAGED_HINT)
+    try:
+        listing = parse_sums(sums.read_bytes(), str(sums))
+        found = _files(root)
+    except OSError as exc:
+        raise PackDamaged(f"the pack {root} cannot be read: {exc.strerror or exc}") from None
+    unlisted = sorted(found - listing.keys())
+    missing = sorted(listing.keys() - found)
+    if unlisted or missing:
+        parts = ([_named("files SHA256SUMS does not list", unlisted)] if unlisted else []) + (
+            [_named("files it lists that are not there", missing)] if missing else [])
+        raise PackDamaged(f"the pack {root} is not the files its {SUMS} lists; " + "; ".join(parts),
+                          hint="a pack holds only the files it was made with: move the others out of it "
+                               "(a venv or image belongs beside the pack), or copy the pack again")
+    changed = [rel for rel in sorted(listing) if sha256_file(root / rel)[7:] != listing[rel]]
+    if changed:
+        raise PackDamaged(f"the pack {root} is damaged: " + ", ".join(f"{safe(r)} (changed)" for r in changed),
+                          hint=_DAMAGED_HINT)
+    return listing
 
 
 def open_pack(path: Path, workdir: Path) -> Pack:
-    """The checked pack at ``path`` (a directory, or a tar unpacked under ``workdir``)."""
+    """The checked pack at ``path`` (a directory, or a tar unpacked under ``workdir``). Its
+    manifest is read only after the check, and only as the bytes SHA256SUMS vouches for."""
     root = _extract(path, workdir) if path.is_file() else path
-    check_sums(root)
+    listing = check_sums(root)
     manifest_path = root / PACK_MANIFEST
     try:
+        if PACK_MANIFEST not in listing:
+            raise ValueError("the pack has none")
         if manifest_path.stat().st_size > MAX_MANIFEST:
             raise ValueError("too large")
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        raw = manifest_path.read_bytes()
+        if hashlib.sha256(raw).hexdigest() != listing[PACK_MANIFEST]:
+            raise PackDamaged(f"the pack {root} is damaged: {PACK_MANIFEST} (changed while it was read)",
+                              hint=_DAMAGED_HINT)
+        manifest = json.loads(raw.decode("utf-8"))
         if not isinstance(manifest, dict) or manifest.get("envlock_pack") != PACK_FORMAT:
             raise ValueError("not a pack of format 1")
     except (OSError, ValueError) as exc:
         raise UsageError(f"{manifest_path} is not a valid pack manifest: {exc}") from None
-    return Pack(root, manifest)
+    return Pack(root, manifest, listing)
 
 
 def ensure_base(engine: ContainerEngine, pack: Pack, tag: str) -> bool:

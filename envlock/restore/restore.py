@@ -87,7 +87,7 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
     if options.wheelhouse is not None:
         from envlock.restore import uvbin
 
-        uv = uvbin.find(options.wheelhouse, cache_dir() / cachedir.UV)
+        uv = uvbin.find(options.checked_wheels, cache_dir() / cachedir.UV)
     plan = ctx.plan(lock, options, base, wheels_for, own, uv)
     return plan, dockerfile.render(plan)
 
