@@ -4,6 +4,7 @@ once, and the paths a pack's manifest may name."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -187,6 +188,49 @@ def test_the_engines_builder_decides_how_the_wheels_arrive(
         assert f"ARG ENVLOCK_BASE={BASE_ID}" in build["dockerfile"]
     else:
         assert err.count("note: no client here: slower") == 1 and "ENVLOCK_BASE" not in build["buildargs"]
+
+
+class ClientEngine(MountingEngine):
+    """An engine whose builds go through a command-line client (``clibuild.build``), as with
+    BuildKit or Buildah: the client is a stand-in that records the arguments it is given."""
+
+    def __init__(self, images: Mapping[str, str], tmp_path: Path) -> None:
+        from test_restore_clibuild import recording_client
+
+        super().__init__(images, BuildMode(mounts=True, builder="BuildKit (a stand-in client)"))
+        self.client, self.argv_file = recording_client(tmp_path, BUILT_ID)
+
+    def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
+              progress: Progress, network: bool = True, files: Sequence[str] | None = None,
+              dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
+        from envlock.restore import clibuild
+
+        built = clibuild.build(self.client, self, context, tag=tag, labels=labels, log_path=log_path,
+                               progress=progress, network=network, files=files, dockerfile=dockerfile,
+                               buildargs=buildargs)
+        self.images[tag] = built
+        return built
+
+    def layers(self, image_id: str) -> tuple[str, ...]:
+        return ()
+
+    def remove_committed(self, images: Sequence[str]) -> None:
+        raise AssertionError("nothing is interrupted here")
+
+
+def test_a_pack_restored_through_a_client_builds_with_network_none(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the client is started with, not only what envlock asked of the engine: a pack's
+    build gets ``--network none`` on the BuildKit or Buildah command line."""
+    import json
+
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    engine = ClientEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID}, tmp_path)
+    root = _pack(lock, tmp_path, engine)
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    argv = json.loads(engine.argv_file.read_text())
+    assert ("--network", "none") in set(itertools.pairwise(argv)), argv
+    assert "type=bind" in (Path(argv[argv.index("-f") + 1])).read_text()  # the mounted text it built
 
 
 # -- a pack without its base image says what it needs ---------------------------------------------
