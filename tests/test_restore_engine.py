@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ class FakeAPI:
     def start(self, cid: str) -> None:
         pass
 
-    def wait(self, cid: str) -> dict[str, int]:
+    def wait(self, cid: str, timeout: float | None = 60.0) -> dict[str, int]:
+        self.wait_timeout = timeout
         return {"StatusCode": self.exit_code}
 
     def remove_container(self, cid: str, force: bool = False) -> None:
@@ -503,9 +504,12 @@ class _Engine:
     """A unix socket that speaks just enough of the engine API, with the docker SDK on the other
     end: ``answer=False`` accepts and never answers (a wedged daemon)."""
 
-    def __init__(self, path: Path, *, answer: bool) -> None:
+    def __init__(self, path: Path, *, answer: bool, answers: int | None = None) -> None:
+        """``answers``: how many requests are answered before it goes silent (a daemon that
+        stops answering once a command is connected)."""
         import threading
 
+        self.answers = answers
         self.requests: list[str] = []
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
@@ -523,7 +527,7 @@ class _Engine:
             except OSError:
                 return
             self.held.append(conn)
-            if not self.answer:
+            if not self.answer or (self.answers is not None and len(self.requests) >= self.answers):
                 continue
             data = b""
             while b"\r\n\r\n" not in data:
@@ -546,18 +550,123 @@ class _Engine:
             conn.close()
 
 
-def test_connecting_asks_the_engine_twice_and_lifts_the_timeout_for_long_reads(tmp_path: Path) -> None:
+def test_connecting_asks_the_engine_twice_and_keeps_a_timeout_for_each_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command connects: the API version (the SDK's own question) and the version
-    document (Docker or Podman) are all it asks, and the client it keeps has no read timeout (a
-    pip install inside a build prints nothing for minutes)."""
+    document (Docker or Podman) are all it asks, and the client it keeps has a read timeout for
+    every request (``ENVLOCK_ENGINE_TIMEOUT``, else the default); a bad value is a usage error."""
+    from envlock.restore.dockerengine import REQUEST_TIMEOUT
+
+    monkeypatch.delenv("ENVLOCK_ENGINE_TIMEOUT", raising=False)
     fake = _Engine(tmp_path / "engine.sock", answer=True)
     try:
         with connect(f"unix://{tmp_path / 'engine.sock'}") as eng:
             assert eng.name == "docker" and eng.server_version == "27.0"
-            assert eng.api.timeout is None
+            assert eng.api.timeout == REQUEST_TIMEOUT == 60
         assert [r.rsplit("/", 1)[-1] for r in fake.requests] == ["version", "version"]
+        monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", "7.5")
+        with connect(f"unix://{tmp_path / 'engine.sock'}") as eng:
+            assert eng.api.timeout == 7.5
+        for bad in ("0", "-1", "inf", "a minute"):
+            monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", bad)
+            with pytest.raises(UsageError, match="ENVLOCK_ENGINE_TIMEOUT must be a number of seconds"):
+                connect(f"unix://{tmp_path / 'engine.sock'}")
     finally:
         fake.close()
+
+
+def _bounded(call: Callable[[], Any], seconds: float = 5.0) -> Any:
+    """``call()``'s result or the exception it raised, in a thread given ``seconds``: a call that
+    would wait forever fails the test instead of hanging it."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # handed to the test
+            box["result"] = exc
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting for the engine after {seconds} s"
+    return box["result"]
+
+
+def test_an_engine_that_stops_answering_ends_the_command_with_exit_3_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_lock: LockFactory,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A real socket that answers the two requests of connecting, then accepts and never
+    answers: each request after them (an image looked up, stale containers listed, what a
+    restore asks first) is the engine's failure within the timeout, in words, not a wait
+    forever and not the HTTP library's traceback."""
+    from envlock.commands import main
+    from envlock.errors import EXIT_ENV
+
+    monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", "0.3")
+    url = f"unix://{tmp_path / 'engine.sock'}"
+    fake = _Engine(tmp_path / "engine.sock", answer=True, answers=2)
+    try:
+        with connect(url) as eng:
+            for ask in (lambda: eng.image("envlock/x:1"), eng.remove_stale, lambda: eng.layers(IMAGE_ID)):
+                err = _bounded(ask)
+                assert isinstance(err, EngineUnavailable) and err.exit_code == EXIT_ENV, repr(err)
+                assert str(err) == f"the container engine at {url} did not answer within 0.3 s"
+                assert "ENVLOCK_ENGINE_TIMEOUT" in (err.hint or "")
+        fake.answers = len(fake.requests) + 2  # the next command connects, then the silence again
+        restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32}).save(tmp_path / "env.lock")
+        capsys.readouterr()
+        assert _bounded(lambda: main(["restore", str(tmp_path / "env.lock"), "--engine", url,
+                                      "--no-verify"])) == EXIT_ENV
+        err_text = capsys.readouterr().err
+        assert f"the container engine at {url} did not answer within 0.3 s" in err_text
+        assert "Traceback" not in err_text
+    finally:
+        fake.close()
+
+
+def test_the_long_reads_lift_the_timeout_for_their_own_request_alone(tmp_path: Path) -> None:
+    """A build's output, a container's exit, an image pushed, saved or loaded may take longer
+    than any request should: those requests go without a read timeout, and the next request has
+    it again."""
+    class Long(FakeAPI):
+        timeout: float | None = 60.0
+
+        def __init__(self) -> None:
+            super().__init__([{"aux": {"ID": IMAGE_ID}}], exit_code=0)
+            self.seen: dict[str, float | None] = {}
+
+        def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+            self.seen["build"] = kw["timeout"]
+            yield from super().build(**kw)
+
+        def get_image(self, ref: str) -> Iterator[bytes]:
+            self.seen["save"] = self.timeout
+            yield b"archive"
+
+        def load_image(self, fh: Any) -> Iterator[dict[str, str]]:
+            self.seen["load"] = self.timeout
+            return iter([{"stream": "Loaded image"}])
+
+        def tag(self, image_id: str, repo: str, tag: str) -> None:
+            self.seen["tag"] = self.timeout
+
+        def push(self, repo: str, tag: str, stream: bool, decode: bool) -> Iterator[dict[str, Any]]:
+            self.seen["push"] = self.timeout
+            return iter([{"aux": {"Digest": "sha256:" + "ee" * 32}}])
+
+    api = Long()
+    eng = engine(api)
+    assert api.timeout == 60.0  # the engine's request timeout, set as it connected
+    eng.build(tmp_path, tag="t:1", labels={}, log_path=tmp_path / "build.log", progress=PlainProgress(io.StringIO()))
+    eng.save("t:1", tmp_path / "image.tar")
+    eng.load(tmp_path / "image.tar")
+    eng.push(IMAGE_ID, "registry.example/t", "1")
+    assert eng.run(RunSpec(image="t:1", command=("true",))).exit_code == 0
+    assert api.seen == {"build": None, "save": None, "load": None, "tag": 60.0, "push": None}
+    assert api.wait_timeout is None and api.timeout == 60.0
 
 
 def test_an_engine_that_accepts_and_never_answers_is_unavailable_not_a_hang(
