@@ -48,9 +48,6 @@ class RecordingEngine(ContainerEngine):
         image_id = self.images.get(ref) or (ref if ref in self.images.values() else None)
         return ImageInfo(id=image_id, size=1) if image_id else None
 
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
-        return None
-
     def pull(self, ref: str) -> ImageInfo:
         self.pulls.append(ref)
         self.images[ref] = BASE_ID

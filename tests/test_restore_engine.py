@@ -233,35 +233,87 @@ def test_bad_engine_name_is_a_usage_error() -> None:
         connect("kubernetes")
 
 
-def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: LockFactory) -> None:
+class Images(FakeAPI):
+    """An engine's image store: images listed newest first (as Docker lists them), inspected by
+    id or tag, tagged, and built: a build's image has the labels it was given and the
+    Dockerfile's own ``LABEL``s, as an engine's final stage has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: dict[str, dict[str, Any]] = {}  # id -> {"tags": [...], "labels": {...}}, oldest first
+        self.builds = 0
+
+    def add(self, tags: list[str], labels: dict[str, str]) -> str:
+        image_id = f"sha256:{len(self.store) + 1:064x}"
+        self.store[image_id] = {"tags": tags, "labels": dict(labels)}
+        return image_id
+
+    def images(self, filters: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        want = [f.split("=", 1) for f in ((filters or {}).get("label") or [])]
+        return [{"Id": i} for i, image in reversed(self.store.items())
+                if all(image["labels"].get(k) == v for k, v in want)]
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        from docker.errors import NotFound
+
+        for image_id, image in self.store.items():
+            if ref == image_id or ref in image["tags"]:
+                return {"Id": image_id, "RepoTags": image["tags"], "Config": {"Labels": image["labels"]},
+                        "Size": 5}
+        raise NotFound(ref)
+
+    def tag(self, image_id: str, repo: str, tag: str) -> None:
+        for image in self.store.values():  # a tag names one image
+            image["tags"] = [t for t in image["tags"] if t != f"{repo}:{tag}"]
+        self.store[image_id]["tags"].append(f"{repo}:{tag}")
+
+    def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+        import re
+
+        self.builds += 1
+        text = (Path(kw["path"]) / "Dockerfile").read_text()
+        own = dict(re.findall(r'"(org\.envlock\.[a-z-]+)"="([^"]*)"', text))
+        image_id = self.add([], {**own, **kw["labels"]})
+        self.tag(image_id, *kw["tag"].split(":"))
+        yield {"aux": {"ID": image_id}}
+
+
+def test_a_cache_hit_is_the_image_envlock_tagged_not_one_that_inherits_its_labels(
+        restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's image built FROM the restored one carries every label of it and is newer; so
+    does Podman's labelled build stage carry the context label. The cache hit is the image the
+    lock's tag names, checked by its labels: never the user's image (tagged as the lock's and
+    given its verdict). With the lock's tag gone, the restore builds again."""
     from envlock.restore import dockerfile
     from envlock.restore.context import Options
-    from envlock.restore.restore import cache_labels, prepare
+    from envlock.restore.restore import restore
 
-    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
-                        packages=[("six", "1.17.0")])
-    plan, _ = prepare(lock, Options())
-    build_stage, final = "sha256:" + "b1" * 32, "sha256:" + "f1" * 32
-    images = {  # what Podman leaves after a multi-stage build with --label: both carry it
-        build_stage: {dockerfile.LABEL_CONTEXT: "k"},
-        final: {dockerfile.LABEL_CONTEXT: "k", dockerfile.LABEL_SHORT_ID: plan.short_id, dockerfile.LABEL_SCHEMA: "1"},
-    }
+    monkeypatch.setenv("ENVLOCK_BUILDER", "sdk")
+    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32}, packages=[("six", "1.17.0")])
+    api = Images()
+    eng = engine(api)
 
-    class Images(FakeAPI):
-        def images(self, filters: dict[str, list[str]]) -> list[dict[str, str]]:
-            assert len(filters["label"]) == 1  # Podman 4 answers nothing to two label filters
-            want = dict(f.split("=", 1) for f in filters["label"])
-            return [{"Id": i} for i, labels in images.items()  # newest first does not matter
-                    if all(labels.get(k) == v for k, v in want.items())]
+    def again() -> tuple[str, bool]:
+        done = restore(lock, Options(), engine=eng, name="proj", workdir=tmp_path / "w", verify=False,
+                       progress=PlainProgress(io.StringIO()))
+        return done.image_id, done.cached
 
-        def inspect_image(self, ref: str) -> dict[str, Any]:
-            return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
-
-    eng = engine(Images())
-    stage = eng.find_image({dockerfile.LABEL_CONTEXT: "k"})
-    assert stage is not None and stage.id == build_stage
-    found = eng.find_image(cache_labels(plan, "k"))
-    assert found is not None and found.id == final
+    built, cached = again()
+    tag = f"envlock/proj:{lock.short_id}"
+    assert not cached and api.builds == 1 and api.store[built]["tags"] == [tag]
+    labels = api.store[built]["labels"]
+    assert dockerfile.LABEL_CONTEXT in labels and labels[dockerfile.LABEL_SHORT_ID] == lock.short_id
+    # Podman's build stage, then the user's `FROM envlock/proj:<id>` image with a file of its own.
+    api.add([], {dockerfile.LABEL_CONTEXT: labels[dockerfile.LABEL_CONTEXT]})
+    mine = api.add(["me/app:1"], labels)
+    assert again() == (built, True) and api.builds == 1
+    assert api.store[mine]["tags"] == ["me/app:1"] and api.store[built]["tags"] == [tag]
+    # `docker rmi envlock/proj:<id>` untags the lock's image (the user's image keeps it as its
+    # parent): nothing carries the lock's tag, so the restore builds, and never takes the user's.
+    api.store[built]["tags"] = []
+    rebuilt, cached = again()
+    assert not cached and api.builds == 2 and rebuilt not in (built, mine)
+    assert api.store[rebuilt]["tags"] == [tag] and api.store[mine]["tags"] == ["me/app:1"]
 
 
 def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -277,18 +277,6 @@ class DockerEngine(ContainerEngine):
         return None
 
     @_answered
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
-        # One label in the engine's filter, the rest checked here: Podman 4's Docker API
-        # answers nothing at all when given two label filters.
-        first = next(iter(labels.items()), None)
-        filters = {"label": [f"{first[0]}={first[1]}"]} if first else {}
-        for raw in self.api.images(filters=filters):
-            info = self.image(str(raw["Id"]))
-            if info and all(info.labels.get(k) == v for k, v in labels.items()):
-                return info
-        return None
-
-    @_answered
     def pull(self, ref: str) -> ImageInfo:
         from docker.errors import APIError, NotFound
 
