@@ -119,7 +119,7 @@ def wheel_inputs(lock: Lock, options: ctx.Options
     if len(others) != len(lock.packages):
         where = cache_dir() / cachedir.OWN_WHEELS
         where.mkdir(parents=True, exist_ok=True)
-        own = own_wheel(where)
+        own = own_wheel(where, offline=options.offline)
     return options, wheels_for, own
 
 
