@@ -250,8 +250,8 @@ class _Engine:
     def build_mode(self) -> BuildMode:
         return BuildMode()
 
-    def find_image(self, labels: object) -> None:
-        raise _Sentinel  # reached: the build would go ahead
+    def image(self, ref: str) -> None:
+        raise _Sentinel  # the cache lookup by the lock's tag is reached: the build would go ahead
 
 
 def test_restore_does_not_build_in_a_shared_cache_directory(home: Path, tmp_path: Path,

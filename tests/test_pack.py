@@ -622,7 +622,7 @@ def test_bundle_and_pack_put_envlocks_own_wheel_in_without_skip_local(
 
     built: list[Path] = []
 
-    def fake_own_wheel(dest: Path) -> Path:  # the real one: test_replay.py (slow)
+    def fake_own_wheel(dest: Path, *, offline: bool = False) -> Path:  # the real one: test_replay.py (slow)
         built.append(make_wheel(dest, "envlock-ml", "0.1.0"))
         return built[-1]
 

@@ -4,6 +4,7 @@ once, and the paths a pack's manifest may name."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -46,9 +47,6 @@ class RecordingEngine(ContainerEngine):
     def image(self, ref: str) -> ImageInfo | None:
         image_id = self.images.get(ref) or (ref if ref in self.images.values() else None)
         return ImageInfo(id=image_id, size=1) if image_id else None
-
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
-        return None
 
     def pull(self, ref: str) -> ImageInfo:
         self.pulls.append(ref)
@@ -189,6 +187,49 @@ def test_the_engines_builder_decides_how_the_wheels_arrive(
         assert err.count("note: no client here: slower") == 1 and "ENVLOCK_BASE" not in build["buildargs"]
 
 
+class ClientEngine(MountingEngine):
+    """An engine whose builds go through a command-line client (``clibuild.build``), as with
+    BuildKit or Buildah: the client is a stand-in that records the arguments it is given."""
+
+    def __init__(self, images: Mapping[str, str], tmp_path: Path) -> None:
+        from test_restore_clibuild import recording_client
+
+        super().__init__(images, BuildMode(mounts=True, builder="BuildKit (a stand-in client)"))
+        self.client, self.argv_file = recording_client(tmp_path, BUILT_ID)
+
+    def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
+              progress: Progress, network: bool = True, files: Sequence[str] | None = None,
+              dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
+        from envlock.restore import clibuild
+
+        built = clibuild.build(self.client, self, context, tag=tag, labels=labels, log_path=log_path,
+                               progress=progress, network=network, files=files, dockerfile=dockerfile,
+                               buildargs=buildargs)
+        self.images[tag] = built
+        return built
+
+    def layers(self, image_id: str) -> tuple[str, ...]:
+        return ()
+
+    def remove_committed(self, images: Sequence[str]) -> None:
+        raise AssertionError("nothing is interrupted here")
+
+
+def test_a_pack_restored_through_a_client_builds_with_network_none(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the client is started with, not only what envlock asked of the engine: a pack's
+    build gets ``--network none`` on the BuildKit or Buildah command line."""
+    import json
+
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    engine = ClientEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID}, tmp_path)
+    root = _pack(lock, tmp_path, engine)
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    argv = json.loads(engine.argv_file.read_text())
+    assert ("--network", "none") in set(itertools.pairwise(argv)), argv
+    assert "type=bind" in (Path(argv[argv.index("-f") + 1])).read_text()  # the mounted text it built
+
+
 # -- a pack without its base image says what it needs ---------------------------------------------
 
 
@@ -241,7 +282,8 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
     from envlock.restore import ownwheel
     from envlock.restore.venvtarget import restore_venv
 
-    def own_wheel(dest: Path) -> Path:  # the real one builds envlock (test_replay.py, slow)
+    def own_wheel(dest: Path, *, offline: bool = False) -> Path:  # the real one: test_replay.py (slow)
+        assert offline  # from a wheelhouse: nothing may be fetched to build it
         wheel = make_wheel(dest, "envlock-ml", "0.1.0")
         with zipfile.ZipFile(wheel, "a") as zf:
             zf.writestr("envlock-ml/own.txt", "the running envlock's\n")
@@ -262,6 +304,77 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
         site = next((result.directory / "lib").glob("python*/site-packages"))
         assert (site / "envlock-ml" / "own.txt").is_file()
         assert (site / "six-1.16.0.dist-info").is_dir() and not list(dest.glob(".envlock-*"))
+
+
+def _envlock_checkout(root: Path) -> Path:
+    """A source checkout of a (tiny) envlock with no wheel built: what a restore run from a
+    checkout on sys.path must build its own wheel from."""
+    (root / "envlock").mkdir(parents=True)
+    (root / "envlock" / "__init__.py").write_text('__version__ = "0.1.0"\n')
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "envlock-ml"\nversion = "0.1.0"\n\n'
+        '[tool.setuptools.packages.find]\ninclude = ["envlock*"]\n')
+    return root
+
+
+@pytest.fixture
+def from_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, str]]]:
+    """The running envlock as a source checkout without a built wheel, and every subprocess
+    ``ownwheel`` starts, observed (argv, environment) and run for real."""
+    from envlock.restore import ownwheel
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(ownwheel, "_installed", lambda: None)
+    monkeypatch.setattr(ownwheel, "_source_tree", lambda: _envlock_checkout(tmp_path / "checkout"))
+    started: list[tuple[list[str], dict[str, str]]] = []
+    real = subprocess.run
+
+    def observed(argv: list[str], **kw: Any) -> Any:
+        started.append((list(argv), dict(kw.get("env") or os.environ)))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(ownwheel.subprocess, "run", observed)
+    return started
+
+
+def test_an_offline_restore_without_a_build_backend_says_what_to_do_and_fetches_nothing(
+        restore_lock: LockFactory, tmp_path: Path, from_checkout: list[tuple[list[str], dict[str, str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore from a wheelhouse (a bundle, a pack) of a lock that holds envlock, run from a
+    checkout by an interpreter without setuptools: pip's isolated build would fetch the backend
+    from the index. It is never started; the error says what to do instead."""
+    from envlock.errors import EXIT_ENV, NotRestorable
+    from envlock.restore import ownwheel
+    from envlock.restore.restore import wheel_inputs
+
+    monkeypatch.setattr(ownwheel, "_has_backend", lambda: False)
+    lock = restore_lock(packages=[("six", "1.16.0"), ("envlock-ml", "0.1.0")])
+    with pytest.raises(NotRestorable) as err:
+        wheel_inputs(lock, ctx.Options(wheelhouse=_house(tmp_path)))
+    assert err.value.exit_code == EXIT_ENV
+    assert str(err.value).startswith("cannot build a wheel of envlock from ") and " offline: " in str(err.value)
+    hint = err.value.hint or ""
+    assert "`pip install setuptools`" in hint and "`envlock bundle -o DIR`" in hint, hint
+    assert from_checkout == []  # no pip at all
+
+
+@pytest.mark.slow  # a pip build of a wheel (about 5 s on a busy 2-core machine)
+def test_an_offline_restore_builds_its_own_wheel_with_no_index_and_no_isolation(
+        restore_lock: LockFactory, tmp_path: Path, from_checkout: list[tuple[list[str], dict[str, str]]]) -> None:
+    """With setuptools here, the offline build is pip's with this interpreter's backend and no
+    index (``PIP_NO_INDEX``): the wheel of the checkout, and no pip run that could reach one."""
+    from envlock.restore.restore import wheel_inputs
+
+    lock = restore_lock(packages=[("six", "1.16.0"), ("envlock-ml", "0.1.0")])
+    _, _, own = wheel_inputs(lock, ctx.Options(wheelhouse=_house(tmp_path)))
+    assert own is not None and own.name == "envlock_ml-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(own) as zf:
+        assert zf.read("envlock/__init__.py") == b'__version__ = "0.1.0"\n'
+    pips = [(argv, env) for argv, env in from_checkout if argv[1:4] == ["-m", "pip", "wheel"]]
+    assert pips and len(pips) == len(from_checkout)
+    for argv, env in pips:
+        assert "--no-build-isolation" in argv and env.get("PIP_NO_INDEX") == "1", (argv, env.get("PIP_NO_INDEX"))
 
 
 # -- an interrupted restore leaves nothing in the way of the next ---------------------------------

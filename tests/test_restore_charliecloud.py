@@ -21,6 +21,7 @@ from envlock.lock import save
 from envlock.restore import chtarget, ociarchive
 from envlock.restore.chtarget import CharliecloudEngine, Completed
 from envlock.restore.engine import RunSpec
+from envlock.restore.restore import tagged_image
 
 TOOLS = {"ch-image": "/usr/bin/ch-image", "ch-convert": "/usr/bin/ch-convert", "ch-run": "/usr/bin/ch-run",
          "umoci": "/usr/bin/umoci"}
@@ -205,9 +206,10 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["context", "tmp"]  # no private /tmp left
     assert (tmp_path / "work" / "tmp" / "keep").read_text() == "mine"
     again = CharliecloudEngine(tmp_path / "storage", tmp_path / "img", tools=TOOLS, runner=FakeRunner())
-    found = again.find_image({"org.envlock.context": "sha256:" + "c" * 64, "org.envlock.short-id": "abc"})
+    found = tagged_image(again, "envlock/x:abc", labels)
     assert found is not None and found.id == image_id and found.tags == ("envlock/x:abc",)
-    assert again.find_image({"org.envlock.context": "sha256:" + "d" * 64}) is None
+    assert tagged_image(again, "envlock/x:abc", {"org.envlock.context": "sha256:" + "d" * 64}) is None
+    assert tagged_image(again, "envlock/y:abc", labels) is None
 
 
 def test_a_directory_envlock_did_not_make_is_never_replaced(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ run the real clients in the integration tests (tests/test_restore_integration.py
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -228,6 +229,36 @@ def test_a_client_that_writes_no_image_id_fails_the_build(tmp_path: Path) -> Non
     with open(os.devnull, "w") as stream, pytest.raises(BuildFailed, match="wrote no image id"):
         clibuild.build(_replaying_client(tmp_path, "buildkit-ok", 0), Images([]), context, tag="t:1",
                        labels={}, log_path=tmp_path / "build.log", progress=QuietProgress(stream))
+
+
+def recording_client(tmp_path: Path, image_id: str = ID) -> tuple[clibuild.Client, Path]:
+    """A client that records the arguments it was started with (a JSON list, in the returned
+    file), writes ``image_id`` where ``--iidfile`` says and succeeds, as a real build does."""
+    said = tmp_path / "client-argv.json"
+    script = tmp_path / "recording-client.py"
+    script.write_text("import json, sys\n"
+                      f"open({str(said)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                      "iid = sys.argv[sys.argv.index('--iidfile') + 1]\n"
+                      f"open(iid, 'w').write({image_id!r})\n")
+    return clibuild.Client((sys.executable, str(script)), (), "buildkit"), said
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_a_build_without_the_network_tells_the_client_network_none(tmp_path: Path, network: bool) -> None:
+    """An offline build (a pack, a bundle) runs with the engine's network ``none`` through the
+    command-line client as through the SDK (``network_mode``); with the network, no option."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM x\n")
+    client, said = recording_client(tmp_path)
+    with open(os.devnull, "w") as stream:
+        built = clibuild.build(client, Images([]), context, tag="t:1", labels={}, log_path=tmp_path / "build.log",
+                               progress=QuietProgress(stream), network=network)
+    argv = json.loads(said.read_text())
+    assert built == ID and argv[-1] == str(context)
+    pairs = list(itertools.pairwise(argv))
+    assert (("--network", "none") in pairs) is not network
+    assert sum(a.startswith("--network") for a in argv) == (0 if network else 1)
 
 
 def test_a_missing_client_is_an_unavailable_engine(tmp_path: Path) -> None:

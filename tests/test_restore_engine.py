@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ class FakeAPI:
     def start(self, cid: str) -> None:
         pass
 
-    def wait(self, cid: str) -> dict[str, int]:
+    def wait(self, cid: str, timeout: float | None = 60.0) -> dict[str, int]:
+        self.wait_timeout = timeout
         return {"StatusCode": self.exit_code}
 
     def remove_container(self, cid: str, force: bool = False) -> None:
@@ -232,35 +233,87 @@ def test_bad_engine_name_is_a_usage_error() -> None:
         connect("kubernetes")
 
 
-def test_a_cache_hit_finds_the_final_stage_not_podmans_labelled_build_stage(restore_lock: LockFactory) -> None:
+class Images(FakeAPI):
+    """An engine's image store: images listed newest first (as Docker lists them), inspected by
+    id or tag, tagged, and built: a build's image has the labels it was given and the
+    Dockerfile's own ``LABEL``s, as an engine's final stage has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: dict[str, dict[str, Any]] = {}  # id -> {"tags": [...], "labels": {...}}, oldest first
+        self.builds = 0
+
+    def add(self, tags: list[str], labels: dict[str, str]) -> str:
+        image_id = f"sha256:{len(self.store) + 1:064x}"
+        self.store[image_id] = {"tags": tags, "labels": dict(labels)}
+        return image_id
+
+    def images(self, filters: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        want = [f.split("=", 1) for f in ((filters or {}).get("label") or [])]
+        return [{"Id": i} for i, image in reversed(self.store.items())
+                if all(image["labels"].get(k) == v for k, v in want)]
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        from docker.errors import NotFound
+
+        for image_id, image in self.store.items():
+            if ref == image_id or ref in image["tags"]:
+                return {"Id": image_id, "RepoTags": image["tags"], "Config": {"Labels": image["labels"]},
+                        "Size": 5}
+        raise NotFound(ref)
+
+    def tag(self, image_id: str, repo: str, tag: str) -> None:
+        for image in self.store.values():  # a tag names one image
+            image["tags"] = [t for t in image["tags"] if t != f"{repo}:{tag}"]
+        self.store[image_id]["tags"].append(f"{repo}:{tag}")
+
+    def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+        import re
+
+        self.builds += 1
+        text = (Path(kw["path"]) / "Dockerfile").read_text()
+        own = dict(re.findall(r'"(org\.envlock\.[a-z-]+)"="([^"]*)"', text))
+        image_id = self.add([], {**own, **kw["labels"]})
+        self.tag(image_id, *kw["tag"].split(":"))
+        yield {"aux": {"ID": image_id}}
+
+
+def test_a_cache_hit_is_the_image_envlock_tagged_not_one_that_inherits_its_labels(
+        restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's image built FROM the restored one carries every label of it and is newer; so
+    does Podman's labelled build stage carry the context label. The cache hit is the image the
+    lock's tag names, checked by its labels: never the user's image (tagged as the lock's and
+    given its verdict). With the lock's tag gone, the restore builds again."""
     from envlock.restore import dockerfile
     from envlock.restore.context import Options
-    from envlock.restore.restore import cache_labels, prepare
+    from envlock.restore.restore import restore
 
-    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},
-                        packages=[("six", "1.17.0")])
-    plan, _ = prepare(lock, Options())
-    build_stage, final = "sha256:" + "b1" * 32, "sha256:" + "f1" * 32
-    images = {  # what Podman leaves after a multi-stage build with --label: both carry it
-        build_stage: {dockerfile.LABEL_CONTEXT: "k"},
-        final: {dockerfile.LABEL_CONTEXT: "k", dockerfile.LABEL_SHORT_ID: plan.short_id, dockerfile.LABEL_SCHEMA: "1"},
-    }
+    monkeypatch.setenv("ENVLOCK_BUILDER", "sdk")
+    lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32}, packages=[("six", "1.17.0")])
+    api = Images()
+    eng = engine(api)
 
-    class Images(FakeAPI):
-        def images(self, filters: dict[str, list[str]]) -> list[dict[str, str]]:
-            assert len(filters["label"]) == 1  # Podman 4 answers nothing to two label filters
-            want = dict(f.split("=", 1) for f in filters["label"])
-            return [{"Id": i} for i, labels in images.items()  # newest first does not matter
-                    if all(labels.get(k) == v for k, v in want.items())]
+    def again() -> tuple[str, bool]:
+        done = restore(lock, Options(), engine=eng, name="proj", workdir=tmp_path / "w", verify=False,
+                       progress=PlainProgress(io.StringIO()))
+        return done.image_id, done.cached
 
-        def inspect_image(self, ref: str) -> dict[str, Any]:
-            return {"Id": ref, "RepoTags": [], "Config": {"Labels": images[ref]}, "Size": 5}
-
-    eng = engine(Images())
-    stage = eng.find_image({dockerfile.LABEL_CONTEXT: "k"})
-    assert stage is not None and stage.id == build_stage
-    found = eng.find_image(cache_labels(plan, "k"))
-    assert found is not None and found.id == final
+    built, cached = again()
+    tag = f"envlock/proj:{lock.short_id}"
+    assert not cached and api.builds == 1 and api.store[built]["tags"] == [tag]
+    labels = api.store[built]["labels"]
+    assert dockerfile.LABEL_CONTEXT in labels and labels[dockerfile.LABEL_SHORT_ID] == lock.short_id
+    # Podman's build stage, then the user's `FROM envlock/proj:<id>` image with a file of its own.
+    api.add([], {dockerfile.LABEL_CONTEXT: labels[dockerfile.LABEL_CONTEXT]})
+    mine = api.add(["me/app:1"], labels)
+    assert again() == (built, True) and api.builds == 1
+    assert api.store[mine]["tags"] == ["me/app:1"] and api.store[built]["tags"] == [tag]
+    # `docker rmi envlock/proj:<id>` untags the lock's image (the user's image keeps it as its
+    # parent): nothing carries the lock's tag, so the restore builds, and never takes the user's.
+    api.store[built]["tags"] = []
+    rebuilt, cached = again()
+    assert not cached and api.builds == 2 and rebuilt not in (built, mine)
+    assert api.store[rebuilt]["tags"] == [tag] and api.store[mine]["tags"] == ["me/app:1"]
 
 
 def test_a_bad_engine_choice_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -503,9 +556,12 @@ class _Engine:
     """A unix socket that speaks just enough of the engine API, with the docker SDK on the other
     end: ``answer=False`` accepts and never answers (a wedged daemon)."""
 
-    def __init__(self, path: Path, *, answer: bool) -> None:
+    def __init__(self, path: Path, *, answer: bool, answers: int | None = None) -> None:
+        """``answers``: how many requests are answered before it goes silent (a daemon that
+        stops answering once a command is connected)."""
         import threading
 
+        self.answers = answers
         self.requests: list[str] = []
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
@@ -523,7 +579,7 @@ class _Engine:
             except OSError:
                 return
             self.held.append(conn)
-            if not self.answer:
+            if not self.answer or (self.answers is not None and len(self.requests) >= self.answers):
                 continue
             data = b""
             while b"\r\n\r\n" not in data:
@@ -546,18 +602,123 @@ class _Engine:
             conn.close()
 
 
-def test_connecting_asks_the_engine_twice_and_lifts_the_timeout_for_long_reads(tmp_path: Path) -> None:
+def test_connecting_asks_the_engine_twice_and_keeps_a_timeout_for_each_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command connects: the API version (the SDK's own question) and the version
-    document (Docker or Podman) are all it asks, and the client it keeps has no read timeout (a
-    pip install inside a build prints nothing for minutes)."""
+    document (Docker or Podman) are all it asks, and the client it keeps has a read timeout for
+    every request (``ENVLOCK_ENGINE_TIMEOUT``, else the default); a bad value is a usage error."""
+    from envlock.restore.dockerengine import REQUEST_TIMEOUT
+
+    monkeypatch.delenv("ENVLOCK_ENGINE_TIMEOUT", raising=False)
     fake = _Engine(tmp_path / "engine.sock", answer=True)
     try:
         with connect(f"unix://{tmp_path / 'engine.sock'}") as eng:
             assert eng.name == "docker" and eng.server_version == "27.0"
-            assert eng.api.timeout is None
+            assert eng.api.timeout == REQUEST_TIMEOUT == 60
         assert [r.rsplit("/", 1)[-1] for r in fake.requests] == ["version", "version"]
+        monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", "7.5")
+        with connect(f"unix://{tmp_path / 'engine.sock'}") as eng:
+            assert eng.api.timeout == 7.5
+        for bad in ("0", "-1", "inf", "a minute"):
+            monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", bad)
+            with pytest.raises(UsageError, match="ENVLOCK_ENGINE_TIMEOUT must be a number of seconds"):
+                connect(f"unix://{tmp_path / 'engine.sock'}")
     finally:
         fake.close()
+
+
+def _bounded(call: Callable[[], Any], seconds: float = 5.0) -> Any:
+    """``call()``'s result or the exception it raised, in a thread given ``seconds``: a call that
+    would wait forever fails the test instead of hanging it."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # handed to the test
+            box["result"] = exc
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting for the engine after {seconds} s"
+    return box["result"]
+
+
+def test_an_engine_that_stops_answering_ends_the_command_with_exit_3_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_lock: LockFactory,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A real socket that answers the two requests of connecting, then accepts and never
+    answers: each request after them (an image looked up, stale containers listed, what a
+    restore asks first) is the engine's failure within the timeout, in words, not a wait
+    forever and not the HTTP library's traceback."""
+    from envlock.commands import main
+    from envlock.errors import EXIT_ENV
+
+    monkeypatch.setenv("ENVLOCK_ENGINE_TIMEOUT", "0.3")
+    url = f"unix://{tmp_path / 'engine.sock'}"
+    fake = _Engine(tmp_path / "engine.sock", answer=True, answers=2)
+    try:
+        with connect(url) as eng:
+            for ask in (lambda: eng.image("envlock/x:1"), eng.remove_stale, lambda: eng.layers(IMAGE_ID)):
+                err = _bounded(ask)
+                assert isinstance(err, EngineUnavailable) and err.exit_code == EXIT_ENV, repr(err)
+                assert str(err) == f"the container engine at {url} did not answer within 0.3 s"
+                assert "ENVLOCK_ENGINE_TIMEOUT" in (err.hint or "")
+        fake.answers = len(fake.requests) + 2  # the next command connects, then the silence again
+        restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32}).save(tmp_path / "env.lock")
+        capsys.readouterr()
+        assert _bounded(lambda: main(["restore", str(tmp_path / "env.lock"), "--engine", url,
+                                      "--no-verify"])) == EXIT_ENV
+        err_text = capsys.readouterr().err
+        assert f"the container engine at {url} did not answer within 0.3 s" in err_text
+        assert "Traceback" not in err_text
+    finally:
+        fake.close()
+
+
+def test_the_long_reads_lift_the_timeout_for_their_own_request_alone(tmp_path: Path) -> None:
+    """A build's output, a container's exit, an image pushed, saved or loaded may take longer
+    than any request should: those requests go without a read timeout, and the next request has
+    it again."""
+    class Long(FakeAPI):
+        timeout: float | None = 60.0
+
+        def __init__(self) -> None:
+            super().__init__([{"aux": {"ID": IMAGE_ID}}], exit_code=0)
+            self.seen: dict[str, float | None] = {}
+
+        def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+            self.seen["build"] = kw["timeout"]
+            yield from super().build(**kw)
+
+        def get_image(self, ref: str) -> Iterator[bytes]:
+            self.seen["save"] = self.timeout
+            yield b"archive"
+
+        def load_image(self, fh: Any) -> Iterator[dict[str, str]]:
+            self.seen["load"] = self.timeout
+            return iter([{"stream": "Loaded image"}])
+
+        def tag(self, image_id: str, repo: str, tag: str) -> None:
+            self.seen["tag"] = self.timeout
+
+        def push(self, repo: str, tag: str, stream: bool, decode: bool) -> Iterator[dict[str, Any]]:
+            self.seen["push"] = self.timeout
+            return iter([{"aux": {"Digest": "sha256:" + "ee" * 32}}])
+
+    api = Long()
+    eng = engine(api)
+    assert api.timeout == 60.0  # the engine's request timeout, set as it connected
+    eng.build(tmp_path, tag="t:1", labels={}, log_path=tmp_path / "build.log", progress=PlainProgress(io.StringIO()))
+    eng.save("t:1", tmp_path / "image.tar")
+    eng.load(tmp_path / "image.tar")
+    eng.push(IMAGE_ID, "registry.example/t", "1")
+    assert eng.run(RunSpec(image="t:1", command=("true",))).exit_code == 0
+    assert api.seen == {"build": None, "save": None, "load": None, "tag": 60.0, "push": None}
+    assert api.wait_timeout is None and api.timeout == 60.0
 
 
 def test_an_engine_that_accepts_and_never_answers_is_unavailable_not_a_hang(

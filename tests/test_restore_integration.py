@@ -146,6 +146,36 @@ def test_small_lock_restores_verifies_runs_and_hits_the_cache(
     no_leftover_containers(docker_client)
 
 
+def test_an_image_built_from_the_restored_one_is_never_the_cache_hit(
+        docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, tmp_path: Path,
+        cache_home: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A user's image ``FROM envlock/<name>:<id>`` with a file of its own inherits every label
+    of the restored image and is newer; the next restore's cache hit is still the image envlock
+    built and tagged, and the user's image gets no envlock tag."""
+    import io
+
+    lock = capture(small_source, tmp_path / "env.lock")
+    purge(docker_client, str(lock.envlock.fingerprint))
+    common = [str(tmp_path / "env.lock"), "--base", base_image, "--wheelhouse", str(wheelhouse),
+              "--name", "it-from", "--no-verify"]
+    assert main(["restore", *common]) == 0
+    tag = f"envlock/it-from:{lock.short_id}"
+    restored = docker_client.images.get(tag)
+    text = f"FROM {tag}\nRUN echo mine > /tmp/mine.txt\n"
+    mine, _ = docker_client.images.build(fileobj=io.BytesIO(text.encode()), tag="envlock-test/on-restored:1",
+                                         rm=True, network_mode="none")
+    try:
+        assert mine.id != restored.id and mine.labels == restored.labels  # inherited, every one
+        capfd.readouterr()
+        assert main(["restore", *common]) == 0
+        out, err = capfd.readouterr()
+        assert f"cache hit: {tag} ({restored.id[7:19]})" in out + err, out + err
+        assert docker_client.images.get(tag).id == restored.id
+        assert docker_client.images.get(mine.id).tags == ["envlock-test/on-restored:1"]
+    finally:
+        remove_image(docker_client, mine)
+
+
 def test_restore_from_the_locks_own_image(docker_client: Any, small_source: str, tmp_path: Path,
                                           cache_home: Path, capfd: pytest.CaptureFixture[str],
                                           builder: str) -> None:

@@ -87,19 +87,24 @@ def probe_args(*, torch: bool = True, canary: bool = False, image: str | None = 
         "image": image, "cwd": cwd})
 
 
-def probe_timeout() -> float:
-    """The probe's deadline in seconds, from ``ENVLOCK_PROBE_TIMEOUT``; a value that is not a
-    positive number is a usage error rather than a probe that never ends."""
-    raw = os.environ.get("ENVLOCK_PROBE_TIMEOUT")
+def seconds_from_env(name: str, default: float) -> float:
+    """A deadline in seconds from the variable ``name``, else ``default``; a value that is not a
+    positive, finite number is a usage error rather than a wait that never ends."""
+    raw = os.environ.get(name)
     if not raw:
-        return DEFAULT_PROBE_TIMEOUT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value > 0 or value == float("inf"):
-        raise UsageError(f"ENVLOCK_PROBE_TIMEOUT must be a number of seconds, not {raw!r}")
+        raise UsageError(f"{name} must be a number of seconds, not {raw!r}")
     return value
+
+
+def probe_timeout() -> float:
+    """The probe's deadline in seconds, from ``ENVLOCK_PROBE_TIMEOUT``."""
+    return seconds_from_env("ENVLOCK_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT)
 
 
 _MARKER = ("\n" + DOCUMENT_MARKER + "\n").encode("ascii")

@@ -282,12 +282,6 @@ class CharliecloudEngine(ContainerEngine):
             return ImageInfo(id=ref, tags=(ref,))
         return None
 
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
-        marker = self._marker
-        if marker is None or any(marker.labels.get(k) != v for k, v in labels.items()):
-            return None
-        return ImageInfo(id=marker.id, tags=(marker.tag,), labels=dict(marker.labels))
-
     def pull(self, ref: str) -> ImageInfo:
         raise ImageNotFound(f"{ref} is not in Charliecloud's storage, and envlock pulls nothing for it",
                             hint="restore a pack (`envlock pack`), or pass --base ROOTFS.tar|DIR")

@@ -88,6 +88,12 @@ class Options:
     # copied into a build stage whose venv the image copies out (the classic builder).
     mounts: bool = False
 
+    @property
+    def offline(self) -> bool:
+        """A restore from a wheelhouse (``--wheelhouse``, a bundle, a pack) installs from its
+        files alone: no index, and nothing fetched to build envlock's own wheel (``ownwheel``)."""
+        return self.wheelhouse is not None
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -494,7 +500,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     base = base or choose_base(lock, options)
     _check_options(base, options)
     notes: list[str] = []
-    offline = options.wheelhouse is not None
+    offline = options.offline
     venv = _venv(lock, options, base)
     base_python = values.interpreter(options.python) if options.python else "python3"
     os_install = ospackages.plan_os(lock, venv, notes)

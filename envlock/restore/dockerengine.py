@@ -12,6 +12,7 @@ behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import socket
@@ -20,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from envlock.errors import (
     BuildFailed,
@@ -31,6 +32,7 @@ from envlock.errors import (
 )
 from envlock.probe import imageref
 from envlock.probe.procs import pid_alive
+from envlock.probing.process import seconds_from_env
 from envlock.restore import clibuild
 from envlock.restore.buildlog import BuildLog, shorten
 from envlock.restore.engine import (
@@ -139,10 +141,55 @@ def _command_missing(exc: BaseException) -> bool:
     return "not found" in text or "no such file" in text
 
 
+def _unanswered(exc: BaseException) -> bool:
+    """Whether a request failed for want of an answer: it timed out, or the connection to the
+    engine broke. An HTTP error is an answer (``docker.errors.APIError`` is one of requests'
+    own HTTP errors), and stays what it is."""
+    import requests
+
+    return isinstance(exc, (requests.exceptions.Timeout, requests.exceptions.ConnectionError))
+
+
+@contextlib.contextmanager
+def _tolerated() -> Iterator[None]:
+    """A best-effort cleanup's request: an engine's refusal is let pass, not its silence, so a
+    daemon that stopped answering ends the command once, not after a wait per request."""
+    try:
+        yield
+    except Exception as exc:
+        if _unanswered(exc):
+            raise
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _answered(method: _Method) -> _Method:
+    """An engine request that got no answer is ``EngineUnavailable`` (exit 3), in envlock's words
+    (``DockerEngine.unanswered``), not a traceback of the HTTP library's."""
+    @functools.wraps(method)
+    def call(self: DockerEngine, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if _unanswered(exc):
+                raise self.unanswered(exc) from None
+            raise
+    return cast(_Method, call)
+
+
 # -- docker SDK --------------------------------------------------------------------------------
 
 
 CONNECT_TIMEOUT = 15.0  # seconds an engine may take to answer while envlock connects
+# Seconds an engine may take to answer one request once connected: an image inspected, listed or
+# tagged, a container created or removed. A daemon that stops answering (wedged on its storage,
+# a socket whose service hangs) then ends the command with exit 3 instead of holding it forever.
+# The long reads lift it for their own request alone (``_long_read``, the SDK's ``timeout=None``):
+# a build's output, where pip installing torch prints nothing for minutes; a container's output
+# and its exit, where a job may be silent as long; an image pulled, pushed, saved or loaded.
+REQUEST_TIMEOUT = 60.0
+REQUEST_TIMEOUT_VAR = "ENVLOCK_ENGINE_TIMEOUT"
 
 
 class DockerEngine(ContainerEngine):
@@ -152,6 +199,7 @@ class DockerEngine(ContainerEngine):
                  cli_host: str | None = None) -> None:
         """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
         endpoint was named by a URL; without it the client finds the same engine as the SDK."""
+        self.request_timeout = seconds_from_env(REQUEST_TIMEOUT_VAR, REQUEST_TIMEOUT)
         _check_unix_socket(endpoint)
         # One client, two requests: the SDK asks the engine's API version as it connects (under
         # CONNECT_TIMEOUT, so an engine that accepts and never answers fails here), and the
@@ -174,11 +222,32 @@ class DockerEngine(ContainerEngine):
         self.server_version = str(version.get("Version") or "")
         self._cli_host = cli_host
         self._builder: tuple[clibuild.Client | None, str | None] | None = None
-        # No read timeout from here: pip installing torch prints nothing for minutes, and so
-        # may a job.
-        client.api.timeout = None
+        client.api.timeout = self.request_timeout
         self.client = client
         self.api = self.client.api
+
+    def unanswered(self, exc: BaseException) -> EngineUnavailable:
+        """A request that timed out or lost its connection, in words: which engine, how long."""
+        import requests
+
+        if isinstance(exc, requests.exceptions.Timeout) or "timed out" in str(exc).lower():
+            return EngineUnavailable(
+                f"the container engine at {self.endpoint} did not answer within {self.request_timeout:g} s",
+                hint=f"is it hung or overloaded? `{self.name} info` tells; {REQUEST_TIMEOUT_VAR}=SECONDS "
+                     "waits longer for each request")
+        return EngineUnavailable(f"lost the connection to the container engine at {self.endpoint} "
+                                 f"({_short(exc)})", hint=DOCKER_HINT)
+
+    @contextlib.contextmanager
+    def _long_read(self) -> Iterator[None]:
+        """No read timeout for the request made inside (an image pushed, saved or loaded, whose
+        answer streams for as long as the transfer takes): the SDK reads ``api.timeout`` as it
+        sends a request, so the requests after it have the timeout again."""
+        self.api.timeout = None
+        try:
+            yield
+        finally:
+            self.api.timeout = self.request_timeout
 
     # images
 
@@ -189,6 +258,7 @@ class DockerEngine(ContainerEngine):
                          tags=tuple(raw.get("RepoTags") or ()), labels=dict(labels),
                          size=raw.get("Size"))
 
+    @_answered
     def image(self, ref: str) -> ImageInfo | None:
         from docker.errors import NotFound
 
@@ -206,17 +276,7 @@ class DockerEngine(ContainerEngine):
                 continue
         return None
 
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None:
-        # One label in the engine's filter, the rest checked here: Podman 4's Docker API
-        # answers nothing at all when given two label filters.
-        first = next(iter(labels.items()), None)
-        filters = {"label": [f"{first[0]}={first[1]}"]} if first else {}
-        for raw in self.api.images(filters=filters):
-            info = self.image(str(raw["Id"]))
-            if info and all(info.labels.get(k) == v for k, v in labels.items()):
-                return info
-        return None
-
+    @_answered
     def pull(self, ref: str) -> ImageInfo:
         from docker.errors import APIError, NotFound
 
@@ -232,17 +292,21 @@ class DockerEngine(ContainerEngine):
             raise ImageNotFound(f"pulled {ref}, but the engine does not list it")
         return info
 
+    @_answered
     def tag(self, image_id: str, ref: str) -> None:
         parsed = imageref.split(ref)
         self.api.tag(image_id, parsed.repo, parsed.tag)
 
+    @_answered
     def push(self, image_id: str, repo: str, tag: str) -> str:
         from docker.errors import APIError
 
         self.api.tag(image_id, repo, tag)
         digest = None
         try:
-            for chunk in self.api.push(repo, tag=tag, stream=True, decode=True):
+            with self._long_read():
+                pushed = self.api.push(repo, tag=tag, stream=True, decode=True)
+            for chunk in pushed:
                 if chunk.get("error"):
                     raise EngineUnavailable(f"cannot push {repo}:{tag}: {shorten(str(chunk['error']))}",
                                             hint="is the registry reachable, and are you logged in?")
@@ -259,12 +323,13 @@ class DockerEngine(ContainerEngine):
             raise EngineUnavailable(f"pushed {repo}:{tag}, but the engine did not report its digest")
         return str(digest)
 
+    @_answered
     def save(self, ref: str, dest: Path) -> None:
         from docker.errors import APIError, NotFound
 
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as fh:
+            with open(tmp, "wb") as fh, self._long_read():
                 for chunk in self.api.get_image(ref):
                     fh.write(chunk)
             os.replace(tmp, dest)
@@ -275,13 +340,16 @@ class DockerEngine(ContainerEngine):
         finally:
             tmp.unlink(missing_ok=True)
 
+    @_answered
     def load(self, archive: Path) -> None:
         from docker.errors import APIError
 
         try:
             with open(archive, "rb") as fh:
                 # A file object streams: an image of several GB never sits in memory.
-                for _ in self.api.load_image(fh):
+                with self._long_read():
+                    loaded = self.api.load_image(fh)
+                for _ in loaded:
                     pass
         except APIError as exc:
             raise EngineUnavailable(f"cannot load {archive.name}: {_short(exc)}") from None
@@ -304,7 +372,7 @@ class DockerEngine(ContainerEngine):
             extra["dockerfile"] = dockerfile
         if files is None:
             yield from self.api.build(path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
-                                      labels=dict(labels), pull=False, **extra)
+                                      labels=dict(labels), pull=False, timeout=None, **extra)
             return
         with tempfile.TemporaryFile() as fh:
             with tarfile.open(fileobj=fh, mode="w") as tar:
@@ -315,7 +383,7 @@ class DockerEngine(ContainerEngine):
             fh.seek(0)
             yield {"stream": f"envlock: sending a build context of {size / 1e6:.1f} MB\n"}
             yield from self.api.build(fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True,
-                                      decode=True, labels=dict(labels), pull=False, **extra)
+                                      decode=True, labels=dict(labels), pull=False, timeout=None, **extra)
 
     def _client(self) -> tuple[clibuild.Client | None, str | None]:
         """The command-line client that builds for this engine (``clibuild.choose``), looked
@@ -330,11 +398,13 @@ class DockerEngine(ContainerEngine):
             return BuildMode(mounts=False, builder="the docker SDK", note=note)
         return BuildMode(mounts=True, builder=client.describe())
 
+    @_answered
     def layers(self, image_id: str) -> tuple[str, ...]:
         """The image's layers (``RootFS.Layers``, diff ids), base first."""
         raw = self.api.inspect_image(image_id)
         return tuple(str(x) for x in (raw.get("RootFS") or {}).get("Layers") or ())
 
+    @_answered
     def build(self, context: Path, *, tag: str, labels: Mapping[str, str], log_path: Path,
               progress: Progress, network: bool = True, files: Sequence[str] | None = None,
               dockerfile: str = "Dockerfile", buildargs: Mapping[str, str] | None = None) -> str:
@@ -466,6 +536,7 @@ class DockerEngine(ContainerEngine):
                     raise ContainerFailed(f"cannot copy envlock's probe into a container of "
                                           f"{spec.image}: {_short(exc)}") from None
 
+    @_answered
     def run(self, spec: RunSpec, *, on_stdout: Callable[[bytes], None] | None = None,
             on_stderr: Callable[[bytes], None] | None = None) -> RunResult:
         from docker.errors import APIError
@@ -497,7 +568,7 @@ class DockerEngine(ContainerEngine):
                             on_stdout(data)
             finally:
                 _close_socket(sock)
-            code = int(api.wait(cid).get("StatusCode", 1))
+            code = int(api.wait(cid, timeout=None).get("StatusCode", 1))
         finally:
             with no_interrupt(), contextlib.suppress(Exception):
                 api.remove_container(cid, force=True)
@@ -515,26 +586,28 @@ class DockerEngine(ContainerEngine):
             return {"device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]}
         return {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
 
+    @_answered
     def remove_build_stage(self, build: str) -> None:
         from envlock.restore.dockerfile import LABEL_BUILD_STAGE
 
-        with contextlib.suppress(Exception):
+        with _tolerated():
             for image in self.api.images(filters={"label": f"{LABEL_BUILD_STAGE}={build}"}):
                 # Not forced: an image something else uses (a container, another build on top of
                 # it) stays; its untagged parents go with it (the engine's own pruning).
-                with contextlib.suppress(Exception):
+                with _tolerated():
                     self.api.remove_image(image["Id"])
 
+    @_answered
     def remove_stale(self) -> int:
         """Remove containers of envlock processes on this host that died without cleaning up."""
         host = socket.gethostname()
         removed = 0
-        with contextlib.suppress(Exception):
+        with _tolerated():
             for c in self.api.containers(all=True, filters={"label": LABEL_OWNER}):
                 owner = str((c.get("Labels") or {}).get(LABEL_OWNER, ""))
                 h, _, pid = owner.rpartition("/")
                 if h == host and pid.isdigit() and not pid_alive(int(pid)):
-                    with contextlib.suppress(Exception):
+                    with _tolerated():
                         self.api.remove_container(c["Id"], force=True)
                         removed += 1
         return removed

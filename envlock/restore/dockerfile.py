@@ -121,17 +121,22 @@ _UV_I = (f'if {UV_IN_IMAGE} --version >/dev/null 2>&1; then i() {{ {UV_IN_IMAGE}
 _UV_OR_PIP = _UV_I + 'i "$@"'
 # A word of an install script: envlock's own flags, paths and tool names, never a lock value.
 _SCRIPT_WORD = re.compile(r"[A-Za-z0-9_./:=+-]+")
-# A path a RUN --mount names: the context's and the build container's, envlock's own words
-# (layer and requirement file names). The option list is comma-separated key=value pairs, so
-# neither may hold a comma, an equals sign, a quote or a space.
-_MOUNT_PATH = re.compile(r"/?[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*")
+# A path a RUN --mount names, in envlock's own words (layer and requirement file names): the
+# source relative, inside the build context; the target absolute, in the build container. The
+# option list is comma-separated key=value pairs, so neither may hold a comma, an equals sign, a
+# quote or a space; no part is `.` or `..` (a part begins with a letter or digit). envlock mounts
+# only what it wrote into its context, named as the context's own relative paths, so a source
+# never begins at a root and never climbs out of the context.
+_MOUNT_PART = r"[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*"
+_MOUNT_SOURCE = re.compile(_MOUNT_PART)
+_MOUNT_TARGET = re.compile("/" + _MOUNT_PART)
 
 
 def _mount(source: str, target: str) -> str:
     """One read-only bind mount of a path of the build context (BuildKit's and Buildah's
     default is read-only)."""
-    for path in (source, target):
-        if not _MOUNT_PATH.fullmatch(path) or ".." in path.split("/"):
+    for path, rule in ((source, _MOUNT_SOURCE), (target, _MOUNT_TARGET)):
+        if not rule.fullmatch(path):
             raise ValueError(f"unexpected path {path!r} in a RUN --mount")
     return f"--mount=type=bind,source={source},target={target}"
 

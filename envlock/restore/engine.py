@@ -123,9 +123,6 @@ class ContainerEngine(ABC):
     def image(self, ref: str) -> ImageInfo | None: ...
 
     @abstractmethod
-    def find_image(self, labels: Mapping[str, str]) -> ImageInfo | None: ...
-
-    @abstractmethod
     def pull(self, ref: str) -> ImageInfo: ...
 
     @abstractmethod

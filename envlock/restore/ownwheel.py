@@ -14,7 +14,10 @@ Two ways to get its wheel, the first that applies:
   is written by ``wheelfile`` (fixed timestamps and order, modes kept), so the same installation
   always gives the same bytes (restore's cache key covers every wheel of the context);
 * the running envlock is a source tree (editable install, a checkout on ``sys.path``): ``pip
-  wheel --no-deps`` of that tree, with ``SOURCE_DATE_EPOCH`` fixed for the same reason.
+  wheel --no-deps`` of that tree, with ``SOURCE_DATE_EPOCH`` fixed for the same reason. Online,
+  pip's isolated build may fetch the build backend from pip's index when this interpreter has
+  none; an offline restore (a wheelhouse, a bundle, a pack) never does: it builds with this
+  interpreter's setuptools and pip told there is no index, or says what to do instead.
 """
 
 from __future__ import annotations
@@ -76,10 +79,30 @@ def _source_tree() -> Path | None:
     return root if f'name = "{OWN_DIST}"' in text else None
 
 
-def _build(source: Path, dest: Path) -> Path:
+# What an offline restore of a lock that holds envlock asks for when it cannot build envlock's
+# own wheel without the network.
+OFFLINE_HINT = ("install setuptools into the environment that runs envlock (`pip install setuptools`), or "
+                "install envlock itself from a wheel, which restore packs again without building: "
+                "`envlock bundle -o DIR` where the network is puts one in DIR "
+                f"(`pip install DIR/{OWN_DIST.replace('-', '_')}-*.whl`)")
+
+
+def _has_backend() -> bool:
+    """Whether this interpreter has the build backend envlock's ``pyproject.toml`` names."""
+    return importlib.util.find_spec("setuptools") is not None
+
+
+def _build(source: Path, dest: Path, *, offline: bool) -> Path:
     """``pip wheel --no-deps`` of a copy of envlock's source tree (a build writes ``build/`` and
-    ``*.egg-info`` into the tree it builds), packed again so the same source gives the same bytes."""
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    ``*.egg-info`` into the tree it builds), packed again so the same source gives the same bytes.
+    ``offline``: with this interpreter's setuptools and no index, never pip's isolated build
+    (which fetches the backend from the index)."""
+    if offline and not _has_backend():
+        raise NotRestorable(f"cannot build a wheel of envlock from {source} offline: this interpreter has "
+                            "no setuptools, and pip's isolated build would fetch it from an index",
+                            hint=OFFLINE_HINT)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           **({"PIP_NO_INDEX": "1"} if offline else {})}
     with tempfile.TemporaryDirectory(prefix="envlock-own-") as tmp:
         tree = Path(tmp) / "src"
         tree.mkdir()
@@ -90,9 +113,10 @@ def _build(source: Path, dest: Path) -> Path:
         shutil.copytree(source / "envlock", tree / "envlock",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         # The running interpreter's setuptools builds it when it has one (offline, as a restore
-        # with --wheelhouse must work); when it has none, or one too old for the project's
-        # metadata, pip's isolated build gets the backend from pip's configured index.
-        ways = [("--no-build-isolation",), ()] if importlib.util.find_spec("setuptools") else [()]
+        # with --wheelhouse must work); online, when it has none, or one too old for the
+        # project's metadata, pip's isolated build gets the backend from pip's configured index.
+        ways: list[tuple[str, ...]] = [("--no-build-isolation",)] if _has_backend() else []
+        ways += [] if offline else [()]
         for isolation in ways:
             argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(Path(tmp) / "out"), *isolation, str(tree)]
@@ -106,9 +130,11 @@ def _build(source: Path, dest: Path) -> Path:
         built = sorted((Path(tmp) / "out").glob("envlock_ml-*.whl"))
         if res.returncode != 0 or not built:
             tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-            raise NotRestorable(f"cannot build a wheel of envlock from {source}: {tail or 'pip failed'}",
-                                hint="install envlock into this environment from a wheel or a checkout "
-                                     "(pip install /path/to/envlock), which restore packs again")
+            raise NotRestorable(f"cannot build a wheel of envlock from {source}{' offline' if offline else ''}: "
+                                f"{tail or 'pip failed'}",
+                                hint=OFFLINE_HINT if offline else
+                                "install envlock into this environment from a wheel or a checkout "
+                                "(pip install /path/to/envlock), which restore packs again")
         with zipfile.ZipFile(built[0]) as zf:
             members = [wheelfile.Member(i.filename, zf.read(i), wheelfile.is_executable(i))
                        for i in zf.infolist()
@@ -117,8 +143,9 @@ def _build(source: Path, dest: Path) -> Path:
         return wheelfile.write(dest / built[0].name, members, dist_info)
 
 
-def own_wheel(dest: Path) -> Path:
-    """A wheel of the running envlock, written into ``dest`` (a directory that exists)."""
+def own_wheel(dest: Path, *, offline: bool = False) -> Path:
+    """A wheel of the running envlock, written into ``dest`` (a directory that exists);
+    ``offline``: built, if it must be, without fetching anything (``_build``)."""
     dist = _installed()
     if dist is not None:
         return _repack(dist, dest)
@@ -128,7 +155,7 @@ def own_wheel(dest: Path) -> Path:
             "the lock holds envlock, but the running envlock is neither installed with its RECORD "
             "nor a source tree, so restore has no wheel of it to put into the image",
             hint="run restore with an envlock installed by pip (from a wheel or a checkout)")
-    return _build(source, dest)
+    return _build(source, dest, offline=offline)
 
 
 def running_version() -> str:

@@ -15,20 +15,19 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import NotRestorable, UsageError
 from envlock.lock import Lock
-from envlock.probe import imageref
 from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
 
 if TYPE_CHECKING:
     from envlock.drift.result import Comparison
-    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.engine import ContainerEngine, ImageInfo
     from envlock.restore.progress import Progress
 
 
@@ -120,7 +119,7 @@ def wheel_inputs(lock: Lock, options: ctx.Options
     if len(others) != len(lock.packages):
         where = cache_dir() / cachedir.OWN_WHEELS
         where.mkdir(parents=True, exist_ok=True)
-        own = own_wheel(where)
+        own = own_wheel(where, offline=options.offline)
     return options, wheels_for, own
 
 
@@ -146,13 +145,28 @@ def options_key(options: ctx.Options) -> str:
 
 
 def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
-    """The labels that find the final image of a build of this context, and only it.
+    """The labels the image of a build of this context carries, checked on the image its tag
+    names (``tagged_image``).
 
     Podman puts build labels on every stage it commits, so the build stage (root, wheels,
     never verified) carries the context label too; only the final stage has the Dockerfile's
     own ``LABEL``s, the short id among them.
     """
     return {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_SHORT_ID: plan.short_id}
+
+
+def tagged_image(engine: ContainerEngine, tag: str, labels: Mapping[str, str]) -> ImageInfo | None:
+    """The image envlock's own ``tag`` names, when it carries ``labels``: what a restore reuses.
+
+    By the tag, checked by the labels, never by the labels alone: an image built ``FROM`` a
+    restored one inherits every label of it, so a user's image on top of the lock's (newer,
+    with files of its own) would be found first, tagged as the lock's and given its verdict.
+    Only envlock puts its tag on what it built; a moved tag names an image whose labels then
+    decide."""
+    found = engine.image(tag)
+    if found is None or any(found.labels.get(k) != v for k, v in labels.items()):
+        return None
+    return found
 
 
 def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
@@ -204,11 +218,9 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     with cachedir.hold(workdir, exclusive=True,
                        waiting=lambda: say(f"waiting for another restore of this lock ({workdir} is in use)")):
         cachedir.touch(workdir)
-        found = engine.find_image(cache_labels(plan, key)) if use_cache else None
+        found = tagged_image(engine, tag, cache_labels(plan, key)) if use_cache else None
         if found is not None:
             image_id, cached = found.id, True
-            if not any(imageref.same_ref(t, tag) for t in found.tags):
-                engine.tag(image_id, tag)
             say(f"cache hit: {tag} ({image_id[7:19]}) was built from this exact context; not rebuilding")
         else:
             # envlock's own context of an earlier build of this lock is replaced; anything else
@@ -246,10 +258,10 @@ def torch_layer(engine: ContainerEngine, plan: ctx.Plan, context_dir: Path, work
 
     key = dockerfile.torch_layer_key(plan)
     layer_tag = dockerfile.torch_layer_tag(key)
-    # By its tag, checked by its label: an image that merely inherits the label (a step of a
-    # build on top of the layer, left behind by a failed build) is not the layer.
-    found = engine.image(layer_tag) if use_cache else None
-    if found is not None and found.labels.get(dockerfile.LABEL_TORCH_LAYER) == key:
+    # An image that merely inherits the label (a step of a build on top of the layer, left
+    # behind by a failed build) is not the layer.
+    found = tagged_image(engine, layer_tag, {dockerfile.LABEL_TORCH_LAYER: key}) if use_cache else None
+    if found is not None:
         say(f"torch layer: reusing {layer_tag} ({found.id[7:19]}), built from the same torch wheels")
         return found.id
     say(f"building the torch layer {layer_tag} from {plan.base.display}")
