@@ -353,6 +353,11 @@ ISA = ("torch's kernels for another vector ISA round otherwise only where this C
        "without it (AVX-512 hosts may keep the same reduction order)")
 
 CASES = (
+    # Controls: nothing changed. The replay must reproduce, naming nothing (``expect`` is empty);
+    # in the second pass (``--twice``) another job has written the shared Inductor cache.
+    Case("control", "nothing changed", "main", lambda ws: Induced(), ()),
+    Case("control_compile", "nothing changed (torch.compile)", "compile", lambda ws: Induced(), ()),
+    Case("control_ranks", "nothing changed (two ranks)", "ranks", lambda ws: Induced(), ()),
     Case("omp_threads", "OMP_NUM_THREADS=1 (OpenMP: torch's intra-op pool, OpenBLAS)", "main",
          _env(OMP_NUM_THREADS="1"), ("ctx:env.OMP_NUM_THREADS",), machine=THREADS,
          brings=("ctx:determinism.env.OMP_NUM_THREADS", "ctx:determinism.num_threads", "ctx:native.runtimes.")),
