@@ -254,13 +254,17 @@ def signing_query_keys(keys: List[str]) -> Set[str]:
 # on average), a random token of base64 changes kind about every other character. Kept: hex,
 # with or without dashes (a commit, a digest, a UUID: what was fetched, not who may fetch it),
 # versions, paths and short values (the base64 of a short word). Measured on random tokens of
-# 20-48 characters: about 4% of base62/base64 ones and 17% of lower-case base36 ones read as
-# names; under a secret-named key (``secret_query_key``) every value goes whatever its shape.
+# 20-48 characters: about 1% of base62/base64 ones and 17% of lower-case base36 ones read as
+# names, and about 1% of run names joined without separators from short words and numbers
+# ("vLr442Data1620Run481") read as tokens; under a secret-named key (``secret_query_key``)
+# every value goes whatever its shape.
 TOKEN_MIN_LEN = 20
 _MAX_MEAN_RUN = 3
 _B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 _HEX_ID = re.compile(r"[0-9a-fA-F-]+")
-_RUNS = re.compile(r"[A-Z]+[a-z]*|[a-z]+|[0-9]+")
+# A run: a word in lower case or capitalised, a run of capitals (an acronym; its last capital
+# starts the next word when a lower-case letter follows: "HTTPServer"), a number.
+_RUNS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 # Keys whose value names what was fetched (?rev=, ?id=, ?sha=, ?version=): a value there is an
 # identifier, however random it looks (a Drive file id), and is not judged by its shape.
 _QUERY_ID_WORDS = frozenset(("ID", "IDS", "UUID", "REV", "REVISION", "REF", "SHA", "HASH", "DIGEST",
