@@ -16,14 +16,16 @@ What is drawn, each time with random lengths and characters within the real form
   harmless key), in a git remote's path and in a distribution's ``direct_url.json``;
 * **credentials by position**: random passwords as URL userinfo, values of secret query keys and
   path parameters (``?token=``, ``X-Amz-Signature``, ``X-Goog-Signature``, SAS ``sig``,
-  ``;token=``), fragments, token-in-path index hosts (Gemfury, conda ``/t/``, Cloudsmith,
+  ``;token=``), an opaque token under a query key that names no secret (``?private=``, in a git
+  remote too), a percent-encoded ``Policy`` of a presigned URL, fragments, token-in-path index hosts (Gemfury, conda ``/t/``, Cloudsmith,
   packagecloud) and token-shaped path segments of index variables on any host;
 * **secret-named variables** (random compositions of a recorded prefix, a qualifier and a
   secret noun, in upper, snake or camel case) whose value is also pasted into the note and
   into another variable (the last-line scrub);
 * **near-miss twins** that must come out verbatim: slugs and run directories that start like a
   token (``sk-learn-…``, ``dckr_pat_rotation-…``), public keys (``pk_live_…``), harmless query
-  keys that contain a secret word (``?author=``, ``?keyword=``), forum topics (``/t/<slug>/<id>``),
+  keys that contain a secret word (``?author=``, ``?keyword=``), ordinary query values (a commit,
+  a UUID, a version, ``?policy=strict``, a file name), forum topics (``/t/<slug>/<id>``),
   index paths with GUIDs and project ids, settings named after a secret (``*_TOKEN_PATH``,
   ``*_AUTH_TIMEOUT``, ``PRIVATE_REGISTRY``), and an ``--image`` reference naming the registry
   that ``PRIVATE_REGISTRY`` holds.
@@ -211,7 +213,7 @@ def leaks(rng: random.Random, k: int) -> list[Case]:
         out.append(Case(shape, "direct-url", f"https://dl-{_s(rng, LOWER_DIGITS, 5)}.example/w/{t}/x-1.0-py3-none-any.whl",
                         secret=t))
     positions = ["userinfo", "query", "path-param", "fragment", "fury", "conda", "cloudsmith", "packagecloud",
-                 "scp-remote", "index-path"]
+                 "scp-remote", "index-path", "query-shape", "presigned-policy"]
     for pos in [p for p in positions for _ in range(k)]:
         host = f"h-{_s(rng, LOWER_DIGITS, 6)}.example"
         c = _credential(rng)
@@ -233,6 +235,13 @@ def leaks(rng: random.Random, k: int) -> list[Case]:
             value = f"https://dl.cloudsmith.io/{c}/org/repo/python/simple/"
         elif pos == "packagecloud":
             value = f"https://packagecloud.io/priv/{c}/org/repo/pypi/simple"
+        elif pos == "query-shape":  # an opaque token under a key that names no secret
+            c = _s(rng, ALNUM, 24, 40) + rng.choice(string.digits) + rng.choice(string.ascii_uppercase)
+            value = f"https://{host}/lab/paper.git?{rng.choice([*SAFE_QUERY_KEYS, 'private', 't', 'state'])}={c}&ref=main"
+        elif pos == "presigned-policy":  # a percent-encoded policy beside a SigV4 credential
+            c = f"%7B%22Resource%22%3A%22https%3A%2F%2F{host}%2F{_s(rng, LOWER_DIGITS, 10)}%22%7D"
+            value = (f"https://{host}/w.whl?X-Amz-Credential=AKIA{_s(rng, HEX.upper(), 16)}%2F20260101"
+                     f"&Policy={c}&X-Amz-Signature={_s(rng, HEX, 64)}")
         elif pos == "scp-remote":
             value = f"deploy:{c}@{host}:lab/p.git"
         else:
@@ -240,7 +249,7 @@ def leaks(rng: random.Random, k: int) -> list[Case]:
             value = f"http://127.0.0.1:{rng.randint(1024, 65535)}/{c}/{rng.choice(WORDS)}/simple"
         where = rng.choice(["env", "note", "git"]) if pos not in ("index-path",) else "env"
         name = "PIP_EXTRA_INDEX_URL" if pos == "index-path" else "TORCH_ADV_URL_" + _s(rng, string.ascii_uppercase, 6)
-        if where == "git" and pos in ("query", "fragment", "path-param"):
+        if where == "git" and pos in ("query", "fragment", "path-param", "presigned-policy"):
             where = "note"
         out.append(Case(f"url-{pos}", where, value if where != "note" else f"see {value} for it", name=name, secret=c))
     for _ in range(k * 3):
@@ -269,6 +278,12 @@ def twins(rng: random.Random, k: int, tmp: Path) -> list[Case]:
                                                             "ya29.short", "eyJhbGciOiJIUzI1NiJ9"])))
         key = rng.choice(SAFE_QUERY_KEYS)
         out.append(Case("safe-query-key", "env", f"https://h-{_s(rng, LOWER_DIGITS, 5)}.example/search?{key}={rng.choice(WORDS)}&page={rng.randint(1, 99)}",
+                        name="TORCH_ADV_Q_" + _s(rng, string.ascii_uppercase, 6)))
+        sha, uuid = _s(rng, HEX, 40), "-".join(_s(rng, HEX, n) for n in (8, 4, 4, 4, 12))
+        out.append(Case("query-value-twin", rng.choice(["env", "git"]),
+                        f"https://h-{_s(rng, LOWER_DIGITS, 5)}.example/lab/paper.git?rev={sha}&private={uuid}"
+                        f"&v={rng.randint(0, 9)}.{rng.randint(0, 99)}.{rng.randint(0, 9)}&policy=strict"
+                        f"&ckpt={'_'.join(_words(rng))}.pt",
                         name="TORCH_ADV_Q_" + _s(rng, string.ascii_uppercase, 6)))
         slug = "-".join(_words(rng))
         out.append(Case("forum-topic", "note",

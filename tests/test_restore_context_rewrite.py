@@ -30,3 +30,18 @@ def test_twin_a_file_of_the_user_next_to_it_still_refuses(tmp_path: Path) -> Non
     (tmp_path / "ctx" / ".envlock-context").unlink()
     with pytest.raises(UsageError):
         outdir.write(tmp_path / "ctx", {"Dockerfile": "FROM z\n"}, {}, force=True)
+
+
+def test_a_file_envlock_wrote_and_no_longer_writes_goes(tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    outdir.write(ctx, {"Dockerfile": "FROM x\n", "requirements/old.txt": "six\n"}, {})
+    (ctx / "requirements" / "mine.txt").write_text("mine\n")
+    said: list[str] = []
+    outdir.write(ctx, {"Dockerfile": "FROM y\n"}, {}, force=True, say=said.append)
+    assert not (ctx / "requirements" / "old.txt").exists()
+    assert (ctx / "requirements" / "mine.txt").read_text() == "mine\n"
+    assert (ctx / "Dockerfile").read_text() == "FROM y\n"
+    assert said and "requirements/mine.txt" in said[0]
+    outdir.write(ctx, {"Dockerfile": "FROM z\n"}, {}, force=True)
+    assert set(outdir.read_manifest(ctx)) == {"Dockerfile"}
+

@@ -180,7 +180,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         # No engine: the text for any builder (the classic one's), or with ENVLOCK_BUILDER=cli the
         # one that mounts the wheels, for BuildKit or Podman.
         opts = dataclasses.replace(opts, mounts=clibuild.setting() == "cli")
-        plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force)
+        plan = write_dockerfile_only(lock, opts, Path(args.dockerfile_only), force=args.force, say=say)
         for note in plan.notes:
             say(note if note.startswith("warning: ") else f"note: {note}")
         where = shlex.quote(str(args.dockerfile_only))

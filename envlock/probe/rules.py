@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 # What a redacted value reads as, in the probe's document and in a lock.
 REDACTED = "<redacted>"
@@ -205,6 +205,92 @@ def secret_query_key(key: str) -> bool:
     if words == ["CODE"]:
         return True
     return _names_a_secret(words) or any(w in _QUERY_SECRET_WORDS for w in words)
+
+
+# Presigned URLs: a URL signed by a cloud store carries its access key, the signed policy and
+# the signature in its query. Once one family's marker key is present, the URL is presigned and
+# every signing parameter of every family goes, whatever its own name and shape (a ``Policy``
+# beside an ``X-Amz-Credential``, a SigV4 ``X-Amz-Date``): together they are a grant, the key
+# names the account, and a URL mixing two schemes is no less signed. On a URL without a marker
+# the same names are ordinary words (``?policy=strict``, ``?expires=never``, ``?sp=1``) and stay:
+# alone they grant nothing, and a query value shaped like a token goes by its shape anyway.
+# (markers, keys, key prefixes), all lower case; a key is compared after percent-decoding.
+_AZURE_SAS = ("sv", "ss", "srt", "sp", "se", "st", "spr", "sip", "si", "sr", "sdd", "sig", "skoid",
+              "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid", "ses", "rscc", "rscd",
+              "rsce", "rscl", "rsct")
+PRESIGNED_QUERY = (
+    # AWS Signature Version 4 and Google Cloud Storage V4: every X-Amz-* / X-Goog-* parameter.
+    (("x-amz-signature", "x-amz-credential"), (), ("x-amz-",)),
+    (("x-goog-signature", "x-goog-credential"), (), ("x-goog-",)),
+    # AWS Signature Version 2 and Google Cloud Storage V2.
+    (("awsaccesskeyid",), ("awsaccesskeyid", "signature", "expires", "x-amz-security-token"), ()),
+    (("googleaccessid",), ("googleaccessid", "signature", "expires"), ()),
+    # CloudFront signed URLs (canned or custom policy).
+    (("key-pair-id",), ("key-pair-id", "policy", "signature", "expires"), ()),
+    # Azure shared access signatures.
+    (("sig",), _AZURE_SAS, ()),
+)
+
+
+_SIGNING_NAMES = frozenset(n for _, names, _ in PRESIGNED_QUERY for n in names)
+_SIGNING_PREFIXES = tuple(p for _, _, prefixes in PRESIGNED_QUERY for p in prefixes)
+
+
+def signing_query_keys(keys: List[str]) -> Set[str]:
+    """Which of a URL's query ``keys`` (percent-decoded) are the parameters of a presigned URL's
+    signature (``PRESIGNED_QUERY``), as given; empty for a URL that is not presigned."""
+    lower = [k.lower() for k in keys]
+    if not any(low in markers for low in lower for markers, _, _ in PRESIGNED_QUERY):
+        return set()
+    return {k for k, low in zip(keys, lower)  # noqa: B905 (3.8)
+            if low in _SIGNING_NAMES or low.startswith(_SIGNING_PREFIXES)}
+
+
+# A credential by its shape alone, under a query key that names no secret (``?private=``,
+# ``?t=``): one word of the bearer-token alphabet (RFC 6750: letters, digits, ``-._~+/``, then
+# "=" padding), TOKEN_MIN_LEN characters or more, that ``could_be_credential`` and whose runs of
+# one kind (capitalised or lower-case letters, digits) are short, as in a random string: a run
+# name joins words ("ModelV2Epoch10Seed42", "resnet50_imagenet_epoch90.ckpt": runs of 4 or more
+# on average), a random token of base64 changes kind about every other character. Kept: hex,
+# with or without dashes (a commit, a digest, a UUID: what was fetched, not who may fetch it),
+# versions, paths and short values (the base64 of a short word). Measured on random tokens of
+# 20-48 characters: about 1% of base62/base64 ones and 17% of lower-case base36 ones read as
+# names, and about 1% of run names joined without separators from short words and numbers
+# ("vLr442Data1620Run481") read as tokens; under a secret-named key (``secret_query_key``)
+# every value goes whatever its shape.
+TOKEN_MIN_LEN = 20
+_MAX_MEAN_RUN = 3
+_B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+_HEX_ID = re.compile(r"[0-9a-fA-F-]+")
+# A run: a word in lower case or capitalised, a run of capitals (an acronym; its last capital
+# starts the next word when a lower-case letter follows: "HTTPServer"), a number.
+_RUNS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+# Keys whose value names what was fetched (?rev=, ?id=, ?sha=, ?version=): a value there is an
+# identifier, however random it looks (a Drive file id), and is not judged by its shape.
+_QUERY_ID_WORDS = frozenset(("ID", "IDS", "UUID", "REV", "REVISION", "REF", "SHA", "HASH", "DIGEST",
+                             "COMMIT", "VERSION", "ETAG", "CHECKSUM"))
+
+
+def token_shaped(value: str) -> bool:
+    """True when ``value`` is shaped like a generated token (see the rule above)."""
+    if len(value) < TOKEN_MIN_LEN or not _B64TOKEN.fullmatch(value) or _HEX_ID.fullmatch(value):
+        return False
+    if not could_be_credential(value):
+        return False
+    body = re.sub(r"[^A-Za-z0-9]", "", value)
+    runs = _RUNS.findall(body)
+    return any(c.isdigit() for c in body) and any(c.isalpha() for c in body) \
+        and len(body) <= _MAX_MEAN_RUN * len(runs)
+
+
+def query_value_secret(key: str, value: str) -> bool:
+    """True when a query item (key and value percent-decoded) of a URL that is not presigned
+    holds a credential: its key names one (``secret_query_key``), or its value is shaped like a
+    token under a key that does not name an identifier."""
+    if secret_query_key(key):
+        return True
+    words = _name_words(key)
+    return not (words and words[-1] in _QUERY_ID_WORDS) and token_shaped(value)
 
 
 def canonicalize_name(name: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from .rules import (
     INDEX_VARIABLES,
@@ -28,7 +28,8 @@ from .rules import (
     REDACTED,
     could_be_credential,
     looks_secret,
-    secret_query_key,
+    query_value_secret,
+    signing_query_keys,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -57,8 +58,10 @@ _SCP_WORD = r"(?<![^\s\"'<>`])[^\s\"'<>`]*@[^\s\"'<>`]*"
 _SCP_KEEP = r"[^:@/=(,;]*[=(,;]"
 _SCP_HOST = r"[A-Za-z0-9][A-Za-z0-9.-]*:(?=\S)"
 _SCHEME = r"([A-Za-z][A-Za-z0-9+.-]*)://"
-# Which query keys hold a credential is ``rules.secret_query_key`` (whole words of the key:
-# ?token=, ?X-Amz-Signature=, ?sig=, but not ?author= or ?keyword=).
+# Which query items hold a credential is ``rules.query_value_secret`` (whole words of the key:
+# ?token=, ?X-Amz-Signature=, ?sig=, but not ?author= or ?keyword=; and a value shaped like a
+# token under any key but an identifier's), and which are a presigned URL's signature,
+# ``rules.signing_query_keys``.
 # Fragments pip gives meaning to; every other fragment is dropped (#token=..., #access_token=).
 _SAFE_FRAGMENT_KEYS = ("egg", "subdirectory", "sha1", "sha224", "sha256", "sha384", "sha512", "md5")
 # Users that name a service account, not a person or a token (git@github.com:org/repo.git).
@@ -128,16 +131,21 @@ _TOKEN_SHAPES_RE = re.compile(r"\b(?:" + "|".join(_TOKEN_SHAPES) + ")")
 
 
 def _strip_query(query: str) -> str:
+    """A query without its credentials: the values of secret keys and token-shaped values
+    (``rules.query_value_secret``), and every signature parameter of a presigned URL
+    (``rules.signing_query_keys``)."""
+    items = [item.partition("=") for item in query.split("&")]
+    signing = signing_query_keys([_unquote(key) for key, eq, _ in items if eq])
     out = []
-    for item in query.split("&"):
-        key, eq, value = item.partition("=")
+    for key, eq, value in items:
         if not eq:
             # A bare item (?TOKEN) has no name to judge it by: it goes unless empty.
             out.append(REDACTED if key and key != REDACTED else key)
-        elif value and value != REDACTED and secret_query_key(_unquote(key)):
+        elif value and value != REDACTED and (_unquote(key) in signing
+                                              or query_value_secret(_unquote(key), _unquote(value))):
             out.append(key + "=" + REDACTED)
         else:
-            out.append(item)
+            out.append(key + eq + value)
     return "&".join(out)
 
 
@@ -148,7 +156,7 @@ def _path_params(path: str) -> str:
 
     def one(m: "re.Match[str]") -> str:
         key, value = m.group(1), m.group(2)
-        if value and value != REDACTED and secret_query_key(_unquote(key)):
+        if value and value != REDACTED and query_value_secret(_unquote(key), _unquote(value)):
             return ";" + key + "=" + REDACTED
         return m.group(0)
 
@@ -408,14 +416,25 @@ def url_tokens(value: str, index: bool) -> List[str]:
         kept = strip_index_url(url) if index else strip_url(url)
         if kept == url:
             continue
-        # What was removed: the pieces of the URL that are not in what was kept.
+        # What was removed: the pieces of the URL that are not in what was kept; not the values
+        # of a presigned URL's signing parameters that are no credential by key or shape (its
+        # date, algorithm or expiry: removed from the URL, but no secret to hunt elsewhere).
         pieces = re.split(r"[/?&;=]", url.partition("://")[2])
-        left = set(re.split(r"[/?&;=]", kept.partition("://")[2]))
+        left = set(re.split(r"[/?&;=]", kept.partition("://")[2])) | _signing_only_values(url)
         for piece in pieces:
             if piece in left or "@" in piece or not could_be_credential(piece):
                 continue
             out += [piece, _unquote(piece)]
     return out
+
+
+def _signing_only_values(url: str) -> Set[str]:
+    """The values of ``url``'s presigned signing parameters whose key and shape are no
+    credential's (``X-Amz-Date``, ``X-Amz-Algorithm``), as written."""
+    items = [item.partition("=") for item in url.partition("?")[2].split("&")]
+    signing = signing_query_keys([_unquote(key) for key, eq, _ in items if eq])
+    return {value for key, eq, value in items
+            if eq and _unquote(key) in signing and not query_value_secret(_unquote(key), _unquote(value))}
 
 
 # ---------------------------------------------------------------------------------------------

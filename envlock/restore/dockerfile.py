@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -539,14 +539,16 @@ def context_key(plan: Plan, rendered: Mapping[str, str] | None = None) -> str:
 
 
 def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | None = None,
-                  *, force: bool = False) -> Path:
+                  *, force: bool = False, say: Callable[[str], None] | None = None) -> Path:
     """Write the build context to ``directory``: new, empty, or (with ``force``) one envlock made.
 
     See ``envlock.restore.outdir``: nothing is written through a link, nothing of the user's is
-    removed.
+    removed (``say`` hears which of the user's files were kept). The wheels are hashed through
+    ``_digest``, once per process with the context's key.
     """
     rendered = rendered if rendered is not None else render(plan)
-    return outdir.write(Path(directory), rendered, context_binaries(plan), force=force)
+    return outdir.write(Path(directory), rendered, context_binaries(plan), force=force, digest=_digest,
+                        say=say)
 
 
 def image_tag_name(plan: Plan) -> str:

@@ -124,9 +124,9 @@ def wheel_inputs(lock: Lock, options: ctx.Options
 
 
 def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
-                          force: bool = False) -> ctx.Plan:
+                          force: bool = False, say: Callable[[str], None] | None = None) -> ctx.Plan:
     plan, rendered = prepare(lock, options, None)
-    dockerfile.write_context(plan, directory, rendered, force=force)
+    dockerfile.write_context(plan, directory, rendered, force=force, say=say)
     return plan
 
 
@@ -225,7 +225,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         else:
             # envlock's own context of an earlier build of this lock is replaced; anything else
             # at that place (a user's --context-dir) is refused.
-            dockerfile.write_context(plan, context_dir, rendered, force=True)
+            dockerfile.write_context(plan, context_dir, rendered, force=True, say=say)
             log_path = workdir / "build.log"
             build_kw: dict[str, Any] = {} if network else {"network": False}
             if plan.split_torch:
