@@ -334,7 +334,7 @@ def from_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple
         started.append((list(argv), dict(kw.get("env") or os.environ)))
         return real(argv, **kw)
 
-    monkeypatch.setattr(ownwheel.subprocess, "run", observed)
+    monkeypatch.setattr(subprocess, "run", observed)  # the module ownwheel calls through
     return started
 
 
