@@ -10,6 +10,7 @@ runtime import it too, so it imports no collector.
 
 from __future__ import annotations
 
+import os
 import re
 from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -243,7 +244,18 @@ PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 # likewise, and so is the ``TORCHINDUCTOR_CACHE_DIR`` envlock set to that directory
 # (``compilecache.set_by_envlock``, judged by its value in ``env.collect_env``).
 ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR, "ENVLOCK_COMPILE_CACHE_OUT",
-                    "ENVLOCK_COMPILE_CACHE_LOADED", "ENVLOCK_COMPILE_CACHE_DIR")
+                    "ENVLOCK_COMPILE_CACHE_LOADED", "ENVLOCK_COMPILE_CACHE_DIR", "ENVLOCK_TRACE",
+                    "ENVLOCK_TRACE_HOOK")
+
+
+def without_trace_hook(value: str, hook: Optional[str] = None) -> str:
+    """``PYTHONPATH`` as the user set it: without the directory of envlock's start-up hook
+    (``probe/startup``, named by ``ENVLOCK_TRACE_HOOK``) that a recorded run prepends, which
+    would otherwise be a difference between a traced run and any other."""
+    hook = os.environ.get("ENVLOCK_TRACE_HOOK") if hook is None else hook
+    if not hook:
+        return value
+    return os.pathsep.join(p for p in value.split(os.pathsep) if p != hook)
 
 
 def rank_journal(path: str, rank: int) -> str:
