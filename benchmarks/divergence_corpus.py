@@ -613,6 +613,8 @@ def named(verdict: dict[str, Any]) -> list[str]:
         ranks = c.get("ranks") or []
         out.append(f"ctx:{c['key']}" + "".join(f"@{r}" for r in ranks))
     out += [f"input:{d['name']}" for d in verdict.get("inputs", [])]
+    out += [f"read:{r['name']}" if r["what"] == "file" else f"ctx:env.{r['name']}"
+            for r in verdict.get("reads", [])]
     return out
 
 

@@ -19,8 +19,9 @@ the workspace were invisible. This module observes them in the recorded process 
 * state: CPU affinity, the cgroup's CPU quota, torch's default dtype and what
   ``torch.set_flush_denormal`` was last called with (torch has no getter, and the MXCSR bits
   cannot be read from Python without machine code: the call is observed by wrapping the
-  function once torch is imported; a process that never called it reports torch's default,
-  off).
+  function at the first file opened after torch's import ended; a process that never called it
+  reports torch's default, off, and one whose wrapper was not in place by its first
+  ``envlock.record`` call reports nothing rather than a guess).
 
 At exit the trace is written as JSON to ``$ENVLOCK_TRACE/<pid>.json`` (a private directory
 envlock made for the run); ``envlock`` reads every process's file when the command has ended
@@ -175,7 +176,6 @@ class _Tracer:
 
     def document(self) -> Dict[str, Any]:
         import sysconfig
-        import tempfile
 
         self.take_state()
         self.paused += 1
@@ -190,7 +190,6 @@ class _Tracer:
             "argv": list(sys.argv), "recorded": self.recorded, "read": sorted(read - self.written), "written": sorted(self.written),
             "env": self.env, "spawned": self.spawned, "state": self.state,
             "stdlib": sorted({paths["stdlib"], paths["platstdlib"]}),
-            "tempdir": tempfile.gettempdir(),
         }
 
     def write(self) -> None:
@@ -238,7 +237,8 @@ def _state(tracer: _Tracer) -> Dict[str, Any]:
             out["default_dtype"] = str(torch.get_default_dtype()).replace("torch.", "")
         except Exception:
             pass
-        out["flush_denormal"] = bool(tracer.flush_denormal)
+        if tracer.torch_wrapped:  # else a call before the wrapper could have been missed
+            out["flush_denormal"] = bool(tracer.flush_denormal)
     return out
 
 

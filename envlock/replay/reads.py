@@ -17,6 +17,9 @@ command ended, their reads are joined, filtered and hashed:
   (``sample_sha256``: the first and last MiB), and every other variable by its value as the
   lock scrubs it (a secret as ``sha256:<16 hex>`` of its value: a changed token still shows,
   its value never does);
+* left out, as not there when the run ended: an open that failed (``importlib.metadata`` tries
+  every distribution's ``entry_points.txt``) or a scratch file gone since; a file only one of
+  two runs found is named all the same, from the other's record;
 * the programs of child processes that are not Python, which nothing traced, are named.
 
 The process-wide facts a trace takes (CPU affinity and quota, torch's default dtype, what
@@ -240,12 +243,9 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     traces = load_traces(directory)
     written: set[str] = set()
     stdlib: set[str] = set()
-    temps: set[str] = set()
     for doc in traces:
         written.update(os.path.normpath(p) for p in _strings(doc, "written"))
         stdlib.update(_strings(doc, "stdlib"))
-        if isinstance(doc.get("tempdir"), str):
-            temps.add(doc["tempdir"])
     own = [str(Path(__file__).resolve().parents[1]), str(directory.parent), *exclude]
     skipped = set(skip)
     dists = _Distributions()
@@ -257,9 +257,9 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
         try:
             st = os.stat(path)
         except OSError:
-            if _under(path, temps):
-                continue  # a temporary file gone by now: someone's scratch, never a cause
-            wanted.append(path)
+            # Not there: an open that failed (importlib.metadata tries every distribution's
+            # entry_points.txt), or a scratch file gone since. A file only one run found is
+            # still named: the other run's record lists it.
             continue
         if not os.path.isfile(path) or dists.listed(path, st.st_size):
             continue
