@@ -294,3 +294,62 @@ print(base, traced)
     # An open() costs tens of microseconds here; the hook adds a set insertion (the bound is loose:
     # the machine is shared, and the figure is the benchmark's, benchmarks/trace.py).
     assert (traced - base) / 20000 < 10e-6, (base, traced)
+
+
+WORKERS = """
+import multiprocessing as mp
+import envlock
+
+def work(name, out):
+    out.put(len(open(name).read()))
+
+if __name__ == "__main__":
+    got = []
+    for method, name in (("spawn", "spawned.txt"), ("fork", "forked.txt")):
+        ctx = mp.get_context(method)
+        out = ctx.Queue()
+        worker = ctx.Process(target=work, args=(name, out))  # as a DataLoader starts its workers
+        worker.start()
+        got.append(out.get())
+        worker.join()
+    envlock.record(0, loss=float(sum(got)))
+"""
+
+
+def test_dataloader_style_workers_are_traced_spawned_and_forked(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes read the data: a spawned one traces itself through the start-up hook,
+    a forked one keeps a trace of its own and writes it when multiprocessing ends it (a worker
+    killed by a signal, as ``Pool.terminate`` does, writes none)."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text(WORKERS)
+    (root / "spawned.txt").write_text("a")
+    (root / "forked.txt").write_text("bb")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    _record()
+    reads = load("run.record").reads
+    assert reads is not None and {"spawned.txt", "forked.txt"} <= set(reads.files)
+    assert reads.processes >= 3
+
+
+def test_the_start_up_hook_hands_on_to_the_environments_sitecustomize(tmp_path: Path) -> None:
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['SITE_RAN'] = 'yes'\n")
+    (tmp_path / "traces").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([trace.hook_dir(), str(own)]),
+           "ENVLOCK_TRACE": str(tmp_path / "traces")}
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('SITE_RAN'), "
+                          "'_envlock_trace' in sys.modules)"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["yes", "True"]
+    assert len(list((tmp_path / "traces").glob("*.json"))) == 1
+    # Without ENVLOCK_TRACE the hook only hands on.
+    del env["ENVLOCK_TRACE"]
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('SITE_RAN'), "
+                          "'_envlock_trace' in sys.modules)"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["yes", "False"]

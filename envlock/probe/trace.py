@@ -213,11 +213,20 @@ class _Tracer:
         self.state = None
         self.recorded = False
         mp = sys.modules.get("multiprocessing.util")
-        if mp is not None:  # a multiprocessing child leaves through os._exit, past atexit
+        if mp is not None:
+            # A multiprocessing child leaves through os._exit, past atexit; its bootstrap
+            # clears the finalizers it inherited, then runs the after-fork hooks, which
+            # register the one that writes this trace.
             try:
-                mp.Finalize(None, self.write, exitpriority=0)
+                mp.register_after_fork(self, _finalize_at_exit)
             except Exception:
                 pass
+
+
+def _finalize_at_exit(tracer: _Tracer) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, tracer.write, exitpriority=0)
 
 
 def _state(tracer: _Tracer) -> Dict[str, Any]:
