@@ -353,3 +353,24 @@ def test_the_start_up_hook_hands_on_to_the_environments_sitecustomize(tmp_path: 
                           "'_envlock_trace' in sys.modules)"], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["yes", "False"]
+
+
+def test_a_variable_is_read_by_name_not_by_copying_the_environment(tmp_path: Path) -> None:
+    """``{**os.environ, ...}``, ``dict(os.environ)``, ``.copy()``, ``.items()`` (a child started
+    with one more variable) read no variable by name: every variable of the shell would
+    otherwise be a cause. ``[]``, ``.get``, ``getenv`` and ``in`` do."""
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+os.environ.copy(); dict(os.environ); list(os.environ.items()); list(os.environ.values())
+child = {{**os.environ, "EXTRA": "1"}}
+{{}}.update(os.environ)
+os.environ.get("TRACE_A"); os.getenv("TRACE_B"); "TRACE_C" in os.environ; os.environ["TRACE_D"]
+print(json.dumps(t.env))
+"""
+    env = {**os.environ, "TRACE_B": "b", "TRACE_D": "d", "UNRELATED": "x"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == {"TRACE_A": None, "TRACE_B": "b", "TRACE_C": None, "TRACE_D": "d"}

@@ -12,7 +12,9 @@ the workspace were invisible. This module observes them in the recorded process 
   (loaded by ``dlopen``, which raises no event) are taken from ``sys.modules`` at exit;
 * variables: ``os.environ`` becomes an instance of a subclass of its own class whose
   ``__getitem__``/``__contains__``/``get`` note the name (and the value it had when first
-  read), so ``os.getenv``, ``os.environ.get`` and ``os.environ[...]`` are seen;
+  read), so ``os.getenv``, ``os.environ.get`` and ``os.environ[...]`` are seen; going over the
+  whole environment (``copy()``, ``items()``, ``dict(os.environ)``) reads no variable by name and
+  is not noted;
 * children: the ``subprocess.Popen``, ``os.exec`` and ``os.posix_spawn`` events give the program
   each child runs; a Python child traces itself through the start-up hook
   (``probe/startup/sitecustomize.py``), any other is listed as not traced;
@@ -79,6 +81,9 @@ class _Tracer:
         self.torch_wrapped = False
         # Whether ``envlock.record`` (rank 0) ran here: its process facts are the record's.
         self.recorded = False
+        # The keys ``os.environ.keys()`` last gave, while they are looked up in order.
+        self.bulk: Optional[List[str]] = None
+        self.bulk_at = 0
 
     # -- the audit hook: cheap, never raises ----------------------------------------------------
 
@@ -269,6 +274,15 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
 
     class TracedEnviron(base):  # type: ignore[misc]
         def __getitem__(self, key: Any) -> Any:
+            bulk = tracer.bulk
+            if bulk is not None:  # the lookups that follow keys(): dict(os.environ), {**os.environ}
+                at = tracer.bulk_at
+                if at < len(bulk) and bulk[at] == key:
+                    tracer.bulk_at = at + 1
+                    if at + 1 == len(bulk):
+                        tracer.bulk = None
+                    return super().__getitem__(key)
+                tracer.bulk = None
             try:
                 value = super().__getitem__(key)
             except KeyError:
@@ -290,6 +304,29 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
                 return self[key]
             except KeyError:
                 return default
+
+        # Going over the whole environment (``os.environ.copy()`` or ``{**os.environ, ...}``
+        # to start a child with one more variable, ``dict(os.environ)``, ``.items()``) is no
+        # read of each variable: every variable of the shell would be a cause. Only a lookup
+        # by name is. ``dict()`` and ``**`` call ``keys()``, then look each key up in order:
+        # those lookups are passed over (``bulk``).
+        def _snapshot(self) -> Dict[str, str]:
+            decodekey, decodevalue = self.decodekey, self.decodevalue
+            return {decodekey(k): decodevalue(v) for k, v in self._data.items()}
+
+        def keys(self) -> Any:
+            tracer.bulk = [self.decodekey(k) for k in self._data]
+            tracer.bulk_at = 0
+            return super().keys()
+
+        def copy(self) -> Dict[str, str]:
+            return self._snapshot()
+
+        def items(self) -> Any:
+            return self._snapshot().items()
+
+        def values(self) -> Any:
+            return self._snapshot().values()
 
     return TracedEnviron
 
