@@ -374,3 +374,18 @@ print(json.dumps(t.env))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == {"TRACE_A": None, "TRACE_B": "b", "TRACE_C": None, "TRACE_D": "d"}
+
+
+def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
+    """torchrun picks a free MASTER_PORT for each run, Slurm a job id: a run reads them, and
+    they differ between any two runs; the variables around them are kept."""
+    from envlock.replay.reads import collect
+
+    traces = tmp_path / "journal" / "trace"
+    traces.mkdir(parents=True)
+    env = {"MASTER_PORT": "29517", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": "x1",
+           "SLURM_JOB_ID": "4242", "LOCAL_RANK": "0", "LR": "0.1", "DATA_ROOT": None}
+    (traces / "100.json").write_text(json.dumps({"pid": 100, "ppid": 1, "env": env, "read": [],
+                                                 "written": [], "spawned": [], "stdlib": []}))
+    reads, _ = collect(traces, tmp_path)
+    assert reads.variables == {"LR": "0.1"} and reads.unset == ["DATA_ROOT"]

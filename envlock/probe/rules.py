@@ -248,6 +248,20 @@ ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR, "ENVLO
                     "ENVLOCK_TRACE_HOOK")
 
 
+# Set by a launcher for each run (torchrun, Slurm): where and which rank, a free port, a job's
+# id. A run reads them, and they differ between any two runs without changing a number (the
+# rank and world size are compared as ``process.rank``/``process.world_size``): a trace of
+# what a run read leaves them out (``replay.reads``).
+LAUNCHER_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE")
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_")
+
+
+def launcher_variable(name: str) -> bool:
+    """Whether a launcher sets ``name`` anew for each run (``LAUNCHER_NAMES``)."""
+    return name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES)
+
+
 def without_trace_hook(value: str, hook: Optional[str] = None) -> str:
     """``PYTHONPATH`` as the user set it: without the directory of envlock's start-up hook
     (``probe/startup``, named by ``ENVLOCK_TRACE_HOOK``) that a recorded run prepends, which

@@ -191,6 +191,7 @@ def _variables(traces: Sequence[Mapping[str, Any]], hook: str | None) -> tuple[d
     value), scrubbed as the lock scrubs them; and those looked up unset."""
     from envlock.probe.rules import (
         ENV_NOT_RECORDED,
+        launcher_variable,
         looks_secret,
         recorded_name,
         without_trace_hook,
@@ -208,7 +209,7 @@ def _variables(traces: Sequence[Mapping[str, Any]], hook: str | None) -> tuple[d
     unset: list[str] = []
     for name, value in sorted(found.items()):
         if (recorded_name(name) or name in ENV_NOT_RECORDED or name.startswith("ENVLOCK_")
-                or not holds(name) or len(name) > 200):
+                or launcher_variable(name) or not holds(name) or len(name) > 200):
             continue
         if value is None:
             unset.append(name)
