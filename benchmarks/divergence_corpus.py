@@ -393,7 +393,9 @@ CASES = (
     Case("hf_revision", "the Hugging Face cache's main moved to another commit", "main",
          _hf_revision, ("input:hf:models/corpus/model@main",)),
     Case("package_version", "a package of the environment upgraded in place (1.0 -> 1.1)", "main",
-         _package, ("ctx:packages.corpuspkg",)),
+         _package, ("ctx:packages.corpuspkg",),
+         # Its module changed with it, and its RECORD is empty: nothing vouches for the file.
+         brings=("read:corpuspkg/__init__.py",)),
     Case("edited_script", "the learning rate edited in train.py", "main",
          _edit("train.py", "lr = LR * (1", "lr = 1.2 * LR * (1"), ("file:train.py",), brings=("tree",)),
     Case("edited_module", "a module of the project edited (helpers.py)", "main",
@@ -668,6 +670,8 @@ def named(verdict: dict[str, Any]) -> list[str]:
         ranks = c.get("ranks") or []
         out.append(f"ctx:{c['key']}" + "".join(f"@{r}" for r in ranks))
     out += [f"input:{d['name']}" for d in verdict.get("inputs", [])]
+    out += [f"read:{r['name']}" if r["what"] == "file" else f"ctx:env.{r['name']}"
+            for r in verdict.get("reads", [])]
     return out
 
 

@@ -41,6 +41,18 @@ def test_a_verdict_is_read_in_the_corpus_spelling() -> None:
                                      "ctx:native.libgomp.path", "input:data.npy"]
 
 
+def test_what_the_run_read_is_read_in_the_corpus_spelling() -> None:
+    """A file the two runs read differently is ``read:PATH``, a variable ``ctx:env.NAME``: the
+    spellings the trace's cases expect."""
+    verdict = {"divergences": [{"what": "step"}],
+               "reads": [{"what": "file", "name": "/x/site/corpuspkg/__init__.py", "original": "sha256 a",
+                          "replay": "sha256 b"},
+                         {"what": "variable", "name": "CORPUS_LR", "original": None, "replay": "0.06"}]}
+    assert corpus.named(verdict) == ["read:/x/site/corpuspkg/__init__.py", "ctx:env.CORPUS_LR"]
+    assert corpus.explained(verdict, ("read:corpuspkg/__init__.py",))
+    assert corpus.explained(verdict, ("ctx:env.CORPUS_LR",))
+
+
 @pytest.mark.parametrize(("expect", "found"), [
     (("file:train.py",), True), (("file:helpers.py",), False), (("command",), True),
     (("ctx:env.OMP_NUM_THREADS@1",), True), (("ctx:env.OMP_NUM_THREADS@2",), False),

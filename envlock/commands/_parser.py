@@ -299,7 +299,14 @@ def _compile_cache_options(g: argparse._ActionsContainer, *, save: bool) -> None
                             "envlock.save_compile_cache()) and written to FILE")
 
 
+def _trace_option(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--no-trace", action="store_true",
+                   help="do not trace which files and variables the run's processes read (the replay "
+                        "then cannot name a changed config, checkpoint or variable)")
+
+
 def _record_options(g: argparse._ActionsContainer) -> None:
+    _trace_option(g)
     g.add_argument("--output", action="append", metavar="PATH",
                    help="a file or directory the command writes (relative to the workspace); repeatable")
     g.add_argument("--input", action="append", metavar="PATH|hf:REPO",
@@ -515,6 +522,7 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
     else:
         p.add_argument("--against", metavar="REC2", help="compare REC2 with REC instead of re-running")
         p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+        _trace_option(p)
         _tolerance_options(p)
         _compile_cache_options(p, save=False)
 

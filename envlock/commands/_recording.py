@@ -106,12 +106,36 @@ def compile_report(run: CompileRun, original: Record | None = None) -> None:
             "cold (give it with --compile-cache FILE)")
 
 
-def recording_env(journal: str, workspace: str) -> dict[str, str]:
+def recording_env(journal: str, workspace: str, trace: str | None = None,
+                  hook: bool = False) -> dict[str, str]:
     """The variables a recorded command runs with: where ``envlock.record`` writes, and the
-    workspace whose files it hashes (``runtime.recorder``)."""
+    workspace whose files it hashes (``runtime.recorder``); with ``trace``, the directory its
+    processes write their traces to (``probe.trace``), and with ``hook`` the start-up hook
+    prepended to ``PYTHONPATH`` (``probe.trace.hook_dir``), so that every Python process of the run
+    traces itself from its start."""
+    from envlock.probe.trace import HOOK_ENV, TRACE_ENV, hook_dir
     from envlock.runtime.recorder import RECORD_ENV, WORKSPACE_ENV
 
-    return {RECORD_ENV: journal, WORKSPACE_ENV: workspace}
+    env = {RECORD_ENV: journal, WORKSPACE_ENV: workspace}
+    if trace is not None:
+        env[TRACE_ENV] = trace
+    if trace is not None and hook:
+        path = hook_dir()
+        given = os.environ.get("PYTHONPATH")
+        env[HOOK_ENV] = path
+        env["PYTHONPATH"] = path + (os.pathsep + given if given else "")
+    return env
+
+
+def trace_dir(journal: Path, enabled: bool) -> Path | None:
+    """The run's trace directory inside its journal directory, made; None without a trace."""
+    if not enabled:
+        return None
+    from envlock.replay.reads import trace_dir as of
+
+    path = of(journal)
+    path.mkdir(mode=0o700)
+    return path
 
 
 @contextmanager
@@ -139,7 +163,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
-                          program=program, restore=restore, git=p.git)
+                          program=program, restore=restore, git=p.git, own=_own(p, lock_path))
         rec.save(p.record_path)
         err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
             f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
@@ -147,9 +171,15 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
     from envlock.replay.compare import Tolerance, compare_records
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                         outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git)
+                         outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git,
+                         own=_own(p, lock_path), declared=p.inputs)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
     return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
+
+
+def _own(p: Plan, lock_path: str | None) -> list[str]:
+    """The record's and the lock's paths: files of envlock's, never the run's inputs."""
+    return [q for q in (p.record_path, lock_path) if q]
 
 
 def verdict(cmp: ReplayComparison, original: str, *, as_json: bool, stderr_tail: Sequence[str] = ()) -> int:

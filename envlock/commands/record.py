@@ -19,6 +19,7 @@ from envlock.commands._recording import (
     journal_dir,
     plan,
     recording_env,
+    trace_dir,
 )
 from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
 from envlock.replay.compilecache import CompileRun, compile_run
@@ -60,14 +61,17 @@ def _copy(stream: IO[bytes], tail: Tail) -> None:
 
 
 def run_here(command: list[str], journal: Path, base: Path,
-             compiled: CompileRun | None = None) -> tuple[int, list[str]]:
+             compiled: CompileRun | None = None, trace: bool = True) -> tuple[int, list[str]]:
     """CMD as a child of this process, with the journal's path in its environment (and behind
-    the compile cache's loader, ``compiled``): (its exit code as ``child_exit`` maps it, the
-    last lines of its stderr, which passes through)."""
+    the compile cache's loader, ``compiled``), its Python processes traced unless ``trace`` is
+    False: (its exit code as ``child_exit`` maps it, the last lines of its stderr, which
+    passes through)."""
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
     tail = Tail()
-    env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base))}
+    traced = trace_dir(journal, trace)
+    env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base),
+                                         str(traced) if traced else None, hook=True)}
     if compiled is not None:
         from envlock.replay.compilecache import host_python
         from envlock.replay.make import resolve_program
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     program = resolve_program(command[0], base)
     cache, save = compile_files(args, lock, lock_path)
     with journal_dir() as journal, compile_run(cache, save, container=False) as compiled:
-        code, _ = run_here(command, journal, base, compiled)
+        code, _ = run_here(command, journal, base, compiled, trace=not args.no_trace)
         compiled.loaded()
         result = finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
                         lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program)

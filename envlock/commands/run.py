@@ -98,13 +98,22 @@ def run(args: argparse.Namespace) -> int:
                 compiled.loaded()
                 compile_report(compiled)
                 return code
-            from envlock.commands._recording import JOURNAL, finish, journal_dir, recording_env
+            from envlock.commands._recording import (
+                JOURNAL,
+                finish,
+                journal_dir,
+                recording_env,
+                trace_dir,
+            )
             from envlock.restore.context import WORKDIR
             from envlock.text.terminal import Tail
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
-                ropts = replace(copts, env={**copts.env, **recording_env(f"{inner}/{JOURNAL}", WORKDIR)},
+                # Traced from the first envlock.record() call: the start-up hook is the host's.
+                traced = trace_dir(journal, not args.no_trace)
+                env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None)
+                ropts = replace(copts, env={**copts.env, **env},
                                 mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
                 code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
                                     os_packages_restored=os_restored)

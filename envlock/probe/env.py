@@ -11,7 +11,7 @@ from typing import Dict, List
 
 from .compilecache import set_by_envlock
 from .files import read_bytes
-from .rules import env_allowed, recorded_name
+from .rules import env_allowed, recorded_name, without_trace_hook
 from .scrub import env_value
 
 
@@ -39,10 +39,15 @@ def process_set_env() -> List[str]:
 
 def collect_env() -> Dict[str, str]:
     """``[env]``: the allow-listed variables, less the compile cache directory envlock itself
-    set for this run (``compilecache.set_by_envlock``)."""
+    set for this run (``compilecache.set_by_envlock``) and the start-up hook it put on
+    ``PYTHONPATH`` (``rules.without_trace_hook``)."""
     out = {}
     for name, value in os.environ.items():
         if not env_allowed(name) or set_by_envlock(name, value):
             continue
+        if name == "PYTHONPATH":  # less the start-up hook of a traced run
+            value = without_trace_hook(value)
+            if not value:
+                continue
         out[name] = env_value(name, value)
     return dict(sorted(out.items()))

@@ -72,6 +72,11 @@ def parse_hf(spec: str) -> Tuple[str, str, str]:
     return kind, body, ref
 
 
+def hf_folder(kind: str, repo: str, cache: Optional[str] = None) -> str:
+    """The folder of a repository in the hub cache (``models--org--name``)."""
+    return os.path.join(cache or hf_cache_dir(), "%s--%s" % (kind, repo.replace("/", "--")))
+
+
 def hf_revision(spec: str, cache: Optional[str] = None) -> Dict[str, Any]:
     """The cached revision of a Hugging Face repository and the digest of its snapshot's files.
 
@@ -79,8 +84,7 @@ def hf_revision(spec: str, cache: Optional[str] = None) -> Dict[str, Any]:
     snapshot folder is missing (the ref was resolved, the files never downloaded or deleted).
     """
     kind, repo, ref = parse_hf(spec)
-    cache = cache or hf_cache_dir()
-    folder = os.path.join(cache, "%s--%s" % (kind, repo.replace("/", "--")))
+    folder = hf_folder(kind, repo, cache)
     out = {"kind": "hf", "name": "%s%s/%s@%s" % (HF_PREFIX, kind, repo, ref), "revision": None,
            "files_sha256": None, "files": None}  # type: Dict[str, Any]
     if _COMMIT.match(ref):

@@ -10,6 +10,7 @@ runtime import it too, so it imports no collector.
 
 from __future__ import annotations
 
+import os
 import re
 from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
@@ -329,7 +330,32 @@ PROBE_RUN_VAR = "ENVLOCK_PROBE_RUN"
 # likewise, and so is the ``TORCHINDUCTOR_CACHE_DIR`` envlock set to that directory
 # (``compilecache.set_by_envlock``, judged by its value in ``env.collect_env``).
 ENV_NOT_RECORDED = ("ENVLOCK_RECORD", "ENVLOCK_WORKSPACE", PROBE_RUN_VAR, "ENVLOCK_COMPILE_CACHE_OUT",
-                    "ENVLOCK_COMPILE_CACHE_LOADED", "ENVLOCK_COMPILE_CACHE_DIR")
+                    "ENVLOCK_COMPILE_CACHE_LOADED", "ENVLOCK_COMPILE_CACHE_DIR", "ENVLOCK_TRACE",
+                    "ENVLOCK_TRACE_HOOK")
+
+
+# Set by a launcher for each run (torchrun, Slurm): where and which rank, a free port, a job's
+# id. A run reads them, and they differ between any two runs without changing a number (the
+# rank and world size are compared as ``process.rank``/``process.world_size``): a trace of
+# what a run read leaves them out (``replay.reads``).
+LAUNCHER_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE")
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_")
+
+
+def launcher_variable(name: str) -> bool:
+    """Whether a launcher sets ``name`` anew for each run (``LAUNCHER_NAMES``)."""
+    return name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES)
+
+
+def without_trace_hook(value: str, hook: Optional[str] = None) -> str:
+    """``PYTHONPATH`` as the user set it: without the directory of envlock's start-up hook
+    (``probe/startup``, named by ``ENVLOCK_TRACE_HOOK``) that a recorded run prepends, which
+    would otherwise be a difference between a traced run and any other."""
+    hook = os.environ.get("ENVLOCK_TRACE_HOOK") if hook is None else hook
+    if not hook:
+        return value
+    return os.pathsep.join(p for p in value.split(os.pathsep) if p != hook)
 
 
 def rank_journal(path: str, rank: int) -> str:

@@ -11,7 +11,6 @@ Bit-identical by default: two floats are equal when ``float.hex`` is (so ``-0.0`
 
 from __future__ import annotations
 
-import hashlib
 import math
 import shlex
 from collections.abc import Iterable, Mapping
@@ -20,14 +19,17 @@ from typing import Any
 
 from envlock.drift.native import context_form, learnt_by_both, runtime_field
 from envlock.probe.rules import COMPILE_ENV_PREFIXES, recorded_name
+from envlock.replay.reads import STATE_KEYS
 from envlock.replay.record import (
     CONTEXT_KEY,
+    FileRead,
     Input,
     Record,
     Step,
     TensorDigest,
     holds,
     rank_contexts,
+    unrecordable,
 )
 from envlock.text.terminal import plural
 
@@ -61,7 +63,9 @@ CONTEXT_PREFIXES = (
 _OPTIONAL_FAMILIES: tuple[tuple[str, ...], ...] = (
     ("python.",), ("packages.",), ("native.libraries.",), ("native.content.",), ("native.unowned",),
     ("native.runtimes.",),
-    ("compile.caches.", "compile.loaded"), ("compile.",), ("torch.cuda_libraries.",))
+    ("compile.caches.", "compile.loaded"), ("compile.",), ("torch.cuda_libraries.",),
+    # The process facts a trace of the run takes (``replay.reads``): a record made without one.
+    tuple(STATE_KEYS.values()))
 # A record keeps every variable the lock records (``rules.recorded_name``) and says so with this
 # key. Records written before kept only the variables below (the rule they were written with,
 # frozen here, not a rule of today's): against such a record the others are a family it lacks,
@@ -117,21 +121,6 @@ def context_of(form: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
             and isinstance(v, (bool, int, float, str)) and v != "" and CONTEXT_KEY.fullmatch(k)}
 
 
-def unrecordable(value: str) -> str:
-    """What ``[context]`` keeps of a text the record's model refuses (a control character, as
-    in a library path with a newline; more than a record's 4096 characters, as a long
-    ``LD_LIBRARY_PATH`` or many copies of a library): a mark with the sha256 of the value.
-
-    Marked rather than left out, because the record is what a run leaves (refusing the value
-    used to lose the whole record after the run, as ``make._code`` already avoided for file
-    names), and a key that is absent reads as a fact the process did not have (a rank's
-    ``absent`` keys, a family one record predates). The mark is the same for the same value
-    and differs for another, so a replay that ran with another path is still named as a
-    difference, while the record holds only printable text of bounded length."""
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"<not recordable: {len(value)} characters, sha256 {digest}>"
-
-
 @dataclass(frozen=True)
 class Tolerance:
     """How far a replayed metric may be from the recorded one (``rtol``, ``atol``); zero is
@@ -181,6 +170,18 @@ class CodeChange:
 
 
 @dataclass(frozen=True)
+class ReadChange:
+    """Something the two runs read differs: ``what`` is "file" (``name`` as the record shows
+    its path) or "variable"; each side is its digest (``sha256 <hex>``, ``sample_sha256
+    <hex>``, ``missing``) or value (``(unset)``), None when that run did not read it."""
+
+    what: str
+    name: str
+    original: str | None
+    replay: str | None
+
+
+@dataclass(frozen=True)
 class InputDrift:
     """One input that is not what the record read: which, how it changed, and both values, so a
     divergence can be explained by its data."""
@@ -210,6 +211,11 @@ class ReplayComparison:
     # process whose libraries could not be read, or a record written before they were kept):
     # not compared, and said so, rather than counted as no difference.
     not_compared: tuple[str, ...] = ()
+    # What the two runs read that differs (``[reads]``), and what of the runs' reading was not
+    # looked at (a record without a trace, children not traced, files sampled), said so that
+    # "no difference" is never claimed over what was not seen.
+    reads: tuple[ReadChange, ...] = ()
+    not_seen: tuple[str, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -232,6 +238,8 @@ class ReplayComparison:
             "context": [{"key": c.key, "original": c.original, "replay": c.replay,
                          "ranks": list(c.ranks)} for c in self.context],
             "not_compared": list(self.not_compared),
+            "reads": [vars(r) for r in self.reads],
+            "not_seen": list(self.not_seen),
         }
 
 
@@ -422,6 +430,57 @@ def code_changes(original: Record, replay: Record) -> list[CodeChange]:
     return out
 
 
+def _file_value(f: FileRead) -> str:
+    if f.sha256:
+        return f"sha256 {f.sha256}"
+    if f.sample_sha256:
+        return f"sample_sha256 {f.sample_sha256}"
+    return "missing"
+
+
+UNSET = "(unset)"
+
+
+def read_changes(original: Record, replay: Record) -> list[ReadChange]:
+    """The files and variables the two runs read that differ, or that one run read only; none
+    when a record has no trace (``not_seen`` says so)."""
+    a, b = original.reads, replay.reads
+    if a is None or b is None:
+        return []
+    out: list[ReadChange] = []
+    ours = {k: _file_value(v) for k, v in a.files.items()}
+    theirs = {k: _file_value(v) for k, v in b.files.items()}
+    out += [ReadChange("file", k, ours.get(k), theirs.get(k))
+            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    ours = {**dict.fromkeys(a.unset or (), UNSET), **a.variables}
+    theirs = {**dict.fromkeys(b.unset or (), UNSET), **b.variables}
+    out += [ReadChange("variable", k, ours.get(k), theirs.get(k))
+            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    return out
+
+
+def not_seen(original: Record, replay: Record) -> list[str]:
+    """What of the two runs' reading no comparison covered, in words."""
+    out: list[str] = []
+    lacking = [name for name, rec in (("original", original), ("replay", replay)) if rec.reads is None]
+    if lacking:
+        out.append("what the run read: no trace in the " + " and the ".join(lacking)
+                   + (" record" if len(lacking) == 1 else " records"))
+        return out
+    untraced = sorted(set((original.reads and original.reads.untraced) or ())
+                      | set((replay.reads and replay.reads.untraced) or ()))
+    if untraced:
+        out.append("what these programs read, not Python, not traced: " + ", ".join(untraced))
+    sampled = sorted({k for rec in (original, replay) for k, v in (rec.reads.files if rec.reads else {}).items()
+                      if v.sample_sha256})
+    if sampled:
+        out.append("files over the hashing cap, compared by a sample (first and last MiB): " + ", ".join(sampled))
+    left = sum((rec.reads.left_out or 0) for rec in (original, replay) if rec.reads)
+    if left:
+        out.append(f"{plural(left, 'file')} whose path a record cannot hold")
+    return out
+
+
 def compare_records(original: Record, replay: Record, tol: Tolerance | None = None,
                     inputs_now: Mapping[str, Input | str] | None = None) -> ReplayComparison:
     """The replay against the original: steps first (the first divergence only: everything
@@ -441,4 +500,6 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
     return ReplayComparison(tuple(div), tuple(drift), tuple(context_changes(original, replay)),
                             min(len(original.steps), len(replay.steps)), tol,
                             code=tuple(code_changes(original, replay)), exit_code=replay.record.exit_code,
-                            not_compared=tuple(families_not_compared(original, replay)))
+                            not_compared=tuple(families_not_compared(original, replay)),
+                            reads=tuple(read_changes(original, replay)),
+                            not_seen=tuple(not_seen(original, replay)))

@@ -32,6 +32,7 @@ from envlock.replay.record import (
     Input,
     Meta,
     Output,
+    Reads,
     Record,
     RestoreOptions,
     Step,
@@ -278,15 +279,60 @@ def _code(git: Mapping[str, Any] | None, files: Mapping[str, Any] | None) -> Cod
     return Code.model_validate(data) if data else None
 
 
+def _not_inputs(base: Path, own: Sequence[str], outputs: Sequence[str], inputs: Sequence[str]) -> list[str]:
+    """The absolute paths a trace's reads are no input of the run at (or compared elsewhere):
+    ``own`` (the record, the lock), the declared outputs, the declared inputs (a data path; a
+    Hugging Face repository's folder in the cache)."""
+    from envlock.probe.inputs import HF_PREFIX, InputError, hf_folder, parse_hf
+
+    out = [os.path.abspath(p) for p in own]
+    out += [os.path.normpath(os.path.join(base, p)) for p in outputs]
+    for spec in inputs:
+        if not spec.startswith(HF_PREFIX):
+            out.append(os.path.normpath(os.path.join(base, spec)))
+            continue
+        try:
+            kind, repo, _ = parse_hf(spec)
+        except InputError:
+            continue
+        out.append(hf_folder(kind, repo))
+    return out
+
+
+def _reads(journal: str | os.PathLike[str], base: Path, where: str, program: str | None,
+           code: Code | None, exclude: Sequence[str]) -> tuple[Reads | None, dict[str, Any]]:
+    """The run's ``[reads]`` and the traced process facts, from the trace directory beside the
+    journal; (None, {}) when the run was not traced (``--no-trace``)."""
+    from envlock.replay.reads import collect, trace_dir
+
+    directory = trace_dir(Path(journal).parent)
+    if not directory.is_dir():
+        return None, {}
+    from envlock.probe.trace import hook_dir
+
+    host = where == "host"
+    return collect(directory, base, exclude=exclude, skip=(code.files or {}) if code is not None else (),
+                   root_pid=os.getpid() if host else None, program=program if host else None,
+                   hook=hook_dir() if host else None)
+
+
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
                 lock: Any = None, lock_name: str | None = None, program: str | None = None,
-                restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None) -> Record:
-    """``git``: the workspace's state when the command started (``workspace_git``)."""
+                restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None,
+                own: Sequence[str] = (), declared: Sequence[str] = ()) -> Record:
+    """``git``: the workspace's state when the command started (``workspace_git``); ``own``:
+    the record's and the lock's paths, and ``declared`` the run's declared inputs (a replay
+    reads them again itself), which the trace's reads leave out."""
     ran = read_journal(journal)
     context = ran.context
     if not context and lock is not None:
         context = lock_context(lock)
+    code = _code(git, ran.code)
+    reads, facts = _reads(journal, base, where, program, code,
+                          _not_inputs(base, own, outputs, [*inputs, *declared]))
+    if facts:
+        context = {**context, **{k: v for k, v in facts.items() if k not in context}}
     found = read_inputs(inputs, base)
     missing = [f"{k}: {v}" for k, v in found.items() if isinstance(v, str)]
     if missing:
@@ -300,7 +346,7 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
         return Record(record=meta, restore=restore, context=context, steps=ran.steps,
                       outputs=outputs_of(outputs, base),
                       inputs=[v for v in found.values() if isinstance(v, Input)],
-                      code=_code(git, ran.code), ranks=ranks or None)
+                      code=code, ranks=ranks or None, reads=reads)
     except ValidationError as exc:
         raise LockInvalid(f"the run's record cannot be written: {str(exc).splitlines()[0]}") from None
 

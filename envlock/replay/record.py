@@ -20,6 +20,8 @@ and holds, in TOML:
 * ``[code]``: the code the command ran: the workspace's git commit and the digest of its
   changes when the command started, and the sha256 of each workspace file the process had
   loaded (the script, the project's modules), so that an edited script is named;
+* ``[reads]``: what the run's processes were seen reading (``probe.trace``): each file by
+  its sha256, each ordinary variable by its scrubbed value, the child programs not traced;
 * ``[[ranks]]``: each other rank of a multi-process run, as the keys of its context that differ
   from rank 0's (``[context]``), so that a cause on one rank only is named with its rank.
 
@@ -150,6 +152,36 @@ class Code(_Model):
         return self.files_left_out is not None
 
 
+class FileRead(_Model):
+    """A file the run read, by content. Over ``reads.MAX_HASHED`` bytes only its first and last
+    MiB are hashed (``sample_sha256``, never ``sha256``: a sample is not the file's digest);
+    neither when it was gone by the time the run ended (``missing``)."""
+
+    sha256: Hex64 | None = None
+    sample_sha256: Hex64 | None = None
+    size: Annotated[int, Field(ge=0)] | None = None
+    missing: bool | None = None
+
+
+class Reads(_Model):
+    """``[reads]``: what the run's processes were seen reading (``probe.trace``), less what
+    another table already compares (the files of a distribution its RECORD lists, the lock's
+    variables) and what is no input (the run's own files, the standard library, bytecode
+    caches, /proc, /sys, /dev, envlock's own files). ``files``: by path, relative to the
+    workspace inside it, ``~/...`` under HOME, else absolute; ``variables``: each ordinary
+    variable read, with its value as the lock would scrub it (a secret's as ``sha256:<16 hex>``
+    of its value); ``unset``: variables looked up and not set; ``untraced``: the programs of
+    child processes that are not Python (not traced); ``processes``: how many were traced;
+    ``left_out``: paths the record cannot hold."""
+
+    files: dict[Text, FileRead] = Field(default_factory=dict)
+    variables: dict[Text, Text] = Field(default_factory=dict)
+    unset: list[Text] | None = None
+    untraced: list[Text] | None = None
+    processes: Annotated[int, Field(ge=0)] = 0
+    left_out: Annotated[int, Field(ge=0)] | None = None
+
+
 class RankContext(_Model):
     """One rank other than 0: the keys of its context whose values differ from rank 0's (its
     ``process.rank`` always does), and rank 0's keys it lacks."""
@@ -212,6 +244,7 @@ class Record(_Model):
     # Added later: None when absent, so that a record written before them keeps its seal.
     code: Code | None = None
     ranks: list[RankContext] | None = None
+    reads: Reads | None = None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         save(self, path)
@@ -247,6 +280,9 @@ def dumps(rec: Record) -> str:
     if form.get("code"):
         table(out, "code", form["code"], "the code the command ran: the workspace's git state "
               "when it started, and the sha256 of each workspace file the process loaded", header=True)
+    if form.get("reads"):
+        table(out, "reads", form["reads"], "what the run's processes were seen reading (files, "
+              "variables), less what other tables compare", header=True)
     for name in ("steps", "outputs", "inputs", "ranks"):
         if form.get(name):
             array_of_tables(out, name, form[name])
@@ -296,6 +332,21 @@ _TEXT: TypeAdapter[str] = TypeAdapter(Text)
 _WHY = {"string_too_long": "is longer than a record keeps ({max_length} characters)",
         "string_pattern_mismatch": "holds a control character",
         "string_unicode": "holds bytes that are not UTF-8 text"}
+
+
+def unrecordable(value: str) -> str:
+    """What ``[context]`` keeps of a text the record's model refuses (a control character, as
+    in a library path with a newline; more than a record's 4096 characters, as a long
+    ``LD_LIBRARY_PATH`` or many copies of a library): a mark with the sha256 of the value.
+
+    Marked rather than left out, because the record is what a run leaves (refusing the value
+    used to lose the whole record after the run, as ``make._code`` already avoided for file
+    names), and a key that is absent reads as a fact the process did not have (a rank's
+    ``absent`` keys, a family one record predates). The mark is the same for the same value
+    and differs for another, so a replay that ran with another path is still named as a
+    difference, while the record holds only printable text of bounded length."""
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"<not recordable: {len(value)} characters, sha256 {digest}>"
 
 
 def holds(text: str) -> bool:

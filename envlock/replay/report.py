@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from envlock.replay.compare import CodeChange, ContextChange, InputDrift, ReplayComparison
+from envlock.replay.compare import (
+    CodeChange,
+    ContextChange,
+    InputDrift,
+    ReadChange,
+    ReplayComparison,
+)
 from envlock.text.terminal import plural, safe
 
 
@@ -39,6 +45,24 @@ def _code(c: CodeChange) -> str:
         return f"{safe(c.name)} changed: {safe(c.original)} -> {safe(c.replay)}"
     what = {"commit": "git commit", "tree": "the working tree's changes against its commit"}.get(c.what, c.what)
     return f"{safe(what)}: {_value(c.original)} -> {_value(c.replay)}"
+
+
+def _short(value: str) -> str:
+    """``sha256 <64 hex>`` -> ``sha256 <12 hex>``: enough to tell two files apart on a line."""
+    kind, _, digest = value.partition(" ")
+    return f"{kind} {digest[:12]}" if kind in ("sha256", "sample_sha256") and digest else value
+
+
+def _read(r: ReadChange) -> str:
+    """``config/hparams.json changed (sha256 ab12 -> cd34)``; ``LR read by the run: 0.1 -> 0.2``;
+    ``x.json: read by the original only (sha256 ab12)``."""
+    shown = _short if r.what == "file" else str
+    for side, value, other in (("original", r.original, r.replay), ("replay", r.replay, r.original)):
+        if other is None and value is not None:
+            return f"{safe(r.name)}: read by the {side} only ({safe(shown(value))})"
+    if r.what == "file":
+        return f"{safe(r.name)} changed ({safe(_short(str(r.original)))} -> {safe(_short(str(r.replay)))})"
+    return f"{safe(r.name)} read by the run: {_value(r.original)} -> {_value(r.replay)}"
 
 
 def _context(c: ContextChange) -> str:
@@ -82,14 +106,19 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
         lines.append(f"DRIFT: an input of {safe(original)} changed")
     lines += [f"  input drift: {_drift(d)}" for d in cmp.inputs]
     if cmp.divergences:
-        if cmp.code or cmp.context:
+        if cmp.code or cmp.context or cmp.reads:
             lines.append("  lock differences that can explain it (original -> replay):")
             lines += [f"    {_code(c)}" for c in cmp.code]
+            lines += [f"    {_read(r)}" for r in cmp.reads]
             lines += [f"    {_context(c)}" for c in cmp.context]
-        else:
+        elif not cmp.not_seen:
             lines.append("  no difference in code, packages, CPU, GPU, threads, world size, determinism "
-                         "flags, BLAS or numerics variables: a nondeterministic operation or a changed "
-                         "input")
+                         "flags, BLAS, numerics variables or anything the run read: a nondeterministic "
+                         "operation or a changed input")
+        else:
+            lines.append("  no difference in what was compared (code, packages, CPU, GPU, threads, world "
+                         "size, determinism flags, BLAS, numerics variables, what the run was seen reading)")
+        lines += [f"  not looked at: {safe(n)}" for n in cmp.not_seen]
         if cmp.not_compared:
             lines.append("  not compared, kept by one record only: "
                          + ", ".join(safe(f) for f in cmp.not_compared))

@@ -38,6 +38,8 @@ import threading
 from typing import Any, TextIO
 
 from envlock.probe.rules import METRIC_NAME, rank_journal
+from envlock.probe.trace import TRACE_ENV, paused
+from envlock.probe.trace import start as start_trace
 from envlock.runtime.common import rank_and_world
 from envlock.runtime.compilecache import arm_save_at_exit
 
@@ -152,12 +154,14 @@ def encode(name: str, value: Any) -> Any:
 
 
 def _capture_line(rank: int, world: int) -> str:
-    """This process's capture, its rank and world size, and (rank 0) its workspace files."""
+    """This process's capture, its rank and world size, and (rank 0) its workspace files.
+    What the capture reads (every variable, many files) is envlock's, not the run's: the
+    trace is paused meanwhile."""
     from envlock.probe.code import workspace_files
     from envlock.probe.collect import collect, gc_paused
     from envlock.probe.statcache import file_cache_allowed
 
-    with gc_paused():
+    with gc_paused(), paused():
         # No git: the record's context keeps none (envlock reads the workspace's git state).
         doc = collect(torch="auto" if "torch" in sys.modules else "no",
                       hash_cache=file_cache_allowed(), git=False)
@@ -185,6 +189,19 @@ def _capture_rank(path: str, rank: int, world: int) -> None:
             fh.write(_capture_line(rank, world))
 
 
+def _trace(rank: int) -> None:
+    """Start the trace of what this process reads (``probe.trace``) when the run is traced
+    and the start-up hook did not start it already (a container's run, an interpreter started
+    with ``-S``), and take the process facts at this first step; once per process."""
+    if _state.get("traced") or not os.environ.get(TRACE_ENV):
+        return
+    _state["traced"] = True
+    found = start_trace()
+    if found is not None:
+        found.recorded = found.recorded or rank == 0
+        found.take_state()
+
+
 def record(step: int | None = None, /, **metrics: Any) -> None:
     """Append one step's metrics to the run's record (nothing when not recording).
 
@@ -208,7 +225,9 @@ def record(step: int | None = None, /, **metrics: Any) -> None:
         if not METRIC_NAME.fullmatch(name):
             raise ValueError(f"envlock.record: metric name {name!r} cannot be recorded: a name is a "
                              "letter or '_', then at most 127 letters, digits or '_' '.' '/' '-'")
-    rank, world = rank_and_world()
+    with paused():  # envlock's own lookups (RANK, WORLD_SIZE) are not the run's
+        rank, world = rank_and_world()
+    _trace(rank)
     if rank != 0:
         _capture_rank(path, rank, world)
         return

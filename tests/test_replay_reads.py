@@ -1,0 +1,391 @@
+"""What a replay names from the trace of what the run read (``probe.trace``, ``replay.reads``):
+a variable the script reads, a config file committed or not, a module outside the workspace, a
+checkpoint under ``$TORCH_HOME``, a file a child Python process read, process-wide numeric state;
+and what it must not name (the run's own temporary files, what another process writes into a
+shared directory). Real recorded processes on this host, started by ``envlock record``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from envlock.commands import main
+from envlock.probe import trace
+from envlock.probe.rules import without_trace_hook
+from envlock.replay.compare import compare_records
+from envlock.replay.reads import MAX_HASHED, hash_files
+from envlock.replay.record import load
+from envlock.replay.report import replay_text
+
+SCRIPT = """
+import json, os, subprocess, sys, tempfile
+import envlock
+import extmod
+hp = json.load(open(os.path.join("config", "hparams.json")))
+local = json.load(open("local.json")) if os.path.exists("local.json") else {}
+lr = float(os.environ.get("LR", hp["lr"]))
+# The run's own scratch file, in the temporary directory, under a fresh name each run.
+fd, scratch = tempfile.mkstemp()
+os.write(fd, b"scratch"); os.close(fd)
+open(scratch).read(); os.unlink(scratch)
+child = subprocess.run([sys.executable, "-c", "print(len(open('child.txt').read()))"],
+                       capture_output=True, text=True, check=True).stdout
+x = 1.0
+for step in range(2):
+    x = x - lr * x * extmod.SCALE + local.get("shift", 0.0) + int(child)
+    envlock.record(step, loss=x)
+"""
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=root,
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project with a committed config, an untracked local override, a module on PYTHONPATH
+    outside the workspace, and a file a child process reads."""
+    root = tmp_path / "proj"
+    (root / "config").mkdir(parents=True)
+    (root / "train.py").write_text(SCRIPT)
+    (root / "config" / "hparams.json").write_text(json.dumps({"lr": 0.1}))
+    (root / "child.txt").write_text("four")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "x")
+    (root / "local.json").write_text(json.dumps({"shift": 0.0}))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "extmod.py").write_text("SCALE = 0.5\n")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("LR", raising=False)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    repo = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, str(outside)]))
+    return root
+
+
+def _record(*extra: str) -> None:
+    assert main(["record", "run.record", *extra, "--", sys.executable, "train.py"]) == 0
+
+
+def _replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, dict]:
+    capsys.readouterr()
+    code = main(["replay", "run.record", *args])
+    text = capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["replay", "run.record", "--json", *args]) == code
+    return code, text, json.loads(capsys.readouterr().out)
+
+
+def test_the_record_holds_what_the_run_read_and_nothing_of_its_own(project: Path) -> None:
+    _record()
+    reads = load("run.record").reads
+    assert reads is not None and reads.processes == 2  # the script and its child python
+    # The config files (committed and not) and the child's file, relative to the workspace; the
+    # module outside it by its absolute path. train.py is [code]'s, the stdlib and envlock's
+    # own files, bytecode caches and the run's scratch file are no input.
+    assert set(reads.files) == {"config/hparams.json", "local.json", "child.txt",
+                                str(project.parent / "outside" / "extmod.py")}
+    assert reads.variables.get("LR") is None and "LR" in (reads.unset or [])
+    assert not reads.untraced
+    # The start-up hook on PYTHONPATH is envlock's, not the run's: not in what is recorded.
+    rec = load("run.record")
+    assert "probe/startup" not in rec.context.get("env.PYTHONPATH", "")
+    assert all("probe/startup" not in v for v in reads.variables.values())
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda p: (p / "config" / "hparams.json").write_text(json.dumps({"lr": 0.2})), "config/hparams.json"),
+    (lambda p: (p / "local.json").write_text(json.dumps({"shift": 0.001})), "local.json"),
+    (lambda p: (p.parent / "outside" / "extmod.py").write_text("SCALE = 0.25\n"), "/outside/extmod.py"),
+    (lambda p: (p / "child.txt").write_text("five!"), "child.txt"),
+])
+def test_a_changed_file_the_run_read_is_named(project: Path, capsys: pytest.CaptureFixture[str],
+                                              change, named: str) -> None:
+    _record()
+    change(project)
+    code, text, doc = _replay(capsys)
+    assert code == 1 and "DIVERGED" in text
+    files = [r for r in doc["reads"] if r["what"] == "file"]
+    assert len(files) == 1 and files[0]["name"].endswith(named), doc["reads"]
+    assert files[0]["original"].startswith("sha256 ") and files[0]["replay"] != files[0]["original"]
+    assert f"{files[0]['name']} changed (sha256 {files[0]['original'][7:19]} -> " in text
+    assert "nondeterministic" not in text
+
+
+def test_a_variable_the_run_read_is_named(project: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LR", "0.1")
+    _record()
+    monkeypatch.setenv("LR", "0.2")
+    code, text, doc = _replay(capsys)
+    assert code == 1
+    assert doc["reads"] == [{"what": "variable", "name": "LR", "original": "0.1", "replay": "0.2"}]
+    assert "    LR read by the run: 0.1 -> 0.2\n" in text
+
+
+def test_control_nothing_changed_names_nothing(project: Path, capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    """Another process writing into a shared cache directory and the temporary directory while
+    the two runs happen; each run writes a scratch file of its own there: no cause."""
+    _record()
+    shared = Path(tempfile.gettempdir()) / f"envlock-shared-{os.getpid()}"
+    shared.mkdir(exist_ok=True)
+    try:
+        (shared / "other.bin").write_bytes(os.urandom(64))
+        (tmp_path / "cache" / "other.bin").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / "other.bin").write_bytes(os.urandom(64))
+        assert main(["record", "again.record", "--", sys.executable, "train.py"]) == 0
+    finally:
+        for p in shared.iterdir():
+            p.unlink()
+        shared.rmdir()
+    cmp = compare_records(load("run.record"), load("again.record"))
+    assert cmp.same and cmp.reads == () and cmp.not_seen == ()
+
+
+def test_a_record_without_a_trace_replays_and_says_what_was_not_looked_at(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record written before the trace (or with --no-trace) has no [reads]: it reads,
+    replays, and the verdict says once that the run's reads were not compared instead of
+    claiming that nothing differs."""
+    _record("--no-trace")
+    rec = load("run.record")
+    assert rec.reads is None and "determinism.flush_denormal" not in rec.context
+    assert "[reads]" not in Path("run.record").read_text()
+    code, text, _ = _replay(capsys)
+    assert code == 0 and text.startswith("OK")
+    (project / "local.json").write_text(json.dumps({"shift": 0.001}))
+    code, text, doc = _replay(capsys)
+    assert code == 1 and doc["reads"] == []
+    assert doc["not_seen"] == ["what the run read: no trace in the original record"]
+    assert "nondeterministic" not in text
+    assert text.count("not looked at: what the run read: no trace in the original record") == 1
+
+
+def test_twin_with_every_read_compared_the_verdict_says_nothing_differs(tmp_path: Path) -> None:
+    """Two traced records that diverge with nothing different: the plain verdict, since
+    everything the run read was compared."""
+    from test_replay_record import rec
+
+    from envlock.replay.record import Reads
+
+    a = rec([1.0], reads=Reads(processes=1))
+    b = rec([2.0], reads=Reads(processes=1))
+    text = replay_text(compare_records(a, b), "run.record")
+    assert "a nondeterministic operation or a changed input" in text and "not looked at" not in text
+    # Its twin: the same runs, the original without a trace.
+    text = replay_text(compare_records(rec([1.0]), b), "run.record")
+    assert "nondeterministic" not in text and "not looked at: what the run read" in text
+
+
+def test_a_child_that_is_not_python_is_named_as_not_traced(project: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "train.py").write_text(SCRIPT + "subprocess.run(['cat', 'child.txt'], check=True)\n")
+    _record()
+    reads = load("run.record").reads
+    assert reads is not None and reads.untraced == ["cat"]
+    (project / "child.txt").write_text("five!")
+    _, text, doc = _replay(capsys)
+    assert "not looked at: what these programs read, not Python, not traced: cat" in text
+    assert doc["not_seen"] == ["what these programs read, not Python, not traced: cat"]
+
+
+def test_a_secret_variable_is_kept_as_a_digest_never_its_value(project: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "hf_" + "Zq8" * 12
+    (project / "train.py").write_text(SCRIPT + "os.environ.get('MYLAB_API_TOKEN'); os.getenv('DATA_SPLIT')\n")
+    monkeypatch.setenv("MYLAB_API_TOKEN", secret)
+    monkeypatch.setenv("DATA_SPLIT", "train-2024")
+    _record()
+    text = Path("run.record").read_text()
+    assert secret not in text and secret[:12] not in text
+    reads = load("run.record").reads
+    assert reads is not None and reads.variables["MYLAB_API_TOKEN"].startswith("sha256:")
+    assert len(reads.variables["MYLAB_API_TOKEN"]) == len("sha256:") + 16
+    # Over-redaction twin: an ordinary value is kept as it is.
+    assert reads.variables["DATA_SPLIT"] == "train-2024"
+
+
+def test_a_file_over_the_cap_is_sampled_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import envlock.replay.reads as reads_module
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"a" * 4096)
+    monkeypatch.setattr(reads_module, "MAX_HASHED", 1024)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    found = hash_files([str(big)])[str(big)]
+    assert found.sha256 is None and found.sample_sha256 and found.size == 4096
+    assert MAX_HASHED == 256 * 1024 * 1024
+
+
+def test_the_hook_is_left_out_of_pythonpath() -> None:
+    hook = trace.hook_dir()
+    assert without_trace_hook(os.pathsep.join([hook, "/src", "/x"]), hook) == os.pathsep.join(["/src", "/x"])
+    assert without_trace_hook("/src", hook) == "/src"
+
+
+TORCH_SCRIPT = """
+import json, os, torch, envlock
+hp = json.load(open("hp.json"))
+torch.set_flush_denormal(hp["flush"])
+w = torch.load(os.path.join(os.environ["TORCH_HOME"], "hub", "checkpoints", "backbone.pth"))
+envlock.record(0, loss=float(w.sum()) + float(torch.tensor(3e-39) * 2) * 1e38)
+"""
+
+
+def test_a_checkpoint_and_flush_denormal_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text(TORCH_SCRIPT)
+    (root / "hp.json").write_text(json.dumps({"flush": False}))
+    home = tmp_path / "torchhome"
+    (home / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(torch.ones(4), home / "hub" / "checkpoints" / "backbone.pth")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    _record()
+    rec = load("run.record")
+    assert rec.context.get("determinism.flush_denormal") is False
+    assert rec.context.get("determinism.default_dtype") == "float32"
+    torch.save(torch.full((4,), 2.0), home / "hub" / "checkpoints" / "backbone.pth")
+    (root / "hp.json").write_text(json.dumps({"flush": True}))
+    code, _, doc = _replay(capsys)
+    assert code == 1
+    names = {r["name"] for r in doc["reads"]}
+    assert names == {"hp.json", str(home / "hub" / "checkpoints" / "backbone.pth")}, names
+    assert {"key": "determinism.flush_denormal", "original": False, "replay": True,
+            "ranks": []} in doc["context"]
+
+
+def test_the_hook_costs_little_per_open(tmp_path: Path) -> None:
+    """The audit hook on every open: measured against the same opens untraced, in one child."""
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+p = {str(tmp_path / 'f.txt')!r}
+open(p, 'w').write('x')
+def opens():
+    t = time.perf_counter()
+    for _ in range(20000):
+        with open(p) as fh:
+            fh.read()
+    return time.perf_counter() - t
+base = min(opens() for _ in range(3))
+from envlock.probe import trace
+trace.start({str(tmp_path)!r})
+traced = min(opens() for _ in range(3))
+print(base, traced)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    base, traced = map(float, out.split())
+    # An open() costs tens of microseconds here; the hook adds a set insertion (the bound is loose:
+    # the machine is shared, and the figure is the benchmark's, benchmarks/trace.py).
+    assert (traced - base) / 20000 < 10e-6, (base, traced)
+
+
+WORKERS = """
+import multiprocessing as mp
+import envlock
+
+def work(name, out):
+    out.put(len(open(name).read()))
+
+if __name__ == "__main__":
+    got = []
+    for method, name in (("spawn", "spawned.txt"), ("fork", "forked.txt")):
+        ctx = mp.get_context(method)
+        out = ctx.Queue()
+        worker = ctx.Process(target=work, args=(name, out))  # as a DataLoader starts its workers
+        worker.start()
+        got.append(out.get())
+        worker.join()
+    envlock.record(0, loss=float(sum(got)))
+"""
+
+
+def test_dataloader_style_workers_are_traced_spawned_and_forked(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes read the data: a spawned one traces itself through the start-up hook,
+    a forked one keeps a trace of its own and writes it when multiprocessing ends it (a worker
+    killed by a signal, as ``Pool.terminate`` does, writes none)."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text(WORKERS)
+    (root / "spawned.txt").write_text("a")
+    (root / "forked.txt").write_text("bb")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    _record()
+    reads = load("run.record").reads
+    assert reads is not None and {"spawned.txt", "forked.txt"} <= set(reads.files)
+    assert reads.processes >= 3
+
+
+def test_the_start_up_hook_hands_on_to_the_environments_sitecustomize(tmp_path: Path) -> None:
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['SITE_RAN'] = 'yes'\n")
+    (tmp_path / "traces").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([trace.hook_dir(), str(own)]),
+           "ENVLOCK_TRACE": str(tmp_path / "traces")}
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('SITE_RAN'), "
+                          "'_envlock_trace' in sys.modules)"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["yes", "True"]
+    assert len(list((tmp_path / "traces").glob("*.json"))) == 1
+    # Without ENVLOCK_TRACE the hook only hands on.
+    del env["ENVLOCK_TRACE"]
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('SITE_RAN'), "
+                          "'_envlock_trace' in sys.modules)"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["yes", "False"]
+
+
+def test_a_variable_is_read_by_name_not_by_copying_the_environment(tmp_path: Path) -> None:
+    """``{**os.environ, ...}``, ``dict(os.environ)``, ``.copy()``, ``.items()`` (a child started
+    with one more variable) read no variable by name: every variable of the shell would
+    otherwise be a cause. ``[]``, ``.get``, ``getenv`` and ``in`` do."""
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+os.environ.copy(); dict(os.environ); list(os.environ.items()); list(os.environ.values())
+child = {{**os.environ, "EXTRA": "1"}}
+{{}}.update(os.environ)
+os.environ.get("TRACE_A"); os.getenv("TRACE_B"); "TRACE_C" in os.environ; os.environ["TRACE_D"]
+print(json.dumps(t.env))
+"""
+    env = {**os.environ, "TRACE_B": "b", "TRACE_D": "d", "UNRELATED": "x"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == {"TRACE_A": None, "TRACE_B": "b", "TRACE_C": None, "TRACE_D": "d"}
+
+
+def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
+    """torchrun picks a free MASTER_PORT for each run, Slurm a job id: a run reads them, and
+    they differ between any two runs; the variables around them are kept."""
+    from envlock.replay.reads import collect
+
+    traces = tmp_path / "journal" / "trace"
+    traces.mkdir(parents=True)
+    env = {"MASTER_PORT": "29517", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": "x1",
+           "SLURM_JOB_ID": "4242", "LOCAL_RANK": "0", "LR": "0.1", "DATA_ROOT": None}
+    (traces / "100.json").write_text(json.dumps({"pid": 100, "ppid": 1, "env": env, "read": [],
+                                                 "written": [], "spawned": [], "stdlib": []}))
+    reads, _ = collect(traces, tmp_path)
+    assert reads.variables == {"LR": "0.1"} and reads.unset == ["DATA_ROOT"]
