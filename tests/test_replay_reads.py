@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +78,7 @@ def _record(*extra: str) -> None:
     assert main(["record", "run.record", *extra, "--", sys.executable, "train.py"]) == 0
 
 
-def _replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, dict]:
+def _replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, dict[str, Any]]:
     capsys.readouterr()
     code = main(["replay", "run.record", *args])
     text = capsys.readouterr().out
@@ -98,7 +100,7 @@ def test_the_record_holds_what_the_run_read_and_nothing_of_its_own(project: Path
     assert not reads.untraced
     # The start-up hook on PYTHONPATH is envlock's, not the run's: not in what is recorded.
     rec = load("run.record")
-    assert "probe/startup" not in rec.context.get("env.PYTHONPATH", "")
+    assert "probe/startup" not in str(rec.context.get("env.PYTHONPATH", ""))
     assert all("probe/startup" not in v for v in reads.variables.values())
 
 
@@ -109,7 +111,7 @@ def test_the_record_holds_what_the_run_read_and_nothing_of_its_own(project: Path
     (lambda p: (p / "child.txt").write_text("five!"), "child.txt"),
 ])
 def test_a_changed_file_the_run_read_is_named(project: Path, capsys: pytest.CaptureFixture[str],
-                                              change, named: str) -> None:
+                                              change: Callable[[Path], object], named: str) -> None:
     _record()
     change(project)
     code, text, doc = _replay(capsys)

@@ -27,7 +27,6 @@ from envlock.replay.compare import (
     compare_records,
     context_of,
     metric_equal,
-    unrecordable,
 )
 from envlock.replay.make import make_record, read_journal
 from envlock.replay.record import (
@@ -41,6 +40,7 @@ from envlock.replay.record import (
     load,
     loads,
     seal,
+    unrecordable,
 )
 from envlock.replay.report import replay_text
 from envlock.runtime import recorder
