@@ -391,3 +391,36 @@ def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
                                                  "written": [], "spawned": [], "stdlib": []}))
     reads, _ = collect(traces, tmp_path)
     assert reads.variables == {"LR": "0.1"} and reads.unset == ["DATA_ROOT"]
+
+
+def test_a_run_traced_only_from_its_first_record_call_says_what_was_not_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the start-up hook (a container's run; here ``python -I``, which ignores
+    PYTHONPATH) the trace starts at the first ``envlock.record`` call: a variable read before
+    is not in it, and a divergence it caused must not be called "no difference in ... anything
+    the run read" but said to be unseen."""
+    (tmp_path / "train.py").write_text(
+        "import os\nimport envlock\nlr = float(os.environ.get('LR', '0.1'))\n"
+        "for step in range(2):\n    envlock.record(step, loss=1.0 - lr * step)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LR", raising=False)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["record", "run.record", "--", sys.executable, "-I", "train.py"]) == 0
+    reads = load(tmp_path / "run.record").reads
+    assert reads is not None and reads.late == 1 and "LR" not in reads.variables
+    monkeypatch.setenv("LR", "0.2")
+    capsys.readouterr()
+    assert main(["replay", "run.record", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["divergences"] and any("before its first envlock.record() call" in n for n in doc["not_seen"])
+    assert main(["replay", "run.record"]) == 1
+    out = capsys.readouterr().out
+    assert "nondeterministic" not in out and "not looked at: what the run read before its first" in out
+    # Its twin, with the hook: the variable is named and nothing is said to be unseen.
+    monkeypatch.delenv("LR")
+    assert main(["record", "hooked.record", "--", sys.executable, "train.py"]) == 0
+    monkeypatch.setenv("LR", "0.2")
+    capsys.readouterr()
+    assert main(["replay", "hooked.record", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["not_seen"] == [] and [r["name"] for r in doc["reads"]] == ["LR"]

@@ -67,8 +67,11 @@ class _Tracer:
     """One process's trace. ``paused``: envlock's own work in the process (its capture reads
     every variable and many files) is not the run's."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, late: bool = False) -> None:
         self.directory = directory
+        # Started by ``envlock.record`` rather than at the interpreter's start (no start-up hook:
+        # a container's run, ``python -S``): what the process read before is not in this trace.
+        self.late = late
         self.read: Set[str] = set()
         self.written: Set[str] = set()
         self.env: Dict[str, Optional[str]] = {}
@@ -192,7 +195,8 @@ class _Tracer:
         paths = sysconfig.get_paths()
         return {
             "pid": self.pid, "ppid": os.getppid(), "python": True, "executable": sys.executable,
-            "argv": list(sys.argv), "recorded": self.recorded, "read": sorted(read - self.written), "written": sorted(self.written),
+            "argv": list(sys.argv), "recorded": self.recorded, "late": self.late,
+            "read": sorted(read - self.written), "written": sorted(self.written),
             "env": self.env, "spawned": self.spawned, "state": self.state,
             "stdlib": sorted({paths["stdlib"], paths["platstdlib"]}),
         }
@@ -340,10 +344,11 @@ def active() -> Optional[_Tracer]:
 tracer: Optional[_Tracer] = None
 
 
-def start(directory: Optional[str] = None) -> Optional[_Tracer]:
+def start(directory: Optional[str] = None, late: bool = False) -> Optional[_Tracer]:
     """Trace this process into ``directory`` (default ``$ENVLOCK_TRACE``), once; None when
     no directory is given. Registers this module as ``MODULE`` so that a second start (the
-    start-up hook, then ``envlock.record``) finds the first."""
+    start-up hook, then ``envlock.record``) finds the first. ``late``: started after the
+    process began (by ``envlock.record``), which the trace says."""
     global tracer
     found = active()
     if found is not None:
@@ -351,7 +356,7 @@ def start(directory: Optional[str] = None) -> Optional[_Tracer]:
     directory = directory or os.environ.get(TRACE_ENV)
     if not directory or not os.path.isdir(directory):
         return None
-    tracer = _Tracer(directory)
+    tracer = _Tracer(directory, late)
     sys.modules[MODULE] = sys.modules[__name__]
     try:
         os.environ.__class__ = _environ_class(type(os.environ), tracer)

@@ -471,6 +471,10 @@ def not_seen(original: Record, replay: Record) -> list[str]:
                       | set((replay.reads and replay.reads.untraced) or ()))
     if untraced:
         out.append("what these programs read, not Python, not traced: " + ", ".join(untraced))
+    late = [name for name, rec in (("original", original), ("replay", replay)) if rec.reads and rec.reads.late]
+    if late:
+        out.append("what the run read before its first envlock.record() call: traced only from there in the "
+                   + " and the ".join(late) + " (no start-up hook, as in a container's run)")
     sampled = sorted({k for rec in (original, replay) for k, v in (rec.reads.files if rec.reads else {}).items()
                       if v.sample_sha256})
     if sampled:

@@ -282,7 +282,8 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
         untraced.add(program)
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
-                  processes=len(traces), left_out=left_out or None)
+                  processes=len(traces), late=sum(doc.get("late") is True for doc in traces) or None,
+                  left_out=left_out or None)
     return reads, _state(traces, root_pid)
 
 

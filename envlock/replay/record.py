@@ -172,13 +172,16 @@ class Reads(_Model):
     variable read, with its value as the lock would scrub it (a secret's as ``sha256:<16 hex>``
     of its value); ``unset``: variables looked up and not set; ``untraced``: the programs of
     child processes that are not Python (not traced); ``processes``: how many were traced;
-    ``left_out``: paths the record cannot hold."""
+    ``late``: how many of them were traced only from their first ``envlock.record`` call (no
+    start-up hook: what they read before is not here); ``left_out``: paths the record cannot
+    hold."""
 
     files: dict[Text, FileRead] = Field(default_factory=dict)
     variables: dict[Text, Text] = Field(default_factory=dict)
     unset: list[Text] | None = None
     untraced: list[Text] | None = None
     processes: Annotated[int, Field(ge=0)] = 0
+    late: Annotated[int, Field(ge=1)] | None = None
     left_out: Annotated[int, Field(ge=0)] | None = None
 
 

@@ -196,7 +196,7 @@ def _trace(rank: int) -> None:
     if _state.get("traced") or not os.environ.get(TRACE_ENV):
         return
     _state["traced"] = True
-    found = start_trace()
+    found = start_trace(late=True)
     if found is not None:
         found.recorded = found.recorded or rank == 0
         found.take_state()
