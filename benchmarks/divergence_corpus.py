@@ -423,7 +423,7 @@ CASES = (
          brings=("read:config/hparams.json", "tree")),
     Case("numpy_blas", "numpy from another build, with its own OpenBLAS (--numpy-alt)", "main",
          _numpy_alt, ("ctx:packages.numpy", "ctx:native.runtimes."), depends=BLAS_DEPENDS, needs="numpy-alt",
-         brings=("ctx:env.PYTHONPATH", "ctx:native.")),
+         brings=("ctx:env.PYTHONPATH", "ctx:native.", "ctx:env.GOTOBLAS_MAIN_FREE")),  # 1.26 reads it
     Case("inductor_setting", "an Inductor setting: TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast",
          "compile", _env(TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG="fast"),
          ("ctx:env.TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG", "ctx:compile."),

@@ -424,3 +424,35 @@ def test_a_run_traced_only_from_its_first_record_call_says_what_was_not_seen(
     assert main(["replay", "hooked.record", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["not_seen"] == [] and [r["name"] for r in doc["reads"]] == ["LR"]
+
+
+def test_the_compile_caches_kernels_are_no_read_but_a_file_beside_them_is(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor's kernels, read back from its cache (gcc, not traced, wrote them), are named by
+    their contents in a directory a cold compile fills anew: ``compile.caches.*`` compares
+    them, and a replay named each one as a changed read before (a cold cache's path is new
+    every time). The cache a process was pointed at, and torch's default one, are left out;
+    a file beside them is kept."""
+    from envlock.replay.reads import collect
+
+    cache, default = tmp_path / "inductor", tmp_path / "tmp" / "torchinductor_x"
+    kernel, other = cache / "ab" / "cabc.main.so", default / "fx" / "graph"
+    beside = tmp_path / "weights.bin"
+    for path in (kernel, other, beside):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("USER", "x")
+    monkeypatch.setenv("LOGNAME", "x")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    import tempfile as tf
+
+    monkeypatch.setattr(tf, "tempdir", None)  # gettempdir() reads TMPDIR again
+    traces = tmp_path / "journal" / "trace"
+    traces.mkdir(parents=True)
+    doc = {"pid": 10, "ppid": 1, "python": True, "executable": sys.executable, "argv": ["train.py"],
+           "read": [str(kernel), str(other), str(beside)], "written": [],
+           "env": {"TORCHINDUCTOR_CACHE_DIR": str(cache)}, "spawned": [], "state": None, "stdlib": []}
+    (traces / "10.json").write_text(json.dumps(doc))
+    reads, _ = collect(traces, tmp_path / "project")
+    assert list(reads.files) == [str(beside)]

@@ -8,9 +8,9 @@ command ended, their reads are joined, filtered and hashed:
   it created in the temporary directory and read back), the run's journal directory, the
   record, the lock and the declared outputs, ``/proc``, ``/sys``, ``/dev``, bytecode caches,
   the interpreter's standard library, envlock's own files, directories;
-* left out, as compared elsewhere: a file a distribution's ``RECORD`` lists with the size it
-  has (``packages.<name>`` compares the distribution; deep verify its bytes), a workspace file
-  ``[code]`` holds, a declared ``--input``; a variable the lock records (``[context]``'s
+* left out, as compared elsewhere: the compile caches' kernels (``compile.caches.*``), a file
+  a distribution's ``RECORD`` lists with the size it has (``packages.<name>`` compares the
+  distribution; deep verify its bytes), a workspace file ``[code]`` holds, a declared ``--input``; a variable the lock records (``[context]``'s
   ``env.*``);
 * kept: every other file by sha256 (the probe's stat cache, as ``--deep`` uses it: a file
   whose stat is unchanged is not read again), over ``MAX_HASHED`` bytes by a sample's digest
@@ -233,6 +233,23 @@ def _is_python(program: str, executables: set[str]) -> bool:
         return False
 
 
+def _compile_caches(traces: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The compile caches' directories (Inductor's, Triton's): their kernels are named by their
+    contents in directories a cold compile fills anew, and ``[context]``'s ``compile.caches.*``
+    compares them for a process that compiled. As envlock sees them, and as the run's processes
+    looked their variables up."""
+    from envlock.probe.compilecache import INDUCTOR_DIR_ENV
+    from envlock.probe.compilestate import cache_dirs
+
+    found = [path for _, path in cache_dirs()]
+    for doc in traces:
+        env = doc.get("env")
+        if isinstance(env, Mapping):
+            found += [os.path.abspath(v) for k, v in env.items()
+                      if k in (INDUCTOR_DIR_ENV, "TRITON_CACHE_DIR") and isinstance(v, str) and v]
+    return found
+
+
 def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: Iterable[str] = (),
             root_pid: int | None = None, program: str | None = None,
             hook: str | None = None) -> tuple[Reads, dict[str, Any]]:
@@ -247,7 +264,7 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     for doc in traces:
         written.update(os.path.normpath(p) for p in _strings(doc, "written"))
         stdlib.update(_strings(doc, "stdlib"))
-    own = [str(Path(__file__).resolve().parents[1]), str(directory.parent), *exclude]
+    own = [str(Path(__file__).resolve().parents[1]), str(directory.parent), *exclude, *_compile_caches(traces)]
     skipped = set(skip)
     dists = _Distributions()
     wanted: list[str] = []
