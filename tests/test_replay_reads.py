@@ -456,3 +456,49 @@ def test_the_compile_caches_kernels_are_no_read_but_a_file_beside_them_is(tmp_pa
     (traces / "10.json").write_text(json.dumps(doc))
     reads, _ = collect(traces, tmp_path / "project")
     assert list(reads.files) == [str(beside)]
+
+
+def test_a_containers_reads_map_the_workspace_and_never_hash_a_host_file_for_another(tmp_path: Path) -> None:
+    """A container's run names the container's paths: one under its workspace is the
+    workspace's file here; the image's environment is proven by the check inside; any other
+    file (a dataset mounted only there, a library in the image) exists only in the container,
+    and a file of the same path here holds other bytes: never hashed here, counted, and said in
+    the verdict instead of "no difference in anything the run read"."""
+    from envlock.replay.reads import collect
+
+    base = tmp_path / "project"
+    (base / "config").mkdir(parents=True)
+    (base / "config" / "hparams.json").write_text("{}")
+    traces = tmp_path / "journal" / "trace"
+    traces.mkdir(parents=True)
+    here = "/etc/hostname" if os.path.exists("/etc/hostname") else sys.executable  # exists on this host too
+    doc = {"pid": 7, "ppid": 1, "python": True, "executable": "/usr/bin/python3", "argv": ["train.py"],
+           "read": ["/workspace/config/hparams.json", "/usr/lib/python3/dist-packages/numpy/__init__.py",
+                    "/opt/venv/lib/python3.11/site-packages/torch/__init__.py", "/envlock-record/journal",
+                    here, "/data/shard-000.bin"],
+           "written": [], "env": {}, "spawned": [], "state": None, "stdlib": [], "late": True}
+    (traces / "7.json").write_text(json.dumps(doc))
+    reads, _ = collect(traces, base, inside="/workspace")
+    assert list(reads.files) == ["config/hparams.json"] and reads.unhashed == 2 and reads.late == 1
+    # Its twin on the host: the same file of this machine is hashed.
+    doc.update(read=[here], late=False)
+    (traces / "7.json").write_text(json.dumps(doc))
+    reads, _ = collect(traces, base)
+    assert list(reads.files) == [here] and reads.unhashed is None
+
+
+def test_the_verdict_says_what_a_containers_run_read_and_no_record_could_compare() -> None:
+    from datetime import datetime, timezone
+
+    from envlock.replay.compare import not_seen
+    from envlock.replay.record import Meta, Reads, Record, Step
+
+    def rec(reads: Reads) -> Record:
+        meta = Meta(tool_version="0", created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                    where="container", command=["python", "train.py"], exit_code=0)
+        return Record(record=meta, reads=reads, steps=[Step(step=0, metrics={"loss": 0.5})])
+
+    said = not_seen(rec(Reads(processes=1, unhashed=3, late=1)), rec(Reads(processes=1)))
+    assert any("3 in the original" in n and "only the container holds" in n for n in said)
+    assert any("before its first envlock.record() call" in n for n in said)
+    assert not_seen(rec(Reads(processes=1)), rec(Reads(processes=1))) == []

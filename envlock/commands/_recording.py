@@ -152,9 +152,10 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
            as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
-           stderr_tail: Sequence[str] = ()) -> int:
+           stderr_tail: Sequence[str] = (), inside: str | None = None) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
-    original (a replay: ``verdict``'s exit code)."""
+    original (a replay: ``verdict``'s exit code). ``inside``: the workspace's path in the
+    container the command ran in (a container's run)."""
     from envlock.replay.make import make_record, read_inputs
 
     if p.original is None:
@@ -163,7 +164,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                 if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                           outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
-                          program=program, restore=restore, git=p.git, own=_own(p, lock_path))
+                          program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside)
         rec.save(p.record_path)
         err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
             f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
@@ -172,7 +173,7 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
 
     replay = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
                          outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git,
-                         own=_own(p, lock_path), declared=p.inputs)
+                         own=_own(p, lock_path), declared=p.inputs, inside=inside)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
     return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
 

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 verdict = finish(recording, journal / JOURNAL, command=opts.command, exit_code=code,
                                  where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
                                  lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
-                                 stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else ())
+                                 stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else (),
+                                 inside=WORKDIR)
                 compile_report(compiled, recording.original)
                 return verdict
 

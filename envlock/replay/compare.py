@@ -475,6 +475,11 @@ def not_seen(original: Record, replay: Record) -> list[str]:
     if late:
         out.append("what the run read before its first envlock.record() call: traced only from there in the "
                    + " and the ".join(late) + " (no start-up hook, as in a container's run)")
+    unhashed = [f"{rec.reads.unhashed} in the {name}" for name, rec in (("original", original), ("replay", replay))
+                if rec.reads and rec.reads.unhashed]
+    if unhashed:
+        out.append("files read inside the container, outside its workspace and environment, which only the "
+                   "container holds: " + ", ".join(unhashed))
     sampled = sorted({k for rec in (original, replay) for k, v in (rec.reads.files if rec.reads else {}).items()
                       if v.sample_sha256})
     if sampled:

@@ -300,9 +300,10 @@ def _not_inputs(base: Path, own: Sequence[str], outputs: Sequence[str], inputs: 
 
 
 def _reads(journal: str | os.PathLike[str], base: Path, where: str, program: str | None,
-           code: Code | None, exclude: Sequence[str]) -> tuple[Reads | None, dict[str, Any]]:
+           code: Code | None, exclude: Sequence[str], inside: str | None) -> tuple[Reads | None, dict[str, Any]]:
     """The run's ``[reads]`` and the traced process facts, from the trace directory beside the
-    journal; (None, {}) when the run was not traced (``--no-trace``)."""
+    journal; (None, {}) when the run was not traced (``--no-trace``). ``inside``: the
+    workspace's path in the container the run's processes saw."""
     from envlock.replay.reads import collect, trace_dir
 
     directory = trace_dir(Path(journal).parent)
@@ -313,14 +314,14 @@ def _reads(journal: str | os.PathLike[str], base: Path, where: str, program: str
     host = where == "host"
     return collect(directory, base, exclude=exclude, skip=(code.files or {}) if code is not None else (),
                    root_pid=os.getpid() if host else None, program=program if host else None,
-                   hook=hook_dir() if host else None)
+                   hook=hook_dir() if host else None, inside=None if host else inside)
 
 
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
                 lock: Any = None, lock_name: str | None = None, program: str | None = None,
                 restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None,
-                own: Sequence[str] = (), declared: Sequence[str] = ()) -> Record:
+                own: Sequence[str] = (), declared: Sequence[str] = (), inside: str | None = None) -> Record:
     """``git``: the workspace's state when the command started (``workspace_git``); ``own``:
     the record's and the lock's paths, and ``declared`` the run's declared inputs (a replay
     reads them again itself), which the trace's reads leave out."""
@@ -330,7 +331,7 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
         context = lock_context(lock)
     code = _code(git, ran.code)
     reads, facts = _reads(journal, base, where, program, code,
-                          _not_inputs(base, own, outputs, [*inputs, *declared]))
+                          _not_inputs(base, own, outputs, [*inputs, *declared]), inside)
     if facts:
         context = {**context, **{k: v for k, v in facts.items() if k not in context}}
     found = read_inputs(inputs, base)

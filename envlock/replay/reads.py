@@ -52,6 +52,8 @@ MAX_TRACES = 4096
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 # What a process read under these is no input of the run.
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
+# In a container's run: envlock's own mounts (the record's journal, the probe, the check's files).
+_CONTAINER_OWN = ("/envlock-", "/tmp/envlock-", "/usr/local/share/envlock-")
 # The keys of ``[context]`` the traced process facts go to.
 STATE_KEYS = {"flush_denormal": "determinism.flush_denormal", "default_dtype": "determinism.default_dtype",
               "cpu_affinity": "process.cpu_affinity", "cpu_quota": "process.cpu_quota"}
@@ -252,12 +254,18 @@ def _compile_caches(traces: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: Iterable[str] = (),
             root_pid: int | None = None, program: str | None = None,
-            hook: str | None = None) -> tuple[Reads, dict[str, Any]]:
+            hook: str | None = None, inside: str | None = None) -> tuple[Reads, dict[str, Any]]:
     """The run's ``Reads`` and the process facts for ``[context]``. ``exclude``: absolute
     paths (files or directories) that are no input (the record, the lock, declared outputs
     and inputs); ``skip``: the paths, as the record shows them, another table compares
     (``[code]``'s files); ``root_pid``: envlock's own pid, whose child is the command:
-    when it left no trace, ``program`` (what the command ran) is named as not traced."""
+    when it left no trace, ``program`` (what the command ran) is named as not traced.
+    ``inside``: the workspace's path in the container the processes ran in. Their paths are
+    the container's: one under it is the workspace's file here; any other exists only in the
+    container (a file of the same name here may hold other bytes), so it is never hashed here:
+    the environment's files (``site-packages``, ``dist-packages``) are the image's, which the
+    check inside proved equal to the lock, and every other one is counted as not compared
+    (``Reads.unhashed``)."""
     traces = load_traces(directory)
     written: set[str] = set()
     stdlib: set[str] = set()
@@ -268,10 +276,19 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     skipped = set(skip)
     dists = _Distributions()
     wanted: list[str] = []
+    unhashed = 0
     for path in sorted({os.path.normpath(p) for doc in traces for p in _strings(doc, "read")} - written):
         if (path.startswith(_SYSTEM) or "/__pycache__/" in path or path.endswith((".pyc", ".pyo"))
                 or _stdlib(path, stdlib) or _under(path, own)):
             continue
+        if inside is not None:
+            if not _under(path, [inside]):
+                env_file = "/site-packages/" in path or "/dist-packages/" in path
+                unhashed += 0 if env_file or path.startswith(_CONTAINER_OWN) else 1
+                continue
+            path = os.path.normpath(os.path.join(str(base), os.path.relpath(path, inside)))
+            if _under(path, own):
+                continue
         try:
             st = os.stat(path)
         except OSError:
@@ -300,7 +317,7 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
                   processes=len(traces), late=sum(doc.get("late") is True for doc in traces) or None,
-                  left_out=left_out or None)
+                  unhashed=unhashed or None, left_out=left_out or None)
     return reads, _state(traces, root_pid)
 
 

@@ -173,8 +173,9 @@ class Reads(_Model):
     of its value); ``unset``: variables looked up and not set; ``untraced``: the programs of
     child processes that are not Python (not traced); ``processes``: how many were traced;
     ``late``: how many of them were traced only from their first ``envlock.record`` call (no
-    start-up hook: what they read before is not here); ``left_out``: paths the record cannot
-    hold."""
+    start-up hook: what they read before is not here); ``unhashed``: files a container's run
+    read outside its workspace and its environment, which only the container holds (not
+    compared); ``left_out``: paths the record cannot hold."""
 
     files: dict[Text, FileRead] = Field(default_factory=dict)
     variables: dict[Text, Text] = Field(default_factory=dict)
@@ -182,6 +183,7 @@ class Reads(_Model):
     untraced: list[Text] | None = None
     processes: Annotated[int, Field(ge=0)] = 0
     late: Annotated[int, Field(ge=1)] | None = None
+    unhashed: Annotated[int, Field(ge=1)] | None = None
     left_out: Annotated[int, Field(ge=0)] | None = None
 
 
