@@ -502,3 +502,22 @@ def test_the_verdict_says_what_a_containers_run_read_and_no_record_could_compare
     assert any("3 in the original" in n and "only the container holds" in n for n in said)
     assert any("before its first envlock.record() call" in n for n in said)
     assert not_seen(rec(Reads(processes=1)), rec(Reads(processes=1))) == []
+
+
+def test_replay_json_is_one_document_when_the_script_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """A training script prints (progress, a final loss): with ``replay --json`` those lines
+    went to envlock's stdout before the document, which then did not parse. They go to stderr;
+    without ``--json`` they stay on stdout (the twin)."""
+    (tmp_path / "train.py").write_text(
+        "import envlock\nfor step in range(2):\n    print('epoch', step)\n    envlock.record(step, loss=0.5)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["record", "run.record", "--", sys.executable, "train.py"]) == 0
+    capfd.readouterr()
+    assert main(["replay", "run.record", "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["same"] is True and "epoch 1" in err
+    assert main(["replay", "run.record"]) == 0
+    out, _ = capfd.readouterr()
+    assert "epoch 1" in out and "OK: the replay reproduced" in out

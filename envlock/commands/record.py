@@ -61,11 +61,13 @@ def _copy(stream: IO[bytes], tail: Tail) -> None:
 
 
 def run_here(command: list[str], journal: Path, base: Path,
-             compiled: CompileRun | None = None, trace: bool = True) -> tuple[int, list[str]]:
+             compiled: CompileRun | None = None, trace: bool = True,
+             stdout_to_stderr: bool = False) -> tuple[int, list[str]]:
     """CMD as a child of this process, with the journal's path in its environment (and behind
     the compile cache's loader, ``compiled``), its Python processes traced unless ``trace`` is
     False: (its exit code as ``child_exit`` maps it, the last lines of its stderr, which
-    passes through)."""
+    passes through). ``stdout_to_stderr``: the command's stdout goes to envlock's stderr, where
+    envlock's own stdout is a document (``replay --json``) that a script's prints would break."""
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
     tail = Tail()
@@ -80,7 +82,8 @@ def run_here(command: list[str], journal: Path, base: Path,
         if compiled.load is not None:
             command = compiled.command(host_python(resolve_program(command[0], base), base), command)
     try:
-        proc = subprocess.Popen(command, cwd=base, env=env, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, cwd=base, env=env, stderr=subprocess.PIPE,
+                                stdout=2 if stdout_to_stderr else None)  # fd 2: envlock's own stderr
     except FileNotFoundError:
         raise UsageError(f"{command[0]}: command not found") from None
     except PermissionError:

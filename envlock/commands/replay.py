@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     cache, _ = compile_files(args, lock, original.record.lock)
     with journal_dir() as journal, compile_run(cache, None, container=False) as compiled:
-        code, stderr_tail = run_here(command, journal, base, compiled, trace=not args.no_trace)
+        code, stderr_tail = run_here(command, journal, base, compiled, trace=not args.no_trace,
+                                     stdout_to_stderr=args.json)
         compiled.loaded()
         compile_report(compiled, original)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
