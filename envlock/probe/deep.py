@@ -141,7 +141,10 @@ class _Dist:
         self.findings.setdefault(kind, []).append(rel)
 
 
-def _read_record(path: str) -> Iterator[Tuple[str, str, int]]:
+def read_record(path: str) -> Iterator[Tuple[str, str, int]]:
+    """A distribution's RECORD as (path, hash, size) rows (size 0 where RECORD gives none),
+    read as a regular file of at most ``MAX_RECORD`` bytes; raises OSError,
+    UnicodeDecodeError or csv.Error for one that cannot be read so."""
     fh, _ = _open_regular(path)
     with fh:
         data = _read_upto(fh, MAX_RECORD)
@@ -168,7 +171,7 @@ def _plan(dists: List[_Dist], claimed: Dict[str, Set[str]], owners: Dict[Tuple[s
         site_claims = claimed.setdefault(dist.site, set())
         own_record = dist.info_dir + "/RECORD"
         try:
-            entries = list(_read_record(record))
+            entries = list(read_record(record))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             dist.add("unreadable", "%s/RECORD (%s)" % (dist.info_dir, why))

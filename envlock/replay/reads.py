@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envlock.probe.deep import read_record
 from envlock.replay.record import FileRead, Reads, holds, unrecordable
 
 # The trace directory's name inside the run's journal directory.
@@ -116,13 +116,12 @@ class _Distributions:
             infos = []
         for info in infos:
             try:
-                text = Path(d, info, "RECORD").read_text(encoding="utf-8", errors="replace")
-            except OSError:
+                rows = list(read_record(os.path.join(d, info, "RECORD")))
+            except (OSError, UnicodeDecodeError, csv.Error):
                 continue
-            for row in csv.reader(io.StringIO(text)):
-                if row and row[0]:
-                    size = row[2] if len(row) > 2 else ""
-                    out[os.path.normpath(os.path.join(d, row[0]))] = int(size) if size.isdigit() else None
+            # A row without a hash (RECORD itself, bytecode) has no size either: any size goes.
+            out.update((os.path.normpath(os.path.join(d, rel)), size if digest else None)
+                       for rel, digest, size in rows)
         self.dirs[d] = out
         return out
 
