@@ -409,6 +409,11 @@ def _commands(original: Record, replay: Record) -> tuple[list[str], list[str]]:
     return ran, runs
 
 
+def _differ(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """The keys whose values differ, a key one side lacks among them, in order."""
+    return [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+
+
 def code_changes(original: Record, replay: Record) -> list[CodeChange]:
     """What differs in the code the two commands ran: each workspace file the processes loaded
     (changed, or loaded by one only), the commit, the working tree's changes, the command
@@ -418,8 +423,7 @@ def code_changes(original: Record, replay: Record) -> list[CodeChange]:
     if a is not None and b is not None:
         if a.files_known and b.files_known:
             ours, theirs = a.files or {}, b.files or {}
-            out += [CodeChange("file", path, ours.get(path), theirs.get(path))
-                    for path in sorted(set(ours) | set(theirs)) if ours.get(path) != theirs.get(path)]
+            out += [CodeChange("file", path, ours.get(path), theirs.get(path)) for path in _differ(ours, theirs)]
         if a.commit and b.commit and a.commit != b.commit:
             out.append(CodeChange("commit", "", a.commit, b.commit))
         if a.tree_sha256 and b.tree_sha256 and a.tree_sha256 != b.tree_sha256:
@@ -450,19 +454,18 @@ def read_changes(original: Record, replay: Record) -> list[ReadChange]:
     out: list[ReadChange] = []
     ours = {k: _file_value(v) for k, v in a.files.items()}
     theirs = {k: _file_value(v) for k, v in b.files.items()}
-    out += [ReadChange("file", k, ours.get(k), theirs.get(k))
-            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    out += [ReadChange("file", k, ours.get(k), theirs.get(k)) for k in _differ(ours, theirs)]
     ours = {**dict.fromkeys(a.unset or (), UNSET), **a.variables}
     theirs = {**dict.fromkeys(b.unset or (), UNSET), **b.variables}
-    out += [ReadChange("variable", k, ours.get(k), theirs.get(k))
-            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    out += [ReadChange("variable", k, ours.get(k), theirs.get(k)) for k in _differ(ours, theirs)]
     return out
 
 
 def not_seen(original: Record, replay: Record) -> list[str]:
     """What of the two runs' reading no comparison covered, in words."""
     out: list[str] = []
-    lacking = [name for name, rec in (("original", original), ("replay", replay)) if rec.reads is None]
+    sides = (("original", original), ("replay", replay))
+    lacking = [name for name, rec in sides if rec.reads is None]
     if lacking:
         out.append("what the run read: no trace in the " + " and the ".join(lacking)
                    + (" record" if len(lacking) == 1 else " records"))
@@ -471,12 +474,11 @@ def not_seen(original: Record, replay: Record) -> list[str]:
                       | set((replay.reads and replay.reads.untraced) or ()))
     if untraced:
         out.append("what these programs read, not Python, not traced: " + ", ".join(untraced))
-    late = [name for name, rec in (("original", original), ("replay", replay)) if rec.reads and rec.reads.late]
+    late = [name for name, rec in sides if rec.reads and rec.reads.late]
     if late:
         out.append("what the run read before its first envlock.record() call: traced only from there in the "
                    + " and the ".join(late) + " (no start-up hook, as in a container's run)")
-    unhashed = [f"{rec.reads.unhashed} in the {name}" for name, rec in (("original", original), ("replay", replay))
-                if rec.reads and rec.reads.unhashed]
+    unhashed = [f"{rec.reads.unhashed} in the {name}" for name, rec in sides if rec.reads and rec.reads.unhashed]
     if unhashed:
         out.append("files read inside the container, outside its workspace and environment, which only the "
                    "container holds: " + ", ".join(unhashed))
