@@ -10,7 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from envlock.drift.result import Collector, Severity, dump
-from envlock.text.terminal import agree, plural
+from envlock.text.terminal import agree, first, plural
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
@@ -121,9 +121,7 @@ def os_packages(c: Collector, old: Lock, new: Lock) -> None:
         names = soft[kind]
         if names:
             names = sorted(names)
-            shown = ", ".join(names[:OS_NAMES_SHOWN])
-            more = f" and {len(names) - OS_NAMES_SHOWN} more" if len(names) > OS_NAMES_SHOWN else ""
-            parts.append(f"{len(names)} {kind} ({shown}{more})")
+            parts.append(f"{len(names)} {kind} ({first(names, OS_NAMES_SHOWN)})")
     c.add("os_packages", "os_packages", _os_side(old_soft), _os_side(new_soft), "warning",
           f"{plural(total, 'other OS package')} {agree(total, 'differs', 'differ')}: " + "; ".join(parts))
 
@@ -133,8 +131,7 @@ def _os_side(versions: dict[str, str]) -> str | None:
     if not versions:
         return None
     items = sorted((key.split(":", 1)[0], v) for key, v in versions.items())
-    shown = ", ".join(f"{n} {v}" for n, v in items[:OS_NAMES_SHOWN])
-    return shown + (f" and {len(items) - OS_NAMES_SHOWN} more" if len(items) > OS_NAMES_SHOWN else "")
+    return first([f"{n} {v}" for n, v in items], OS_NAMES_SHOWN)
 
 
 def conda(c: Collector, old: Lock, new: Lock) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from envlock._files import sha256_file
 from envlock.errors import EnvlockError, UsageError
+from envlock.text.terminal import first
 
 MARKER = ".envlock-context"
 MARKER_TEXT = ("This directory is a build context written by envlock restore; envlock replaces it "
@@ -94,10 +95,6 @@ def _files_in(directory: Path) -> list[str]:
     return sorted(p for p in out if p != MARKER)
 
 
-def _shown(paths: list[str]) -> str:
-    return ", ".join(paths[:_SHOWN]) + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
-
-
 def prepare(directory: Path, *, force: bool, new: Mapping[str, str] | None = None,
             digest: Callable[[Path], str] = sha256_file) -> list[str]:
     """Make ``directory`` ready for a fresh context, or raise UsageError (exit 2).
@@ -139,7 +136,7 @@ def prepare(directory: Path, *, force: bool, new: Mapping[str, str] | None = Non
             users.append(rel)
     clash = [rel for rel in users if rel in new or any(p.startswith(rel + "/") for p in new)]
     if clash:
-        raise UsageError(f"refusing to replace {directory}: envlock would write over {_shown(clash)}, "
+        raise UsageError(f"refusing to replace {directory}: envlock would write over {first(clash, _SHOWN)}, "
                          "which envlock did not write or which changed since it did",
                          hint="move your files out of the way, or give a new or empty directory; "
                               "--force replaces only files envlock wrote and nobody changed")
@@ -238,5 +235,5 @@ def write(directory: Path, files: Mapping[str, str], binaries: Mapping[str, tupl
                            f"{exc.strerror or exc}") from None
     if kept and say is not None:
         say(f"note: kept {len(kept)} {'file' if len(kept) == 1 else 'files'} in {directory} that envlock "
-            f"did not write or that changed since it did: {_shown(kept)}")
+            f"did not write or that changed since it did: {first(kept, _SHOWN)}")
     return directory

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from envlock.errors import HashMismatch, PackDamaged, UsageError
 from envlock.restore.cachedir import touch
-from envlock.text.terminal import safe
+from envlock.text.terminal import first, safe
 
 if TYPE_CHECKING:
     from envlock.restore.engine import ContainerEngine
@@ -217,9 +217,7 @@ def _files(root: Path) -> set[str]:
 
 def _named(kind: str, names: list[str]) -> str:
     """``names`` for a refusal: the first few, then how many more."""
-    shown = ", ".join(safe(n) for n in names[:_NAMED])
-    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
-    return f"{kind}: {shown}{more}"
+    return f"{kind}: {first([safe(n) for n in names], _NAMED)}"
 
 
 def check_sums(root: Path) -> dict[str, str]:

@@ -8,6 +8,7 @@ the lock's reader naming a bad value), so each can use it without importing anot
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 # What a lock may hold but a terminal must never receive raw: C0 controls (ESC starts escape
@@ -63,6 +64,12 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
     """``n`` and ``noun``, in the plural unless ``n`` is 1 ("1 output", "2 outputs", "0 steps");
     ``many`` where adding "s" is not the plural ("shadowed copies")."""
     return f"{n} {noun if n == 1 else many or noun + 's'}"
+
+
+def first(items: Sequence[str], n: int) -> str:
+    """The first ``n`` of ``items``, comma-separated, then how many more ("a, b and 3 more"):
+    a message names a few of what may be thousands."""
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def agree(n: int, one: str, many: str) -> str:
