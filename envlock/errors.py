@@ -8,14 +8,33 @@ scripts and CI jobs rely on, documented in the README:
     2  the input is wrong: usage, an invalid, tampered or unsafe lock (the user fixes the input)
     3  the environment around envlock is wrong: no engine, interpreter or torch, a failed probe
        or build, an unreachable index (the same input can succeed elsewhere)
-    130  interrupted (Ctrl-C), as shells report SIGINT
+    130  interrupted (Ctrl-C); 143 stopped by SIGTERM (``kill``, a job scheduler), 129 by
+         SIGHUP: 128 plus the signal's number, as shells report a process a signal ended
 
 Every exception envlock raises for a user to read lives here, so the mapping is seen whole.
 """
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) on its way out as Ctrl-C's ``KeyboardInterrupt``
+    (``envlock._signals``), so that every ``except KeyboardInterrupt`` and ``finally`` cleans up
+    for all three; ``signum`` says which, for the exit code."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupted_exit(exc: KeyboardInterrupt) -> int:
+    """The exit code of an interrupted command: 128 plus the signal's number (130 for a plain
+    ``KeyboardInterrupt``, which is Ctrl-C's)."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
 

@@ -418,7 +418,8 @@ def test_an_interrupted_venv_restore_takes_its_venv_away(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()  # reaped, and its pipes closed
-    assert proc.returncode == 130 and "envlock: interrupted" in err, (proc.returncode, out, err)
+    said = "envlock: interrupted" if signum == signal.SIGINT else "envlock: stopped by SIGTERM"
+    assert proc.returncode == 128 + signum and said in err, (proc.returncode, out, err)
     assert not dest.exists()
 
 

@@ -6,7 +6,7 @@ stderr and a documented exit code, never a traceback (set ENVLOCK_DEBUG=1 to see
     0  ok / no drift          1  drift or differences found
     2  usage error, invalid or tampered lock
     3  environment problem (no container engine, interpreter not found, build failed)
-    130  interrupted
+    130  interrupted (Ctrl-C); 143 SIGTERM, 129 SIGHUP (128 + the signal, as shells report)
 
 Each handler (``envlock.commands.<name>.run``) prints what the report modules build (``envlock.report``
 and the reports of one job; a one-line answer such as ``fmt``'s is written where it is decided) and returns
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from envlock._signals import stops_as_interrupt
 from envlock.commands._output import err
 from envlock.commands._parser import build_parser
-from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvlockError
+from envlock.errors import EXIT_ENV, EXIT_OK, EXIT_USAGE, EnvlockError, interrupted_exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[..., int] = importlib.import_module(f"envlock.commands.{args.handler}").run
     try:
-        return handler(args)
+        with stops_as_interrupt():  # SIGTERM and SIGHUP clean up as Ctrl-C does, in every command
+            return handler(args)
     except SystemExit as exc:  # the options `run`, `record` and `replay` parse after the command's split
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except EnvlockError as exc:
@@ -48,9 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("ENVLOCK_DEBUG"):
             raise
         return exc.exit_code
-    except KeyboardInterrupt:
-        err("envlock: interrupted\n")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", None)
+        err("envlock: interrupted\n" if signum in (None, signal.SIGINT)
+            else f"envlock: stopped by {signal.Signals(signum).name}\n")
+        return interrupted_exit(exc)
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:  # a write into a read-only or full place, a file gone meanwhile

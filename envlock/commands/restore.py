@@ -10,12 +10,8 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from envlock.commands._output import say
@@ -41,25 +37,6 @@ def options(args: argparse.Namespace) -> Options:
                    allow_http=args.allow_http, image_name=image_name(Path(args.lock), args.name))
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``kill``, a job scheduler) stops a restore as Ctrl-C does, so that its cleanup
-    runs: the build stage and the steps of an interrupted build removed, an unfinished venv taken
-    away. Only around a restore: a command that ``run`` replays handles its own signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _report_build_failure(exc: Any) -> None:
     if exc.log_tail:
         sys.stderr.write("envlock: last lines of the build log:\n")
@@ -78,7 +55,7 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
     name = image_name(lock_path or Path(args.lock), args.name)
     tag = f"envlock/{name}:{lock.short_id}"
     try:
-        with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
+        with cachedir.in_use(cache_dir(), say):
             return restore(lock, options, engine=engine, name=name,
                            workdir=Path(args.context_dir) if args.context_dir else None,
                            verify=verify, use_cache=not args.no_cache, say=say, network=network,
@@ -147,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     args.lock = lock_arg(args.lock)
     # The unpacked pack, the build context and envlock's own wheel stay in the cache while this
     # restore uses them: `envlock cache prune` refuses to run meanwhile.
-    with _terminate_as_interrupt(), cachedir.in_use(cache_dir(), say):
+    with cachedir.in_use(cache_dir(), say):
         return _restore(args, kind, venv_dir)
 
 

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
 
+from envlock._signals import deferred
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
 from envlock.restore.buildlog import BuildLog
-from envlock.restore.engine import ImageInfo, no_interrupt
+from envlock.restore.engine import ImageInfo
 from envlock.restore.progress import Progress, show
 
 BUILDER_ENV = "ENVLOCK_BUILDER"
@@ -247,7 +248,7 @@ def _stream(argv: Sequence[str], env: Mapping[str, str], parsed: BuildLog, log: 
             _feed(parsed, line, log, progress)
         return proc.wait(), last
     except KeyboardInterrupt:
-        with no_interrupt():
+        with deferred():
             stop(proc)
             engine.remove_committed(parsed.committed)
         raise

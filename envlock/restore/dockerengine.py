@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from envlock._signals import deferred
 from envlock.errors import (
     BuildFailed,
     CommandNotFound,
@@ -42,7 +43,6 @@ from envlock.restore.engine import (
     ImageInfo,
     RunResult,
     RunSpec,
-    no_interrupt,
 )
 from envlock.restore.progress import Progress, show
 
@@ -570,7 +570,7 @@ class DockerEngine(ContainerEngine):
                 _close_socket(sock)
             code = int(api.wait(cid, timeout=None).get("StatusCode", 1))
         finally:
-            with no_interrupt(), contextlib.suppress(Exception):
+            with deferred(), contextlib.suppress(Exception):
                 api.remove_container(cid, force=True)
         return RunResult(code, bytes(out), bytes(err))
 

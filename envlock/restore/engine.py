@@ -5,17 +5,15 @@ and Podman through the docker SDK (``connect`` chooses the endpoint). Callers ho
 a ``with`` block, so its connection is closed however the block ends.
 
 Containers an engine creates carry ``org.envlock.owner=<host>/<pid>`` and are removed when the
-command ends, interrupted or not; a run killed harder than that (SIGKILL) is cleaned up by the
+command ends, interrupted or not (``envlock._signals``: Ctrl-C, SIGTERM and SIGHUP alike, their
+removal held off from further signals); a run killed harder than that (SIGKILL) is cleaned up by the
 next envlock on that host (``remove_stale``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -59,23 +57,6 @@ class BuildMode:
     mounts: bool = False
     builder: str = "the engine's API"
     note: str | None = None
-
-
-@contextlib.contextmanager
-def no_interrupt() -> Iterator[None]:
-    """Hold SIGINT off while cleaning up, so a second Ctrl-C cannot orphan a container or a
-    build client."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
