@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 STOPS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # How long a command envlock started (a host record's training process, a container) is given to
 # end on its own after it was sent the stop signal, before it is killed: ``docker stop``'s default,
-# well inside Slurm's default KillWait (30 s) between its SIGTERM and its SIGKILL.
+# well inside Slurm's default KillWait (30 s) between its SIGTERM and its SIGKILL. The variable
+# sets another (a job that saves a large checkpoint on SIGTERM, under a longer KillWait).
 GRACE_SECONDS = 10.0
+GRACE_VAR = "ENVLOCK_STOP_SECONDS"
 
 
 class _State:

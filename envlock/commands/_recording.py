@@ -13,16 +13,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, get_args
 
 from envlock.commands._output import err, out, say
-from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, UsageError
+from envlock.errors import EXIT_DRIFT, EXIT_ENV, EXIT_OK, EnvlockError, UsageError
 from envlock.text.terminal import plural
 
 if TYPE_CHECKING:
     from envlock.replay.compare import ReplayComparison
     from envlock.replay.compilecache import CacheFile, CompileRun
-    from envlock.replay.record import Record, RestoreOption, RestoreOptions
+    from envlock.replay.record import Record, RestoreOption, RestoreOptions, StopSignal
 
 JOURNAL = "journal.jsonl"
 
@@ -152,22 +152,29 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
            as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
-           stderr_tail: Sequence[str] = (), inside: str | None = None) -> int:
+           stderr_tail: Sequence[str] = (), inside: str | None = None,
+           stop: KeyboardInterrupt | None = None) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
     original (a replay: ``verdict``'s exit code). ``inside``: the workspace's path in the
-    container the command ran in (a container's run)."""
+    container the command ran in (a container's run).
+
+    ``stop``: the interrupt (Ctrl-C, SIGTERM, SIGHUP) that stopped the command. A record is
+    still written, with what was recorded until then and the signal in ``interrupted`` (or a
+    line says why it could not be); a replay says it has no verdict. Then ``stop`` goes on, so
+    that envlock exits as interrupted."""
     from envlock.replay.make import make_record, read_inputs
 
+    if stop is not None:
+        return _finish_stopped(p, journal, stop, command=command, exit_code=exit_code, where=where,
+                               base=base, lock=lock, lock_path=lock_path, program=program,
+                               restore=restore, inside=inside)
     if p.original is None:
         assert p.record_path is not None
-        name = (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
-                if lock_path else None)
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path),
                           program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside)
         rec.save(p.record_path)
-        err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
-            f"{plural(len(rec.inputs), 'input')} in {p.record_path}\n")
+        err(f"envlock: recorded {_counts(rec)} in {p.record_path}\n")
         return exit_code
     from envlock.replay.compare import Tolerance, compare_records
 
@@ -176,6 +183,49 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                          own=_own(p, lock_path), declared=p.inputs, inside=inside)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
     return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
+
+
+def _finish_stopped(p: Plan, journal: Path, stop: KeyboardInterrupt, *, command: Sequence[str],
+                    exit_code: int, where: Literal["container", "host"], base: Path, lock: Any,
+                    lock_path: str | None, program: str | None, restore: RestoreOptions | None,
+                    inside: str | None) -> NoReturn:
+    """``finish`` for a command a stop signal ended: the record of what ran until then, or
+    the reason there is none; the interrupt raised again either way."""
+    import signal
+
+    from envlock.replay.make import make_record
+
+    name = signal.Signals(int(getattr(stop, "signum", signal.SIGINT))).name
+    if p.original is not None:
+        err(f"envlock: the replay was stopped by {name} before its end: no verdict\n")
+        raise stop
+    assert p.record_path is not None
+    try:
+        rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path),
+                          program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside,
+                          interrupted=cast("StopSignal", name))
+        rec.save(p.record_path)
+    except (EnvlockError, OSError) as exc:
+        from envlock.text.terminal import safe
+
+        err(safe(f"envlock: the run was stopped by {name}, and {p.record_path} could not be written: {exc}") + "\n")
+        raise stop from None
+    err(f"envlock: the run was stopped by {name}; recorded {_counts(rec)} until then in {p.record_path} "
+        "(marked interrupted)\n")
+    raise stop
+
+
+def _counts(rec: Record) -> str:
+    return (f"{plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "
+            f"{plural(len(rec.inputs), 'input')}")
+
+
+def _lock_name(p: Plan, lock_path: str | None) -> str | None:
+    """The lock's path as the record keeps it: relative to the record."""
+    assert p.record_path is not None
+    return (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
+            if lock_path else None)
 
 
 def _own(p: Plan, lock_path: str | None) -> list[str]:

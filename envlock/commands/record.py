@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from envlock._signals import GRACE_SECONDS, GRACE_VAR, own_group, stop_process
+from envlock.commands._output import say
 from envlock.commands._recording import (
     JOURNAL,
     compile_files,
@@ -22,6 +24,7 @@ from envlock.commands._recording import (
     trace_dir,
 )
 from envlock.errors import EXIT_ENV, EXIT_INTERRUPTED, UsageError
+from envlock.probing.process import seconds_from_env
 from envlock.replay.compilecache import CompileRun, compile_run
 from envlock.text.terminal import Tail
 
@@ -62,12 +65,19 @@ def _copy(stream: IO[bytes], tail: Tail) -> None:
 
 def run_here(command: list[str], journal: Path, base: Path,
              compiled: CompileRun | None = None, trace: bool = True,
-             stdout_to_stderr: bool = False) -> tuple[int, list[str]]:
+             stdout_to_stderr: bool = False) -> tuple[int, list[str], KeyboardInterrupt | None]:
     """CMD as a child of this process, with the journal's path in its environment (and behind
     the compile cache's loader, ``compiled``), its Python processes traced unless ``trace`` is
     False: (its exit code as ``child_exit`` maps it, the last lines of its stderr, which
-    passes through). ``stdout_to_stderr``: the command's stdout goes to envlock's stderr, where
-    envlock's own stdout is a document (``replay --json``) that a script's prints would break."""
+    passes through, and the interrupt that stopped it or None). ``stdout_to_stderr``: the
+    command's stdout goes to envlock's stderr, where envlock's own stdout is a document
+    (``replay --json``) that a script's prints would break.
+
+    A stop signal envlock gets (Ctrl-C, SIGTERM, SIGHUP: ``_signals``) is passed on to CMD,
+    to its whole process group where it has one of its own (``own_group``: every run but one
+    in the foreground of a terminal), and CMD is killed if it has not ended
+    ``GRACE_SECONDS`` later: a training process never outlives envlock, and what it recorded
+    until then is still written (``finish``)."""
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
     tail = Tail()
@@ -81,24 +91,32 @@ def run_here(command: list[str], journal: Path, base: Path,
         env.update(compiled.env())
         if compiled.load is not None:
             command = compiled.command(host_python(resolve_program(command[0], base), base), command)
+    grace = seconds_from_env(GRACE_VAR, GRACE_SECONDS)
+    group = own_group()
     try:
         proc = subprocess.Popen(command, cwd=base, env=env, stderr=subprocess.PIPE,
-                                stdout=2 if stdout_to_stderr else None)  # fd 2: envlock's own stderr
+                                stdout=2 if stdout_to_stderr else None,  # fd 2: envlock's own stderr
+                                start_new_session=group)
     except FileNotFoundError:
         raise UsageError(f"{command[0]}: command not found") from None
     except PermissionError:
         raise UsageError(f"{command[0]}: permission denied") from None
+    stop: KeyboardInterrupt | None = None
     with proc:
         assert proc.stderr is not None
         pump = threading.Thread(target=_copy, args=(proc.stderr, tail), daemon=True)
         pump.start()
         try:
             code = proc.wait()
-        except BaseException:  # Ctrl-C: the command got it too; do not leave it running
+        except KeyboardInterrupt as exc:
+            stop = exc
+            stop_process(proc, int(getattr(exc, "signum", signal.SIGINT)), group=group, grace=grace, say=say)
+            code = proc.wait()
+        except BaseException:  # an error of envlock's own: do not leave the command running
             proc.kill()
             raise
         pump.join(_EXIT_GRACE)
-    return child_exit(code), tail.lines()
+    return child_exit(code), tail.lines(), stop
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,9 +138,10 @@ def run(args: argparse.Namespace) -> int:
     program = resolve_program(command[0], base)
     cache, save = compile_files(args, lock, lock_path)
     with journal_dir() as journal, compile_run(cache, save, container=False) as compiled:
-        code, _ = run_here(command, journal, base, compiled, trace=not args.no_trace)
-        compiled.loaded()
+        code, _, stop = run_here(command, journal, base, compiled, trace=not args.no_trace)
+        if stop is None:  # a command stopped early may not have reached the loader's status
+            compiled.loaded()
         result = finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
-                        lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program)
+                        lock=lock, lock_path=lock_path, tolerance=(0.0, 0.0), program=program, stop=stop)
         compile_report(compiled)
         return result

@@ -54,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     cache, _ = compile_files(args, lock, original.record.lock)
     with journal_dir() as journal, compile_run(cache, None, container=False) as compiled:
-        code, stderr_tail = run_here(command, journal, base, compiled, trace=not args.no_trace,
-                                     stdout_to_stderr=args.json)
-        compiled.loaded()
+        code, stderr_tail, stop = run_here(command, journal, base, compiled, trace=not args.no_trace,
+                                           stdout_to_stderr=args.json)
+        if stop is None:  # a command stopped early may not have reached the loader's status
+            compiled.loaded()
         compile_report(compiled, original)
         return finish(p, journal / JOURNAL, command=command, exit_code=code, where="host", base=base,
                       lock=lock, lock_path=None, tolerance=(args.rtol, args.atol), as_json=args.json,
-                      program=resolve_program(command[0], base), stderr_tail=stderr_tail)
+                      program=resolve_program(command[0], base), stderr_tail=stderr_tail, stop=stop)

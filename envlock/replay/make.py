@@ -36,6 +36,7 @@ from envlock.replay.record import (
     Record,
     RestoreOptions,
     Step,
+    StopSignal,
     holds,
     rank_entry,
     recorded_command,
@@ -321,7 +322,8 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
                 lock: Any = None, lock_name: str | None = None, program: str | None = None,
                 restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None,
-                own: Sequence[str] = (), declared: Sequence[str] = (), inside: str | None = None) -> Record:
+                own: Sequence[str] = (), declared: Sequence[str] = (), inside: str | None = None,
+                interrupted: StopSignal | None = None) -> Record:
     """``git``: the workspace's state when the command started (``workspace_git``); ``own``:
     the record's and the lock's paths, and ``declared`` the run's declared inputs (a replay
     reads them again itself), which the trace's reads leave out."""
@@ -340,7 +342,7 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
         raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                 where=where, command=recorded_command(command), program=program, exit_code=exit_code,
-                lock=lock_name,
+                interrupted=interrupted, lock=lock_name,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
         ranks = [rank_entry(r, ctx, context) for r, ctx in sorted(ran.ranks.items())]

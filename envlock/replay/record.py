@@ -196,6 +196,10 @@ class RankContext(_Model):
     absent: list[ContextKey] | None = None
 
 
+# The signals that stop envlock as Ctrl-C does (``envlock._signals.STOPS``), by name.
+StopSignal = Literal["SIGINT", "SIGTERM", "SIGHUP"]
+
+
 class Meta(_Model):
     """``[record]``: the command and how it ended, the lock it ran under, and the seal."""
 
@@ -208,6 +212,9 @@ class Meta(_Model):
     # kept: a venv's bin/python is that venv). Host records only: in an image it is the image's.
     program: Text | None = None
     exit_code: int
+    # Added later (None when absent): the signal that stopped envlock while the command ran
+    # (a scheduler's SIGTERM, Ctrl-C); the record then holds what was recorded until then.
+    interrupted: StopSignal | None = None
     lock: Text | None = None
     lock_fingerprint: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     integrity: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
