@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 recording_env,
                 trace_dir,
             )
+            from envlock.commands.record import child_exit
             from envlock.restore.context import WORKDIR
             from envlock.text.terminal import Tail
 
@@ -115,14 +117,19 @@ def run(args: argparse.Namespace) -> int:
                 env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None)
                 ropts = replace(copts, env={**copts.env, **env},
                                 mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
-                code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
-                                    os_packages_restored=os_restored)
-                compiled.loaded()
+                stop: KeyboardInterrupt | None = None
+                try:
+                    code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
+                                        os_packages_restored=os_restored)
+                except KeyboardInterrupt as exc:  # the container is stopped and gone: write what it recorded
+                    stop, code = exc, child_exit(-int(getattr(exc, "signum", signal.SIGINT)))
+                if stop is None:  # a command stopped early may not have reached the loader's status
+                    compiled.loaded()
                 verdict = finish(recording, journal / JOURNAL, command=opts.command, exit_code=code,
                                  where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
                                  lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
                                  stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else (),
-                                 inside=WORKDIR)
+                                 inside=WORKDIR, stop=stop)
                 compile_report(compiled, recording.original)
                 return verdict
 

@@ -15,7 +15,9 @@ import contextlib
 import functools
 import io
 import os
+import signal
 import socket
+import sys
 import tarfile
 import tempfile
 import time
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from envlock._signals import deferred
+from envlock._signals import GRACE_SECONDS, GRACE_VAR, deferred
 from envlock.errors import (
     BuildFailed,
     CommandNotFound,
@@ -200,6 +202,7 @@ class DockerEngine(ContainerEngine):
         """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
         endpoint was named by a URL; without it the client finds the same engine as the SDK."""
         self.request_timeout = seconds_from_env(REQUEST_TIMEOUT_VAR, REQUEST_TIMEOUT)
+        self.stop_grace = seconds_from_env(GRACE_VAR, GRACE_SECONDS)
         _check_unix_socket(endpoint)
         # One client, two requests: the SDK asks the engine's API version as it connects (under
         # CONNECT_TIMEOUT, so an engine that accepts and never answers fails here), and the
@@ -569,10 +572,26 @@ class DockerEngine(ContainerEngine):
             finally:
                 _close_socket(sock)
             code = int(api.wait(cid, timeout=None).get("StatusCode", 1))
+        except KeyboardInterrupt as exc:
+            self._stop(cid, int(getattr(exc, "signum", signal.SIGINT)))
+            raise
         finally:
             with deferred(), contextlib.suppress(Exception):
                 api.remove_container(cid, force=True)
         return RunResult(code, bytes(out), bytes(err))
+
+    def _stop(self, cid: str, signum: int) -> None:
+        """Pass the stop signal envlock got on to the container's command and give it
+        ``stop_grace`` seconds to end (to save a checkpoint), as ``docker stop`` does; the
+        removal that follows kills what is left. Held off from further signals."""
+        with deferred():
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"envlock: stopping the container ({signal.Signals(signum).name} sent; "
+                                 f"killed after {self.stop_grace:g} s)\n")
+                sys.stderr.flush()
+            with contextlib.suppress(Exception):
+                self.api.kill(cid, signal=signum)
+                self.api.wait(cid, timeout=self.stop_grace)
 
     def _gpu_kwargs(self, gpus: str) -> dict[str, Any]:
         ids = [] if gpus == "all" else [g.strip() for g in gpus.split(",") if g.strip()]
