@@ -149,3 +149,64 @@ def test_sigterm_twice_during_a_build_leaves_no_image_process_or_temporary_direc
     assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["context"]  # no .envlock-build-*
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, tag)]
 
+
+
+def _envlock_pid(token: str) -> int | None:
+    """The envlock process (``python -m envlock``) whose command line holds ``token``."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and _cmdline_has(pid, token) and _cmdline_has(pid, "envlock"):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python"):
+                    return int(pid)
+            except OSError:
+                continue
+    return None
+
+
+def test_scancel_of_a_run_under_srun_leaves_no_container_and_no_temporary_directory(
+        docker_client: Any, ready: Ready, tmp_path: Path) -> None:
+    """The acceptance case: ``srun envlock run LOCK -- sleep 600``, then ``scancel``. Slurm sends
+    the step's processes SIGTERM (SIGKILL after KillWait); envlock stops and removes its
+    container and its temporary directories before that. Before, the container stayed ``Up``
+    and the compile cache's directory stayed in TMPDIR."""
+    from helpers import unavailable
+
+    conf = os.environ.get("ENVLOCK_TEST_SLURM_CONF")
+    if not conf or not Path(conf).is_file():
+        unavailable("ENVLOCK_TEST_SLURM_CONF is not set; run scripts/test.sh (it starts a Slurm cluster)",
+                    required_env="ENVLOCK_REQUIRE_SLURM")
+    assert conf is not None
+    tmp, ws = tmp_path / "tmp", tmp_path / "ws"
+    tmp.mkdir()
+    ws.mkdir()
+    job = f"envlock-scancel-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in ready.env.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_CONF=conf, TMPDIR=str(tmp))
+    srun = subprocess.Popen(["srun", "-N1", "-n1", f"--job-name={job}", sys.executable, "-m", "envlock", "run",
+                             str(ready.lock), *ready.options, "--gpus", "none", "--workspace", str(ws), "--",
+                             "sleep", "600"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while pid is None or not [c for c in _owned(docker_client, pid) if c.status == "running"]:
+            assert srun.poll() is None, srun.communicate()
+            assert time.monotonic() < deadline, "the job's container never started"
+            time.sleep(0.2)
+            pid = pid or _envlock_pid(str(ws))
+        subprocess.run(["scancel", f"--name={job}"], env=env, check=True, timeout=60)
+        _, err = srun.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while _envlock_pid(str(ws)) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if srun.poll() is None:
+            subprocess.run(["scancel", f"--name={job}"], env=env, check=False, timeout=60)
+            srun.kill()
+            srun.communicate()
+        left = _owned(docker_client, pid) if pid is not None else []
+        for container in left:
+            container.remove(force=True)
+    assert "envlock: stopping the container (SIGTERM sent; killed after 2 s)" in err, err
+    assert "Exited with exit code 143" in err, err
+    assert left == []
+    assert list(tmp.iterdir()) == []
