@@ -131,60 +131,97 @@ def deferred() -> Iterator[None]:
                 raise Interrupted(signum)
 
 
-def stopping() -> int | None:
-    """The stop signal envlock is answering, or None."""
-    return _State.stopping
-
-
 def stop_process(proc: subprocess.Popen[Any], signum: int, *, group: bool,
                  grace: float = GRACE_SECONDS, say: Callable[[str], None] | None = None) -> bool:
-    """Pass a stop signal on to a command envlock started, wait up to ``grace`` seconds for it
-    to end, and kill it if it has not; True when it had to be killed. ``group``: the command
-    runs in a process group of its own (``own_group``), which is signalled whole, and anything
-    left in the group once the command ended is killed too. Without, it shares envlock's group
-    with a terminal that sent Ctrl-C to all of it already, so only another signal goes to it.
+    """Pass a stop signal on to a command envlock started and what it started, wait up to
+    ``grace`` seconds for them to end, and kill what has not; True when the command had to be
+    killed. ``group``: the command runs in a process group of its own (``own_group``), which
+    is signalled whole. Without, it shares envlock's group (the foreground of a terminal, whose
+    group may hold more than envlock: a pipeline), so the command and its descendants as they
+    stand are signalled one by one, and Ctrl-C not again: the terminal sent it to all of them.
     Held off from further signals (``deferred``) until it is done."""
     import subprocess
 
     with deferred():
-        target = proc.pid
-        try:
-            if group:
-                os.killpg(target, signum)
-            elif signum != signal.SIGINT:
-                proc.send_signal(signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        tree = [] if group else _descendants(proc.pid)
+        _send(proc.pid, tree, signum, group=group)
         deadline = time.monotonic() + grace
         killed = False
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             if say is not None:
-                say(f"the command did not end {grace:.0f} s after {signal.Signals(signum).name}; killing it")
+                say(f"the command did not end {grace:g} s after {signal.Signals(signum).name}; killing it")
             killed = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if group:
-                    os.killpg(target, signal.SIGKILL)
-                else:
-                    proc.kill()
+            _send(proc.pid, tree, signal.SIGKILL, group=group)
             proc.wait()
-        if group:
-            _end_group(target, deadline)
+        _end_rest(proc.pid, tree, deadline, group=group)
         return killed
 
 
-def _end_group(pgid: int, deadline: float) -> None:
-    """The group's other processes (a data loader's workers, a launcher's ranks), given until
+def _send(pid: int, tree: list[int], signum: int, *, group: bool) -> None:
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signum)
+        return
+    if signum == signal.SIGINT:
+        return
+    for each in (pid, *tree):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(each, signum)
+
+
+def _end_rest(pid: int, tree: list[int], deadline: float, *, group: bool) -> None:
+    """What the command started (a data loader's workers, a launcher's ranks), given until
     ``deadline`` to end after the signal they were sent, then killed."""
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
+
+    def alive() -> bool:
+        if group:
+            try:
+                os.killpg(pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True
+        return any(_running(p) for p in tree)
+
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    if alive():
+        _send(pid, [p for p in tree if _running(p)], signal.SIGKILL, group=group)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process exists and has not exited (a zombie waits for its parent, init here)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read(4096).rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` now (its children, theirs, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                ppid = int(fh.read(4096).rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def own_group() -> bool:

@@ -149,3 +149,42 @@ def test_a_stopped_replay_stops_its_command_and_says_it_has_no_verdict(tmp_path:
     assert proc.returncode == 143, err
     assert left == []
     assert "envlock: the replay was stopped by SIGTERM before its end: no verdict" in err and out == ""
+
+
+def test_in_a_terminals_foreground_the_command_shares_it_and_sigterm_still_reaches_what_it_started(
+        tmp_path: Path) -> None:
+    """envlock in the foreground of a terminal (here a pseudo-terminal it controls): the
+    command stays in envlock's process group, so the terminal's Ctrl-C and a debugger's reads
+    reach it as before; a SIGTERM sent to envlock alone still reaches the command and its
+    worker, which envlock finds below it."""
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ENVLOCK_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "envlock", "record", "run.record", "--no-trace", "--",
+                             sys.executable, "train.py"], cwd=tmp_path, env=env, stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    pids: list[int] = []
+    try:
+        pids = _pids(proc, tmp_path)
+        assert [os.getpgid(p) for p in pids] == [proc.pid, proc.pid]  # envlock's group, the terminal's
+        _, err = stop_with(proc, signal.SIGTERM, "envlock record")
+        left = _until_gone(pids, 5)
+    finally:
+        _kill(pids)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(master)
+    assert proc.returncode == 143, err
+    assert left == [], f"still running after envlock stopped: {left}"
+    assert load(tmp_path / "run.record").record.interrupted == "SIGTERM"
