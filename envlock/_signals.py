@@ -131,6 +131,19 @@ def deferred() -> Iterator[None]:
                 raise Interrupted(signum)
 
 
+def on_the_way_out() -> None:
+    """After a stop, what is left is the interpreter's exit: the next stop signals are ignored
+    from here on, as they were noted during the clean-up, so a second SIGTERM that lands after
+    the clean-up but before the exit cannot turn the documented 143 into a death by signal.
+    Only dispositions envlock may replace are touched (see ``_installed``)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOPS:
+        current = signal.getsignal(signum)
+        if current is _on_signal or _ours(current):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def stop_process(proc: subprocess.Popen[Any], signum: int, *, group: bool,
                  grace: float = GRACE_SECONDS, say: Callable[[str], None] | None = None) -> bool:
     """Pass a stop signal on to a command envlock started and what it started, wait up to

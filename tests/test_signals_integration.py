@@ -105,7 +105,7 @@ def test_sigterm_during_run_leaves_no_container_and_no_temporary_directory(
 BUILD_UNTIL_STOPPED = """
 import sys
 from pathlib import Path
-from envlock._signals import stops_as_interrupt
+from envlock._signals import on_the_way_out, stops_as_interrupt
 from envlock.errors import interrupted_exit
 from envlock.restore.endpoint import connect
 from envlock.restore.progress import PlainProgress
@@ -115,6 +115,7 @@ try:
         engine.build(Path(sys.argv[1]), tag=sys.argv[3], labels={}, log_path=Path(sys.argv[2]),
                      progress=PlainProgress(sys.stderr), network=False)
 except KeyboardInterrupt as exc:
+    on_the_way_out()  # as ``commands.main`` does
     sys.exit(interrupted_exit(exc))
 """
 

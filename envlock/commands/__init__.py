@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from envlock._signals import stops_as_interrupt
+from envlock._signals import STOPS, on_the_way_out, stops_as_interrupt
 from envlock.commands._output import err
 from envlock.commands._parser import build_parser
 from envlock.errors import EXIT_ENV, EXIT_OK, EXIT_USAGE, EnvlockError, interrupted_exit
@@ -76,7 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> NoReturn:
     """The ``envlock`` program (console script, ``python -m envlock``)."""
-    sys.exit(main())
+    code = main()
+    if code in {128 + signum for signum in STOPS}:
+        on_the_way_out()  # the process ends now: a late second signal must not change its code
+    sys.exit(code)
 
 
 __all__ = ["console_main", "main"]
