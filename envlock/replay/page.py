@@ -26,6 +26,8 @@ from envlock.text.terminal import plural
 
 def _number(value: Any) -> float:
     """A metric as a plot draws it: a tensor by its mean; NaN where there is no finite number."""
+    if type(value) is float:  # nearly every value: the rest below
+        return value if math.isfinite(value) else math.nan
     if isinstance(value, TensorDigest):
         value = value.mean
     if isinstance(value, bool | int | float) and math.isfinite(float(value)):
@@ -33,17 +35,17 @@ def _number(value: Any) -> float:
     return math.nan
 
 
-def _metric_names(*records: Record) -> list[str]:
-    names: dict[str, None] = {}
-    for rec in records:
-        for step in rec.steps:
-            names.update(dict.fromkeys(step.metrics))
-    return list(names)
-
-
-def _column(rec: Record, name: str) -> tuple[list[int], list[float]]:
-    rows = [(s.step, _number(s.metrics[name])) for s in rec.steps if name in s.metrics]
-    return [r[0] for r in rows], [r[1] for r in rows]
+def _columns(rec: Record) -> dict[str, tuple[list[int], list[float]]]:
+    """Each metric's steps and values, in one pass over the record, in the order first recorded."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for s in rec.steps:
+        for name, value in s.metrics.items():
+            column = out.get(name)
+            if column is None:
+                column = out[name] = ([], [])
+            column[0].append(s.step)
+            column[1].append(_number(value))
+    return out
 
 
 def series(original: Record, replay: Record | None = None, cmp: ReplayComparison | None = None) -> list[Series]:
@@ -51,11 +53,12 @@ def series(original: Record, replay: Record | None = None, cmp: ReplayComparison
     where it recorded steps, and the first divergence's step marked on every plot."""
     first = cmp.first if cmp is not None else None
     marked = first.step if first is not None else None
-    drawn = replay if replay is not None and replay.steps else None
+    ours = _columns(original)
+    theirs = _columns(replay) if replay is not None and replay.steps else None
     out = []
-    for name in _metric_names(original, *([drawn] if drawn else [])):
-        steps, values = _column(original, name)
-        rsteps, rvalues = _column(drawn, name) if drawn else (None, None)
+    for name in [*ours, *(n for n in theirs or () if n not in ours)]:
+        steps, values = ours.get(name, ([], []))
+        rsteps, rvalues = theirs.get(name, ([], [])) if theirs is not None else (None, None)
         out.append(Series(name, steps, values, rsteps, rvalues, marked,
                           first is not None and first.metric == name))
     return out
