@@ -143,6 +143,7 @@ def _difference_panel(ax: Axes, s: Series, limit: int) -> None:
         ax.text(0.5, 0.5, "no difference at any step", ha="center", va="center",
                 transform=ax.transAxes, fontsize=9, parse_math=False)
         ax.set_yticks([])
+        ax.set_xticks([])
         return
     x, y = downsampled(steps, [d if d > 0 else math.nan for d in diff], limit, keep="max")
     ax.plot(x, y, color=MARK, linewidth=1.0)
