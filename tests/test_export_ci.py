@@ -148,6 +148,7 @@ def test_action_diff(tmp_path: Path, restore_lock: LockFactory) -> None:
     assert rc == 2  # diff without base-lock
 
 
+@pytest.mark.slow
 def test_action_summary_includes_the_metric_plots(tmp_path: Path, restore_lock: LockFactory) -> None:
     """With ``record``, the job summary carries the record's metrics as an image beside the report."""
     import base64
