@@ -3,7 +3,8 @@
 # after scripts/engine.sh (it uses _engine_apt, _engine_apt_install and $CACHE, $REBUILD, log).
 # Every function is idempotent and cached; each exports what the tests read:
 #
-#   matrix_tools       gcc (the NVML stand-in), git, Debian's chromium + chromium-driver, skopeo
+#   matrix_tools       gcc (the NVML stand-in), git, Debian's chromium + chromium-driver (the
+#                      notebook scenario, the report pages' browser tests), skopeo
 #                      (the OCI archive of `envlock pack`), charliecloud + umoci (`restore
 #                      --target charliecloud`)
 #   matrix_debs        ENVLOCK_TEST_DEBS: .debs of python3-six, python3-yaml (+ libyaml) for the

@@ -19,7 +19,9 @@
 #   4. a wheelhouse of cp311 manylinux wheels for offline installs inside
 #      containers (they cannot reach any index).
 #   5. the scenario matrix's tools and caches (scripts/matrix.sh): gcc, git,
-#      chromium + chromedriver, Debian .debs, a venv with PyPI's CUDA torch.
+#      chromium + chromedriver (the notebook scenario; the report pages, opened
+#      from disk by tests/test_report_browser.py), Debian .debs, a venv with
+#      PyPI's CUDA torch.
 #   6. Python 3.8, 3.9 and 3.10 for the probe's old-interpreter test: one
 #      debootstrap minbase root each (Ubuntu focal, Debian bullseye, Ubuntu
 #      jammy ship them), tarballs cached in $ENVLOCK_TEST_CACHE, run with chroot.

@@ -148,6 +148,27 @@ def test_action_diff(tmp_path: Path, restore_lock: LockFactory) -> None:
     assert rc == 2  # diff without base-lock
 
 
+@pytest.mark.slow
+def test_action_summary_includes_the_metric_plots(tmp_path: Path, restore_lock: LockFactory) -> None:
+    """With ``record``, the job summary carries the record's metrics as an image beside the report."""
+    import base64
+
+    from test_report_page import record
+
+    base = save(restore_lock(packages=[("six", "1.16.0")]), tmp_path / "base.lock")
+    new = save(restore_lock(packages=[("six", "1.16.0")]), tmp_path / "env.lock")
+    record([1.0, 0.5, 0.25], names=("loss", "acc")).save(tmp_path / "run.record")
+    rc, summary, out = _run_action(tmp_path, {"command": "diff", "lock": str(new), "base-lock": str(base),
+                                              "record": str(tmp_path / "run.record")})
+    assert rc == 0, summary
+    found = re.search(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', summary)
+    assert found is not None, summary
+    png = base64.b64decode(found.group(1))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == Path(out["image-path"]).read_bytes()
+    rc, summary, out = _run_action(tmp_path, {"command": "diff", "lock": str(new), "base-lock": str(base)})
+    assert rc == 0 and "<img" not in summary and "image-path" not in out  # twin: no record, no image
+
+
 def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
                     *args], check=True, capture_output=True)

@@ -329,3 +329,38 @@ def test_the_restore_options_round_trip_and_an_edit_is_tampering(tmp_path: Path)
 
     with pytest.raises(LockTampered):
         load(path)
+
+
+# -- the replay's page ---------------------------------------------------------------------------
+
+
+def test_replay_report_writes_the_page_of_a_real_replay(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        restore_lock: LockFactory,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay --report``: the command really runs again, and the page holds its verdict, both
+    commands, the metric's plot and the lock beside the record, folded in."""
+    save(restore_lock(), project / "env.lock")
+    assert main(["record", "run.record", "--output", "out.txt", "--", "python", "train.py"]) == 0
+    capsys.readouterr()
+    (project / "out.txt").unlink()
+    assert main(["replay", "run.record", "--report", "replay.html"]) == 0
+    assert capsys.readouterr().out.startswith("OK: the replay reproduced run.record")
+    page = (project / "replay.html").read_text()
+    assert '<p class="verdict ok" id="verdict">OK: the replay reproduced run.record' in page
+    assert page.count("<figure><svg") == 1 and "out.txt" in page and "[envlock]" in page
+    assert (project / "out.txt").exists()
+
+
+def test_replay_report_without_the_extra_stops_before_the_command_runs(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    assert main(["record", "run.record", "--output", "out.txt", "--", "python", "train.py"]) == 0
+    (project / "out.txt").unlink()
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    capsys.readouterr()
+    assert main(["replay", "run.record", "--report", "replay.html"]) == 2
+    assert "envlock-ml[report]" in capsys.readouterr().err
+    assert not (project / "out.txt").exists() and not (project / "replay.html").exists()

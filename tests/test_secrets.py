@@ -11,6 +11,7 @@ and ``verify`` in each format). Run with ``-s`` to see the figures per category 
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
 import os
@@ -30,8 +31,8 @@ from envlock.commands import main
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.org"}
-FORMATS = ("lock", "capture --json", "show text", "show json", "show markdown", "diff text",
-           "diff json", "diff markdown", "verify text", "verify json")
+FORMATS = ("lock", "capture --json", "show text", "show json", "show markdown", "show html", "diff text",
+           "diff json", "diff markdown", "diff html", "verify text", "verify json")
 
 
 @dataclass
@@ -147,7 +148,7 @@ def _outputs(world: World, label: str, other: str, verify_env: dict[str, str]) -
     path, captured = world.locks[label]
     other_path = str(world.locks[other][0])
     out = {"lock": path.read_text(), "capture --json": captured}
-    for fmt in ("text", "json", "markdown"):
+    for fmt in ("text", "json", "markdown", "html"):
         out[f"show {fmt}"] = _cli("show", str(path), "--format", fmt)
         out[f"diff {fmt}"] = (_cli("diff", str(path), other_path, "--format", fmt)
                               + _cli("diff", other_path, str(path), "--format", fmt))
@@ -191,7 +192,9 @@ def test_leak_corpus_in_every_output(world: World, rendered: dict[str, dict[str,
         for fmt, text in rendered[label].items():
             counts[case.where][fmt][0] += 1
             # Markdown also as rendered: an escape (``sk\\_live``) must not hide a leak from this check.
-            if case.secret in text or (fmt.endswith("markdown") and case.secret in _reader_text(text)):
+            # HTML as a browser shows it: a reference (``&amp;``) must not hide a leak either.
+            if case.secret in text or (fmt.endswith("markdown") and case.secret in _reader_text(text)) \
+                    or (fmt.endswith("html") and case.secret in html.unescape(text)):
                 counts[case.where][fmt][1] += 1
                 leaks.append(f"{case.where} {case.name or case.value!r} -> {fmt}")
     print("\n" + _table(f"leaks: leaked/tried, {len(LEAKS)} inputs", counts))
@@ -243,7 +246,9 @@ def _shown(case: Case, world: World, fmt: str, text: str) -> bool | None:
     value = _fill(case.value, world.root, world.project)
     if fmt.endswith("markdown"):
         text = _reader_text(text)
-    if case.where == "note" and fmt in ("show text", "show markdown"):
+    if fmt.endswith("html"):
+        text = html.unescape(text)
+    if case.where == "note" and fmt in ("show text", "show markdown", "show html"):
         return value in text
     if case.where in ("env-value", "det-env", "env-echo") and fmt.split()[0] in ("diff", "verify"):
         return value in text or json.dumps(value)[1:-1] in text

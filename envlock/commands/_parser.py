@@ -18,6 +18,8 @@ from typing import Any, NoReturn, TypeAlias
 from envlock._version import __version__
 
 FORMATS = ("text", "json", "markdown")
+# A page and the plots alone (``report/page``, ``report/plot``).
+PAGE_FORMATS = ("html", "svg", "png")
 EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
 
 _LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
@@ -186,7 +188,9 @@ def _diff(sub: Subparsers) -> None:
                                    "(here or in a parent directory) with B")
     p.add_argument("a", help="the lock before (alone: the lock after, compared with the nearest env.lock)")
     p.add_argument("b", nargs="?", default=None, help="the lock after")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=(*FORMATS, "html"), default="text",
+                   help="html: one self-contained page, for a pull request")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--process-state", action="store_true",
                    help="also compare what the capturing processes set (seeds, determinism flags, "
                         "variables set at run time); by default it is listed apart, as verify does")
@@ -194,10 +198,13 @@ def _diff(sub: Subparsers) -> None:
 
 
 def _show(sub: Subparsers) -> None:
-    p = sub.add_parser("show", help="summarise a lock")
-    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
-    p.add_argument("--format", choices=(*FORMATS, "latex"), default="text",
-                   help="latex: a booktabs table for a paper's appendix")
+    p = sub.add_parser("show", help="summarise a lock, or a replay record as a page or a plot")
+    p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP + "; or a replay record (html, svg, png)")
+    p.add_argument("--format", choices=(*FORMATS, "latex", *PAGE_FORMATS), default="text",
+                   help="latex: a booktabs table for a paper's appendix; html: one self-contained page "
+                        "(a record's with its metrics plotted); svg, png: a record's metric plots "
+                        "(html of a record, svg and png need the extra envlock-ml[report])")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(handler="show")
 
 
@@ -281,6 +288,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    "command passes to envlock.record(), the sha256 of --output files, the --input digests")
     g.add_argument("--replay", metavar="REC", help="re-run REC's command (or CMD) and compare with "
                    "REC: exit 0 when reproduced, 1 on the first diverging step, output or changed input")
+    _report_option(g)
     _record_options(g)
     _tolerance_options(g)
     g = p.add_argument_group("torch.compile cache (envlock.save_compile_cache)")
@@ -297,6 +305,12 @@ def _compile_cache_options(g: argparse._ActionsContainer, *, save: bool) -> None
         g.add_argument("--save-compile-cache", metavar="FILE",
                        help="collect what CMD compiled: saved at its exit by envlock.record() (or "
                             "envlock.save_compile_cache()) and written to FILE")
+
+
+def _report_option(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--report", metavar="FILE.html",
+                   help="with a replay: also write the verdict as one self-contained page, every metric "
+                        "plotted (needs the extra envlock-ml[report])")
 
 
 def _trace_option(g: argparse._ActionsContainer) -> None:
@@ -522,6 +536,7 @@ def _host_record_options(p: argparse.ArgumentParser, kind: str) -> None:
     else:
         p.add_argument("--against", metavar="REC2", help="compare REC2 with REC instead of re-running")
         p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+        _report_option(p)
         _trace_option(p)
         _tolerance_options(p)
         _compile_cache_options(p, save=False)

@@ -36,6 +36,7 @@ class Plan:
     outputs: list[str]
     inputs: list[str]
     git: dict[str, Any] | None = None  # the workspace's git state before the command ran
+    report: str | None = None  # ``--report``: the page of the replay, written after the verdict
 
 
 def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
@@ -67,9 +68,30 @@ def plan(args: argparse.Namespace, *, replay_path: str | None, base: Path,
         check_target(target)
     if original is not None and original.record.lock and lock_path is None and replay_path:
         lock_path = os.path.join(os.path.dirname(os.path.abspath(replay_path)), original.record.lock)
-    own = [os.path.abspath(p) for p in (target, lock_path) if p]
+    report = getattr(args, "report", None)
+    if report is not None:
+        if original is None:
+            raise UsageError("--report writes a replay's page: give it with --replay",
+                             hint="a record's own page: envlock show REC --format html -o FILE.html")
+        check_report(report)
+    own = [os.path.abspath(p) for p in (target, lock_path, report) if p]
     git = workspace_git(base, [*own, *outputs])
-    return Plan(target, original, outputs, inputs, git)
+    return Plan(target, original, outputs, inputs, git, report)
+
+
+def check_report(path: str) -> None:
+    """Refuse, before anything runs, a ``--report`` that could not be written: the extra that
+    draws its plots missing (exit 2 naming it, not after a training run), a missing
+    directory, a directory as the file."""
+    from envlock.report.plot import require
+
+    require()
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--report {path} is a directory; give a file name such as {target / 'replay.html'}")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write --report {path}: directory {parent} does not exist")
 
 
 def compile_files(args: argparse.Namespace, lock: Any, lock_name: str | None,
@@ -182,7 +204,23 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                          outputs=p.outputs, inputs=(), lock=lock, program=program, git=p.git,
                          own=_own(p, lock_path), declared=p.inputs, inside=inside)
     cmp = compare_records(p.original, replay, Tolerance(*tolerance), read_inputs(p.inputs, base))
-    return verdict(cmp, str(p.record_path or "the record"), as_json=as_json, stderr_tail=stderr_tail)
+    name = str(p.record_path or "the record")
+    code = verdict(cmp, name, as_json=as_json, stderr_tail=stderr_tail)
+    if p.report is not None:
+        write_report(p.report, cmp, p.original, replay, name, stderr_tail)
+    return code
+
+
+def write_report(path: str, cmp: ReplayComparison, original: Record, replay: Record, name: str,
+                 stderr_tail: Sequence[str] = ()) -> None:
+    """``--report``: the replay's page, with the original's lock folded in when it is beside
+    the record."""
+    from envlock.commands._output import deliver
+    from envlock.replay.page import lock_beside, replay_page
+
+    lock_text = lock_beside(original, name) if os.path.exists(name) else None
+    deliver(replay_page(cmp, original, replay, os.path.basename(name), stderr_tail, lock_text), path)
+    say(f"wrote the replay's page to {path}")
 
 
 def _finish_stopped(p: Plan, journal: Path, stop: KeyboardInterrupt, *, command: Sequence[str],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from envlock.commands._output import out
+from envlock.commands._output import deliver, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK
 
 
@@ -23,10 +23,18 @@ def run(args: argparse.Namespace) -> int:
     cmp = compare(a, b, names=(str(args.a), str(args.b)),
                   process_state="compare" if args.process_state else "report")
     if args.format == "json":
-        out(comparison_json(cmp, a=str(args.a), b=str(args.b)))
+        text = comparison_json(cmp, a=str(args.a), b=str(args.b))
     elif args.format == "markdown":
-        out(diff_markdown(cmp, a, b, str(args.a), str(args.b)))
+        text = diff_markdown(cmp, a, b, str(args.a), str(args.b))
+    elif args.format == "html":
+        from envlock.report.page import diff_html
+
+        text = diff_html(cmp, a, b, str(args.a), str(args.b))
     else:
-        out(diff_text(cmp, str(args.a), str(args.b)))
+        text = diff_text(cmp, str(args.a), str(args.b))
+    if args.output is None:
+        out(text)
+    else:
+        deliver(text, args.output)
     significant = any(d.severity != "info" for d in cmp.differences)
     return EXIT_DRIFT if significant else EXIT_OK

@@ -25,8 +25,14 @@ def run(args: argparse.Namespace) -> int:
         from envlock.replay.record import load as load_record
 
         # The two records' own inputs: what each run read, not what the disk holds today.
-        cmp = compare_records(original, load_record(args.against), Tolerance(args.rtol, args.atol))
-        return verdict(cmp, args.rec, as_json=args.json)
+        other = load_record(args.against)
+        cmp = compare_records(original, other, Tolerance(args.rtol, args.atol))
+        code = verdict(cmp, args.rec, as_json=args.json)
+        if args.report is not None:
+            from envlock.commands._recording import write_report
+
+            write_report(args.report, cmp, original, other, args.rec)
+        return code
     if original.record.where == "container":
         lock = original.record.lock or "env.lock"
         raise UsageError(f"{args.rec} was recorded in the lock's image",

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     command = split_run_args(args)
     if args.record and args.replay:
         raise UsageError("--record and --replay: give one (a replay compares with the record it reads)")
+    if args.report and not args.replay:
+        raise UsageError("--report writes a replay's page: give it with --replay REC")
     recording = None
     kept = None
     if args.record or args.replay:

@@ -2,7 +2,8 @@
 
 ``python -m envlock.export.ci --json R.json --lock env.lock --command verify --fail-on breaking``
 writes the markdown report (to ``--report`` and ``$GITHUB_STEP_SUMMARY``), the step outputs
-``short-id``, ``drift`` and ``report-path`` (to ``$GITHUB_OUTPUT``), and exits 1 when the
+``short-id``, ``drift`` and ``report-path`` (to ``$GITHUB_OUTPUT``; with ``--image``, the PNG of a
+record's metric plots shown under the report, ``image-path`` too), and exits 1 when the
 differences reach ``--fail-on``. Kept in the package (typed, tested) rather than as shell in
 the action, so a workflow can run it the same way outside GitHub.
 """
@@ -53,6 +54,23 @@ def report(result: dict[str, Any], *, command: str, lock_name: str, summary: str
     return "\n".join(out) + "\n" + summary
 
 
+# A step's summary holds at most 1 MiB; an image larger than this is named, not embedded.
+MAX_IMAGE_BYTES = 512 * 1024
+
+
+def image_markdown(path: Path) -> str:
+    """The metric plots (``show RECORD --format png``) in the summary: embedded as a data URI,
+    so the summary needs no upload and no link; a file too large for a summary is named."""
+    import base64
+
+    data = path.read_bytes()
+    if len(data) > MAX_IMAGE_BYTES:
+        return (f"The metric plots ({len(data) // 1024} KiB) are too large for the job summary: "
+                f"`{markdown_code(path.name, table=False)}` (output `image-path`).\n")
+    return (f"<img alt=\"the replay record's metrics, every metric plotted\" "
+            f"src=\"data:image/png;base64,{base64.b64encode(data).decode('ascii')}\">\n")
+
+
 def _append(path: str | None, text: str) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
@@ -67,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--command", choices=("verify", "diff"), default="verify")
     p.add_argument("--fail-on", choices=FAIL_ON, default="breaking")
     p.add_argument("--report", default="envlock-report.md")
+    p.add_argument("--image", help="a PNG of a record's metric plots, shown under the report")
     args = p.parse_args(argv)
 
     from envlock.errors import EXIT_DRIFT, EXIT_OK, EXIT_USAGE, EnvlockError
@@ -82,12 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     text = report(result, command=args.command, lock_name=Path(args.lock).name,
                   summary=show_markdown(lock, Path(args.lock).name),
                   base_name=Path(args.base_lock).name if args.base_lock else None)
+    if args.image:
+        try:
+            text += "\n" + image_markdown(Path(args.image))
+        except OSError as exc:
+            sys.stderr.write(f"envlock: error: cannot read the image {args.image}: {exc}\n")
+            return EXIT_USAGE
     Path(args.report).write_text(text, encoding="utf-8")
     _append(os.environ.get("GITHUB_STEP_SUMMARY"), text)
     level = drift_level(result.get("counts", {}))
     _append(os.environ.get("GITHUB_OUTPUT"),
             github_output("short-id", lock.short_id) + github_output("drift", level)
-            + github_output("report-path", str(Path(args.report).resolve())))
+            + github_output("report-path", str(Path(args.report).resolve()))
+            + (github_output("image-path", str(Path(args.image).resolve())) if args.image else ""))
     return EXIT_DRIFT if fails(level, args.fail_on) else EXIT_OK
 
 

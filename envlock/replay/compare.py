@@ -143,6 +143,9 @@ class Divergence:
     where: str
     original: str
     replay: str
+    # A step's divergence: the step and the metric, for what marks it (a report's plots).
+    step: int | None = None
+    metric: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,12 +290,14 @@ def _steps(original: list[Step], replay: list[Step], tol: Tolerance) -> list[Div
             return [Divergence("step", f"row {i + 1}", f"step {a.step}", f"step {b.step}")]
         for name in list(a.metrics) + [n for n in b.metrics if n not in a.metrics]:
             if name not in b.metrics:
-                return [Divergence("step", f"step {a.step}, {name}", show(a.metrics[name]), "not recorded")]
+                return [Divergence("step", f"step {a.step}, {name}", show(a.metrics[name]), "not recorded",
+                                   a.step, name)]
             if name not in a.metrics:
-                return [Divergence("step", f"step {b.step}, {name}", "not recorded", show(b.metrics[name]))]
+                return [Divergence("step", f"step {b.step}, {name}", "not recorded", show(b.metrics[name]),
+                                   b.step, name)]
             if not metric_equal(a.metrics[name], b.metrics[name], tol):
                 return [Divergence("step", f"step {a.step}, {name}", show(a.metrics[name]),
-                                   show(b.metrics[name]))]
+                                   show(b.metrics[name]), a.step, name)]
     if len(original) != len(replay):
         n = min(len(original), len(replay))
         nxt = original[n] if len(original) > n else replay[n]

@@ -17,6 +17,7 @@ YAML               ``yaml_scalar``, ``yaml_key``
 GitHub outputs     ``github_output``
 LaTeX              ``latex``, ``latex_tt``
 markdown           ``markdown_text``, ``markdown_code``
+HTML               ``html``: text and attribute values of a report page
 =================  =======================================================================
 
 Where a language has no escape for a character (a line break in an Apptainer label, NUL in
@@ -26,6 +27,7 @@ that silently changed a value would not be the lock's environment either.
 
 from __future__ import annotations
 
+import html as _html
 import json
 import re
 import shlex
@@ -275,3 +277,12 @@ def markdown_code(value: object, *, table: bool = True) -> str:
     cell, and GFM reads ``\\|`` there as ``|``."""
     text = " ".join(safe(value).split()).replace("`", "'")
     return text.replace("|", "\\|") if table else text
+
+
+def html(value: object) -> str:
+    """HTML that shows ``value`` as text, in an element or a quoted attribute: ``&``, ``<``,
+    ``>`` and both quotes as references, so no tag, attribute or entity can start (``</svg>``,
+    ``<script>`` read as written), and control characters shown as ``safe`` shows them (a
+    newline cannot split a value shown on one line; a bidi control cannot reorder it). A URL
+    is text too: the pages hold no link a value could fill (``javascript:`` stays words)."""
+    return _html.escape(safe(value), quote=True)
