@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 from envlock._files import sha256_file
 from envlock.drift.expected import TOOLING, Restored
-from envlock.errors import NotRestorable, UnsafeValue, UsageError
+from envlock.errors import WHEELHOUSE_HINT, NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.rules import numerics_variable
 from envlock.restore import ospackages, values
@@ -436,7 +436,7 @@ def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: 
 def _layers(sorted_: _Sorted, options: Options, offline: bool, lock: Lock) -> list[Layer]:
     torch_index = None
     if not offline and sorted_.layers["torch"]:
-        torch_index = bases().torch.index_for(torch_label(lock), hint="or restore with --wheelhouse")
+        torch_index = bases().torch.index_for(torch_label(lock), hint=f"or restore with {WHEELHOUSE_HINT}")
     return [Layer(name, tuple(sorted_.layers[name]), _index_args(name, options, offline, torch_index))
             for name in LAYERS if sorted_.layers[name]]
 
