@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
+    from envlock.commands._recording import Plan
     from envlock.lock import Lock
     from envlock.replay.compilecache import CacheFile
+    from envlock.replay.record import RestoreOptions
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.packdir import Pack
@@ -23,15 +26,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock.lock import load
-    from envlock.restore.endpoint import connect
-    from envlock.restore.run import (
-        RunOptions,
-        outside_workspace,
-        parse_env,
-        parse_ports,
-        run_in_image,
-    )
+    from envlock.restore.run import outside_workspace, parse_env, parse_ports
 
     command = split_run_args(args)
     if args.record and args.replay:
@@ -63,7 +58,18 @@ def run(args: argparse.Namespace) -> int:
                               "path from there (--workspace .. and train.py for ../train.py)")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
-    pack = _open_pack(args)
+    with contextlib.ExitStack() as held:
+        pack = _open_pack(args, held)
+        return _run(args, command, recording, kept, pack, env)
+
+
+def _run(args: argparse.Namespace, command: list[str], recording: Plan | None, kept: RestoreOptions | None,
+         pack: Pack | None, env: dict[str, str]) -> int:
+    """The run itself, the pack (if any) unpacked and held in the cache."""
+    from envlock.lock import load
+    from envlock.restore.endpoint import connect
+    from envlock.restore.run import RunOptions, run_in_image
+
     lock_path = str(pack.lock) if pack is not None else args.lock
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
@@ -127,17 +133,21 @@ def run(args: argparse.Namespace) -> int:
                 return verdict
 
 
-def _open_pack(args: argparse.Namespace) -> Pack | None:
-    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock."""
+def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | None:
+    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock.
+    The cache stays in use (``cachedir.in_use``) until ``held`` closes, at the end of the run:
+    the unpacked pack and the compile cache mounted from it are the running job's, and
+    ``envlock cache prune`` refuses to remove them meanwhile."""
     from envlock.restore.packdir import is_pack
 
     if not is_pack(Path(args.lock)):
         return None
-    from envlock.restore.cachedir import PACKS
+    from envlock.restore import cachedir
     from envlock.restore.packdir import open_pack
     from envlock.restore.restore import cache_dir
 
-    return open_pack(Path(args.lock), cache_dir() / PACKS)
+    held.enter_context(cachedir.in_use(cache_dir(), say))
+    return open_pack(Path(args.lock), cache_dir() / cachedir.PACKS)
 
 
 def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
