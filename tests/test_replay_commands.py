@@ -294,6 +294,35 @@ def test_run_replay_reuses_the_restore_options_of_run_record(
             f"python:3.12-slim --allow-unpinned-base --wheelhouse {project / 'wheels'}\n") in err
 
 
+def test_a_record_of_run_pack_names_the_pack_and_its_id_never_the_cache(
+        fake_run: list[Any], project: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`run PACK --record`: the record holds the pack (relative to the record, as a lock is)
+    and its id; the lock unpacked in envlock's cache is not named, nor in replay's hint."""
+    from test_restore_run_bundle import make_wheel
+
+    from envlock.export.pack import PackOptions, pack
+    from envlock.lock import load as load_lock
+    from envlock.restore.packdir import open_pack
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(project / "cache"))
+    house = project / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.17.0")
+    pack(load_lock(project / "env.lock"), project / "env.lock", project / "p.tar",
+         PackOptions(wheelhouses=(house,), download=False, image=False), engine=None)
+    (project / "runs").mkdir()
+    assert main(["run", "p.tar", "--record", "runs/r.record", "--", "python", "train.py"]) == 0
+    meta = load(project / "runs" / "r.record").record
+    assert meta.pack == "../p.tar" and meta.lock is None
+    assert meta.pack_id == open_pack(project / "p.tar", project / "unpacked").id
+    assert "cache" not in (project / "runs" / "r.record").read_text()
+    capsys.readouterr()
+    assert main(["replay", "runs/r.record"]) == 2
+    assert "replay it there: envlock run p.tar --replay runs/r.record" in capsys.readouterr().err
+
+
 def test_twin_a_record_of_a_run_without_restore_options_keeps_none(
         fake_run: list[Any], project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "env.lock", "--record", "r.record", "--", "python", "train.py"]) == 0

@@ -152,18 +152,21 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            where: Literal["container", "host"],
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
            as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
-           stderr_tail: Sequence[str] = (), inside: str | None = None) -> int:
+           stderr_tail: Sequence[str] = (), inside: str | None = None,
+           pack: tuple[str, str] | None = None) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
     original (a replay: ``verdict``'s exit code). ``inside``: the workspace's path in the
-    container the command ran in (a container's run)."""
+    container the command ran in (a container's run). ``pack``: the pack the lock came from,
+    (its path as given, its id): the record names it instead of the lock unpacked in the cache."""
     from envlock.replay.make import make_record, read_inputs
 
     if p.original is None:
         assert p.record_path is not None
-        name = (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
-                if lock_path else None)
+        where_rec = os.path.dirname(os.path.abspath(p.record_path))
+        name = os.path.relpath(os.path.abspath(lock_path), where_rec) if lock_path and pack is None else None
+        packed = (os.path.relpath(os.path.abspath(pack[0]), where_rec), pack[1]) if pack else None
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name,
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=name, pack=packed,
                           program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside)
         rec.save(p.record_path)
         err(f"envlock: recorded {plural(len(rec.steps), 'step')}, {plural(len(rec.outputs), 'output')} and "

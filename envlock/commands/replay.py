@@ -28,8 +28,10 @@ def run(args: argparse.Namespace) -> int:
         cmp = compare_records(original, load_record(args.against), Tolerance(args.rtol, args.atol))
         return verdict(cmp, args.rec, as_json=args.json)
     if original.record.where == "container":
-        lock = original.record.lock or "env.lock"
-        raise UsageError(f"{args.rec} was recorded in the lock's image",
+        made = original.record.pack or original.record.lock
+        # Relative to the record in the record; relative to here in a command to type.
+        lock = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(args.rec)), made)) if made else "env.lock"
+        raise UsageError(f"{args.rec} was recorded in the {'pack' if original.record.pack else 'lock'}'s image",
                          hint=f"replay it there: envlock run {lock} --replay {args.rec}")
     if not command:
         from envlock.replay.record import command_to_replay

@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None, k
                                  where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
                                  lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
                                  stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else (),
-                                 inside=WORKDIR)
+                                 inside=WORKDIR, pack=(args.lock, pack.id) if pack is not None else None)
                 compile_report(compiled, recording.original)
                 return verdict
 

@@ -319,12 +319,14 @@ def _reads(journal: str | os.PathLike[str], base: Path, where: str, program: str
 
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
-                lock: Any = None, lock_name: str | None = None, program: str | None = None,
+                lock: Any = None, lock_name: str | None = None, pack: tuple[str, str] | None = None,
+                program: str | None = None,
                 restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None,
                 own: Sequence[str] = (), declared: Sequence[str] = (), inside: str | None = None) -> Record:
     """``git``: the workspace's state when the command started (``workspace_git``); ``own``:
     the record's and the lock's paths, and ``declared`` the run's declared inputs (a replay
-    reads them again itself), which the trace's reads leave out."""
+    reads them again itself), which the trace's reads leave out. ``pack``: the pack the run's
+    lock came from, (its path relative to the record, its id)."""
     ran = read_journal(journal)
     context = ran.context
     if not context and lock is not None:
@@ -340,7 +342,7 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
         raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                 where=where, command=recorded_command(command), program=program, exit_code=exit_code,
-                lock=lock_name,
+                lock=lock_name, pack=pack[0] if pack else None, pack_id=pack[1] if pack else None,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
         ranks = [rank_entry(r, ctx, context) for r, ctx in sorted(ran.ranks.items())]
