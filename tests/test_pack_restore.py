@@ -125,6 +125,40 @@ def test_a_pack_of_a_venv_lock_builds_with_the_network_off(
     assert "needs the network" not in err
 
 
+def test_run_after_a_restore_finds_its_image_without_the_restores_options_again(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`restore --base X --wheelhouse W` then a plain `run`: run reuses X and W (kept per lock
+    id in envlock's cache, said in one line), so it looks for that image instead of restoring
+    another from the lock's own base; a restore without options forgets them."""
+    from helpers import fake_engine_run
+
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    lock.save(tmp_path / "env.lock")
+    monkeypatch.chdir(tmp_path)
+    house = _house(tmp_path)
+    engine = RecordingEngine({BASE_ID: BASE_ID})
+    assert _restore(monkeypatch, engine, "env.lock", "--base", BASE_ID, "--wheelhouse", str(house)) == 0
+    builds: list[Any] = []
+    fake_engine_run(monkeypatch, lock, lambda *a, **k: 0, builds=builds)
+    capsys.readouterr()
+    assert main(["run", "env.lock", "--", "python", "train.py"]) == 0
+    args, options, _ = builds[-1]
+    assert (options.base, options.wheelhouse, args.name) == (BASE_ID, house, "t")
+    assert (f"envlock: reusing the restore options `envlock restore` was given for env.lock: "
+            f"--base {BASE_ID} --wheelhouse {house} --name t\n") in capsys.readouterr().err
+    # An option given now wins over the remembered one.
+    assert main(["run", "env.lock", "--name", "u", "--", "python", "train.py"]) == 0
+    assert builds[-1][0].name == "u" and builds[-1][1].base == BASE_ID
+    # Restored again without options: nothing is remembered any more.
+    monkeypatch.setattr("envlock.restore.endpoint.connect", lambda *a, **k: engine)
+    assert main(["restore", "env.lock", "--no-verify"]) == 0
+    fake_engine_run(monkeypatch, lock, lambda *a, **k: 0, builds=builds)
+    capsys.readouterr()
+    assert main(["run", "env.lock", "--", "python", "train.py"]) == 0
+    assert builds[-1][1].base is None and "reusing" not in capsys.readouterr().err
+
+
 def test_only_os_packages_that_the_image_installs_keep_the_network(
         restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
     """A system-Python lock with dpkg pins is the one restore whose build fetches something

@@ -354,6 +354,8 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
     hint_earlier_image(exc, engine(Restored({LABEL_OPTIONS: options_key(earlier)})), tag, bare)
     assert exc.hint is not None and exc.hint.startswith(f"check the network; {tag} exists")
     assert "same --base/--wheelhouse" in exc.hint
+    # `envlock run` reuses the options of the last restore of the lock: not asked to repeat them.
+    assert "give `envlock run`" not in exc.hint and "reuses those of the last `envlock restore`" in exc.hint
 
     # The same options as the image's (a --no-cache rebuild that failed for another reason),
     # an image without the label (its options are unknown), or no image: nothing is added.

@@ -216,11 +216,13 @@ def _restore_option_names() -> tuple[RestoreOption, ...]:
     return get_args(RestoreOption)
 
 
-def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreOptions | None:
+def kept_restore_options(args: argparse.Namespace, record_path: str | None) -> RestoreOptions | None:
     """The restore options this ``run --record`` was given, as its record keeps them: a
     wheelhouse relative to the record (as its lock), and a value the lock's scrubbing rules
     would change (an index URL with a credential) left out and named as withheld, with a note
-    now. Checked before the command runs, so that the record can be written after it."""
+    now. Checked before the command runs, so that the record can be written after it.
+    ``record_path`` None: the options a restore leaves for ``run`` (``remember``), the
+    wheelhouse absolute."""
     from pydantic import ValidationError
 
     from envlock.probe.scrub import scrub_string, secret_values, strip_index_url
@@ -239,9 +241,13 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
                 withheld.append(name)
                 continue
             if name == "wheelhouse":
-                value = os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path)))
+                value = (os.path.abspath(value) if record_path is None else
+                         os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path))))
         kept[name] = value
-    if withheld:
+    if withheld and record_path is None:
+        say(f"{', '.join(map(_flag, withheld))} held a credential and is not remembered for `envlock run`: "
+            "give it again there")
+    elif withheld:
         say(f"{', '.join(map(_flag, withheld))} held a credential and is not kept in {record_path}: "
             "give it again to `run --replay`")
     if not kept and not withheld:
@@ -257,24 +263,83 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
 def reuse_restore_options(args: argparse.Namespace, original: Record, record_path: str) -> None:
     """The restore options ``original`` was recorded with, for each one not given now, set on
     ``args`` and named in one line; a withheld one (a credential) must be given again."""
+    if original.restore is not None:
+        _reuse(args, original.restore, f"{record_path} was recorded with",
+               os.path.dirname(os.path.abspath(record_path)), again="with --replay")
+
+
+def _reuse(args: argparse.Namespace, kept: RestoreOptions, source: str, relative_to: str, *, again: str) -> None:
+    """Each option of ``kept`` not given now set on ``args`` (a wheelhouse relative to
+    ``relative_to``), named in one line after ``source``; a withheld one must be given again."""
     from envlock.text.terminal import safe
 
-    kept = original.restore
-    if kept is None:
-        return
     missing = [n for n in kept.withheld or () if getattr(args, n, None) in (None, False)]
     if missing:
         flags = ", ".join(map(_flag, missing))
-        raise UsageError(f"{record_path} was recorded with {flags}, which held a credential and "
-                         "is not kept in the record", hint=f"give {flags} again with --replay")
+        raise UsageError(f"{source} {flags}, which held a credential and is not kept",
+                         hint=f"give {flags} again {again}")
     reused: list[str] = []
     for name in _restore_option_names():
         value = getattr(kept, name)
         if value is None or getattr(args, name, None) not in (None, False):
             continue
         if name == "wheelhouse":
-            value = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(record_path)), value))
+            value = os.path.normpath(os.path.join(relative_to, value))
         setattr(args, name, value)
         reused.append(_flag(name) if value is True else f"{_flag(name)} {value}")
     if reused:
-        say(safe(f"reusing the restore options {record_path} was recorded with: {' '.join(reused)}"))
+        say(safe(f"reusing the restore options {source}: {' '.join(reused)}"))
+
+
+# -- the restore options a restore leaves for run -------------------------------------------------
+
+# Under restore's cache: one file per lock (its id and where it is), the options of the last
+# `envlock restore` of it.
+REMEMBERED = "options"
+
+
+def _remembered(short_id: str, lock_path: str) -> Path:
+    """The file for the lock of id ``short_id`` at ``lock_path``. The path is part of the key:
+    the same lock in another checkout (or another test's directory) may have been restored
+    with another wheelhouse, and must not be given this one's options unasked."""
+    import hashlib
+
+    from envlock.restore.restore import cache_dir
+
+    where = hashlib.sha256(os.path.realpath(lock_path).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return cache_dir() / REMEMBERED / f"{short_id}-{where}.json"
+
+
+def remember_restore_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
+    """After ``envlock restore`` built or found the lock's image: the options it was given,
+    kept for the lock's id (none given: what was kept is forgotten), so that a plain ``envlock
+    run`` of the lock finds that image instead of restoring another from the defaults. A
+    credential is not kept (``kept_restore_options``). A cache that cannot be written keeps
+    nothing: run then needs the options again, as before."""
+    import contextlib
+
+    from envlock.lock import atomic_write
+
+    kept = kept_restore_options(args, None)
+    path = _remembered(short_id, lock_path)
+    with contextlib.suppress(OSError):
+        if kept is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, kept.model_dump_json(exclude_none=True) + "\n")
+
+
+def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
+    """The options the last ``envlock restore`` of this lock was given, for each one not given
+    now, set on ``args`` and said in one line, as ``run --replay`` reuses a record's. A file
+    that cannot be read or is not such options is no memory (it is envlock's cache)."""
+    from pydantic import ValidationError
+
+    from envlock.replay.record import RestoreOptions
+
+    try:
+        kept = RestoreOptions.model_validate_json(_remembered(short_id, lock_path).read_bytes(), strict=False)
+    except (OSError, ValidationError):
+        return
+    _reuse(args, kept, f"`envlock restore` was given for {lock_path}", "/", again="to `envlock run`")

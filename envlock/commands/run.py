@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from envlock.commands._recording import Plan
     from envlock.lock import Lock
     from envlock.replay.compilecache import CacheFile
-    from envlock.replay.record import RestoreOptions
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.packdir import Pack
@@ -32,9 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.record and args.replay:
         raise UsageError("--record and --replay: give one (a replay compares with the record it reads)")
     recording = None
-    kept = None
     if args.record or args.replay:
-        from envlock.commands._recording import kept_restore_options, plan, reuse_restore_options
+        from envlock.commands._recording import plan, reuse_restore_options
 
         recording = plan(args, replay_path=args.replay,
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
@@ -45,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
                 from envlock.replay.record import command_to_replay
 
                 command = command_to_replay(recording.original, args.replay)
-        else:
-            kept = kept_restore_options(args, args.record)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     workspace = Path(args.workspace).resolve() if args.workspace else Path.cwd()
@@ -60,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     parse_ports(args.publish or [])
     with contextlib.ExitStack() as held:
         pack = _open_pack(args, held)
-        return _run(args, command, recording, kept, pack, env)
+        return _run(args, command, recording, pack, env)
 
 
-def _run(args: argparse.Namespace, command: list[str], recording: Plan | None, kept: RestoreOptions | None,
+def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
          pack: Pack | None, env: dict[str, str]) -> int:
     """The run itself, the pack (if any) unpacked and held in the cache."""
     from envlock.lock import load
@@ -75,6 +71,16 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None, k
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
                       ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
     lock = load(lock_path)
+    if pack is None and (recording is None or recording.original is None):
+        from envlock.commands._recording import reuse_remembered_options
+
+        # The image `envlock restore --base X ...` made for this lock, without X again.
+        reuse_remembered_options(args, lock.short_id, args.lock)
+    kept = None
+    if recording is not None and recording.original is None:
+        from envlock.commands._recording import kept_restore_options
+
+        kept = kept_restore_options(args, args.record)
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:

@@ -10,6 +10,8 @@ a by-product that the next restore makes again when it is gone:
 * ``inside/``: the checks inside restored images, kept per image id (``inside``), one entry for
   all of them; without it the next restore or run of each image checks it again.
 
+``options/`` (``commands._recording.REMEMBERED``) is state, not an entry: the options of the last
+``envlock restore`` of each lock, which ``run`` reuses; a few bytes each, kept by ``prune``.
 ``charliecloud/`` is left out: its directory images are restored environments, not a cache,
 and its storage is ch-image's (``ch-image reset`` empties it).
 
