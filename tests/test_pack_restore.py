@@ -267,6 +267,29 @@ def test_a_pack_restored_through_a_client_builds_with_network_none(
 # -- a pack without its base image says what it needs ---------------------------------------------
 
 
+def test_pack_checks_its_base_image_before_collecting_any_wheel(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base the engine has not and cannot pull fails the pack at once: no wheel is collected
+    (downloaded) first, and no directory is left."""
+    from envlock.errors import ImageNotFound
+    from envlock.export import pack as pack_mod
+
+    class NoBase(RecordingEngine):
+        def pull(self, ref: str) -> ImageInfo:
+            self.pulls.append(ref)
+            raise ImageNotFound(f"cannot pull {ref}")
+
+    collected: list[Any] = []
+    monkeypatch.setattr(pack_mod, "collect_wheels", lambda *a, **k: collected.append(a) or ([], [], []))
+    lock = restore_lock(packages=[("six", "1.16.0")])
+    lock.save(tmp_path / "env.lock")
+    engine = NoBase()
+    with pytest.raises(ImageNotFound):
+        pack(lock, tmp_path / "env.lock", tmp_path / "pack", PackOptions(wheelhouses=(_house(tmp_path),)),
+             engine=engine)
+    assert len(engine.pulls) == 1 and collected == [] and not (tmp_path / "pack").exists()
+
+
 def test_a_pack_without_its_base_image_says_what_a_restore_needs(
         restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

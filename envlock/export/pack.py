@@ -56,8 +56,8 @@ from envlock.restore.packdir import (
 from envlock.text.terminal import safe
 
 if TYPE_CHECKING:
-
-    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.context import BaseChoice
+    from envlock.restore.engine import ContainerEngine, ImageInfo
 
 TOOL_TIMEOUT = 3600.0
 
@@ -145,15 +145,24 @@ def collect_debs(lock: Lock, dest: Path, say: Callable[[str], None]) -> tuple[li
 # -- the base image -------------------------------------------------------------------------------
 
 
-def save_base(engine: ContainerEngine, lock: Lock, base: str | None, out: Path, oci: bool,
-              say: Callable[[str], None]) -> tuple[dict[str, str], bool, list[str]]:
-    """Save the restore's base image as a docker-archive (and OCI): (facts, oci written, notes)."""
+def find_base(engine: ContainerEngine, lock: Lock, base: str | None) -> tuple[BaseChoice, ImageInfo]:
+    """The restore's base image as the engine has it (pulled when it is a tag it lacks):
+    asked before any wheel is collected, so that a pack that cannot hold its base fails at
+    once instead of after downloading every wheel."""
     from envlock.restore.restore import resolve_base
 
     choice = resolve_base(engine, lock, Options(base=base))
     info = engine.image(choice.ref)
     if info is None:
         raise NotRestorable(f"the engine has no image {choice.ref} to pack")
+    return choice, info
+
+
+def save_base(engine: ContainerEngine, found: tuple[BaseChoice, ImageInfo], out: Path, oci: bool,
+              say: Callable[[str], None]) -> tuple[dict[str, str], bool, list[str]]:
+    """Save the base image ``find_base`` found as a docker-archive (and OCI): (facts, oci
+    written, notes)."""
+    choice, info = found
     (out / "image").mkdir(exist_ok=True)
     say(f"saving the base image {choice.display} ({info.id[7:19]})")
     engine.save(info.id, out / DOCKER_ARCHIVE)
@@ -231,6 +240,11 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     if options.compile_cache is not None:  # refused before anything is collected
         cache = read_cache(options.compile_cache)
         check_against_lock(cache, lock, str(lock_path))
+    found = None
+    if options.image:
+        if engine is None:
+            raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
+        found = find_base(engine, lock, options.base)
     archive = Path(out) if str(out).endswith(".tar") else None
     if archive is not None:
         if os.path.lexists(archive):
@@ -253,10 +267,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                          + ", ".join(missing_debs))
         base: dict[str, str] = {}
         oci = False
-        if options.image:
-            if engine is None:
-                raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
-            base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
+        if engine is not None and found is not None:
+            base, oci, image_notes = save_base(engine, found, directory, options.oci, say)
             notes += image_notes
         pulled_base = None if base else needed_base(lock, options.base)
         if not base:
