@@ -470,10 +470,16 @@ def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> 
     log = tmp_path / "build.log"
     with pytest.raises(BuildFailed) as exc:
         engine(FakeAPI(chunks)).build(tmp_path, tag="t:1", labels={}, log_path=log,
-                                      progress=PlainProgress(progress))
+                                      progress=PlainProgress(progress, log))
     assert exc.value.message.endswith(": ERROR: No matching distribution found for six==9.9.9")
     assert exc.value.step is not None and exc.value.step.startswith("4/6: RUN")
-    assert "[4/6] RUN" in progress.getvalue() and "    before the install" in progress.getvalue()
+    # envlock's progress shows the steps; the builder's own lines are in the log (and in the
+    # failure's tail), not on the terminal.
+    shown = progress.getvalue()
+    assert "[4/6] RUN" in shown and "\n    before the install" not in shown and "before the install\n" in log.read_text()
+    assert all(line.startswith(("[", "envlock: build: ")) for line in shown.splitlines()), shown
+    assert shown.endswith(f"of output (all in {log})\n")
+    assert any("No matching distribution" in line for line in exc.value.log_tail)
     assert log.read_text().endswith("returned a non-zero code: 1\n")
 
 
