@@ -337,7 +337,7 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
     package; the venv target gets a wheel of the running envlock for it, as the image target
     does, and never the build of that name the wheelhouse holds."""
     from envlock.restore import ownwheel
-    from envlock.restore.venvtarget import restore_venv
+    from envlock.restore.venvtarget import RESTORED, restore_venv, restored_from
 
     def own_wheel(dest: Path, *, offline: bool = False) -> Path:  # the real one: test_replay.py (slow)
         assert offline  # from a wheelhouse: nothing may be fetched to build it
@@ -360,7 +360,9 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
                               verify=False)
         site = next((result.directory / "lib").glob("python*/site-packages"))
         assert (site / "envlock-ml" / "own.txt").is_file()
-        assert (site / "six-1.16.0.dist-info").is_dir() and not list(dest.glob(".envlock-*"))
+        # Finished: no unfinished marker, and the lock it was restored from named for a replay.
+        assert (site / "six-1.16.0.dist-info").is_dir() and [p.name for p in dest.glob(".envlock-*")] == [RESTORED]
+        assert restored_from(result.python) == lock.envlock.fingerprint
 
 
 def _envlock_checkout(root: Path) -> Path:

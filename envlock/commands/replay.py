@@ -49,8 +49,15 @@ def run(args: argparse.Namespace) -> int:
                 err(f"envlock: reading {shown}\n")
             lock = load(path)
     from envlock.replay.make import check_program, resolve_program
+    from envlock.restore.venvtarget import restored_from
 
-    check_program(original, command, base, lock, args.rec)
+    elsewhere = check_program(original, command, base, lock, args.rec, restored_from)
+    if elsewhere is not None:
+        from envlock.commands._output import say
+        from envlock.text.terminal import safe
+
+        say(safe(f"{command[0]} runs {elsewhere}, in a venv restored from the record's lock: the same "
+                 "environment, replayed there"))
     from envlock.commands._recording import compile_files, compile_report
     from envlock.replay.compilecache import compile_run
 
