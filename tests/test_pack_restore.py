@@ -184,6 +184,50 @@ def test_only_os_packages_that_the_image_installs_keep_the_network(
     assert not any("network" in n for n in notes["venv"])
 
 
+@pytest.mark.parametrize("missing", ["", "python3-foo"])
+def test_a_system_python_pack_installs_its_own_debs_with_the_network_off(
+        missing: str, restore_lock: LockFactory, tmp_path: Path, clean: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pack of a system-Python lock holds the .deb of every pin: its restore installs them
+    from the pack (apt given their paths, no `apt-get update`) with the network off, and its
+    README says nothing is downloaded. With one .deb missing (apt could not download it), the
+    restore fetches the pins with apt, network on, and the README names what it fetches."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text(  # `apt-get download` as apt names its files
+        "#!/bin/sh\n[ \"$1\" = download ] || exit 2\nshift; [ \"$1\" = -q ] && shift\n"
+        "for pin in \"$@\"; do case \"$pin\" in \"$MISSING\"*) exit 100;; esac; done\n"
+        "for pin in \"$@\"; do n=${pin%%=*}; v=$(printf %s \"${pin#*=}\" | sed 's/:/%3a/')\n"
+        "  echo deb > \"${n}_${v}_all.deb\"; done\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("MISSING", missing or "no-such-package")
+    lock = restore_lock(image=LOCK_IMAGE,
+                        python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",
+                                "executable": "/usr/bin/python3"},
+                        os_packages={"manager": "dpkg", "packages": ["python3-six:all=1.16.0-4",
+                                                                     "python3-foo:all=1:2.0-1"]},
+                        packages=[{"name": "six", "version": "1.16.0", "source": "system",
+                                   "os_package": "python3-six", "os_package_version": "1.16.0-4"}])
+    engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
+    root = _pack(lock, tmp_path, engine)
+    readme = (root / "README.md").read_text()
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    err = capsys.readouterr().err
+    (build,) = engine.builds
+    if not missing:
+        assert build["network"] is False, err
+        assert '"apt-get", "update"' not in build["dockerfile"] and "ospkgs.py" not in build["dockerfile"]
+        assert "/debs/python3-foo_1%3a2.0-1_all.deb" in build["dockerfile"]
+        assert "/debs/python3-six_1.16.0-4_all.deb" in build["dockerfile"]
+        assert "nothing is downloaded" in readme and "installed from `debs/`" in readme
+    else:
+        assert build["network"] is True and '"apt-get", "update"' in build["dockerfile"]
+        assert "the pack has no .deb for python3-foo=1:2.0-1" in err
+        assert "nothing is downloaded" not in readme and "`python3-foo=1:2.0-1`" in readme
+        assert "which needs the network" in readme
+
+
 class MountingEngine(RecordingEngine):
     """An engine whose builder reads RUN --mount (``BuildMode``), or one that says why not."""
 

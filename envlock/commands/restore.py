@@ -131,7 +131,7 @@ def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options
     and the wheels its checked SHA256SUMS lists (the only ones uv is taken from)."""
     import dataclasses
 
-    changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels}
+    changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels, "debs": pack.debs}
     if not args.wheelhouse:
         changes["wheelhouse"] = pack.wheels
     if not args.base and pack.base_id:

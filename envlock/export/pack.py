@@ -271,6 +271,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             base, oci, image_notes = save_base(engine, found, directory, options.oci, say)
             notes += image_notes
         pulled_base = None if base else needed_base(lock, options.base)
+        fetched = _fetched_pins(lock, directory / DEBS)
         if not base:
             start = pulled_base or "the lock's base image"
             notes.append("the pack holds no base image (--no-image): `envlock restore PACK --target venv DIR` "
@@ -297,7 +298,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         seconds = time.monotonic() - t0
         (directory / README).write_text(
             readme(lock, len(rows), [r.name for r in rows if r.origin == "rebuilt"], base=base, oci=oci, debs=debs, missing_debs=missing_debs,
-                   skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base),
+                   skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base,
+                   fetched=fetched),
             encoding="utf-8")
         (directory / SUMS).write_text(sums_text(directory), encoding="utf-8")
         size = _size(directory)
@@ -312,6 +314,15 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
                       seconds=time.monotonic() - t0, compile_cache=cache)
+
+
+def _fetched_pins(lock: Lock, debs: Path) -> list[str]:
+    """The OS package pins a container restore of the pack fetches with apt (the network on):
+    those with no .deb in ``debs``, by the rule restore follows (``ospackages.local_debs``)."""
+    from envlock.restore.ospackages import local_debs, plan_os
+
+    install = plan_os(lock, None, [])
+    return [] if install is None else local_debs(install, debs)[1]
 
 
 def _copy_cache(cache: CacheFile, directory: Path) -> CacheFile:

@@ -87,6 +87,9 @@ class Options:
     # ``RUN --mount`` (BuildKit, Buildah: a builder that reads it, ``restore.clibuild``), or
     # copied into a build stage whose venv the image copies out (the classic builder).
     mounts: bool = False
+    # A pack's .deb files of the lock's OS package pins (``ospackages.with_debs``): a system-Python
+    # lock's OS packages are installed from them, with the network off, when every pin has one.
+    debs: Path | None = None
 
     @property
     def offline(self) -> bool:
@@ -503,7 +506,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     offline = options.offline
     venv = _venv(lock, options, base)
     base_python = values.interpreter(options.python) if options.python else "python3"
-    os_install = ospackages.plan_os(lock, venv, notes)
+    os_install = ospackages.with_debs(ospackages.plan_os(lock, venv, notes), options.debs, notes)
     sorted_ = _sort_packages(lock, options, base, offline, os_install, notes, own_wheel)
     installed = {r.name for reqs in sorted_.layers.values() for r in reqs}
     unchecked = unproven(p for p in lock.packages if p.name in installed)

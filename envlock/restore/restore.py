@@ -191,7 +191,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
-    if not network and plan.os_install is not None:
+    if not network and plan.os_install is not None and not plan.os_install.offline:
         say(f"note: the lock's OS packages are installed with {plan.os_install.manager}, which needs "
             "the network: this build has it")
         network = True
