@@ -146,6 +146,10 @@ class MissingExtra(EnvlockError):
     exit_code = EXIT_ENV
 
 
+# What a hint says when a wheelhouse would do: the option and the command that makes one.
+WHEELHOUSE_HINT = "--wheelhouse DIR (made by `envlock bundle -o DIR` where the index is reachable)"
+
+
 class IndexUnavailable(EnvlockError):
     """The package index could not be reached or answered nonsense (3)."""
 

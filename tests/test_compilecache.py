@@ -538,6 +538,41 @@ def test_run_pack_loads_the_cache_the_pack_carries_unless_told_not_to(
     assert "compile/torch-compile.cache (changed)" in capsys.readouterr().err
 
 
+def test_run_pack_holds_the_cache_so_prune_refuses_under_the_running_job(
+        image_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """While the command of `run PACK` runs, `envlock cache prune` refuses: it would remove the
+    unpacked pack and the compile cache mounted from it under the job."""
+    from test_restore_run_bundle import make_wheel
+
+    from envlock.commands import main
+    from envlock.export.pack import PackOptions, pack
+    from envlock.lock import load
+    from envlock.restore import restore as restore_mod
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    house = tmp_path / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.16.0")
+    pack(load(tmp_path / "env.lock"), tmp_path / "env.lock", tmp_path / "pack.tar", PackOptions(
+        wheelhouses=(house,), download=False, image=False, compile_cache=write_cache(tmp_path / "c.cache")),
+        engine=None)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "envlock-cache"))
+    seen: list[int] = []
+    from envlock.restore import run as run_mod
+
+    in_image = run_mod.run_in_image  # the fixture's stand-in for the command
+
+    def run_in_image(*args: Any, **kw: Any) -> int:
+        seen.append(main(["cache", "prune"]))
+        return in_image(*args, **kw)
+
+    monkeypatch.setattr(run_mod, "run_in_image", run_in_image)
+    assert main(["run", "pack.tar", "--", "python", "train.py"]) == 0
+    assert seen == [3] and "is using the cache" in capsys.readouterr().err
+    assert any((restore_mod.cache_dir() / "packs").iterdir())  # the unpacked pack is still there
+
+
 def test_nothing_of_torch_is_imported_until_a_cache_is_saved_or_loaded(tmp_path: Path) -> None:
     """Importing Inductor takes seconds: a record() call that arranges the save, and the probe's
     [compile] (capture, verify), import none of torch."""

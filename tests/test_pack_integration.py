@@ -399,3 +399,61 @@ def test_one_pack_restores_the_same_weights_with_every_target(
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"seconds per target: {({k: round(v, 1) for k, v in seconds.items()})}\n"
                          f"model.pt sha256 per target:\n{table}\n")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_system_python_pack_installs_its_debs_with_the_network_off(
+        docker_client: Any, base_image: str, tmp_path: Path, fresh_caches: None,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """A lock captured in the base image (its Debian python3, its ~120 OS packages) plus one OS
+    package the base lacks (``ed``, at the version this machine's apt sources offer): the pack
+    carries the .deb of every pin, says nothing is downloaded, and its restore builds with the
+    engine's network ``none`` (the base's ONBUILD trigger records the build's interfaces),
+    installs ``ed`` from the pack and matches the lock."""
+    import re
+
+    from envlock.lock import load, save
+
+    needs_tool("apt-get")  # `pack` downloads the .debs with this machine's apt
+    show = subprocess.run(["apt-cache", "show", "--no-all-versions", "ed"], capture_output=True, text=True,
+                          check=True).stdout
+    version = re.search(r"^Version: (\S+)$", show, re.M)
+    arch = re.search(r"^Architecture: (\S+)$", show, re.M)
+    assert version and arch, show
+    own = _own_base(docker_client, base_image)
+    restored: list[str] = []  # what to remove: the restored image, the base loaded from the pack
+    try:
+        lock_path = tmp_path / "env.lock"
+        assert main(["capture", "--in-image", own, "--no-torch", "-o", str(lock_path)]) == 0
+        lock = load(lock_path)
+        assert lock.python.prefix_kind == "system" and lock.os_packages and lock.os_packages.manager == "dpkg"
+        assert not any(s.startswith("ed:") for s in lock.os_packages.packages)
+        specs = sorted([*lock.os_packages.packages, f"ed:{arch.group(1)}={version.group(1)}"])
+        save(lock.model_copy(update={"os_packages": lock.os_packages.model_copy(update={"packages": specs})}),
+             lock_path)
+        lock = load(lock_path)
+        restored += [f"envlock/it-pack-debs:{lock.short_id}", f"envlock-pack/base:{lock.short_id}"]
+        out = tmp_path / "pack"
+        t0 = time.monotonic()
+        assert main(["pack", str(lock_path), "-o", str(out), "--base", own, "--no-download", "--no-oci"]) == 0
+        t_pack = time.monotonic() - t0
+        got, err = capfd.readouterr()
+        assert f"{len(specs)} debs" in got, got + err
+        assert "nothing is downloaded" in (out / "README.md").read_text()
+        t0 = time.monotonic()
+        code = main(["restore", str(out), "--name", "it-pack-debs"])
+        t_restore = time.monotonic() - t0
+        got, err = capfd.readouterr()
+        assert code == 0, got + err
+        assert "OK: the environment matches the lock" in got and "needs the network" not in err, got + err
+        tag = restored[0]
+        seen = container_output(docker_client, tag, ["cat", BUILD_NET], network_mode="none")
+        assert seen.split() == ["lo"], f"the restore's build had a network: {seen.split()}"
+        installed = container_output(docker_client, tag, ["dpkg-query", "-W", "-f", "${Version}", "ed"],
+                                     network_mode="none")
+        assert installed == version.group(1)
+        if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
+            sys.stderr.write(f"system-Python pack (docker): pack {t_pack:.1f}s, restore {t_restore:.1f}s\n")
+    finally:
+        _remove(docker_client, *restored, own)

@@ -125,6 +125,40 @@ def test_a_pack_of_a_venv_lock_builds_with_the_network_off(
     assert "needs the network" not in err
 
 
+def test_run_after_a_restore_finds_its_image_without_the_restores_options_again(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`restore --base X --wheelhouse W` then a plain `run`: run reuses X and W (kept per lock
+    id in envlock's cache, said in one line), so it looks for that image instead of restoring
+    another from the lock's own base; a restore without options forgets them."""
+    from helpers import fake_engine_run
+
+    lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
+    lock.save(tmp_path / "env.lock")
+    monkeypatch.chdir(tmp_path)
+    house = _house(tmp_path)
+    engine = RecordingEngine({BASE_ID: BASE_ID})
+    assert _restore(monkeypatch, engine, "env.lock", "--base", BASE_ID, "--wheelhouse", str(house)) == 0
+    builds: list[Any] = []
+    fake_engine_run(monkeypatch, lock, lambda *a, **k: 0, builds=builds)
+    capsys.readouterr()
+    assert main(["run", "env.lock", "--", "python", "train.py"]) == 0
+    args, options, _ = builds[-1]
+    assert (options.base, options.wheelhouse, args.name) == (BASE_ID, house, "t")
+    assert (f"envlock: reusing the restore options `envlock restore` was given for env.lock: "
+            f"--base {BASE_ID} --wheelhouse {house} --name t\n") in capsys.readouterr().err
+    # An option given now wins over the remembered one.
+    assert main(["run", "env.lock", "--name", "u", "--", "python", "train.py"]) == 0
+    assert builds[-1][0].name == "u" and builds[-1][1].base == BASE_ID
+    # Restored again without options: nothing is remembered any more.
+    monkeypatch.setattr("envlock.restore.endpoint.connect", lambda *a, **k: engine)
+    assert main(["restore", "env.lock", "--no-verify"]) == 0
+    fake_engine_run(monkeypatch, lock, lambda *a, **k: 0, builds=builds)
+    capsys.readouterr()
+    assert main(["run", "env.lock", "--", "python", "train.py"]) == 0
+    assert builds[-1][1].base is None and "reusing" not in capsys.readouterr().err
+
+
 def test_only_os_packages_that_the_image_installs_keep_the_network(
         restore_lock: LockFactory, tmp_path: Path, clean: Path) -> None:
     """A system-Python lock with dpkg pins is the one restore whose build fetches something
@@ -148,6 +182,50 @@ def test_only_os_packages_that_the_image_installs_keep_the_network(
         assert engine.builds[0]["network"] is (name == "system"), notes[name]
     assert any("installed with apt, which needs the network" in n for n in notes["system"])
     assert not any("network" in n for n in notes["venv"])
+
+
+@pytest.mark.parametrize("missing", ["", "python3-foo"])
+def test_a_system_python_pack_installs_its_own_debs_with_the_network_off(
+        missing: str, restore_lock: LockFactory, tmp_path: Path, clean: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pack of a system-Python lock holds the .deb of every pin: its restore installs them
+    from the pack (apt given their paths, no `apt-get update`) with the network off, and its
+    README says nothing is downloaded. With one .deb missing (apt could not download it), the
+    restore fetches the pins with apt, network on, and the README names what it fetches."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text(  # `apt-get download` as apt names its files
+        "#!/bin/sh\n[ \"$1\" = download ] || exit 2\nshift; [ \"$1\" = -q ] && shift\n"
+        "for pin in \"$@\"; do case \"$pin\" in \"$MISSING\"*) exit 100;; esac; done\n"
+        "for pin in \"$@\"; do n=${pin%%=*}; v=$(printf %s \"${pin#*=}\" | sed 's/:/%3a/')\n"
+        "  echo deb > \"${n}_${v}_all.deb\"; done\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("MISSING", missing or "no-such-package")
+    lock = restore_lock(image=LOCK_IMAGE,
+                        python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",
+                                "executable": "/usr/bin/python3"},
+                        os_packages={"manager": "dpkg", "packages": ["python3-six:all=1.16.0-4",
+                                                                     "python3-foo:all=1:2.0-1"]},
+                        packages=[{"name": "six", "version": "1.16.0", "source": "system",
+                                   "os_package": "python3-six", "os_package_version": "1.16.0-4"}])
+    engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
+    root = _pack(lock, tmp_path, engine)
+    readme = (root / "README.md").read_text()
+    assert _restore(monkeypatch, engine, str(root)) == 0
+    err = capsys.readouterr().err
+    (build,) = engine.builds
+    if not missing:
+        assert build["network"] is False, err
+        assert '"apt-get", "update"' not in build["dockerfile"] and "ospkgs.py" not in build["dockerfile"]
+        assert "/debs/python3-foo_1%3a2.0-1_all.deb" in build["dockerfile"]
+        assert "/debs/python3-six_1.16.0-4_all.deb" in build["dockerfile"]
+        assert "nothing is downloaded" in readme and "installed from `debs/`" in readme
+    else:
+        assert build["network"] is True and '"apt-get", "update"' in build["dockerfile"]
+        assert "the pack has no .deb for python3-foo=1:2.0-1" in err
+        assert "nothing is downloaded" not in readme and "`python3-foo=1:2.0-1`" in readme
+        assert "which needs the network" in readme
 
 
 class MountingEngine(RecordingEngine):
@@ -233,6 +311,29 @@ def test_a_pack_restored_through_a_client_builds_with_network_none(
 # -- a pack without its base image says what it needs ---------------------------------------------
 
 
+def test_pack_checks_its_base_image_before_collecting_any_wheel(
+        restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base the engine has not and cannot pull fails the pack at once: no wheel is collected
+    (downloaded) first, and no directory is left."""
+    from envlock.errors import ImageNotFound
+    from envlock.export import pack as pack_mod
+
+    class NoBase(RecordingEngine):
+        def pull(self, ref: str) -> ImageInfo:
+            self.pulls.append(ref)
+            raise ImageNotFound(f"cannot pull {ref}")
+
+    collected: list[Any] = []
+    monkeypatch.setattr(pack_mod, "collect_wheels", lambda *a, **k: collected.append(a) or ([], [], []))
+    lock = restore_lock(packages=[("six", "1.16.0")])
+    lock.save(tmp_path / "env.lock")
+    engine = NoBase()
+    with pytest.raises(ImageNotFound):
+        pack(lock, tmp_path / "env.lock", tmp_path / "pack", PackOptions(wheelhouses=(_house(tmp_path),)),
+             engine=engine)
+    assert len(engine.pulls) == 1 and collected == [] and not (tmp_path / "pack").exists()
+
+
 def test_a_pack_without_its_base_image_says_what_a_restore_needs(
         restore_lock: LockFactory, tmp_path: Path, clean: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -280,7 +381,7 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
     package; the venv target gets a wheel of the running envlock for it, as the image target
     does, and never the build of that name the wheelhouse holds."""
     from envlock.restore import ownwheel
-    from envlock.restore.venvtarget import restore_venv
+    from envlock.restore.venvtarget import RESTORED, restore_venv, restored_from
 
     def own_wheel(dest: Path, *, offline: bool = False) -> Path:  # the real one: test_replay.py (slow)
         assert offline  # from a wheelhouse: nothing may be fetched to build it
@@ -303,7 +404,9 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
                               verify=False)
         site = next((result.directory / "lib").glob("python*/site-packages"))
         assert (site / "envlock-ml" / "own.txt").is_file()
-        assert (site / "six-1.16.0.dist-info").is_dir() and not list(dest.glob(".envlock-*"))
+        # Finished: no unfinished marker, and the lock it was restored from named for a replay.
+        assert (site / "six-1.16.0.dist-info").is_dir() and [p.name for p in dest.glob(".envlock-*")] == [RESTORED]
+        assert restored_from(result.python) == lock.envlock.fingerprint
 
 
 def _envlock_checkout(root: Path) -> Path:

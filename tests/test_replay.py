@@ -184,6 +184,25 @@ def test_commands_read_the_projects_lock_from_a_subdirectory_and_name_it(
     assert load(repo / "env.lock")
 
 
+def test_a_missing_lock_outside_a_repository_names_the_search_up_to_the_filesystem_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a repository the search goes on to /, and says so (it used to say "up to .")."""
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    if any(os.path.lexists(d / ".git") for d in deep.parents):
+        pytest.skip("the temporary directory is inside a git repository")
+    assert main(["show"]) == 2
+    assert "not found here or in a parent directory (up to /)" in capsys.readouterr().err
+
+
+def test_replay_without_arguments_asks_for_the_record_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command is optional (the recorded one is the default): not named as required."""
+    assert main(["replay"]) == 2
+    err = capsys.readouterr().err
+    assert "the following arguments are required: REC" in err and "cmd" not in err.split("required:")[1]
+
+
 def test_restore_run_bundle_pack_diff_and_record_read_the_projects_lock_from_a_subdirectory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from envlock.commands._parser import build_parser

@@ -88,12 +88,42 @@ def test_another_python_on_path_is_refused_before_it_runs(project: Path, monkeyp
     out, err = capsys.readouterr()
     assert f"the recorded command's 'python' runs {other / 'python'} here, but the record ran " \
            f"{project / '.venv' / 'bin' / 'python'} (Python environment {project / '.venv'})" in err
-    assert f"hint: activate the environment it ran in (the lock's: {project / '.venv'}), or give the " \
-           f"command to run after --: envlock replay run.record -- {project / '.venv' / 'bin' / 'python'} ..." in err
+    assert f"hint: activate the environment it ran in ({project / '.venv'}) or a venv restored from its lock " \
+           "(envlock restore LOCK|PACK --target venv DIR), or give the command to run after --: envlock replay " \
+           f"run.record -- {project / '.venv' / 'bin' / 'python'} ..." in err
     assert "DIVERGED" not in out + err and not marker.exists()
     # The same word given after -- is the same command: refused too; a path is a choice.
     assert main(["replay", "run.record", "--", "python", "train.py"]) == 3
     assert main(["replay", "run.record", "--", str(project / ".venv" / "bin" / "python"), "train.py"]) == 0
+
+
+def test_the_recorded_python_in_a_venv_restored_from_the_lock_is_the_same_program(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay REC -- python train.py` in a venv restored from the record's lock (`restore PACK
+    --target venv DIR`, which marks it) runs there: the same environment at another path. A venv
+    restored from another lock is still refused, and where the original environment is gone the
+    hint sends the user to a restore, not to its path."""
+    import shutil
+
+    from envlock.restore.venvtarget import RESTORED
+
+    assert main(["capture", "--no-torch", "--python", ".venv", "-o", "env.lock"]) == 0
+    assert main(["record", "run.record", "--lock", "env.lock", "--", "python", "train.py"]) == 0
+    restored = project / "restored"
+    venv.create(restored, with_pip=False, symlinks=True)
+    fingerprint = load(project / "run.record").record.lock_fingerprint
+    (restored / RESTORED).write_text(f"{fingerprint}\n")
+    monkeypatch.setenv("PATH", str(restored / "bin") + os.pathsep + os.environ["PATH"])
+    capsys.readouterr()
+    assert main(["replay", "run.record", "--", "python", "train.py"]) == 0
+    err = capsys.readouterr().err
+    assert f"python runs {restored / 'bin' / 'python'}, in a venv restored from the record's lock" in err
+    (restored / RESTORED).write_text("sha256:" + "0" * 64 + "\n")  # another lock's venv
+    shutil.rmtree(project / ".venv")
+    assert main(["replay", "run.record"]) == 3
+    err = capsys.readouterr().err
+    hint = err.split("hint: ")[1]
+    assert ".venv" not in hint and "envlock replay run.record -- DIR/bin/python ..." in hint, err
 
 
 def test_a_command_that_fails_before_a_step_is_a_failed_command(
@@ -292,6 +322,35 @@ def test_run_replay_reuses_the_restore_options_of_run_record(
     err = capsys.readouterr().err
     assert (f"envlock: reusing the restore options ../runs/r.record was recorded with: --base "
             f"python:3.12-slim --allow-unpinned-base --wheelhouse {project / 'wheels'}\n") in err
+
+
+def test_a_record_of_run_pack_names_the_pack_and_its_id_never_the_cache(
+        fake_run: list[Any], project: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`run PACK --record`: the record holds the pack (relative to the record, as a lock is)
+    and its id; the lock unpacked in envlock's cache is not named, nor in replay's hint."""
+    from test_restore_run_bundle import make_wheel
+
+    from envlock.export.pack import PackOptions, pack
+    from envlock.lock import load as load_lock
+    from envlock.restore.packdir import open_pack
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(project / "cache"))
+    house = project / "house"
+    house.mkdir()
+    make_wheel(house, "six", "1.17.0")
+    pack(load_lock(project / "env.lock"), project / "env.lock", project / "p.tar",
+         PackOptions(wheelhouses=(house,), download=False, image=False), engine=None)
+    (project / "runs").mkdir()
+    assert main(["run", "p.tar", "--record", "runs/r.record", "--", "python", "train.py"]) == 0
+    meta = load(project / "runs" / "r.record").record
+    assert meta.pack == "../p.tar" and meta.lock is None
+    assert meta.pack_id == open_pack(project / "p.tar", project / "unpacked").id
+    assert "cache" not in (project / "runs" / "r.record").read_text()
+    capsys.readouterr()
+    assert main(["replay", "runs/r.record"]) == 2
+    assert "replay it there: envlock run p.tar --replay runs/r.record" in capsys.readouterr().err
 
 
 def test_twin_a_record_of_a_run_without_restore_options_keeps_none(

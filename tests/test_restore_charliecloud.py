@@ -335,10 +335,10 @@ def test_build_output_becomes_steps_of_the_dockerfiles_instructions(tmp_path: Pa
         context, tag="envlock/x:abc", labels={"org.envlock.context": "sha256:" + "e" * 64},
         log_path=tmp_path / "build.log", progress=PlainProgress(stream))
     shown = stream.getvalue().splitlines()
-    assert shown[:2] == ["[1/5] 4* FROM sha256:aa AS envlock-build",
-                         "    warning: not supported, ignored: USER instruction"]
+    assert shown[0] == "[1/5] 4* FROM sha256:aa AS envlock-build"
     assert "[3/5] 11. RUN [\"python3\", \"-m\", \"venv\", \"/opt/venv\"]" in shown
-    assert "    Successfully installed six-1.16.0" in shown and "      2 files copied" in shown
+    # ch-image's own lines are in the log, not in envlock's progress.
+    assert not any("Successfully installed six-1.16.0" in line for line in shown)
     assert (tmp_path / "build.log").read_text().splitlines() == output
 
 

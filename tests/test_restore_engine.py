@@ -354,6 +354,8 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
     hint_earlier_image(exc, engine(Restored({LABEL_OPTIONS: options_key(earlier)})), tag, bare)
     assert exc.hint is not None and exc.hint.startswith(f"check the network; {tag} exists")
     assert "same --base/--wheelhouse" in exc.hint
+    # `envlock run` reuses the options of the last restore of the lock: not asked to repeat them.
+    assert "give `envlock run`" not in exc.hint and "reuses those of the last `envlock restore`" in exc.hint
 
     # The same options as the image's (a --no-cache rebuild that failed for another reason),
     # an image without the label (its options are unknown), or no image: nothing is added.
@@ -468,10 +470,16 @@ def test_build_of_a_recorded_failing_stream_names_pips_error(tmp_path: Path) -> 
     log = tmp_path / "build.log"
     with pytest.raises(BuildFailed) as exc:
         engine(FakeAPI(chunks)).build(tmp_path, tag="t:1", labels={}, log_path=log,
-                                      progress=PlainProgress(progress))
+                                      progress=PlainProgress(progress, log))
     assert exc.value.message.endswith(": ERROR: No matching distribution found for six==9.9.9")
     assert exc.value.step is not None and exc.value.step.startswith("4/6: RUN")
-    assert "[4/6] RUN" in progress.getvalue() and "    before the install" in progress.getvalue()
+    # envlock's progress shows the steps; the builder's own lines are in the log (and in the
+    # failure's tail), not on the terminal.
+    shown = progress.getvalue()
+    assert "[4/6] RUN" in shown and "\n    before the install" not in shown and "before the install\n" in log.read_text()
+    assert all(line.startswith(("[", "envlock: build: ")) for line in shown.splitlines()), shown
+    assert shown.endswith(f"of output (all in {log})\n")
+    assert any("No matching distribution" in line for line in exc.value.log_tail)
     assert log.read_text().endswith("returned a non-zero code: 1\n")
 
 

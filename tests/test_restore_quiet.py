@@ -32,12 +32,15 @@ def test_a_quiet_build_prints_one_summary_line(tmp_path: Path) -> None:
     assert (tmp_path / "build.log").read_text()  # everything is still kept there
 
 
-def test_twin_a_plain_build_shows_its_output_and_ends_with_the_same_summary(tmp_path: Path) -> None:
+def test_twin_a_plain_build_shows_its_steps_and_ends_with_the_same_summary(tmp_path: Path) -> None:
+    """Plain progress is envlock's: a line per step, the builder's own lines only in the log."""
     out = io.StringIO()
     engine(FakeAPI(_chunks("ok.jsonl"))).build(tmp_path, tag="t:1", labels={}, log_path=tmp_path / "build.log",
-                                                progress=PlainProgress(out))
+                                                progress=PlainProgress(out, tmp_path / "build.log"))
     lines = out.getvalue().splitlines()
     assert len(lines) > 3 and lines[-1].startswith("envlock: build: ")
+    assert all(line.startswith("[") for line in lines[:-1]), lines
+    assert lines[-1].endswith(f"(all in {tmp_path / 'build.log'})")
 
 
 def test_a_quiet_failed_build_still_names_pips_error(tmp_path: Path) -> None:

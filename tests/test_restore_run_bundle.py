@@ -60,6 +60,19 @@ def test_no_torch_index_configured_is_a_clear_error_only_when_a_label_needs_one(
     assert "--wheelhouse" in exc.value.hint
 
 
+def test_a_restore_without_a_torch_index_names_the_command_that_makes_a_wheelhouse(
+        restore_lock: LockFactory) -> None:
+    """A first restore of a +cpu torch with no index configured: the hint names `envlock
+    bundle -o DIR`, which is what makes the wheelhouse it suggests."""
+    from envlock.restore.context import Options, plan
+
+    lock = restore_lock(torch={"version": "2.4.1+cpu", "cuda": None},
+                        packages=[{"name": "torch", "version": "2.4.1+cpu"}])
+    with pytest.raises(IndexUnavailable) as exc:
+        plan(lock, Options(base="python@sha256:" + "a" * 64))
+    assert exc.value.hint is not None and "envlock bundle -o DIR" in exc.value.hint
+
+
 def cuda_lock(restore_lock: LockFactory, cuda: str = "12.1") -> Any:
     return restore_lock(torch={"version": f"2.4.1+cu{cuda.replace('.', '')}", "cuda": cuda})
 

@@ -11,7 +11,7 @@ from envlock.errors import LockInvalid
 def lock_arg(given: str | None) -> str:
     """``given``, or the ``env.lock`` found from here up to the repository root, named by its
     path relative to the working directory (said on stderr, so the reader knows which)."""
-    from envlock.lock import LOCK_NAME, find_lock, project_root
+    from envlock.lock import LOCK_NAME, find_lock, project_root, search_top
 
     if given is not None:
         return given
@@ -19,9 +19,12 @@ def lock_arg(given: str | None) -> str:
     if found is None:
         root = project_root()
         where = os.path.relpath(root / LOCK_NAME)
+        top = search_top()
+        # The repository root by its path from here; outside a repository the search went to /.
+        extent = os.path.relpath(top) if top == root else str(top)
         # Capture where the project's lock belongs, not into this subdirectory: a second lock
         # here would shadow the project's from now on.
-        raise LockInvalid(f"{LOCK_NAME} not found here or in a parent directory (up to {os.path.relpath(root)})",
+        raise LockInvalid(f"{LOCK_NAME} not found here or in a parent directory (up to {extent})",
                           hint=f"create it with `envlock capture -o {where}`"
                                if where != LOCK_NAME else "create one with `envlock capture`")
     shown = os.path.relpath(found)

@@ -520,8 +520,10 @@ def _replay(sub: Subparsers) -> None:
                                    "2: the record is invalid or tampered")
     p.add_argument("rec", metavar="REC", help="the record of the original run")
     _host_record_options(p, "replay")
+    # REMAINDER is required to argparse, which would name CMD among the missing arguments of a
+    # bare `envlock replay`: the command is optional (the recorded one is the default).
     p.add_argument("cmd", nargs=argparse.REMAINDER,
-                   help="[options] [-- CMD ...] (default: the recorded command)")
+                   help="[options] [-- CMD ...] (default: the recorded command)").required = False
     p.set_defaults(handler="replay")
 
 

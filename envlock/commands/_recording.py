@@ -175,10 +175,11 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
            base: Path, lock: Any, lock_path: str | None, tolerance: tuple[float, float],
            as_json: bool = False, program: str | None = None, restore: RestoreOptions | None = None,
            stderr_tail: Sequence[str] = (), inside: str | None = None,
-           stop: KeyboardInterrupt | None = None) -> int:
+           stop: KeyboardInterrupt | None = None, pack: tuple[str, str] | None = None) -> int:
     """Write the record (a recording run: the command's exit code) or compare with the
     original (a replay: ``verdict``'s exit code). ``inside``: the workspace's path in the
-    container the command ran in (a container's run).
+    container the command ran in (a container's run). ``pack``: the pack the lock came from
+    (its path as given, its id): the record names it instead of the lock unpacked in the cache.
 
     ``stop``: the interrupt (Ctrl-C, SIGTERM, SIGHUP) that stopped the command. A record is
     still written, with what was recorded until then and the signal in ``interrupted`` (or a
@@ -189,11 +190,12 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
     if stop is not None:
         return _finish_stopped(p, journal, stop, command=command, exit_code=exit_code, where=where,
                                base=base, lock=lock, lock_path=lock_path, program=program,
-                               restore=restore, inside=inside)
+                               restore=restore, inside=inside, pack=pack)
     if p.original is None:
         assert p.record_path is not None
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path),
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path, pack),
+                          pack=_pack_name(p, pack),
                           program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside)
         rec.save(p.record_path)
         err(f"envlock: recorded {_counts(rec)} in {p.record_path}\n")
@@ -226,7 +228,7 @@ def write_report(path: str, cmp: ReplayComparison, original: Record, replay: Rec
 def _finish_stopped(p: Plan, journal: Path, stop: KeyboardInterrupt, *, command: Sequence[str],
                     exit_code: int, where: Literal["container", "host"], base: Path, lock: Any,
                     lock_path: str | None, program: str | None, restore: RestoreOptions | None,
-                    inside: str | None) -> NoReturn:
+                    inside: str | None, pack: tuple[str, str] | None) -> NoReturn:
     """``finish`` for a command a stop signal ended: the record of what ran until then, or
     the reason there is none; the interrupt raised again either way."""
     import signal
@@ -240,9 +242,9 @@ def _finish_stopped(p: Plan, journal: Path, stop: KeyboardInterrupt, *, command:
     assert p.record_path is not None
     try:
         rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path),
-                          program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside,
-                          interrupted=cast("StopSignal", name))
+                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path, pack),
+                          pack=_pack_name(p, pack), program=program, restore=restore, git=p.git,
+                          own=_own(p, lock_path), inside=inside, interrupted=cast("StopSignal", name))
         rec.save(p.record_path)
     except (EnvlockError, OSError) as exc:
         from envlock.text.terminal import safe
@@ -259,11 +261,21 @@ def _counts(rec: Record) -> str:
             f"{plural(len(rec.inputs), 'input')}")
 
 
-def _lock_name(p: Plan, lock_path: str | None) -> str | None:
-    """The lock's path as the record keeps it: relative to the record."""
+def _lock_name(p: Plan, lock_path: str | None, pack: tuple[str, str] | None) -> str | None:
+    """The lock's path as the record keeps it: relative to the record; none for a pack's lock,
+    which is unpacked in envlock's cache (the record names the pack instead)."""
     assert p.record_path is not None
     return (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
-            if lock_path else None)
+            if lock_path and pack is None else None)
+
+
+def _pack_name(p: Plan, pack: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The pack the run's lock came from as the record keeps it: its path relative to the
+    record, its id."""
+    assert p.record_path is not None
+    if pack is None:
+        return None
+    return os.path.relpath(os.path.abspath(pack[0]), os.path.dirname(os.path.abspath(p.record_path))), pack[1]
 
 
 def _own(p: Plan, lock_path: str | None) -> list[str]:
@@ -301,11 +313,13 @@ def _restore_option_names() -> tuple[RestoreOption, ...]:
     return get_args(RestoreOption)
 
 
-def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreOptions | None:
+def kept_restore_options(args: argparse.Namespace, record_path: str | None) -> RestoreOptions | None:
     """The restore options this ``run --record`` was given, as its record keeps them: a
     wheelhouse relative to the record (as its lock), and a value the lock's scrubbing rules
     would change (an index URL with a credential) left out and named as withheld, with a note
-    now. Checked before the command runs, so that the record can be written after it."""
+    now. Checked before the command runs, so that the record can be written after it.
+    ``record_path`` None: the options a restore leaves for ``run`` (``remember``), the
+    wheelhouse absolute."""
     from pydantic import ValidationError
 
     from envlock.probe.scrub import scrub_string, secret_values, strip_index_url
@@ -324,9 +338,13 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
                 withheld.append(name)
                 continue
             if name == "wheelhouse":
-                value = os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path)))
+                value = (os.path.abspath(value) if record_path is None else
+                         os.path.relpath(os.path.abspath(value), os.path.dirname(os.path.abspath(record_path))))
         kept[name] = value
-    if withheld:
+    if withheld and record_path is None:
+        say(f"{', '.join(map(_flag, withheld))} held a credential and is not remembered for `envlock run`: "
+            "give it again there")
+    elif withheld:
         say(f"{', '.join(map(_flag, withheld))} held a credential and is not kept in {record_path}: "
             "give it again to `run --replay`")
     if not kept and not withheld:
@@ -342,24 +360,83 @@ def kept_restore_options(args: argparse.Namespace, record_path: str) -> RestoreO
 def reuse_restore_options(args: argparse.Namespace, original: Record, record_path: str) -> None:
     """The restore options ``original`` was recorded with, for each one not given now, set on
     ``args`` and named in one line; a withheld one (a credential) must be given again."""
+    if original.restore is not None:
+        _reuse(args, original.restore, f"{record_path} was recorded with",
+               os.path.dirname(os.path.abspath(record_path)), again="with --replay")
+
+
+def _reuse(args: argparse.Namespace, kept: RestoreOptions, source: str, relative_to: str, *, again: str) -> None:
+    """Each option of ``kept`` not given now set on ``args`` (a wheelhouse relative to
+    ``relative_to``), named in one line after ``source``; a withheld one must be given again."""
     from envlock.text.terminal import safe
 
-    kept = original.restore
-    if kept is None:
-        return
     missing = [n for n in kept.withheld or () if getattr(args, n, None) in (None, False)]
     if missing:
         flags = ", ".join(map(_flag, missing))
-        raise UsageError(f"{record_path} was recorded with {flags}, which held a credential and "
-                         "is not kept in the record", hint=f"give {flags} again with --replay")
+        raise UsageError(f"{source} {flags}, which held a credential and is not kept",
+                         hint=f"give {flags} again {again}")
     reused: list[str] = []
     for name in _restore_option_names():
         value = getattr(kept, name)
         if value is None or getattr(args, name, None) not in (None, False):
             continue
         if name == "wheelhouse":
-            value = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(record_path)), value))
+            value = os.path.normpath(os.path.join(relative_to, value))
         setattr(args, name, value)
         reused.append(_flag(name) if value is True else f"{_flag(name)} {value}")
     if reused:
-        say(safe(f"reusing the restore options {record_path} was recorded with: {' '.join(reused)}"))
+        say(safe(f"reusing the restore options {source}: {' '.join(reused)}"))
+
+
+# -- the restore options a restore leaves for run -------------------------------------------------
+
+# Under restore's cache: one file per lock (its id and where it is), the options of the last
+# `envlock restore` of it.
+REMEMBERED = "options"
+
+
+def _remembered(short_id: str, lock_path: str) -> Path:
+    """The file for the lock of id ``short_id`` at ``lock_path``. The path is part of the key:
+    the same lock in another checkout (or another test's directory) may have been restored
+    with another wheelhouse, and must not be given this one's options unasked."""
+    import hashlib
+
+    from envlock.restore.restore import cache_dir
+
+    where = hashlib.sha256(os.path.realpath(lock_path).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return cache_dir() / REMEMBERED / f"{short_id}-{where}.json"
+
+
+def remember_restore_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
+    """After ``envlock restore`` built or found the lock's image: the options it was given,
+    kept for the lock's id (none given: what was kept is forgotten), so that a plain ``envlock
+    run`` of the lock finds that image instead of restoring another from the defaults. A
+    credential is not kept (``kept_restore_options``). A cache that cannot be written keeps
+    nothing: run then needs the options again, as before."""
+    import contextlib
+
+    from envlock.lock import atomic_write
+
+    kept = kept_restore_options(args, None)
+    path = _remembered(short_id, lock_path)
+    with contextlib.suppress(OSError):
+        if kept is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, kept.model_dump_json(exclude_none=True) + "\n")
+
+
+def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
+    """The options the last ``envlock restore`` of this lock was given, for each one not given
+    now, set on ``args`` and said in one line, as ``run --replay`` reuses a record's. A file
+    that cannot be read or is not such options is no memory (it is envlock's cache)."""
+    from pydantic import ValidationError
+
+    from envlock.replay.record import RestoreOptions
+
+    try:
+        kept = RestoreOptions.model_validate_json(_remembered(short_id, lock_path).read_bytes(), strict=False)
+    except (OSError, ValidationError):
+        return
+    _reuse(args, kept, f"`envlock restore` was given for {lock_path}", "/", again="to `envlock run`")

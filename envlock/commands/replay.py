@@ -34,8 +34,10 @@ def run(args: argparse.Namespace) -> int:
             write_report(args.report, cmp, original, other, args.rec)
         return code
     if original.record.where == "container":
-        lock = original.record.lock or "env.lock"
-        raise UsageError(f"{args.rec} was recorded in the lock's image",
+        made = original.record.pack or original.record.lock
+        # Relative to the record in the record; relative to here in a command to type.
+        lock = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(args.rec)), made)) if made else "env.lock"
+        raise UsageError(f"{args.rec} was recorded in the {'pack' if original.record.pack else 'lock'}'s image",
                          hint=f"replay it there: envlock run {lock} --replay {args.rec}")
     if not command:
         from envlock.replay.record import command_to_replay
@@ -53,8 +55,15 @@ def run(args: argparse.Namespace) -> int:
                 err(f"envlock: reading {shown}\n")
             lock = load(path)
     from envlock.replay.make import check_program, resolve_program
+    from envlock.restore.venvtarget import restored_from
 
-    check_program(original, command, base, lock, args.rec)
+    elsewhere = check_program(original, command, base, lock, args.rec, restored_from)
+    if elsewhere is not None:
+        from envlock.commands._output import say
+        from envlock.text.terminal import safe
+
+        say(safe(f"{command[0]} runs {elsewhere}, in a venv restored from the record's lock: the same "
+                 "environment, replayed there"))
     from envlock.commands._recording import compile_files, compile_report
     from envlock.replay.compilecache import compile_run
 

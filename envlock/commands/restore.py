@@ -68,8 +68,10 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
 
 
 def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str, options: Options) -> None:
-    """`restore --base X --wheelhouse W` then a bare `run`: the cache key differs, so run
-    starts another restore from the lock's own image, which fails; say what was meant.
+    """The lock's image exists, restored with other options than these, and this restore (or a
+    run given other options than the remembered ones) failed, often pulling the lock's own base:
+    say so. A plain `envlock run` reuses the options of the last `envlock restore` of the lock
+    (``reuse_remembered_options``), so the hint does not ask for them there.
 
     Only when it is so: the lock's image exists and its build recorded other options than these
     (an image without that record, or restored with these very options, says nothing: the
@@ -83,8 +85,9 @@ def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str, options: Option
         info = engine.image(tag)
         earlier = info.labels.get(LABEL_OPTIONS) if info is not None else None
         if earlier is not None and earlier != options_key(options):
-            also = (f"{tag} exists but was restored with other options: give `envlock run` "
-                    "the same --base/--wheelhouse/--index-url/--venv as `envlock restore`")
+            also = (f"{tag} exists but was restored with other options: give the same "
+                    "--base/--wheelhouse/--index-url/--venv as then, or leave them out of "
+                    "`envlock run`, which reuses those of the last `envlock restore`")
             exc.hint = f"{exc.hint}; {also}" if exc.hint else also
 
 
@@ -105,7 +108,7 @@ def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options
     and the wheels its checked SHA256SUMS lists (the only ones uv is taken from)."""
     import dataclasses
 
-    changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels}
+    changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels, "debs": pack.debs}
     if not args.wheelhouse:
         changes["wheelhouse"] = pack.wheels
     if not args.base and pack.base_id:
@@ -195,6 +198,10 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         # lock's OS packages, which only the image's package manager can fetch).
         result = restore_image(args, lock, opts, engine, verify=not args.no_verify,
                                lock_path=lock_path, network=pack is None)
+        if pack is None:
+            from envlock.commands._recording import remember_restore_options
+
+            remember_restore_options(args, lock.short_id, str(lock_path))
         how = "cache hit, not rebuilt" if result.cached else f"built in {result.seconds:.1f}s"
         size = f", {result.size / 1e6:.0f} MB" if result.size else ""
         sys.stdout.write(f"image {result.tag} ({result.image_id[7:19]}{size}): {how}\n")

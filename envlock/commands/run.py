@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
+    from envlock.commands._recording import Plan
     from envlock.lock import Lock
     from envlock.replay.compilecache import CacheFile
     from envlock.restore.context import Options
@@ -24,15 +26,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock.lock import load
-    from envlock.restore.endpoint import connect
-    from envlock.restore.run import (
-        RunOptions,
-        outside_workspace,
-        parse_env,
-        parse_ports,
-        run_in_image,
-    )
+    from envlock.restore.run import outside_workspace, parse_env, parse_ports
 
     command = split_run_args(args)
     if args.record and args.replay:
@@ -40,9 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report and not args.replay:
         raise UsageError("--report writes a replay's page: give it with --replay REC")
     recording = None
-    kept = None
     if args.record or args.replay:
-        from envlock.commands._recording import kept_restore_options, plan, reuse_restore_options
+        from envlock.commands._recording import plan, reuse_restore_options
 
         recording = plan(args, replay_path=args.replay,
                          base=Path(args.workspace).resolve() if args.workspace else Path.cwd(),
@@ -53,8 +46,6 @@ def run(args: argparse.Namespace) -> int:
                 from envlock.replay.record import command_to_replay
 
                 command = command_to_replay(recording.original, args.replay)
-        else:
-            kept = kept_restore_options(args, args.record)
     if not command and not args.jupyter and not args.ssh:
         raise UsageError("nothing to run: envlock run env.lock -- CMD ...")
     workspace = Path(args.workspace).resolve() if args.workspace else Path.cwd()
@@ -66,12 +57,33 @@ def run(args: argparse.Namespace) -> int:
                               "path from there (--workspace .. and train.py for ../train.py)")
     env = parse_env(args.env or [])
     parse_ports(args.publish or [])
-    pack = _open_pack(args)
+    with contextlib.ExitStack() as held:
+        pack = _open_pack(args, held)
+        return _run(args, command, recording, pack, env)
+
+
+def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
+         pack: Pack | None, env: dict[str, str]) -> int:
+    """The run itself, the pack (if any) unpacked and held in the cache."""
+    from envlock.lock import load
+    from envlock.restore.endpoint import connect
+    from envlock.restore.run import RunOptions, run_in_image
+
     lock_path = str(pack.lock) if pack is not None else args.lock
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
                       ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
     lock = load(lock_path)
+    if pack is None and (recording is None or recording.original is None):
+        from envlock.commands._recording import reuse_remembered_options
+
+        # The image `envlock restore --base X ...` made for this lock, without X again.
+        reuse_remembered_options(args, lock.short_id, args.lock)
+    kept = None
+    if recording is not None and recording.original is None:
+        from envlock.commands._recording import kept_restore_options
+
+        kept = kept_restore_options(args, args.record)
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
@@ -131,22 +143,27 @@ def run(args: argparse.Namespace) -> int:
                                  where="container", base=(opts.workspace or Path.cwd()).resolve(), lock=lock,
                                  lock_path=lock_path, tolerance=(args.rtol, args.atol), restore=kept,
                                  stderr_tail=ropts.stderr_tail.lines() if ropts.stderr_tail else (),
-                                 inside=WORKDIR, stop=stop)
+                                 inside=WORKDIR, stop=stop,
+                                 pack=(args.lock, pack.id) if pack is not None else None)
                 compile_report(compiled, recording.original)
                 return verdict
 
 
-def _open_pack(args: argparse.Namespace) -> Pack | None:
-    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock."""
+def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | None:
+    """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock.
+    The cache stays in use (``cachedir.in_use``) until ``held`` closes, at the end of the run:
+    the unpacked pack and the compile cache mounted from it are the running job's, and
+    ``envlock cache prune`` refuses to remove them meanwhile."""
     from envlock.restore.packdir import is_pack
 
     if not is_pack(Path(args.lock)):
         return None
-    from envlock.restore.cachedir import PACKS
+    from envlock.restore import cachedir
     from envlock.restore.packdir import open_pack
     from envlock.restore.restore import cache_dir
 
-    return open_pack(Path(args.lock), cache_dir() / PACKS)
+    held.enter_context(cachedir.in_use(cache_dir(), say))
+    return open_pack(Path(args.lock), cache_dir() / cachedir.PACKS)
 
 
 def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,

@@ -21,7 +21,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from envlock.errors import ArtifactsMissing, IndexUnavailable
+from envlock.errors import WHEELHOUSE_HINT, ArtifactsMissing, IndexUnavailable
 from envlock.export.config import InstallerConfig
 from envlock.export.config import read as read_config
 from envlock.export.index import (
@@ -307,5 +307,5 @@ def resolve_lock(lock: Lock, sources: Sources, *, relative_to: Path | None = Non
         raise ArtifactsMissing(
             f"no installable file found for {len(missing)} package(s): " + "; ".join(missing),
             hint="pass --index-url (and --torch-index-url for +cpu/+cuXXX builds), "
-                 "--wheelhouse DIR from `envlock bundle`, or --skip NAME")
+                 f"{WHEELHOUSE_HINT}, or --skip NAME")
     return sorted(out, key=lambda r: r.package.name)

@@ -35,7 +35,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from envlock.errors import IndexUnavailable, UsageError
+from envlock.errors import WHEELHOUSE_HINT, IndexUnavailable, UsageError
 from envlock.export.redaction import public, redact, shown, shown_reason
 from envlock.probe.scrub import scrub_string, url_tokens
 from envlock.probe.statcache import cache_dir, read_cache, write_cache
@@ -219,7 +219,7 @@ class SimpleIndex:
                 return None
             reason = getattr(exc, "reason", exc)
             raise IndexUnavailable(f"cannot reach {shown(url)}: {shown_reason(reason)}",
-                                   hint="pass --index-url, or --wheelhouse DIR to work offline") from None
+                                   hint=f"pass --index-url, or {WHEELHOUSE_HINT} to work offline") from None
         if len(body) > MAX_PAGE:
             raise IndexUnavailable(f"{shown(url)} is larger than {MAX_PAGE >> 20} MiB")
         return body, ctype or ""

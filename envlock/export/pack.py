@@ -56,8 +56,8 @@ from envlock.restore.packdir import (
 from envlock.text.terminal import safe
 
 if TYPE_CHECKING:
-
-    from envlock.restore.engine import ContainerEngine
+    from envlock.restore.context import BaseChoice
+    from envlock.restore.engine import ContainerEngine, ImageInfo
 
 TOOL_TIMEOUT = 3600.0
 
@@ -145,15 +145,24 @@ def collect_debs(lock: Lock, dest: Path, say: Callable[[str], None]) -> tuple[li
 # -- the base image -------------------------------------------------------------------------------
 
 
-def save_base(engine: ContainerEngine, lock: Lock, base: str | None, out: Path, oci: bool,
-              say: Callable[[str], None]) -> tuple[dict[str, str], bool, list[str]]:
-    """Save the restore's base image as a docker-archive (and OCI): (facts, oci written, notes)."""
+def find_base(engine: ContainerEngine, lock: Lock, base: str | None) -> tuple[BaseChoice, ImageInfo]:
+    """The restore's base image as the engine has it (pulled when it is a tag it lacks):
+    asked before any wheel is collected, so that a pack that cannot hold its base fails at
+    once instead of after downloading every wheel."""
     from envlock.restore.restore import resolve_base
 
     choice = resolve_base(engine, lock, Options(base=base))
     info = engine.image(choice.ref)
     if info is None:
         raise NotRestorable(f"the engine has no image {choice.ref} to pack")
+    return choice, info
+
+
+def save_base(engine: ContainerEngine, found: tuple[BaseChoice, ImageInfo], out: Path, oci: bool,
+              say: Callable[[str], None]) -> tuple[dict[str, str], bool, list[str]]:
+    """Save the base image ``find_base`` found as a docker-archive (and OCI): (facts, oci
+    written, notes)."""
+    choice, info = found
     (out / "image").mkdir(exist_ok=True)
     say(f"saving the base image {choice.display} ({info.id[7:19]})")
     engine.save(info.id, out / DOCKER_ARCHIVE)
@@ -231,6 +240,11 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     if options.compile_cache is not None:  # refused before anything is collected
         cache = read_cache(options.compile_cache)
         check_against_lock(cache, lock, str(lock_path))
+    found = None
+    if options.image:
+        if engine is None:
+            raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
+        found = find_base(engine, lock, options.base)
     archive = Path(out) if str(out).endswith(".tar") else None
     if archive is not None:
         if os.path.lexists(archive):
@@ -253,12 +267,11 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                          + ", ".join(missing_debs))
         base: dict[str, str] = {}
         oci = False
-        if options.image:
-            if engine is None:
-                raise UsageError("packing the base image needs a container engine", hint="or pass --no-image")
-            base, oci, image_notes = save_base(engine, lock, options.base, directory, options.oci, say)
+        if engine is not None and found is not None:
+            base, oci, image_notes = save_base(engine, found, directory, options.oci, say)
             notes += image_notes
         pulled_base = None if base else needed_base(lock, options.base)
+        fetched = _fetched_pins(lock, directory / DEBS)
         if not base:
             start = pulled_base or "the lock's base image"
             notes.append("the pack holds no base image (--no-image): `envlock restore PACK --target venv DIR` "
@@ -285,7 +298,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         seconds = time.monotonic() - t0
         (directory / README).write_text(
             readme(lock, len(rows), [r.name for r in rows if r.origin == "rebuilt"], base=base, oci=oci, debs=debs, missing_debs=missing_debs,
-                   skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base),
+                   skipped=skipped, size=_size(directory), pack_seconds=seconds, pulled_base=pulled_base,
+                   fetched=fetched),
             encoding="utf-8")
         (directory / SUMS).write_text(sums_text(directory), encoding="utf-8")
         size = _size(directory)
@@ -300,6 +314,15 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
                       seconds=time.monotonic() - t0, compile_cache=cache)
+
+
+def _fetched_pins(lock: Lock, debs: Path) -> list[str]:
+    """The OS package pins a container restore of the pack fetches with apt (the network on):
+    those with no .deb in ``debs``, by the rule restore follows (``ospackages.local_debs``)."""
+    from envlock.restore.ospackages import local_debs, plan_os
+
+    install = plan_os(lock, None, [])
+    return [] if install is None else local_debs(install, debs)[1]
 
 
 def _copy_cache(cache: CacheFile, directory: Path) -> CacheFile:

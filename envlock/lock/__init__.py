@@ -28,7 +28,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from envlock.lock._find import LOCK_NAME, find_lock, project_root
+    from envlock.lock._find import LOCK_NAME, find_lock, project_root, search_top
     from envlock.lock._lock import Lock
     from envlock.lock._model import (
         SCHEMA_VERSION,
@@ -167,6 +167,7 @@ _WHERE = {
     "LOCK_NAME": ("_find", "LOCK_NAME"),
     "find_lock": ("_find", "find_lock"),
     "project_root": ("_find", "project_root"),
+    "search_top": ("_find", "search_top"),
     "PROTECTED_ENV": ("_write", "PROTECTED_ENV"),
     "REPLAY_DIR": ("_write", "REPLAY_DIR"),
     "file_head": ("_write", "file_head"),
@@ -242,6 +243,7 @@ __all__ = [
     "schema_json",
     "schema_reader",
     "seal",
+    "search_top",
     "severities",
     "split_os_spec",
     "toml_array_of_tables",

@@ -36,3 +36,9 @@ def project_root(start: str | os.PathLike[str] | None = None) -> Path:
     here = Path(os.path.abspath(start or os.getcwd()))
     top = _upward(here)[-1]
     return top if os.path.lexists(top / ".git") else here
+
+
+def search_top(start: str | os.PathLike[str] | None = None) -> Path:
+    """The last directory ``find_lock`` looks in: the repository root, else the filesystem
+    root (what a "not found" names as the extent of the search)."""
+    return _upward(Path(os.path.abspath(start or os.getcwd())))[-1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -221,25 +221,38 @@ def resolve_program(word: str, cwd: Path) -> str | None:
 
 
 def check_program(original: Record, command: Sequence[str], cwd: Path, lock: Any = None,
-                  name: str = "REC") -> None:
+                  name: str = "REC", restored_from: Callable[[str], str | None] = lambda program: None) -> str | None:
     """Refuse, before anything runs, to replay the recorded command where its first word now
     runs another program than the record's (``python`` found on another PATH: another
     interpreter, another environment). The same word given after ``--`` is the same command;
     another first word (an interpreter's path) is the caller's choice, and a record without
     ``program`` (older, or made in an image) is not checked. ``lock`` (the record's) and ``name``
-    (the record's path) are for the hint."""
+    (the record's path) are for the hint.
+
+    A program of the same name in a venv restored from the record's lock (``restored_from``
+    gives the fingerprint of the lock a program's venv was restored from) is the same
+    environment at another path: accepted, and returned, for the caller to say so."""
     recorded = original.record.program
     if recorded is None or not command or command[0] != original.record.command[0]:
-        return
+        return None
     now = resolve_program(command[0], cwd)
     if now == recorded:
-        return
+        return None
+    fingerprint = original.record.lock_fingerprint
+    if now is not None and fingerprint and os.path.basename(now) == os.path.basename(recorded) \
+            and restored_from(now) == fingerprint:
+        return now
     environment = original.context.get("python.prefix")
     of_lock = lock.python.prefix if lock is not None else None
     ran = f"{recorded} (Python environment {environment})" if environment else recorded
     found = f"runs {now}" if now else "is not found"
-    hint = ("activate the environment it ran in" + (f" (the lock's: {of_lock})" if of_lock else "")
-            + f", or give the command to run after --: envlock replay {name} -- {recorded} ...")
+    # The environment it ran in is named only where it is (a record replayed on another host, or
+    # after a restore from a pack, would be sent to a path that is not there).
+    here = next((p for p in (of_lock, environment) if isinstance(p, str) and os.path.isdir(p)), None)
+    program = recorded if os.path.exists(recorded) else "DIR/bin/python"
+    hint = ("activate the environment it ran in" + (f" ({here})" if here else "")
+            + (" or a venv restored from its lock (envlock restore LOCK|PACK --target venv DIR)" if fingerprint else "")
+            + f", or give the command to run after --: envlock replay {name} -- {program} ...")
     raise OtherProgram(safe(f"the recorded command's {command[0]!r} {found} here, but the record "
                             f"ran {ran}: nothing was run"), hint=safe(hint))
 
@@ -320,13 +333,15 @@ def _reads(journal: str | os.PathLike[str], base: Path, where: str, program: str
 
 def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit_code: int,
                 where: Literal["container", "host"], base: Path, outputs: Sequence[str] = (), inputs: Sequence[str] = (),
-                lock: Any = None, lock_name: str | None = None, program: str | None = None,
+                lock: Any = None, lock_name: str | None = None, pack: tuple[str, str] | None = None,
+                program: str | None = None,
                 restore: RestoreOptions | None = None, git: Mapping[str, Any] | None = None,
                 own: Sequence[str] = (), declared: Sequence[str] = (), inside: str | None = None,
                 interrupted: StopSignal | None = None) -> Record:
     """``git``: the workspace's state when the command started (``workspace_git``); ``own``:
     the record's and the lock's paths, and ``declared`` the run's declared inputs (a replay
-    reads them again itself), which the trace's reads leave out."""
+    reads them again itself), which the trace's reads leave out. ``pack``: the pack the run's
+    lock came from, (its path relative to the record, its id)."""
     ran = read_journal(journal)
     context = ran.context
     if not context and lock is not None:
@@ -342,7 +357,8 @@ def make_record(journal: str | os.PathLike[str], *, command: Sequence[str], exit
         raise UsageError("an input of the run cannot be read: " + "; ".join(missing))
     meta = Meta(tool_version=__version__, created_at=datetime.now(timezone.utc).replace(microsecond=0),
                 where=where, command=recorded_command(command), program=program, exit_code=exit_code,
-                interrupted=interrupted, lock=lock_name,
+                interrupted=interrupted, lock=lock_name, pack=pack[0] if pack else None,
+                pack_id=pack[1] if pack else None,
                 lock_fingerprint=lock.envlock.fingerprint if lock is not None else None)
     try:
         ranks = [rank_entry(r, ctx, context) for r, ctx in sorted(ran.ranks.items())]

@@ -217,6 +217,11 @@ class Meta(_Model):
     interrupted: StopSignal | None = None
     lock: Text | None = None
     lock_fingerprint: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+    # A run of a pack (``run PACK --record``): the pack, relative to the record as ``lock`` is,
+    # and its id (``packdir.Pack.id``); ``lock`` is then absent: the pack's lock is unpacked in
+    # envlock's cache, which is no place for a record to name.
+    pack: Text | None = None
+    pack_id: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     integrity: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
 
 

@@ -10,13 +10,16 @@ a by-product that the next restore makes again when it is gone:
 * ``inside/``: the checks inside restored images, kept per image id (``inside``), one entry for
   all of them; without it the next restore or run of each image checks it again.
 
+``options/`` (``commands._recording.REMEMBERED``) is state, not an entry: the options of the last
+``envlock restore`` of each lock, which ``run`` reuses; a few bytes each, kept by ``prune``.
 ``charliecloud/`` is left out: its directory images are restored environments, not a cache,
 and its storage is ch-image's (``ch-image reset`` empties it).
 
 Who is using it is said with ``flock`` on the directories themselves: no lock file to clean up,
 and a lock dies with its process, however the process ends.
 
-* A command that restores holds the whole cache shared for as long as it runs (``in_use``);
+* A command that restores, and ``run`` of a pack (its unpacked files and the compile cache
+  mounted from them are the running job's), holds the whole cache shared for as long as it runs (``in_use``);
   ``prune`` needs it exclusive and refuses while a restore runs, so it never removes a pack or
   a build context from under one.
 * A restore holds its build context exclusive while it looks for its image, writes the context
@@ -162,7 +165,8 @@ def prune(root: Path, *, older_than: float | None = None, now: float | None = No
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise EnvlockError(f"an envlock restore is using the cache {root} right now; nothing was removed",
+            raise EnvlockError(f"an envlock restore or a run of a pack is using the cache {root} right now; "
+                               "nothing was removed",
                                hint="prune again when it has finished") from None
         old = [e for e in entries(root) if older_than is None or now - e.mtime >= older_than]
         if not dry_run:

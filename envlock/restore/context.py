@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 from envlock._files import sha256_file
 from envlock.drift.expected import TOOLING, Restored
-from envlock.errors import NotRestorable, UnsafeValue, UsageError
+from envlock.errors import WHEELHOUSE_HINT, NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock, Package
 from envlock.probe.rules import numerics_variable
 from envlock.restore import ospackages, values
@@ -87,6 +87,9 @@ class Options:
     # ``RUN --mount`` (BuildKit, Buildah: a builder that reads it, ``restore.clibuild``), or
     # copied into a build stage whose venv the image copies out (the classic builder).
     mounts: bool = False
+    # A pack's .deb files of the lock's OS package pins (``ospackages.with_debs``): a system-Python
+    # lock's OS packages are installed from them, with the network off, when every pin has one.
+    debs: Path | None = None
 
     @property
     def offline(self) -> bool:
@@ -436,7 +439,7 @@ def _index_args(layer: LayerName, options: Options, offline: bool, torch_index: 
 def _layers(sorted_: _Sorted, options: Options, offline: bool, lock: Lock) -> list[Layer]:
     torch_index = None
     if not offline and sorted_.layers["torch"]:
-        torch_index = bases().torch.index_for(torch_label(lock), hint="or restore with --wheelhouse")
+        torch_index = bases().torch.index_for(torch_label(lock), hint=f"or restore with {WHEELHOUSE_HINT}")
     return [Layer(name, tuple(sorted_.layers[name]), _index_args(name, options, offline, torch_index))
             for name in LAYERS if sorted_.layers[name]]
 
@@ -503,7 +506,7 @@ def plan(lock: Lock, options: Options, base: BaseChoice | None = None,
     offline = options.offline
     venv = _venv(lock, options, base)
     base_python = values.interpreter(options.python) if options.python else "python3"
-    os_install = ospackages.plan_os(lock, venv, notes)
+    os_install = ospackages.with_debs(ospackages.plan_os(lock, venv, notes), options.debs, notes)
     sorted_ = _sort_packages(lock, options, base, offline, os_install, notes, own_wheel)
     installed = {r.name for reqs in sorted_.layers.values() for r in reqs}
     unchecked = unproven(p for p in lock.packages if p.name in installed)

@@ -520,6 +520,8 @@ def render(plan: Plan) -> dict[str, str]:
 def context_binaries(plan: Plan) -> dict[str, tuple[Path, ...]]:
     """Directory in the context -> the files copied there as they are (wheels, uv)."""
     out = {f"wheels/{layer}": files for layer, files in plan.wheels.items()}
+    if plan.os_install and plan.os_install.debs:
+        out[ospackages.DEBS_IN_CONTEXT] = plan.os_install.debs
     if plan.uv:
         out[UV_IN_CONTEXT.rsplit("/", 1)[0]] = (plan.uv,)
     return out

@@ -66,6 +66,18 @@ class Pack:
         return self.root / WHEELS
 
     @property
+    def debs(self) -> Path | None:
+        """The .deb files of the lock's OS package pins (a system-Python lock's), if any."""
+        return self.root / DEBS if any(rel.startswith(f"{DEBS}/") for rel in self.sums) else None
+
+    @property
+    def id(self) -> str:
+        """The pack's identity: sha256 of its checked listing (every file's path and digest,
+        in path order), the same for the directory and for a tar of it, wherever unpacked."""
+        listing = "".join(f"{digest}  {rel}\n" for rel, digest in sorted(self.sums.items()))
+        return "sha256:" + hashlib.sha256(listing.encode("utf-8")).hexdigest()
+
+    @property
     def base_id(self) -> str | None:
         base = self.manifest.get("base") or {}
         return str(base["id"]) if isinstance(base, dict) and base.get("id") else None

@@ -1,7 +1,10 @@
 """Build progress: a live status line on a terminal (rich, imported lazily), plain lines otherwise.
 
-Plain lines are what CI logs and pipes want; the live line keeps a terminal readable while pip
-prints hundreds of lines. Set ENVLOCK_PLAIN_PROGRESS=1 to force plain lines on a terminal.
+Plain lines are what CI logs and pipes want: one per step, envlock's progress, while the builder's
+own output (pip prints hundreds of lines, most of them warnings that mean nothing to the user)
+goes to the build's log file alone, which the summary line names and a failed build shows the
+last lines of. The live line keeps a terminal readable the same way. Set ENVLOCK_PLAIN_PROGRESS=1
+to force plain lines on a terminal.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 from envlock.restore.buildlog import Event, Step
@@ -24,8 +28,9 @@ class Progress(Protocol):
 class _Counted:
     """What every progress ends with: one summary line of the build (steps, lines of output)."""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: Any = None, log: Path | None = None) -> None:
         self.stream = stream or sys.stderr
+        self.log = log
         self.steps = self.total = self.lines = 0
 
     def count_step(self, number: int, total: int) -> None:
@@ -33,11 +38,12 @@ class _Counted:
 
     def summary(self) -> str:
         steps = f"{self.steps}/{plural(self.total, 'step')}" if self.total else "no steps"
-        return f"envlock: build: {steps}, {plural(self.lines, 'line')} of output (all in build.log)\n"
+        return f"envlock: build: {steps}, {plural(self.lines, 'line')} of output (all in {self.log or 'build.log'})\n"
 
 
 class PlainProgress(_Counted):
-    """One line per build output line: for logs and pipes."""
+    """One line per build step: for logs and pipes. The builder's output lines are counted,
+    not shown: they are in the log file (``restore`` writes it), and a failure shows its tail."""
 
     def step(self, number: int, total: int, text: str) -> None:
         self.count_step(number, total)
@@ -46,8 +52,6 @@ class PlainProgress(_Counted):
 
     def line(self, text: str) -> None:
         self.lines += 1
-        self.stream.write(f"    {text}\n")
-        self.stream.flush()
 
     def close(self) -> None:
         self.stream.write(self.summary())
@@ -72,8 +76,8 @@ class QuietProgress(_Counted):
 class RichProgress(_Counted):
     """A live status line on a terminal: steps stay, the step's output scrolls in one line."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, log: Path | None = None) -> None:
+        super().__init__(log=log)
         from rich.console import Console
 
         self.console = Console(stderr=True, highlight=False)
@@ -110,10 +114,11 @@ def show(progress: Progress, events: Iterable[Event]) -> None:
             progress.line(event)
 
 
-def make_progress(stream: Any = None, *, quiet: bool = False) -> Progress:
+def make_progress(stream: Any = None, *, quiet: bool = False, log: Path | None = None) -> Progress:
+    """The display for a build whose output is kept in ``log`` (named by the summary line)."""
     stream = stream or sys.stderr
     if quiet:
-        return QuietProgress(stream)
+        return QuietProgress(stream, log)
     if stream.isatty() and not os.environ.get("ENVLOCK_PLAIN_PROGRESS"):
-        return RichProgress()
-    return PlainProgress(stream)
+        return RichProgress(log)
+    return PlainProgress(stream, log)

@@ -191,7 +191,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
         say(note if note.startswith("warning: ") else f"note: {note}")
     if plan.skipped:
         say(f"note: not restored (--skip-local or from the image): {', '.join(plan.skipped)}")
-    if not network and plan.os_install is not None:
+    if not network and plan.os_install is not None and not plan.os_install.offline:
         say(f"note: the lock's OS packages are installed with {plan.os_install.manager}, which needs "
             "the network: this build has it")
         network = True
@@ -238,7 +238,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             say(f"building {tag} from {plan.base.display} with {mode.builder} (context: {context_dir})")
             with build_stage(engine, build_kw, dockerfile.staged(plan)):
                 image_id = engine.build(context_dir, tag=tag, labels=labels, log_path=log_path,
-                                        progress=progress or make_progress(quiet=quiet), **build_kw)
+                                        progress=progress or make_progress(quiet=quiet, log=log_path), **build_kw)
             cached = False
     seconds = time.monotonic() - t0
     info = engine.image(image_id)
@@ -266,9 +266,10 @@ def torch_layer(engine: ContainerEngine, plan: ctx.Plan, context_dir: Path, work
         return found.id
     say(f"building the torch layer {layer_tag} from {plan.base.display}")
     kw = {**build_kw, **({"buildargs": base_buildargs(plan)} if plan.mounts else {})}
+    log = workdir / "torch-layer.log"
     with build_stage(engine, kw, not plan.mounts):
-        return engine.build(context_dir, tag=layer_tag, labels={}, log_path=workdir / "torch-layer.log",
-                            progress=make_progress(quiet=quiet), files=dockerfile.torch_layer_files(plan),
+        return engine.build(context_dir, tag=layer_tag, labels={}, log_path=log,
+                            progress=make_progress(quiet=quiet, log=log), files=dockerfile.torch_layer_files(plan),
                             dockerfile=dockerfile.TORCH_LAYER_DOCKERFILE, **kw)
 
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 INSTALL_TIMEOUT = 3600.0
 # In DIR from before ``python -m venv`` until the last install is done (``unfinished``).
 UNFINISHED = ".envlock-unfinished"
+# In a finished venv: the fingerprint of the lock it was restored from (``restored_from``).
+RESTORED = ".envlock-restored"
 # Stands for "no image": the plan validates a base it never builds FROM here.
 _NO_IMAGE = ctx.BaseChoice("sha256:" + "0" * 64, "--base", True, "sha256:" + "0" * 64)
 
@@ -203,12 +205,26 @@ def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, 
         if plan.remove:
             _run([venv_python, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *plan.remove],
                  "pip uninstall (ensurepip's tools the lock does not have)")
+        (dest / RESTORED).write_text(f"{lock.envlock.fingerprint}\n", encoding="utf-8")
     seconds = time.monotonic() - t0
     comparison = None
     if verify:
         say("verifying the venv in place")
         comparison = verify_venv(lock, plan, venv_python)
     return VenvResult(dest, venv_python, installer, seconds, comparison)
+
+
+def restored_from(program: str) -> str | None:
+    """The fingerprint of the lock whose venv ``program`` (``DIR/bin/python``) runs in, when
+    ``restore_venv`` made that venv; else None. A replay of a record made under that lock runs
+    the recorded ``python`` there as the same program (another path, the same environment)."""
+    marker = Path(program).parent.parent / RESTORED
+    try:
+        with open(marker, "rb") as f:
+            text = f.read(200).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.startswith("sha256:") and len(text) == 71 else None
 
 
 def verify_venv(lock: Lock, plan: ctx.Plan, python: str) -> Comparison:
