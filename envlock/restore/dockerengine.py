@@ -196,9 +196,10 @@ class DockerEngine(ContainerEngine):
     """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
 
     def __init__(self, make_client: Callable[[float], Any], endpoint: str, *,
-                 cli_host: str | None = None) -> None:
-        """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
-        endpoint was named by a URL; without it the client finds the same engine as the SDK."""
+                 cli_env: Sequence[tuple[str, str | None]] = ()) -> None:
+        """``cli_env``: what a docker command-line client's environment must say to reach this
+        engine (``endpoint.Endpoint.cli_env``), so that a build through it (``clibuild``) goes to
+        the engine this connection tags and inspects images on, never one a context names."""
         self.request_timeout = seconds_from_env(REQUEST_TIMEOUT_VAR, REQUEST_TIMEOUT)
         _check_unix_socket(endpoint)
         # One client, two requests: the SDK asks the engine's API version as it connects (under
@@ -220,7 +221,7 @@ class DockerEngine(ContainerEngine):
         self.name = "podman" if "podman" in components.lower() else "docker"
         self.endpoint = endpoint
         self.server_version = str(version.get("Version") or "")
-        self._cli_host = cli_host
+        self._cli_env = tuple(cli_env)
         self._builder: tuple[clibuild.Client | None, str | None] | None = None
         client.api.timeout = self.request_timeout
         self.client = client
@@ -294,8 +295,21 @@ class DockerEngine(ContainerEngine):
 
     @_answered
     def tag(self, image_id: str, ref: str) -> None:
+        from docker.errors import NotFound
+
         parsed = imageref.split(ref)
-        self.api.tag(image_id, parsed.repo, parsed.tag)
+        try:
+            self.api.tag(image_id, parsed.repo, parsed.tag)
+        except NotFound as exc:
+            raise self._missing(image_id, f"cannot tag it {ref}", exc) from None
+
+    def _missing(self, image: str, doing: str, exc: BaseException) -> ImageNotFound:
+        """An image this command made or was given is not in the engine (exit 3, in words): a
+        build that went to another engine, or a removal meanwhile."""
+        return ImageNotFound(f"the engine at {self.endpoint} has no image {shorten(image)}: {doing} "
+                             f"({_short(exc)})",
+                             hint="was it removed meanwhile, or built on another engine? DOCKER_HOST, "
+                                  "DOCKER_CONTEXT and --engine choose one")
 
     @_answered
     def push(self, image_id: str, repo: str, tag: str) -> str:
@@ -389,7 +403,7 @@ class DockerEngine(ContainerEngine):
         """The command-line client that builds for this engine (``clibuild.choose``), looked
         for once, when a restore first asks."""
         if self._builder is None:
-            self._builder = clibuild.choose(self.name, self.server_version, self.endpoint, self._cli_host)
+            self._builder = clibuild.choose(self.name, self.server_version, self.endpoint, self._cli_env)
         return self._builder
 
     def build_mode(self) -> BuildMode:
@@ -401,7 +415,12 @@ class DockerEngine(ContainerEngine):
     @_answered
     def layers(self, image_id: str) -> tuple[str, ...]:
         """The image's layers (``RootFS.Layers``, diff ids), base first."""
-        raw = self.api.inspect_image(image_id)
+        from docker.errors import NotFound
+
+        try:
+            raw = self.api.inspect_image(image_id)
+        except NotFound as exc:
+            raise self._missing(image_id, "cannot read its layers", exc) from None
         return tuple(str(x) for x in (raw.get("RootFS") or {}).get("Layers") or ())
 
     @_answered
