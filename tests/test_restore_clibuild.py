@@ -289,3 +289,36 @@ def test_a_stopped_client_gets_sigint_and_is_killed_when_it_stays(
     # Python ends an uncaught KeyboardInterrupt with SIGINT itself.
     assert proc.returncode == (-signal.SIGKILL if ignores_sigint else -signal.SIGINT)
     assert time.monotonic() - t0 < 30
+
+
+def test_both_builders_start_their_log_with_the_one_context_line(tmp_path: Path) -> None:
+    """The SDK's builder (a tar of the files) and a command-line client (the files linked) say
+    what they were sent in one line, written once (``buildlog.context_sent``), which the speed
+    test reads back with ``CONTEXT_SENT_RE`` whichever built."""
+    from collections.abc import Iterator
+    from typing import Any
+
+    from envlock.restore.buildlog import CONTEXT_SENT_RE, context_sent
+    from envlock.restore.dockerengine import DockerEngine
+
+    context = tmp_path / "context"
+    (context / "wheels").mkdir(parents=True)
+    (context / "wheels" / "six.whl").write_bytes(b"s" * 250_000)
+    (context / "Dockerfile").write_text("FROM x\n")
+    client, _ = recording_client(tmp_path)
+    with open(os.devnull, "w") as stream:
+        clibuild.build(client, Images([]), context, tag="t:1", labels={}, log_path=tmp_path / "build.log",
+                       progress=QuietProgress(stream), files=["Dockerfile", "wheels"])
+    cli_line = (tmp_path / "build.log").read_text().splitlines(keepends=True)[0]
+
+    class API:
+        def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+            return iter(())
+
+    sdk = DockerEngine.__new__(DockerEngine)
+    sdk.api = API()
+    sdk_line = next(iter(sdk.build_stream(context, tag="t:1", labels={}, files=["Dockerfile", "wheels"])))["stream"]
+    assert cli_line == context_sent(250_000 + len("FROM x\n")) == "envlock: sending a build context of 0.3 MB\n"
+    for line in (cli_line, sdk_line):
+        sent = CONTEXT_SENT_RE.search(line)
+        assert sent is not None and sent.group(0) + "\n" == line and float(sent.group(1)) >= 0.2

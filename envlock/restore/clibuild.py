@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.buildlog import BuildLog
+from envlock.restore.buildlog import BuildLog, context_sent
 from envlock.restore.engine import ImageInfo, no_interrupt
 from envlock.restore.progress import Progress, show
 
@@ -222,7 +222,7 @@ def build(client: Client, engine: Engine, context: Path, *, tag: str, labels: Ma
         with open(log_path, "w", encoding="utf-8") as log:
             try:
                 if size is not None:
-                    _feed(parsed, f"envlock: sending a build context of {size / 1e6:.1f} MB\n", log, progress)
+                    _feed(parsed, context_sent(size), log, progress)
                 code, last = _stream(argv, client.environ(os.environ), parsed, log, progress, engine)
                 if code != 0:  # the client's last line says why (it is in the log already)
                     said = parsed.fail(last or f"{client.describe()} exited with status {code}")

@@ -34,7 +34,7 @@ from envlock.probe import imageref
 from envlock.probe.procs import pid_alive
 from envlock.probing.process import seconds_from_env
 from envlock.restore import clibuild
-from envlock.restore.buildlog import BuildLog, shorten
+from envlock.restore.buildlog import BuildLog, context_sent, shorten
 from envlock.restore.engine import (
     LABEL_OWNER,
     BuildMode,
@@ -395,7 +395,7 @@ class DockerEngine(ContainerEngine):
                     tar.add(str(context / rel), arcname=rel, recursive=True)
             size = fh.tell()
             fh.seek(0)
-            yield {"stream": f"envlock: sending a build context of {size / 1e6:.1f} MB\n"}
+            yield {"stream": context_sent(size)}
             yield from self.api.build(fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True,
                                       decode=True, labels=dict(labels), pull=False, timeout=None, **extra)
 
