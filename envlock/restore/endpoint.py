@@ -69,11 +69,17 @@ def config_dir(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
 
 
+def _json(path: Path) -> Any:
+    """A JSON file of the docker CLI's, read up to ``_META_MAX`` bytes (OSError, ValueError)."""
+    with open(path, "rb") as fh:
+        return json.loads(fh.read(_META_MAX))
+
+
 def _current_context(where: Path) -> str:
     """``currentContext`` of the CLI's ``config.json`` ("" when it has none or is unreadable,
     as the CLI then takes the default)."""
     try:
-        data = json.loads((where / "config.json").read_bytes()[:_META_MAX])
+        data = _json(where / "config.json")
     except (OSError, ValueError):
         return ""
     value = data.get("currentContext") if isinstance(data, dict) else None
@@ -85,7 +91,7 @@ def context_endpoint(name: str, where: Path, source: str) -> Endpoint:
     key = hashlib.sha256(name.encode("utf-8")).hexdigest()
     meta = where / "contexts" / "meta" / key / "meta.json"
     try:
-        data = json.loads(meta.read_bytes()[:_META_MAX])
+        data = _json(meta)
     except FileNotFoundError:
         raise EngineUnavailable(f"docker context {name!r} ({source}) does not exist in {where}",
                                 hint="`docker context ls` lists the contexts; unset DOCKER_CONTEXT, or "
