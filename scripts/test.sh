@@ -559,6 +559,11 @@ export ENVLOCK_TEST_PIP_WHEEL
 if ! command -v shellcheck >/dev/null 2>&1; then
     _engine_apt_install shellcheck
 fi
+# A restore under DOCKER_CONTEXT is tested against a second, private dockerd, started with a
+# bridge of its own (ip link add ... type bridge): iproute2's ip.
+if ! command -v ip >/dev/null 2>&1; then
+    _engine_apt_install iproute2
+fi
 # The owners of native libraries on rpm systems are asked of a real rpm database, which a test
 # builds with rpmbuild and records with rpm --justdb (Debian's rpm package has both).
 if ! command -v rpm >/dev/null 2>&1 || ! command -v rpmbuild >/dev/null 2>&1; then

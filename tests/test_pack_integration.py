@@ -94,7 +94,8 @@ def _remove(client: Any, *refs: str) -> None:
 
 
 def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], wheelhouse: Path,
-                          out: Path, engine: list[str], capfd: pytest.CaptureFixture[str]) -> dict[str, float]:
+                          out: Path, engine: list[str], capfd: pytest.CaptureFixture[str],
+                          builder: str | None = None) -> dict[str, float]:
     python, lock_path = host_env
     from envlock.lock import load
 
@@ -126,6 +127,8 @@ def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], w
         got, err = capfd.readouterr()
         assert code == 0, got + err
         assert "loaded the base image" in err and "OK: the environment matches the lock" in got, got + err
+        if builder is not None:  # ENVLOCK_BUILDER: which one built (the client: BuildKit or Buildah)
+            assert ("with BuildKit (" in err or "with Buildah (" in err) == (builder == "cli"), err
         assert client.images.get(base_id).id == base_id
         tag = f"envlock/it-pack:{lock.short_id}"
         restored.append(tag)
@@ -147,9 +150,13 @@ def _pack_restore_offline(client: Any, base: str, host_env: tuple[Path, Path], w
 @pytest.mark.slow
 def test_pack_then_restore_with_no_network_docker(docker_client: Any, base_image: str, wheelhouse: Path,
                                                   host_env: tuple[Path, Path], tmp_path: Path,
-                                                  fresh_caches: None, capfd: pytest.CaptureFixture[str]) -> None:
+                                                  fresh_caches: None, capfd: pytest.CaptureFixture[str],
+                                                  builder: str) -> None:
+    """With each builder (``builder``: the command-line client, BuildKit, mounting the wheels;
+    the SDK's classic builder, a build stage): the offline build is not only the one ``auto``
+    picks on the machine that runs the suite."""
     out = tmp_path / "pack"
-    timings = _pack_restore_offline(docker_client, base_image, host_env, wheelhouse, out, [], capfd)
+    timings = _pack_restore_offline(docker_client, base_image, host_env, wheelhouse, out, [], capfd, builder)
     assert (out / "image" / "base.docker.tar").is_file() and (out / "README.md").is_file()
     assert (out / "image" / "base.oci.tar").is_file() == bool(shutil.which("skopeo"))
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
@@ -162,11 +169,12 @@ def test_pack_then_restore_with_no_network_docker(docker_client: Any, base_image
 def test_pack_as_tar_then_restore_with_no_network_podman(podman_client: Any, podman_base_image: str,
                                                          wheelhouse: Path, host_env: tuple[Path, Path],
                                                          tmp_path: Path, fresh_caches: None,
-                                                         capfd: pytest.CaptureFixture[str]) -> None:
+                                                         capfd: pytest.CaptureFixture[str], builder: str) -> None:
+    """With Buildah (the client) and with Podman's API (the SDK), as on Docker."""
     url = os.environ["ENVLOCK_TEST_PODMAN_HOST"]
     out = tmp_path / "pack.tar"
     timings = _pack_restore_offline(podman_client, podman_base_image, host_env, wheelhouse, out,
-                                    ["--engine", url], capfd)
+                                    ["--engine", url], capfd, builder)
     assert out.is_file()
     if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
         sys.stderr.write(f"pack+restore (podman): {timings}\n")

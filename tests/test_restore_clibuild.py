@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from envlock.errors import EXIT_ENV, EXIT_USAGE, BuildFailed, EngineUnavailable, UsageError
-from envlock.restore import clibuild
+from envlock.restore import clibuild, endpoint
 from envlock.restore.engine import ImageInfo
 from envlock.restore.progress import QuietProgress
 
@@ -67,7 +67,7 @@ def test_a_docker_23_without_buildx_is_passed_over_for_the_2010_client_behind_it
     first has no BuildKit without the plugin, the second has it built in."""
     _client(path_of / "a", "docker", version="Docker version 28.2.2, build e6534b4")
     second = _client(path_of / "b", "docker", version="Docker version 20.10.24+dfsg1, build 297e128")
-    client, note = clibuild.choose("docker", "20.10.24+dfsg1", "unix:///run/d.sock", None)
+    client, note = clibuild.choose("docker", "20.10.24+dfsg1", "unix:///run/d.sock", ())
     assert note is None and client is not None
     assert client.kind == "buildkit" and client.argv == (str(second), "build", "--progress", "plain")
     assert dict(client.env) == {"DOCKER_BUILDKIT": "1"}
@@ -76,48 +76,51 @@ def test_a_docker_23_without_buildx_is_passed_over_for_the_2010_client_behind_it
 
 def test_buildx_is_taken_when_its_builder_is_the_engines_own(path_of: Path) -> None:
     first = _client(path_of / "a", "docker", version="Docker version 28.2.2", buildx_driver="docker")
-    client, _ = clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", "tcp://10.0.0.1:2375")
+    told = endpoint.resolve("tcp://10.0.0.1:2375").cli_env  # an engine named by URL
+    client, _ = clibuild.choose("docker", "28.2.2", "tcp://10.0.0.1:2375", told)
     assert client is not None and client.kind == "buildx"
     assert client.argv == (str(first), "buildx", "build", "--load", "--progress", "plain")
-    assert dict(client.env) == {"DOCKER_HOST": "tcp://10.0.0.1:2375"}  # an engine named by URL
+    assert dict(client.env) == {"DOCKER_HOST": "tcp://10.0.0.1:2375", "DOCKER_CONTEXT": None}
+    seen = client.environ({"DOCKER_CONTEXT": "other", "HOME": "/h"})
+    assert seen == {"DOCKER_HOST": "tcp://10.0.0.1:2375", "HOME": "/h"}
     # A builder in a container of its own cannot see the engine's images: not that one.
     _client(path_of / "a", "docker", version="Docker version 28.2.2", buildx_driver="docker-container")
-    assert clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", None)[0] is None
+    assert clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", ())[0] is None
 
 
 def test_without_a_client_auto_notes_why_cli_fails_and_sdk_says_nothing(
         path_of: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _client(path_of / "a", "docker", version="Docker version 28.2.2, build e6534b4")
-    client, note = clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", None)
+    client, note = clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", ())
     assert client is None and note is not None
     assert note.startswith("no docker client on PATH builds with BuildKit") and "slower" in note
     monkeypatch.setenv("ENVLOCK_BUILDER", "cli")
     with pytest.raises(EngineUnavailable) as err:
-        clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", None)
+        clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", ())
     assert err.value.exit_code == EXIT_ENV and str(err.value).startswith("ENVLOCK_BUILDER=cli, but no docker")
     assert err.value.hint == clibuild.INSTALL_HINT
     monkeypatch.setenv("ENVLOCK_BUILDER", "sdk")
     _client(path_of / "b", "docker", version="Docker version 20.10.24")
-    assert clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", None) == (None, None)
+    assert clibuild.choose("docker", "28.2.2", "unix:///run/d.sock", ()) == (None, None)
 
 
 def test_an_engine_too_old_for_run_mount_builds_with_the_sdk(path_of: Path) -> None:
     _client(path_of / "a", "docker", version="Docker version 20.10.24")
-    client, note = clibuild.choose("docker", "19.03.15", "unix:///run/d.sock", None)
+    client, note = clibuild.choose("docker", "19.03.15", "unix:///run/d.sock", ())
     assert client is None and note is not None and "before 20.10" in note
 
 
 def test_podman_builds_with_its_own_client_at_the_same_url(path_of: Path) -> None:
     podman = _client(path_of / "b", "podman", version="podman version 4.3.1")
     _client(path_of / "a", "docker", version="Docker version 20.10.24")  # not for a Podman engine
-    client, note = clibuild.choose("podman", "4.3.1", "unix:///run/p.sock", None)
+    client, note = clibuild.choose("podman", "4.3.1", "unix:///run/p.sock", ())
     assert note is None and client is not None and client.takes_ids
     assert client.argv == (str(podman), "--url", "unix:///run/p.sock", "build", "--format", "docker")
     assert client.describe() == f"Buildah ({podman} build)"
     _client(path_of / "b", "podman", version="podman version 3.4.4")
-    client, note = clibuild.choose("podman", "4.3.1", "unix:///run/p.sock", None)
+    client, note = clibuild.choose("podman", "4.3.1", "unix:///run/p.sock", ())
     assert client is None and note is not None and note.startswith("no podman client of version 4")
-    client, note = clibuild.choose("podman", "3.4.4", "unix:///run/p.sock", None)
+    client, note = clibuild.choose("podman", "3.4.4", "unix:///run/p.sock", ())
     assert client is None and note is not None and "Podman before 4.0" in note
 
 
@@ -286,3 +289,36 @@ def test_a_stopped_client_gets_sigint_and_is_killed_when_it_stays(
     # Python ends an uncaught KeyboardInterrupt with SIGINT itself.
     assert proc.returncode == (-signal.SIGKILL if ignores_sigint else -signal.SIGINT)
     assert time.monotonic() - t0 < 30
+
+
+def test_both_builders_start_their_log_with_the_one_context_line(tmp_path: Path) -> None:
+    """The SDK's builder (a tar of the files) and a command-line client (the files linked) say
+    what they were sent in one line, written once (``buildlog.context_sent``), which the speed
+    test reads back with ``CONTEXT_SENT_RE`` whichever built."""
+    from collections.abc import Iterator
+    from typing import Any
+
+    from envlock.restore.buildlog import CONTEXT_SENT_RE, context_sent
+    from envlock.restore.dockerengine import DockerEngine
+
+    context = tmp_path / "context"
+    (context / "wheels").mkdir(parents=True)
+    (context / "wheels" / "six.whl").write_bytes(b"s" * 250_000)
+    (context / "Dockerfile").write_text("FROM x\n")
+    client, _ = recording_client(tmp_path)
+    with open(os.devnull, "w") as stream:
+        clibuild.build(client, Images([]), context, tag="t:1", labels={}, log_path=tmp_path / "build.log",
+                       progress=QuietProgress(stream), files=["Dockerfile", "wheels"])
+    cli_line = (tmp_path / "build.log").read_text().splitlines(keepends=True)[0]
+
+    class API:
+        def build(self, **kw: Any) -> Iterator[dict[str, Any]]:
+            return iter(())
+
+    sdk = DockerEngine.__new__(DockerEngine)
+    sdk.api = API()
+    sdk_line = next(iter(sdk.build_stream(context, tag="t:1", labels={}, files=["Dockerfile", "wheels"])))["stream"]
+    assert cli_line == context_sent(250_000 + len("FROM x\n")) == "envlock: sending a build context of 0.3 MB\n"
+    for line in (cli_line, sdk_line):
+        sent = CONTEXT_SENT_RE.search(line)
+        assert sent is not None and sent.group(0) + "\n" == line and float(sent.group(1)) >= 0.2

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from helpers import LockFactory
 
-from envlock.errors import BuildFailed, ContainerFailed, EngineUnavailable, UsageError
+from envlock.errors import (
+    EXIT_ENV,
+    BuildFailed,
+    ContainerFailed,
+    EngineUnavailable,
+    ImageNotFound,
+    UsageError,
+)
 from envlock.restore.dockerengine import DockerEngine, tar_files
 from envlock.restore.endpoint import connect
 from envlock.restore.engine import RunSpec
@@ -740,3 +747,25 @@ def test_an_engine_that_accepts_and_never_answers_is_unavailable_not_a_hang(
             connect(f"unix://{tmp_path / 'engine.sock'}")
     finally:
         fake.close()
+
+
+def test_an_image_gone_from_the_engine_is_exit_3_in_words_never_the_sdks_error() -> None:
+    """A build's image checked, or a base tagged, on an engine that does not have it (a build
+    that went to another engine, a removal meanwhile): envlock's ImageNotFound naming the
+    engine, not docker-py's 404, which reached the user as an HTTP error or an internal one."""
+    from docker.errors import ImageNotFound as NoSuchImage
+
+    class Gone(FakeAPI):
+        def inspect_image(self, ref: str) -> dict[str, Any]:
+            raise NoSuchImage(f"No such image: {ref}")
+
+        def tag(self, image: str, repo: str, tag: str | None = None) -> bool:
+            raise NoSuchImage(f"No such image: {image}")
+
+    eng = engine(Gone())
+    calls: list[Callable[[], object]] = [lambda: eng.layers(IMAGE_ID), lambda: eng.tag(IMAGE_ID, "envlock/by-id:ab")]
+    for call in calls:
+        with pytest.raises(ImageNotFound) as exc:
+            call()
+        assert exc.value.exit_code == EXIT_ENV and "the engine at fake:// has no image" in str(exc.value)
+        assert "DOCKER_CONTEXT" in (exc.value.hint or "")

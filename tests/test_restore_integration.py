@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -421,3 +422,140 @@ def test_a_client_restore_leaves_no_build_stage_or_untagged_image(
                                ["sh", "-c", "ls -a /tmp; ls /usr/local/share/envlock-restore"]).split()
     assert sorted(listing) == [".", "..", "restored.json"], listing
     no_leftover_containers(client)
+
+
+@pytest.fixture
+def engine_b(tmp_path: Path) -> Iterator[str]:
+    """A second, private dockerd (engine B) for this test alone: its own data root, exec root,
+    pid file and socket under a short temporary directory (unix socket paths are short), and a
+    bridge of its own with no iptables rules (docker0 is the first engine's; builds and
+    containers need a bridge, and nothing here needs a route out). Up in about a second;
+    stopped and removed afterwards. Its URL."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+
+    import docker
+
+    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+    if not os.access(dockerd, os.X_OK) or os.geteuid() != 0:
+        from helpers import unavailable
+
+        unavailable("a second dockerd needs dockerd (scripts/engine.sh installs it) and root")
+    ip = shutil.which("ip")
+    if ip is None:
+        from helpers import unavailable
+
+        unavailable("a second dockerd's bridge needs ip (iproute2)")
+    root = Path(tempfile.mkdtemp(prefix="envlock-b-", dir="/tmp"))
+    url = f"unix://{root}/d.sock"
+    suffix = os.urandom(3).hex()
+    bridge = f"elb-{suffix}"  # at most 15 characters, as interface names are
+    subnet = f"10.213.{int(suffix[:2], 16)}"
+    for argv in (["link", "add", "name", bridge, "type", "bridge"],
+                 ["addr", "add", f"{subnet}.1/24", "dev", bridge], ["link", "set", bridge, "up"]):
+        subprocess.run([ip, *argv], check=True, capture_output=True, timeout=30)
+    proc = None
+    try:
+        with open(tmp_path / "dockerd-b.log", "wb") as log:
+            proc = subprocess.Popen([dockerd, "--host", url, "--data-root", str(root / "data"),
+                                     "--exec-root", str(root / "exec"), "--pidfile", str(root / "d.pid"),
+                                     "--bridge", bridge, "--iptables=false", "--ip6tables=false"],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                # A plain socket first: docker-py leaks its socket when the connect fails.
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(5)
+                    sock.connect(str(root / "d.sock"))
+                client = docker.DockerClient(base_url=url, timeout=5)
+                try:
+                    client.ping()
+                finally:
+                    client.close()
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("the second dockerd did not answer within 30 s: "
+                                         + (tmp_path / "dockerd-b.log").read_text(errors="replace")[-2000:]) from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        t0 = time.monotonic()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its containerd too: the group is theirs
+                proc.wait()
+        t1 = time.monotonic()
+        subprocess.run([ip, "link", "del", bridge], capture_output=True, timeout=30, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
+            sys.stderr.write(f"second dockerd: stopped in {t1 - t0:.1f} s, removed in {time.monotonic() - t1:.1f} s\n")
+
+
+def _everything(client: Any) -> list[tuple[str, tuple[str, ...]]]:
+    return sorted((i.id, tuple(sorted(i.tags))) for i in client.images.list(all=True))
+
+
+def test_a_restore_under_docker_context_tags_builds_and_checks_on_that_engine_alone(
+        docker_client: Any, base_image: str, wheelhouse: Path, small_source: str, engine_b: str,
+        tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Two engines and two docker contexts: config.json's current context is A, $DOCKER_CONTEXT
+    names B. The docker CLI builds on B; the SDK (whose own lookup reads no $DOCKER_CONTEXT)
+    used to tag and inspect on A: the build then started from a name A had given and checked
+    an image A never had (an internal ImageNotFound). One endpoint now: the base found, the
+    build and the restored tag are B's, and A is left exactly as it was."""
+    import shutil
+    import subprocess
+
+    import docker
+
+    monkeypatch.setenv("ENVLOCK_BUILDER", "cli")
+    lock = capture(small_source, tmp_path / "env.lock")  # on A, as the suite's setup
+    a_url = os.environ["DOCKER_HOST"]
+    b = docker.DockerClient(base_url=engine_b, timeout=300)
+    try:
+        archive = tmp_path / "base.tar"
+        with open(archive, "wb") as fh:
+            for chunk in docker_client.api.get_image(base_image):
+                fh.write(chunk)
+        with open(archive, "rb") as fh:
+            b.images.load(fh)
+        archive.unlink()
+        config = tmp_path / "docker-config"
+        docker_cli = shutil.which("docker")
+        assert docker_cli, "no docker CLI on PATH (scripts/engine.sh installs it)"
+        for argv in (["create", "ctx-a", "--docker", f"host={a_url}"],
+                     ["create", "ctx-b", "--docker", f"host={engine_b}"], ["use", "ctx-a"]):
+            subprocess.run([docker_cli, "context", *argv], check=True, capture_output=True, timeout=30,
+                           env={**os.environ, "DOCKER_CONFIG": str(config)})
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        monkeypatch.setenv("DOCKER_CONTEXT", "ctx-b")
+        monkeypatch.delenv("DOCKER_HOST")
+        on_a = _everything(docker_client)
+        capfd.readouterr()
+
+        t0 = time.monotonic()
+        code = main(["restore", str(tmp_path / "env.lock"), "--base", base_image, "--wheelhouse",
+                     str(wheelhouse), "--name", "it-context"])
+        took = time.monotonic() - t0
+        out, err = capfd.readouterr()
+        assert code == 0, out + err
+        assert "with BuildKit (" in err and "OK: the environment matches the lock" in out, out + err
+        assert "Traceback" not in err and "internal error" not in err
+        restored = b.images.get(f"envlock/it-context:{lock.short_id}")
+        assert restored.labels["org.envlock.fingerprint"] == lock.envlock.fingerprint
+        assert _everything(docker_client) == on_a  # nothing tagged, built or removed on A
+        assert docker_client.containers.list(all=True, filters={"label": "org.envlock.owner"}) == []
+        if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
+            sys.stderr.write(f"restore on a second engine: {took:.1f} s\n")
+    finally:
+        b.close()

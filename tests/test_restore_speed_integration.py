@@ -12,7 +12,6 @@ Timings go to ``benchmarks/restore.py``, not here.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from envlock.commands import main
+from envlock.restore.buildlog import CONTEXT_SENT_RE
 
 from helpers import remove_image  # isort: skip
 from lock_edits import with_other_six  # isort: skip
@@ -74,10 +74,9 @@ def test_one_small_package_changed_reuses_the_torch_layer(
         # mounts, the uv binary: the layers on top of the torch layer install with it).
         torch_mb = max(w.stat().st_size for w in wheelhouse.glob("torch-2.13.0*.whl")) / 1e6
         for text in (first_log, log):
-            sent = re.search(r"envlock: sending a build context of ([0-9.]+) MB", text)
+            sent = CONTEXT_SENT_RE.search(text)
             assert sent is not None and float(sent.group(1)) < torch_mb / 3, text[:2000]
-        layer_sent = re.search(r"envlock: sending a build context of ([0-9.]+) MB",
-                               (tmp_path / "ctx-a" / "torch-layer.log").read_text())
+        layer_sent = CONTEXT_SENT_RE.search((tmp_path / "ctx-a" / "torch-layer.log").read_text())
         assert layer_sent is not None and float(layer_sent.group(1)) > 100
         # Both images start from the same torch layer image, and no layer they add on top of it
         # comes near the layer's venv (torch, about 1 GB installed): nothing copies it again.

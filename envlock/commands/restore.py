@@ -50,10 +50,11 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
     """The lock's image, built or found in the cache, with a build failure's log tail shown."""
     from envlock.errors import BuildFailed
     from envlock.restore import cachedir
+    from envlock.restore.dockerfile import image_tag
     from envlock.restore.restore import cache_dir, image_name, restore
 
     name = image_name(lock_path or Path(args.lock), args.name)
-    tag = f"envlock/{name}:{lock.short_id}"
+    tag = image_tag(name, lock.short_id)
     try:
         with cachedir.in_use(cache_dir(), say):
             return restore(lock, options, engine=engine, name=name,
@@ -108,14 +109,33 @@ def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options
     and the wheels its checked SHA256SUMS lists (the only ones uv is taken from)."""
     import dataclasses
 
+    from envlock.restore.packdir import with_base
+
     changes: dict[str, Any] = {"checked_wheels": pack.checked_wheels, "debs": pack.debs}
     if not args.wheelhouse:
         changes["wheelhouse"] = pack.wheels
-    if not args.base and pack.base_id:
-        origin = pack.base.get("origin")
-        changes.update(base=pack.base_id, base_display=pack.base.get("display") or None,
-                       base_origin=origin if origin in ("lock", "--base", "table") else "--base")
-    return dataclasses.replace(opts, **changes)
+    opts = dataclasses.replace(opts, **changes)
+    return opts if args.base else with_base(opts, pack.base)
+
+
+def pack_base(args: argparse.Namespace, pack: Pack, opts: Options, engine: ContainerEngine,
+              lock: Lock) -> Options:
+    """A pack's build options (``pack_options``), its base image loaded into the engine when
+    the engine lacks it; for a pack packed without one (``--no-image``), a note of what the
+    build starts from. ``restore PACK`` and ``run PACK`` both come here, so they say the same."""
+    from envlock.restore.packdir import base_tag, ensure_base
+    from envlock.text.terminal import safe
+
+    if ensure_base(engine, pack, base_tag(lock.short_id)):
+        say(safe(f"loaded the base image {pack.base.get('display', '')} from the pack"))
+    elif pack.base_id is None and not args.base:
+        from envlock.export.pack import needed_base
+
+        start = needed_base(lock, None) or "the lock's base image"
+        say(safe(f"note: the pack holds no base image (packed with --no-image): the build starts FROM "
+                 f"{start}, which the engine pulls unless it has it; pass --base REF to build from an "
+                 "image it has"))
+    return pack_options(args, pack, opts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +172,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         import shlex
 
         from envlock.lock import load
-        from envlock.restore import clibuild
+        from envlock.restore import clibuild, dockerfile
         from envlock.restore.restore import image_name, write_dockerfile_only
 
         lock = load(lock_path)
@@ -166,14 +186,12 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         where = shlex.quote(str(args.dockerfile_only))
         first = ""
         if plan.split_torch:  # the torch layer is an image of its own, built first
-            from envlock.restore import dockerfile
-
             tag = dockerfile.torch_layer_tag(dockerfile.torch_layer_key(plan))
             first = (f"(cd {where} && tar -c {' '.join(dockerfile.torch_layer_files(plan))} | docker build "
                      f"-f {dockerfile.TORCH_LAYER_DOCKERFILE} -t {tag} -) && ")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
-                         f"build it with: {first}docker build -t envlock/{image_name(Path(args.lock), args.name)}:"
-                         f"{lock.short_id} {where}\n")
+                         f"build it with: {first}docker build -t "
+                         f"{dockerfile.image_tag(image_name(Path(args.lock), args.name), lock.short_id)} {where}\n")
         return EXIT_OK
     from envlock.lock import load
     from envlock.restore.endpoint import connect
@@ -182,18 +200,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
     opts = options(args)
     with connect(args.engine) as engine:
         if pack is not None:
-            from envlock.restore.packdir import ensure_base
-
-            opts = pack_options(args, pack, opts)
-            if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
-                say(f"loaded the base image {pack.base.get('display', '')} from the pack")
-            elif pack.base_id is None and not args.base:
-                from envlock.export.pack import needed_base
-
-                start = needed_base(lock, None) or "the lock's base image"
-                say(f"note: the pack holds no base image (packed with --no-image): the build starts FROM "
-                    f"{start}, which the engine pulls unless it has it; pass --base REF to build from an "
-                    "image it has")
+            opts = pack_base(args, pack, opts, engine, lock)
         # A pack's build needs no network: everything is in its context (restore keeps it for the
         # lock's OS packages, which only the image's package manager can fetch).
         result = restore_image(args, lock, opts, engine, verify=not args.no_verify,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from envlock.commands._output import say
 from envlock.commands._parser import command_after_options, run_options_parser
-from envlock.commands.restore import options, restore_image
+from envlock.commands.restore import options, pack_base, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
         from envlock.restore.restore import image_name, ready_image
 
         if pack is not None:
-            build_options = _pack_base(args, pack, build_options, engine, lock)
+            build_options = pack_base(args, pack, build_options, engine, lock)
         found = None if args.no_cache or args.no_verify else ready_image(
             engine, lock, build_options, image_name(Path(lock_path), args.name))
         ready = found or _restore_for_run(args, lock, build_options, engine, Path(lock_path),
@@ -164,18 +164,6 @@ def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | N
 
     held.enter_context(cachedir.in_use(cache_dir(), say))
     return open_pack(Path(args.lock), cache_dir() / cachedir.PACKS)
-
-
-def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: ContainerEngine,
-               lock: Lock) -> Options:
-    """The build options of a pack (its wheels, its base image), the base loaded from it."""
-    from envlock.commands.restore import pack_options
-    from envlock.restore.packdir import ensure_base
-    from envlock.text.terminal import safe
-
-    if ensure_base(engine, pack, f"envlock-pack/base:{lock.short_id}"):
-        say(safe(f"loaded the base image {pack.base.get('display', '')} from the pack"))
-    return pack_options(args, pack, build)
 
 
 def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:

@@ -52,6 +52,7 @@ from envlock.restore.packdir import (
     README,
     SUMS,
     WHEELS,
+    with_base,
 )
 from envlock.text.terminal import safe
 
@@ -351,12 +352,7 @@ def _apptainer(lock: Lock, directory: Path, base: dict[str, str], notes: list[st
     from envlock.restore import context as ctx
     from envlock.restore.restore import prepare
 
-    origin = base.get("origin")
-    base_origin: ctx.BaseOrigin | None = None
-    if base:
-        base_origin = "lock" if origin == "lock" else "table" if origin == "table" else "--base"
-    options = ctx.Options(wheelhouse=directory / WHEELS, base=base.get("id") or None,
-                          base_display=base.get("display") or None, base_origin=base_origin)
+    options = with_base(ctx.Options(wheelhouse=directory / WHEELS), base)
     try:
         plan, _ = prepare(lock, options, None)
         own = plan.wheels.get("envlock", ())

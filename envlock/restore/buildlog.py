@@ -43,6 +43,16 @@ _BK_OUTPUT_RE = re.compile(r"^\d+\.\d+ (.*)$")
 _BK_IMAGE_RE = re.compile(r"^writing image (sha256:[0-9a-f]{64})")
 # The summary BuildKit prints after a failed step repeats its last lines between these.
 _BK_SUMMARY_RE = re.compile(r"^(-{6}| > \[.*\]:?)$")
+# The first line of a build that is sent some of its context (``context_sent``), in the build
+# log of either builder; the number is megabytes.
+CONTEXT_SENT_RE = re.compile(r"^envlock: sending a build context of ([0-9]+\.[0-9]) MB$", re.MULTILINE)
+
+
+def context_sent(size: int) -> str:
+    """The line a build starts with when it is sent ``size`` bytes of its context: the SDK's
+    builder (a tar) and a command-line client (the files linked) say it in the same words, so
+    the log and the speed test read one line whichever built."""
+    return f"envlock: sending a build context of {size / 1e6:.1f} MB\n"
 
 
 @dataclass(frozen=True)

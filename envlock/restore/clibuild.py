@@ -12,7 +12,8 @@ engine, else the SDK with a note that says why the restore is slower; ``cli`` in
 client; ``sdk`` takes the SDK. Everything else (inspect, run, load, push) stays the SDK's.
 
 A build (``build``) runs the client in a process group of its own, talking to the endpoint of
-the SDK's connection; its output goes line by line through ``buildlog`` into the build log and
+the SDK's connection, which it is told (DOCKER_HOST, no DOCKER_CONTEXT: ``endpoint``), never one
+it would find by itself; its output goes line by line through ``buildlog`` into the build log and
 the progress display, as the SDK's chunks do, and a failure is the same ``BuildFailed``. Ctrl-C
 or SIGTERM stops the client, which makes the engine cancel the build: BuildKit then exports
 nothing, and the steps Podman had committed are removed, as the SDK path removes its own.
@@ -34,7 +35,7 @@ from typing import IO, Literal, Protocol
 
 from envlock._signals import deferred
 from envlock.errors import BuildFailed, EngineUnavailable, UsageError
-from envlock.restore.buildlog import BuildLog
+from envlock.restore.buildlog import BuildLog, context_sent
 from envlock.restore.engine import ImageInfo
 from envlock.restore.progress import Progress, show
 
@@ -64,11 +65,16 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class Client:
     """A command-line client that builds with ``RUN --mount``: the words that start a build
-    (its options follow), what it needs in its environment, and which kind it is."""
+    (its options follow), what it needs in its environment (a value, or None for a variable
+    it must not see), and which kind it is."""
 
     argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str | None], ...]
     kind: Literal["buildx", "buildkit", "podman"]
+
+    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` (this process's environment) as the client must see it."""
+        return with_changes(base, self.env)
 
     def describe(self) -> str:
         """The builder in words, for messages: ``BuildKit (DOCKER_BUILDKIT=1 /usr/bin/docker)``."""
@@ -90,6 +96,17 @@ def setting() -> str:
     if raw not in BUILDERS:
         raise UsageError(f"{BUILDER_ENV} must be auto, cli or sdk, not {raw[:40]!r}")
     return raw
+
+
+def with_changes(base: Mapping[str, str], changes: Sequence[tuple[str, str | None]]) -> dict[str, str]:
+    """A copy of ``base`` with each (name, value) set, or removed where the value is None."""
+    out = dict(base)
+    for name, value in changes:
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
 
 
 def version(text: str) -> tuple[int, int, int] | None:
@@ -145,11 +162,12 @@ def podman_client(url: str) -> Client | None:
     return Client((path, "--url", url, "build", "--format", "docker"), (), "podman")
 
 
-def choose(engine: str, server: str, url: str, docker_host: str | None) -> tuple[Client | None, str | None]:
+def choose(engine: str, server: str, url: str, cli_env: Sequence[tuple[str, str | None]]
+           ) -> tuple[Client | None, str | None]:
     """The client that builds for this engine, or None for the SDK; and a note when the SDK is
     the slower way for want of a client. ``server``: the engine's version; ``url``: its API
-    endpoint; ``docker_host``: DOCKER_HOST for a docker client when the endpoint was given as
-    a URL (otherwise the client finds the same engine by itself: DOCKER_HOST, its context)."""
+    endpoint; ``cli_env``: what a docker client's environment must say to reach that engine
+    (``endpoint.Endpoint.cli_env``), used to look for the client and given to the one found."""
     wanted = setting()
     if wanted == "sdk":
         return None, None
@@ -163,12 +181,11 @@ def choose(engine: str, server: str, url: str, docker_host: str | None) -> tuple
         why = "the engine is Docker before 20.10, whose builder has no RUN --mount without a frontend image"
         client = None
         if served is not None and served[:2] >= (20, 10):
-            env = {**os.environ, **({"DOCKER_HOST": docker_host} if docker_host else {})}
-            client = docker_client(env)
+            client = docker_client(with_changes(os.environ, cli_env))
             why = "no docker client on PATH builds with BuildKit (the buildx plugin, or a 20.10 to 22.x client)"
     if client is not None:
-        if engine != "podman" and docker_host:
-            client = Client(client.argv, (*client.env, ("DOCKER_HOST", docker_host)), client.kind)
+        if engine != "podman":
+            client = Client(client.argv, (*client.env, *cli_env), client.kind)
         return client, None
     if wanted == "cli":
         raise EngineUnavailable(f"{BUILDER_ENV}=cli, but {why}", hint=INSTALL_HINT)
@@ -206,8 +223,8 @@ def build(client: Client, engine: Engine, context: Path, *, tag: str, labels: Ma
         with open(log_path, "w", encoding="utf-8") as log:
             try:
                 if size is not None:
-                    _feed(parsed, f"envlock: sending a build context of {size / 1e6:.1f} MB\n", log, progress)
-                code, last = _stream(argv, {**os.environ, **dict(client.env)}, parsed, log, progress, engine)
+                    _feed(parsed, context_sent(size), log, progress)
+                code, last = _stream(argv, client.environ(os.environ), parsed, log, progress, engine)
                 if code != 0:  # the client's last line says why (it is in the log already)
                     said = parsed.fail(last or f"{client.describe()} exited with status {code}")
                     log.write("" if last else said)

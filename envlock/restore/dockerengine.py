@@ -37,7 +37,7 @@ from envlock.probe import imageref
 from envlock.probe.procs import pid_alive
 from envlock.probing.process import seconds_from_env
 from envlock.restore import clibuild
-from envlock.restore.buildlog import BuildLog, shorten
+from envlock.restore.buildlog import BuildLog, context_sent, shorten
 from envlock.restore.engine import (
     LABEL_OWNER,
     BuildMode,
@@ -198,9 +198,10 @@ class DockerEngine(ContainerEngine):
     """Docker or Podman through the docker SDK (Podman's Docker-compatible API)."""
 
     def __init__(self, make_client: Callable[[float], Any], endpoint: str, *,
-                 cli_host: str | None = None) -> None:
-        """``cli_host``: DOCKER_HOST for a docker command-line client (``clibuild``) when the
-        endpoint was named by a URL; without it the client finds the same engine as the SDK."""
+                 cli_env: Sequence[tuple[str, str | None]] = ()) -> None:
+        """``cli_env``: what a docker command-line client's environment must say to reach this
+        engine (``endpoint.Endpoint.cli_env``), so that a build through it (``clibuild``) goes to
+        the engine this connection tags and inspects images on, never one a context names."""
         self.request_timeout = seconds_from_env(REQUEST_TIMEOUT_VAR, REQUEST_TIMEOUT)
         self.stop_grace = seconds_from_env(GRACE_VAR, GRACE_SECONDS)
         _check_unix_socket(endpoint)
@@ -223,7 +224,7 @@ class DockerEngine(ContainerEngine):
         self.name = "podman" if "podman" in components.lower() else "docker"
         self.endpoint = endpoint
         self.server_version = str(version.get("Version") or "")
-        self._cli_host = cli_host
+        self._cli_env = tuple(cli_env)
         self._builder: tuple[clibuild.Client | None, str | None] | None = None
         client.api.timeout = self.request_timeout
         self.client = client
@@ -297,8 +298,21 @@ class DockerEngine(ContainerEngine):
 
     @_answered
     def tag(self, image_id: str, ref: str) -> None:
+        from docker.errors import NotFound
+
         parsed = imageref.split(ref)
-        self.api.tag(image_id, parsed.repo, parsed.tag)
+        try:
+            self.api.tag(image_id, parsed.repo, parsed.tag)
+        except NotFound as exc:
+            raise self._missing(image_id, f"cannot tag it {ref}", exc) from None
+
+    def _missing(self, image: str, doing: str, exc: BaseException) -> ImageNotFound:
+        """An image this command made or was given is not in the engine (exit 3, in words): a
+        build that went to another engine, or a removal meanwhile."""
+        return ImageNotFound(f"the engine at {self.endpoint} has no image {shorten(image)}: {doing} "
+                             f"({_short(exc)})",
+                             hint="was it removed meanwhile, or built on another engine? DOCKER_HOST, "
+                                  "DOCKER_CONTEXT and --engine choose one")
 
     @_answered
     def push(self, image_id: str, repo: str, tag: str) -> str:
@@ -384,7 +398,7 @@ class DockerEngine(ContainerEngine):
                     tar.add(str(context / rel), arcname=rel, recursive=True)
             size = fh.tell()
             fh.seek(0)
-            yield {"stream": f"envlock: sending a build context of {size / 1e6:.1f} MB\n"}
+            yield {"stream": context_sent(size)}
             yield from self.api.build(fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True,
                                       decode=True, labels=dict(labels), pull=False, timeout=None, **extra)
 
@@ -392,7 +406,7 @@ class DockerEngine(ContainerEngine):
         """The command-line client that builds for this engine (``clibuild.choose``), looked
         for once, when a restore first asks."""
         if self._builder is None:
-            self._builder = clibuild.choose(self.name, self.server_version, self.endpoint, self._cli_host)
+            self._builder = clibuild.choose(self.name, self.server_version, self.endpoint, self._cli_env)
         return self._builder
 
     def build_mode(self) -> BuildMode:
@@ -404,7 +418,12 @@ class DockerEngine(ContainerEngine):
     @_answered
     def layers(self, image_id: str) -> tuple[str, ...]:
         """The image's layers (``RootFS.Layers``, diff ids), base first."""
-        raw = self.api.inspect_image(image_id)
+        from docker.errors import NotFound
+
+        try:
+            raw = self.api.inspect_image(image_id)
+        except NotFound as exc:
+            raise self._missing(image_id, "cannot read its layers", exc) from None
         return tuple(str(x) for x in (raw.get("RootFS") or {}).get("Layers") or ())
 
     @_answered

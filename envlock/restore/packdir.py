@@ -28,6 +28,7 @@ from envlock.restore.cachedir import touch
 from envlock.text.terminal import first, safe
 
 if TYPE_CHECKING:
+    from envlock.restore.context import BaseOrigin, Options
     from envlock.restore.engine import ContainerEngine
 
 PACK_FORMAT = 1
@@ -292,6 +293,31 @@ def open_pack(path: Path, workdir: Path) -> Pack:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{manifest_path} is not a valid pack manifest: {exc}") from None
     return Pack(root, manifest, listing)
+
+
+BASE_REPO = "envlock-pack/base"
+
+
+def base_tag(short_id: str) -> str:
+    """``envlock-pack/base:<id>``: the name a pack's base image is given once loaded, whether
+    ``restore`` or ``run`` loads it (``ensure_base``)."""
+    return f"{BASE_REPO}:{short_id}"
+
+
+def with_base(options: Options, base: Mapping[str, str]) -> Options:
+    """``options`` building FROM the base image a pack recorded (``pack.json``'s ``base``: its
+    id, how it was shown, where the pack's restore took it from), unchanged when it recorded
+    none. The origin is a restore's own (``lock``, ``--base``, ``table``); any other value reads
+    as ``--base``, the one that promises least. ``restore`` of a pack and the Apptainer
+    definition ``pack`` writes both come here, so they follow the same plan."""
+    import dataclasses
+
+    if not base.get("id"):
+        return options
+    recorded = base.get("origin")
+    origin: BaseOrigin = "lock" if recorded == "lock" else "table" if recorded == "table" else "--base"
+    return dataclasses.replace(options, base=base["id"], base_display=base.get("display") or None,
+                               base_origin=origin)
 
 
 def ensure_base(engine: ContainerEngine, pack: Pack, tag: str) -> bool:

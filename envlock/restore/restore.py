@@ -196,7 +196,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             "the network: this build has it")
         network = True
     key = dockerfile.context_key(plan, rendered)
-    tag = f"envlock/{name}:{lock.short_id}"
+    tag = dockerfile.image_tag(name, lock.short_id)
     if workdir is None:
         workdir = cache_dir() / f"{name}-{lock.short_id}"
         # What is built is what is in the context: in a directory others can write, another
@@ -346,7 +346,7 @@ def ready_image(engine: ContainerEngine, lock: Lock, options: ctx.Options, name:
     ``restore`` compares), and listing images by label, are left to ``restore``."""
     from envlock.restore import inside
 
-    tag = f"envlock/{name}:{lock.short_id}"
+    tag = dockerfile.image_tag(name, lock.short_id)
     info = engine.image(tag)
     if info is None or info.labels.get(dockerfile.LABEL_OPTIONS) != options_key(options) \
             or info.labels.get(dockerfile.LABEL_SHORT_ID) != lock.short_id \

@@ -1,0 +1,142 @@
+"""One engine per command: the endpoint is resolved once, as the docker CLI resolves it
+(``restore.endpoint``), and a command-line client that builds is told it.
+
+The contexts here are written where and as ``docker context create`` writes them
+(``contexts/meta/<sha256 of the name>/meta.json`` beside ``config.json``); the one test marked
+integration has the real docker CLI create them and resolve the same endpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import unavailable
+
+from envlock.errors import EXIT_ENV, EngineUnavailable
+from envlock.restore import clibuild, endpoint
+
+A = "unix:///run/engine-a.sock"
+B = "unix:///run/engine-b.sock"
+
+
+def _context(config: Path, name: str, host: str, *, tls: bool = False) -> None:
+    """A context in the CLI's store, as ``docker context create NAME --docker host=HOST`` writes it."""
+    key = hashlib.sha256(name.encode()).hexdigest()
+    meta = config / "contexts" / "meta" / key / "meta.json"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"Name": name, "Metadata": {},
+                                "Endpoints": {"docker": {"Host": host, "SkipTLSVerify": False}}}))
+    if tls:
+        certs = config / "contexts" / "tls" / key / "docker"
+        certs.mkdir(parents=True)
+        for part in ("ca", "cert", "key"):
+            (certs / f"{part}.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+
+
+def _current(config: Path, name: str) -> None:
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "config.json").write_text(json.dumps({"auths": {}, "currentContext": name}))
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """A docker configuration directory with contexts ctx-a and ctx-b, ctx-a the current one."""
+    where = tmp_path / "docker-config"
+    _context(where, "ctx-a", A)
+    _context(where, "ctx-b", B)
+    _current(where, "ctx-a")
+    return where
+
+
+def test_docker_host_first_then_docker_context_then_the_current_context(config: Path) -> None:
+    """docker/cli's order (``resolveContextName``): the variable that names a host wins over one
+    that names a context, which wins over config.json's ``currentContext``; the default context
+    is the default socket."""
+    base = {"DOCKER_CONFIG": str(config)}
+    assert endpoint.docker_endpoint(base).url == A
+    assert endpoint.docker_endpoint({**base, "DOCKER_CONTEXT": "ctx-b"}).url == B
+    assert endpoint.docker_endpoint({**base, "DOCKER_CONTEXT": "ctx-b", "DOCKER_HOST": "tcp://h:2375"}).url \
+        == "tcp://h:2375"
+    assert endpoint.docker_endpoint({**base, "DOCKER_CONTEXT": "default"}).url == endpoint.DEFAULT_DOCKER_SOCKET
+    _current(config, "default")
+    assert endpoint.docker_endpoint(base).url == endpoint.DEFAULT_DOCKER_SOCKET
+    (config / "config.json").unlink()  # no config.json: the store beside it is still read
+    assert endpoint.docker_endpoint({**base, "DOCKER_CONTEXT": "ctx-b"}).url == B
+    assert endpoint.docker_endpoint(base).url == endpoint.DEFAULT_DOCKER_SOCKET
+
+
+def test_the_sdk_connects_to_the_context_docker_context_names(config: Path) -> None:
+    """The SDK's own lookup reads config.json alone; the endpoint gives it the context's host."""
+    where = endpoint.docker_endpoint({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "ctx-b"})
+    assert (where.url, where.base_url) == (B, B)
+
+
+def test_the_client_is_told_the_endpoint_and_no_context_that_disagrees(
+        config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command-line client sees DOCKER_HOST of the resolved endpoint and no DOCKER_CONTEXT,
+    whichever way the endpoint was found: it builds on the engine envlock tags images on."""
+    for environ, want in (({"DOCKER_CONTEXT": "ctx-b"}, B), ({}, A), ({"DOCKER_HOST": "tcp://h:2375"}, "tcp://h:2375")):
+        full = {"DOCKER_CONFIG": str(config), "HOME": "/home/u", **environ}
+        told = endpoint.docker_endpoint(full).cli_env
+        client = clibuild.Client(("docker", "build"), (("DOCKER_BUILDKIT", "1"), *told), "buildkit")
+        seen = client.environ({**full, "DOCKER_CONTEXT": environ.get("DOCKER_CONTEXT", "ctx-a")})
+        assert seen["DOCKER_HOST"] == want and "DOCKER_CONTEXT" not in seen
+        assert seen["DOCKER_BUILDKIT"] == "1" and seen["HOME"] == "/home/u"
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("DOCKER_CONTEXT", "ctx-b")
+    for spec in (None, "docker", B):
+        named = dict(endpoint.resolve(spec).cli_env)
+        assert (named["DOCKER_HOST"], named["DOCKER_CONTEXT"]) == (B, None), spec
+
+
+def test_a_context_with_tls_gives_the_client_its_certificates(config: Path) -> None:
+    _context(config, "secure", "tcp://h:2376", tls=True)
+    where = endpoint.docker_endpoint({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "secure"})
+    certs = config / "contexts" / "tls" / hashlib.sha256(b"secure").hexdigest() / "docker"
+    assert where.tls and (where.tls.ca_cert, where.tls.verify) == (str(certs / "ca.pem"), True)
+    assert dict(where.cli_env) == {"DOCKER_HOST": "tcp://h:2376", "DOCKER_CONTEXT": None,
+                                   "DOCKER_CERT_PATH": str(certs), "DOCKER_TLS_VERIFY": "1"}
+    # Without TLS files, stale TLS variables of the shell do not reach the client.
+    plain = endpoint.docker_endpoint({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "ctx-b"})
+    assert dict(plain.cli_env)["DOCKER_CERT_PATH"] is None and dict(plain.cli_env)["DOCKER_TLS_VERIFY"] is None
+
+
+def test_a_context_that_does_not_exist_is_an_error_as_it_is_to_the_cli(config: Path) -> None:
+    with pytest.raises(EngineUnavailable) as exc:
+        endpoint.docker_endpoint({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "gone"})
+    assert exc.value.exit_code == EXIT_ENV and "'gone'" in str(exc.value) and "DOCKER_CONTEXT" in str(exc.value)
+    _current(config, "gone-too")
+    with pytest.raises(EngineUnavailable) as exc:
+        endpoint.docker_endpoint({"DOCKER_CONFIG": str(config)})
+    assert "currentContext" in str(exc.value)
+
+
+@pytest.mark.integration
+def test_the_docker_cli_resolves_the_same_endpoint(tmp_path: Path) -> None:
+    """Against the real docker CLI: contexts it creates, and the host it resolves for each way
+    of choosing one (``docker context inspect`` of the current context)."""
+    docker = shutil.which("docker")
+    if docker is None:
+        unavailable("no docker CLI on PATH")
+    config = tmp_path / "cfg"
+    config.mkdir()
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_CONFIG": str(config)}
+
+    def cli(*argv: str, **env: str) -> str:
+        done = subprocess.run([docker, *argv], env={**base, **env}, capture_output=True, text=True,
+                              timeout=30, check=True)
+        return done.stdout.strip()
+
+    cli("context", "create", "ctx-a", "--docker", f"host={A}")
+    cli("context", "create", "ctx-b", "--docker", f"host={B}")
+    cli("context", "use", "ctx-a")
+    for env in ({}, {"DOCKER_CONTEXT": "ctx-b"}, {"DOCKER_CONTEXT": "default"},
+                {"DOCKER_CONTEXT": "ctx-b", "DOCKER_HOST": "unix:///run/engine-c.sock"}):
+        theirs = cli("context", "inspect", "--format", "{{.Endpoints.docker.Host}}", **env)
+        assert endpoint.docker_endpoint({**base, **env}).url == theirs, env
