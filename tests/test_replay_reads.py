@@ -521,3 +521,51 @@ def test_replay_json_is_one_document_when_the_script_prints(tmp_path: Path, monk
     assert main(["replay", "run.record"]) == 0
     out, _ = capfd.readouterr()
     assert "epoch 1" in out and "OK: the replay reproduced" in out
+
+
+def test_the_hook_goes_in_front_of_the_commands_own_pythonpath() -> None:
+    """A recorded run's ``PYTHONPATH`` is the hook's directory, then what the command would have
+    had (this host's, the image's or one given with ``-e``): never in its place, never with an
+    empty entry (the current directory) when there was none, and the probe's rule takes the
+    hook out again, so that no record shows it."""
+    from envlock.commands._recording import recording_env
+
+    hook = trace.container_hook_dir()
+    env = recording_env("/r/journal.jsonl", "/workspace", "/r/trace", hook=hook, pythonpath="/opt/a:/opt/b")
+    assert env["PYTHONPATH"] == f"{hook}:/opt/a:/opt/b" and env[trace.HOOK_ENV] == hook
+    assert without_trace_hook(env["PYTHONPATH"], hook) == "/opt/a:/opt/b"
+    for none in (None, ""):
+        assert recording_env("/r/j", "/w", "/r/trace", hook=hook, pythonpath=none)["PYTHONPATH"] == hook
+    assert "PYTHONPATH" not in recording_env("/r/j", "/w", None, hook=hook, pythonpath="/opt/a")
+
+
+def test_a_containers_copy_of_the_hook_traces_a_process_from_its_start(tmp_path: Path) -> None:
+    """A container holds no envlock: ``run --record`` mounts a copy of the hook's files, and a
+    Python process started with it on ``PYTHONPATH`` traces itself from its first line (a file
+    read before any ``envlock.record`` call is in its trace, which is not ``late``), keeps the
+    rest of its ``PYTHONPATH`` (a module found there), and hands on to the ``sitecustomize``
+    that was there before. Run here from the copy alone, in an interpreter that ignores the
+    user's site-packages."""
+    from envlock.commands._recording import container_hook
+
+    journal = tmp_path / "journal"
+    (journal / "trace").mkdir(parents=True)
+    (source, inside, read_only), hook = container_hook(journal)
+    assert (inside, read_only, hook) == (trace.CONTAINER_DIR, True, trace.CONTAINER_DIR + "/startup")
+    assert sorted(p.relative_to(source).as_posix() for p in Path(source).rglob("*.py")) == [
+        "startup/sitecustomize.py", "trace.py"]
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = '1'\n")
+    (own / "extra.py").write_text("K = 3\n")
+    (tmp_path / "cfg.json").write_text('{"lr": 0.1}')
+    script = ("import json, os, extra\njson.load(open('cfg.json'))\nos.environ.get('LR')\n"
+              "assert os.environ['CHAINED'] == '1' and extra.K == 3\n")
+    env = {"PATH": os.environ.get("PATH", ""), "ENVLOCK_TRACE": str(journal / "trace"),
+           "PYTHONPATH": os.pathsep.join([str(Path(source) / "startup"), str(own)])}
+    done = subprocess.run([sys.executable, "-s", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (journal / "trace").glob("*.json")]
+    assert doc["late"] is False and str(tmp_path / "cfg.json") in doc["read"]
+    assert str(own / "extra.py") in doc["read"] and doc["env"]["LR"] is None

@@ -732,3 +732,21 @@ def test_an_engine_that_accepts_and_never_answers_is_unavailable_not_a_hang(
             connect(f"unix://{tmp_path / 'engine.sock'}")
     finally:
         fake.close()
+
+
+def test_an_images_own_variables_are_read_so_a_run_can_keep_its_pythonpath() -> None:
+    """``run --record`` puts the trace's start-up hook in front of the image's ``PYTHONPATH``
+    (a variable given to a container replaces the image's): the engine reports the image's
+    ``ENV``, a value holding ``=`` whole."""
+    from envlock.commands.run import _pythonpath
+
+    class WithEnv(FakeAPI):
+        def inspect_image(self, ref: str) -> dict[str, Any]:
+            return {"Id": IMAGE_ID, "Config": {"Env": ["PATH=/usr/bin", "PYTHONPATH=/opt/lib:/opt/x=1", "BARE"]}}
+
+    eng = engine(WithEnv())
+    info = eng.image("envlock/x:1")
+    assert info is not None and info.env == {"PATH": "/usr/bin", "PYTHONPATH": "/opt/lib:/opt/x=1"}
+    assert _pythonpath(eng, IMAGE_ID, {}) == "/opt/lib:/opt/x=1"
+    assert _pythonpath(eng, IMAGE_ID, {"PYTHONPATH": "/workspace/src"}) == "/workspace/src"  # -e wins, as in the run
+    assert _pythonpath(engine(FakeAPI()), IMAGE_ID, {}) is None

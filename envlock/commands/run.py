@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 return code
             from envlock.commands._recording import (
                 JOURNAL,
+                container_hook,
                 finish,
                 journal_dir,
                 recording_env,
@@ -110,11 +112,15 @@ def run(args: argparse.Namespace) -> int:
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
-                # Traced from the first envlock.record() call: the start-up hook is the host's.
                 traced = trace_dir(journal, not args.no_trace)
-                env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None)
-                ropts = replace(copts, env={**copts.env, **env},
-                                mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
+                mounts = [*copts.mounts, (str(journal), inner, False)]
+                hook = None
+                if traced is not None:  # every Python process traced from its start
+                    mount, hook = container_hook(journal)
+                    mounts.append(mount)
+                env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None,
+                                    hook=hook, pythonpath=_pythonpath(engine, image_id, copts.env))
+                ropts = replace(copts, env={**copts.env, **env}, mounts=mounts, stderr_tail=Tail())
                 code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
                                     os_packages_restored=os_restored)
                 compiled.loaded()
@@ -125,6 +131,15 @@ def run(args: argparse.Namespace) -> int:
                                  inside=WORKDIR)
                 compile_report(compiled, recording.original)
                 return verdict
+
+
+def _pythonpath(engine: ContainerEngine, image_id: str, given: Mapping[str, str]) -> str | None:
+    """The ``PYTHONPATH`` the command would run with in the container: the one given with
+    ``-e``, else the image's own, which the start-up hook is put in front of, never in place of."""
+    if "PYTHONPATH" in given:
+        return given["PYTHONPATH"]
+    info = engine.image(image_id)
+    return info.env.get("PYTHONPATH") if info is not None else None
 
 
 def _open_pack(args: argparse.Namespace) -> Pack | None:

@@ -53,10 +53,31 @@ MODULE = "_envlock_trace"
 
 
 
+# Where a container's run finds the start-up hook: a copy of ``hook_files`` mounted read-only
+# (``commands._recording.container_hook``), at one path in every container, so that the
+# ``PYTHONPATH`` entry it adds is one that ``rules.without_trace_hook`` removes by name.
+CONTAINER_DIR = "/envlock-probe"
+_STARTUP = "startup"
+
+
 def hook_dir() -> str:
     """The directory of the start-up hook (``startup/sitecustomize.py``) envlock prepends to
     ``PYTHONPATH`` of a traced run."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), _STARTUP)
+
+
+def hook_files() -> Dict[str, str]:
+    """What a traced process needs where envlock is not installed (a container's run), by its
+    path under the copy's root: the start-up hook, and this module, which the hook loads by its
+    path beside its own directory (``../trace.py``)."""
+    here = os.path.abspath(__file__)
+    return {os.path.basename(here): here,
+            _STARTUP + "/sitecustomize.py": os.path.join(hook_dir(), "sitecustomize.py")}
+
+
+def container_hook_dir() -> str:
+    """The start-up hook's directory inside a container (``CONTAINER_DIR``)."""
+    return CONTAINER_DIR + "/" + _STARTUP
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
