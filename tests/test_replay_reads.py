@@ -378,6 +378,35 @@ print(json.dumps(t.env))
     assert json.loads(out) == {"TRACE_A": None, "TRACE_B": "b", "TRACE_C": None, "TRACE_D": "d"}
 
 
+def test_a_variable_looked_up_in_a_copy_of_the_environment_is_read(tmp_path: Path) -> None:
+    """``env = os.environ.copy()`` then ``env.get("LR")`` (a config helper that takes a mapping)
+    reads ``LR``: a replay with another ``LR`` diverged naming nothing. A key the run set or
+    removed in its copy is its own, not the environment's; the copy still goes whole to a child,
+    pickles and deep-copies as a plain dict (a spawned process's arguments), and
+    ``os.environb``/``os.getenvb`` are lookups by name too."""
+    code = f"""
+import copy, json, os, pickle, subprocess, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+env = os.environ.copy()
+env["MINE"] = "b"; env.update(ALSO="c"); env.pop("GONE", None)
+assert env.get("LR") == "0.2" and env["MINE"] == "b" and "ABSENT" not in env and env.get("GONE") is None
+assert env.get("ALSO") == "c" and env.copy().get("WD") == "1e-4"
+assert type(pickle.loads(pickle.dumps(env))) is dict and copy.deepcopy(env) == dict(env)
+dict(env); {{**env}}; json.dumps(env)
+subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+os.environb.get(b"BYTES_A"); os.getenvb(b"BYTES_B")
+print(json.dumps(t.env))
+"""
+    env = {**os.environ, "LR": "0.2", "MINE": "a", "GONE": "x", "WD": "1e-4", "BYTES_B": "b"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    found = json.loads(out)
+    found.pop("PATH", None)  # the child's program is looked up on the copy's PATH
+    assert found == {"LR": "0.2", "ABSENT": None, "WD": "1e-4", "BYTES_A": None, "BYTES_B": "b"}
+
+
 def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
     """torchrun picks a free MASTER_PORT for each run, Slurm a job id: a run reads them, and
     they differ between any two runs; the variables around them are kept."""

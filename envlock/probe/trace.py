@@ -12,9 +12,10 @@ the workspace were invisible. This module observes them in the recorded process 
   (loaded by ``dlopen``, which raises no event) are taken from ``sys.modules`` at exit;
 * variables: ``os.environ`` becomes an instance of a subclass of its own class whose
   ``__getitem__``/``__contains__``/``get`` note the name (and the value it had when first
-  read), so ``os.getenv``, ``os.environ.get`` and ``os.environ[...]`` are seen; going over the
-  whole environment (``copy()``, ``items()``, ``dict(os.environ)``) reads no variable by name and
-  is not noted;
+  read), so ``os.getenv``, ``os.environ.get``, ``os.environ[...]`` and ``in`` are seen, and
+  ``os.environb`` alike; going over the whole environment (``copy()``, ``items()``,
+  ``dict(os.environ)``) reads no variable by name and is not noted, but a lookup by name in
+  what ``copy()`` gave is;
 * children: the ``subprocess.Popen``, ``os.exec`` and ``os.posix_spawn`` events give the program
   each child runs; a Python child traces itself through the start-up hook
   (``probe/startup/sitecustomize.py``), any other is listed as not traced;
@@ -189,9 +190,14 @@ class _Tracer:
 
     # -- what the process holds --------------------------------------------------------------------
 
-    def note_env(self, name: Any, value: Optional[str]) -> None:
-        if not self.paused and isinstance(name, str) and name not in self.env:
-            self.env[name] = value
+    def note_env(self, name: Any, value: Any) -> None:
+        if self.paused:
+            return
+        if isinstance(name, bytes):  # os.environb, os.getenvb
+            name = os.fsdecode(name)
+            value = os.fsdecode(value) if isinstance(value, bytes) else value
+        if isinstance(name, str) and name not in self.env:
+            self.env[name] = value if value is None or isinstance(value, str) else None
 
     def take_state(self) -> None:
         """The process-wide facts, once: at the first ``envlock.record`` call, else at exit."""
@@ -294,8 +300,81 @@ def _ranges(cpus: List[int]) -> str:
     return ",".join(parts)
 
 
+def _copy_class(tracer: _Tracer) -> type:
+    """What ``os.environ.copy()`` gives: a ``dict`` whose lookups by name note the variable, as
+    ``os.environ``'s do (``env = os.environ.copy()``, then ``env.get("LR")``), unless the run
+    set or removed that key in its copy itself. Handing it whole to a child (``subprocess``
+    goes over ``items()``) or ``dict(copy)`` reads no variable by name."""
+
+    class TracedCopy(dict):  # type: ignore[type-arg]
+        _own: Optional[Set[Any]] = None
+
+        def _mine(self, key: Any) -> None:
+            if self._own is None:
+                self._own = set()
+            self._own.add(key)
+
+        def _note(self, key: Any, value: Optional[str]) -> None:
+            if self._own is None or key not in self._own:
+                tracer.note_env(key, value)
+
+        def __getitem__(self, key: Any) -> Any:
+            try:
+                value = dict.__getitem__(self, key)
+            except KeyError:
+                self._note(key, None)
+                raise
+            self._note(key, value)
+            return value
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            try:
+                return self[key]
+            except KeyError:
+                return default
+
+        def __contains__(self, key: Any) -> bool:
+            found = dict.__contains__(self, key)
+            self._note(key, dict.__getitem__(self, key) if found else None)
+            return found
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            self._mine(key)
+            dict.__setitem__(self, key, value)
+
+        def __delitem__(self, key: Any) -> None:
+            self._mine(key)
+            dict.__delitem__(self, key)
+
+        def pop(self, key: Any, *default: Any) -> Any:
+            self._mine(key)
+            return dict.pop(self, key, *default)
+
+        def setdefault(self, key: Any, default: Any = None) -> Any:
+            self._mine(key)
+            return dict.setdefault(self, key, default)
+
+        def update(self, *args: Any, **kwargs: Any) -> None:
+            for key in dict(*args, **kwargs):
+                self._mine(key)
+            dict.update(self, *args, **kwargs)
+
+        def __reduce__(self) -> Any:
+            # A plain dict to pickle (a spawned process's arguments) and deepcopy: this class
+            # is local to the tracer, which the other side may not have.
+            return (dict, (dict(self),))
+
+        def copy(self) -> Any:
+            twin = TracedCopy(self)
+            twin._own = set(self._own) if self._own is not None else None
+            return twin
+
+    return TracedCopy
+
+
 def _environ_class(base: type, tracer: _Tracer) -> type:
     """A subclass of ``os.environ``'s class that notes each name read."""
+    traced_copy = _copy_class(tracer)
 
     class TracedEnviron(base):  # type: ignore[misc]
         def __getitem__(self, key: Any) -> Any:
@@ -333,8 +412,9 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
         # Going over the whole environment (``os.environ.copy()`` or ``{**os.environ, ...}``
         # to start a child with one more variable, ``dict(os.environ)``, ``.items()``) is no
         # read of each variable: every variable of the shell would be a cause. Only a lookup
-        # by name is. ``dict()`` and ``**`` call ``keys()``, then look each key up in order:
-        # those lookups are passed over (``bulk``).
+        # by name is, on ``os.environ`` or on its ``copy()`` (``_copy_class``). ``dict()`` and
+        # ``**`` call ``keys()``, then look each key up in order: those lookups are passed over
+        # (``bulk``).
         def _snapshot(self) -> Dict[str, str]:
             decodekey, decodevalue = self.decodekey, self.decodevalue
             return {decodekey(k): decodevalue(v) for k, v in self._data.items()}
@@ -344,8 +424,8 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
             tracer.bulk_at = 0
             return super().keys()
 
-        def copy(self) -> Dict[str, str]:
-            return self._snapshot()
+        def copy(self) -> Any:
+            return traced_copy(self._snapshot())
 
         def items(self) -> Any:
             return self._snapshot().items()
@@ -379,10 +459,13 @@ def start(directory: Optional[str] = None, late: bool = False) -> Optional[_Trac
         return None
     tracer = _Tracer(directory, late)
     sys.modules[MODULE] = sys.modules[__name__]
-    try:
-        os.environ.__class__ = _environ_class(type(os.environ), tracer)
-    except TypeError:
-        pass  # an environ replaced by something else: its reads are not seen
+    for environ in (os.environ, getattr(os, "environb", None)):  # environb: os.getenvb
+        if environ is None:
+            continue
+        try:
+            environ.__class__ = _environ_class(type(environ), tracer)
+        except TypeError:
+            pass  # an environ replaced by something else: its reads are not seen
     sys.addaudithook(tracer.make_hook())
     atexit.register(tracer.write)
     if hasattr(os, "register_at_fork"):
