@@ -407,6 +407,36 @@ print(json.dumps(t.env))
     assert found == {"LR": "0.2", "ABSENT": None, "WD": "1e-4", "BYTES_A": None, "BYTES_B": "b"}
 
 
+def test_a_sqlite_database_the_run_read_is_a_read_and_one_it_wrote_is_its_own(tmp_path: Path) -> None:
+    """sqlite opens its file in C, with no ``open`` event: a label index or a dataset kept in a
+    SQLite file was never seen. The ``sqlite3.connect`` event names it; one whose stat the run
+    changed (a tracking store such as MLflow's, written at every run) is the run's own output,
+    never a cause; ``:memory:`` is no file."""
+    import sqlite3
+
+    for name in ("labels.db", "runs.db"):
+        with sqlite3.connect(tmp_path / name) as con:
+            con.execute("create table t(x)")
+            con.execute("insert into t values (1)")
+        con.close()
+    code = f"""
+import json, os, sqlite3, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+os.chdir({str(tmp_path)!r})
+con = sqlite3.connect("labels.db"); con.execute("select x from t").fetchall(); con.close()
+con = sqlite3.connect("file:runs.db", uri=True); con.execute("insert into t values (2)"); con.commit(); con.close()
+sqlite3.connect(":memory:").close()
+doc = t.document()
+print(json.dumps([doc["read"], doc["written"]]))
+"""
+    read, written = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              check=True).stdout)
+    assert str(tmp_path / "labels.db") in read and str(tmp_path / "runs.db") not in read
+    assert str(tmp_path / "runs.db") in written and not any("memory" in p for p in read + written)
+
+
 def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
     """torchrun picks a free MASTER_PORT for each run, Slurm a job id: a run reads them, and
     they differ between any two runs; the variables around them are kept."""

@@ -7,8 +7,8 @@ script reads (``LR``), a checkpoint under ``$TORCH_HOME`` or a module on ``PYTHO
 the workspace were invisible. This module observes them in the recorded process itself:
 
 * files: a PEP 578 audit hook sees the ``open`` event of ``open()``, ``os.open`` and every
-  module source the import system reads (``io.open_code``), with its flags; a path opened for
-  writing is kept apart (the run's own files are no cause), an fd is skipped. Extension modules
+  module source the import system reads (``io.open_code``), with its flags, and the
+  ``sqlite3.connect`` event (sqlite opens its file in C); a path opened for writing is kept apart (the run's own files are no cause), an fd is skipped. Extension modules
   (loaded by ``dlopen``, which raises no event) are taken from ``sys.modules`` at exit;
 * variables: ``os.environ`` becomes an instance of a subclass of its own class whose
   ``__getitem__``/``__contains__``/``get`` note the name (and the value it had when first
@@ -98,6 +98,7 @@ class _Tracer:
         self.written: Set[str] = set()
         self.env: Dict[str, Optional[str]] = {}
         self.spawned: List[str] = []
+        self.databases: Dict[str, Optional[tuple]] = {}  # type: ignore[type-arg]
         self.state: Optional[Dict[str, Any]] = None
         self.paused = 0
         self.cwd = os.getcwd()
@@ -162,8 +163,26 @@ class _Tracer:
                     pass
             elif event == "os.system" and not tracer.paused:
                 spawned.append("/bin/sh")
+            elif event == "sqlite3.connect" and not tracer.paused:
+                tracer._database(args[0] if args else None)
 
         return hook
+
+    def _database(self, database: Any) -> None:
+        """A SQLite database the run connected to (sqlite opens it in C: no ``open`` event), with
+        its stat then: at exit, one whose stat changed is the run's own (a tracking store such as
+        MLflow's or Optuna's, written at every run), one unchanged was read. Never raises."""
+        try:
+            name = os.fsdecode(database)
+            if name.startswith("file:"):  # a URI: file:path?mode=ro
+                name = name[5:].split("?", 1)[0]
+            if not name or name == ":memory:" or name.startswith(":"):
+                return
+            path = name if name[:1] == "/" else os.path.join(self.cwd, name)
+            if path not in self.databases:
+                self.databases[path] = _stat_key(path)
+        except Exception:
+            pass
 
     def _wrap_torch(self) -> None:
         """Wrap ``torch.set_flush_denormal`` once torch has it (its import is under way while
@@ -215,6 +234,8 @@ class _Tracer:
         self.take_state()
         self.paused += 1
         read = set(self.read)
+        for path, then in self.databases.items():
+            (read.add if then is not None and _stat_key(path) == then else self.written.add)(path)
         for module in list(sys.modules.values()):
             found = getattr(module, "__file__", None)
             if isinstance(found, str) and found.endswith((".so", ".pyd")):
@@ -257,6 +278,15 @@ class _Tracer:
                 mp.register_after_fork(self, _finalize_at_exit)
             except Exception:
                 pass
+
+
+def _stat_key(path: str) -> Optional[tuple]:  # type: ignore[type-arg]
+    """What tells a changed file: size, mtime and inode; None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _finalize_at_exit(tracer: _Tracer) -> None:
