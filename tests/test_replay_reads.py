@@ -382,8 +382,10 @@ def test_a_variable_looked_up_in_a_copy_of_the_environment_is_read(tmp_path: Pat
     """``env = os.environ.copy()`` then ``env.get("LR")`` (a config helper that takes a mapping)
     reads ``LR``: a replay with another ``LR`` diverged naming nothing. A key the run set or
     removed in its copy is its own, not the environment's; the copy still goes whole to a child,
-    pickles and deep-copies as a plain dict (a spawned process's arguments), and
-    ``os.environb``/``os.getenvb`` are lookups by name too."""
+    pickles and deep-copies as a plain dict (a spawned process's arguments), going over it
+    (``dict(copy)``, putting a saved environment back with ``os.environ.update``, as
+    ``mock.patch.dict`` does) reads none of its variables, and ``os.environb``/``os.getenvb`` are
+    lookups by name too."""
     code = f"""
 import copy, json, os, pickle, subprocess, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
@@ -394,8 +396,12 @@ env["MINE"] = "b"; env.update(ALSO="c"); env.pop("GONE", None)
 assert env.get("LR") == "0.2" and env["MINE"] == "b" and "ABSENT" not in env and env.get("GONE") is None
 assert env.get("ALSO") == "c" and env.copy().get("WD") == "1e-4"
 assert type(pickle.loads(pickle.dumps(env))) is dict and copy.deepcopy(env) == dict(env)
-dict(env); {{**env}}; json.dumps(env)
+dict(env); {{**env}}; json.dumps(env); [env[k] for k in env]
 subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+saved = os.environ.copy(); os.environ.clear(); os.environ.update(saved)  # a saved environment put back
+from unittest import mock
+with mock.patch.dict(os.environ, {{"PATCHED": "1"}}):
+    pass
 os.environb.get(b"BYTES_A"); os.getenvb(b"BYTES_B")
 print(json.dumps(t.env))
 """

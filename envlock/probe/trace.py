@@ -338,6 +338,13 @@ def _copy_class(tracer: _Tracer) -> type:
 
     class TracedCopy(dict):  # type: ignore[type-arg]
         _own: Optional[Set[Any]] = None
+        # Going over the copy reads no variable by name: the key iteration just gave
+        # (``for key in saved: environ[key] = saved[key]``, which is how ``os.environ.update(saved)``
+        # and ``mock.patch.dict`` put a saved environment back), and the keys ``keys()`` gave,
+        # looked up in order (``dict(saved)``, ``{**saved}``), are passed over.
+        _passing: Any = None
+        _bulk: Optional[List[Any]] = None
+        _at = 0
 
         def _mine(self, key: Any) -> None:
             if self._own is None:
@@ -348,13 +355,36 @@ def _copy_class(tracer: _Tracer) -> type:
             if self._own is None or key not in self._own:
                 tracer.note_env(key, value)
 
+        def _going_over(self, key: Any) -> bool:
+            if self._passing is not None and self._passing == key:
+                self._passing = None
+                return True
+            bulk = self._bulk
+            if bulk is not None:
+                if self._at < len(bulk) and bulk[self._at] == key:
+                    self._at += 1
+                    return True
+                self._bulk = None
+            return False
+
+        def __iter__(self) -> Any:
+            for key in dict.__iter__(self):
+                self._passing = key
+                yield key
+            self._passing = None
+
+        def keys(self) -> Any:
+            self._bulk, self._at = list(dict.keys(self)), 0
+            return dict.keys(self)
+
         def __getitem__(self, key: Any) -> Any:
             try:
                 value = dict.__getitem__(self, key)
             except KeyError:
                 self._note(key, None)
                 raise
-            self._note(key, value)
+            if not self._going_over(key):
+                self._note(key, value)
             return value
 
         def get(self, key: Any, default: Any = None) -> Any:
@@ -456,6 +486,21 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
 
         def copy(self) -> Any:
             return traced_copy(self._snapshot())
+
+        # ``MutableMapping.clear`` pops item by item, and ``popitem`` looks each key up: emptying
+        # the environment (to put a saved one back, as ``mock.patch.dict`` does) read every
+        # variable of the shell, each then a cause.
+        def popitem(self) -> Any:
+            for key in self._data:
+                name = self.decodekey(key)
+                value = self.decodevalue(self._data[key])
+                super().__delitem__(name)
+                return name, value
+            raise KeyError("popitem(): the environment is empty")
+
+        def clear(self) -> None:
+            for key in [self.decodekey(k) for k in self._data]:
+                super().__delitem__(key)
 
         def items(self) -> Any:
             return self._snapshot().items()
