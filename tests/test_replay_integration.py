@@ -132,6 +132,7 @@ def test_record_then_replay_in_the_image(docker_client: Any, base_image: str, wh
     assert f"input drift: hf:models/org/tiny@main revision changed: {REV1} -> {REV2}" in out
     assert "first divergence" not in out  # the run itself reproduced
     _two_ranks(ws, common, capfd)
+    _traced_from_the_start(ws, common, capfd)
     no_leftover_containers(docker_client)
     timings = {"record_s": round(recorded_s, 1), "replay_s": round(replayed_s, 1)}
     (tmp_path / "timings.json").write_text(json.dumps(timings))
@@ -178,3 +179,50 @@ def _two_ranks(ws: Path, common: list[str], capfd: pytest.CaptureFixture[str]) -
     explained = out.split("lock differences that can explain it", 1)[1]
     assert "    rank 1: env.OMP_NUM_THREADS: 1 -> 2\n" in explained, out + err
     assert "    rank 1: determinism.num_threads: 1 -> 2\n" in explained
+
+
+# Reads a config file, a variable and (in a child Python process) a file and a module found
+# through the PYTHONPATH given with -e, all before its first envlock.record() call.
+CONFIGURED = """
+import json, os, subprocess, sys
+lr = float(os.environ.get("LR", json.load(open("cfg.json"))["lr"]))
+child = subprocess.run([sys.executable, "-c", "import extra; print(len(open('child.txt').read()) + extra.K)"],
+                       capture_output=True, text=True, check=True).stdout
+import envlock
+x = 1.0
+for step in range(2):
+    x = x - lr * x + int(child)
+    envlock.record(step, loss=x)
+"""
+
+
+def _traced_from_the_start(ws: Path, common: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    """In the container every Python process is traced from its start (the hook mounted into
+    it): a config file, a variable and a child's reads before the first ``envlock.record``
+    call are in ``[reads]``, nothing is ``late``, the ``PYTHONPATH`` given is kept and recorded
+    without the hook, a replay as recorded names nothing, and one with the config and the
+    variable changed names both and says nothing went unseen."""
+    started = time.perf_counter()
+    (ws / "configured.py").write_text(CONFIGURED)
+    (ws / "cfg.json").write_text(json.dumps({"lr": 0.1}))
+    (ws / "child.txt").write_text("four")
+    (ws / "extra").mkdir()
+    (ws / "extra" / "extra.py").write_text("K = 3\n")
+    rec = str(ws / "configured.record")
+    path = ["-e", "PYTHONPATH=/workspace/extra"]
+    assert main(["run", *common, *path, "--record", rec, "--", "python", "configured.py"]) == 0
+    record = load(rec)
+    reads = record.reads
+    assert reads is not None and reads.late is None, reads
+    assert {"cfg.json", "child.txt", "extra/extra.py"} <= set(reads.files), reads.files
+    assert reads.unset is not None and "LR" in reads.unset
+    assert record.context["env.PYTHONPATH"] == "/workspace/extra"
+    capfd.readouterr()
+    assert main(["run", *common, *path, "--replay", rec]) == 0
+    (ws / "cfg.json").write_text(json.dumps({"lr": 0.2}))
+    assert main(["run", *common, *path, "-e", "LR=0.3", "--replay", rec]) == 1
+    out, err = capfd.readouterr()
+    explained = out.split("lock differences that can explain it", 1)[1]
+    assert "cfg.json changed" in explained and "LR read by the run: (unset) -> 0.3" in explained, out + err
+    assert "not looked at" not in out, out
+    print(f"traced from the start: 3 runs in {time.perf_counter() - started:.1f} s")

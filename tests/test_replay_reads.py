@@ -378,6 +378,71 @@ print(json.dumps(t.env))
     assert json.loads(out) == {"TRACE_A": None, "TRACE_B": "b", "TRACE_C": None, "TRACE_D": "d"}
 
 
+def test_a_variable_looked_up_in_a_copy_of_the_environment_is_read(tmp_path: Path) -> None:
+    """``env = os.environ.copy()`` then ``env.get("LR")`` (a config helper that takes a mapping)
+    reads ``LR``: a replay with another ``LR`` diverged naming nothing. A key the run set or
+    removed in its copy is its own, not the environment's; the copy still goes whole to a child,
+    pickles and deep-copies as a plain dict (a spawned process's arguments), going over it
+    (``dict(copy)``, putting a saved environment back with ``os.environ.update``, as
+    ``mock.patch.dict`` does) reads none of its variables, and ``os.environb``/``os.getenvb`` are
+    lookups by name too."""
+    code = f"""
+import copy, json, os, pickle, subprocess, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+env = os.environ.copy()
+env["MINE"] = "b"; env.update(ALSO="c"); env.pop("GONE", None)
+assert env.get("LR") == "0.2" and env["MINE"] == "b" and "ABSENT" not in env and env.get("GONE") is None
+assert env.get("ALSO") == "c" and env.copy().get("WD") == "1e-4"
+assert type(pickle.loads(pickle.dumps(env))) is dict and copy.deepcopy(env) == dict(env)
+dict(env); {{**env}}; json.dumps(env); [env[k] for k in env]
+subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+saved = os.environ.copy(); os.environ.clear(); os.environ.update(saved)  # a saved environment put back
+from unittest import mock
+with mock.patch.dict(os.environ, {{"PATCHED": "1"}}):
+    pass
+os.environb.get(b"BYTES_A"); os.getenvb(b"BYTES_B")
+print(json.dumps(t.env))
+"""
+    env = {**os.environ, "LR": "0.2", "MINE": "a", "GONE": "x", "WD": "1e-4", "BYTES_B": "b"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    found = json.loads(out)
+    found.pop("PATH", None)  # the child's program is looked up on the copy's PATH
+    assert found == {"LR": "0.2", "ABSENT": None, "WD": "1e-4", "BYTES_A": None, "BYTES_B": "b"}
+
+
+def test_a_sqlite_database_the_run_read_is_a_read_and_one_it_wrote_is_its_own(tmp_path: Path) -> None:
+    """sqlite opens its file in C, with no ``open`` event: a label index or a dataset kept in a
+    SQLite file was never seen. The ``sqlite3.connect`` event names it; one whose stat the run
+    changed (a tracking store such as MLflow's, written at every run) is the run's own output,
+    never a cause; ``:memory:`` is no file."""
+    import sqlite3
+
+    for name in ("labels.db", "runs.db"):
+        with sqlite3.connect(tmp_path / name) as con:
+            con.execute("create table t(x)")
+            con.execute("insert into t values (1)")
+        con.close()
+    code = f"""
+import json, os, sqlite3, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from envlock.probe import trace
+t = trace.start({str(tmp_path)!r})
+os.chdir({str(tmp_path)!r})
+con = sqlite3.connect("labels.db"); con.execute("select x from t").fetchall(); con.close()
+con = sqlite3.connect("file:runs.db", uri=True); con.execute("insert into t values (2)"); con.commit(); con.close()
+sqlite3.connect(":memory:").close()
+doc = t.document()
+print(json.dumps([doc["read"], doc["written"]]))
+"""
+    read, written = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              check=True).stdout)
+    assert str(tmp_path / "labels.db") in read and str(tmp_path / "runs.db") not in read
+    assert str(tmp_path / "runs.db") in written and not any("memory" in p for p in read + written)
+
+
 def test_the_launchers_variables_are_no_cause(tmp_path: Path) -> None:
     """torchrun picks a free MASTER_PORT for each run, Slurm a job id: a run reads them, and
     they differ between any two runs; the variables around them are kept."""
@@ -521,3 +586,51 @@ def test_replay_json_is_one_document_when_the_script_prints(tmp_path: Path, monk
     assert main(["replay", "run.record"]) == 0
     out, _ = capfd.readouterr()
     assert "epoch 1" in out and "OK: the replay reproduced" in out
+
+
+def test_the_hook_goes_in_front_of_the_commands_own_pythonpath() -> None:
+    """A recorded run's ``PYTHONPATH`` is the hook's directory, then what the command would have
+    had (this host's, the image's or one given with ``-e``): never in its place, never with an
+    empty entry (the current directory) when there was none, and the probe's rule takes the
+    hook out again, so that no record shows it."""
+    from envlock.commands._recording import recording_env
+
+    hook = trace.container_hook_dir()
+    env = recording_env("/r/journal.jsonl", "/workspace", "/r/trace", hook=hook, pythonpath="/opt/a:/opt/b")
+    assert env["PYTHONPATH"] == f"{hook}:/opt/a:/opt/b" and env[trace.HOOK_ENV] == hook
+    assert without_trace_hook(env["PYTHONPATH"], hook) == "/opt/a:/opt/b"
+    for none in (None, ""):
+        assert recording_env("/r/j", "/w", "/r/trace", hook=hook, pythonpath=none)["PYTHONPATH"] == hook
+    assert "PYTHONPATH" not in recording_env("/r/j", "/w", None, hook=hook, pythonpath="/opt/a")
+
+
+def test_a_containers_copy_of_the_hook_traces_a_process_from_its_start(tmp_path: Path) -> None:
+    """A container holds no envlock: ``run --record`` mounts a copy of the hook's files, and a
+    Python process started with it on ``PYTHONPATH`` traces itself from its first line (a file
+    read before any ``envlock.record`` call is in its trace, which is not ``late``), keeps the
+    rest of its ``PYTHONPATH`` (a module found there), and hands on to the ``sitecustomize``
+    that was there before. Run here from the copy alone, in an interpreter that ignores the
+    user's site-packages."""
+    from envlock.commands._recording import container_hook
+
+    journal = tmp_path / "journal"
+    (journal / "trace").mkdir(parents=True)
+    (source, inside, read_only), hook = container_hook(journal)
+    assert (inside, read_only, hook) == (trace.CONTAINER_DIR, True, trace.CONTAINER_DIR + "/startup")
+    assert sorted(p.relative_to(source).as_posix() for p in Path(source).rglob("*.py")) == [
+        "startup/sitecustomize.py", "trace.py"]
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = '1'\n")
+    (own / "extra.py").write_text("K = 3\n")
+    (tmp_path / "cfg.json").write_text('{"lr": 0.1}')
+    script = ("import json, os, extra\njson.load(open('cfg.json'))\nos.environ.get('LR')\n"
+              "assert os.environ['CHAINED'] == '1' and extra.K == 3\n")
+    env = {"PATH": os.environ.get("PATH", ""), "ENVLOCK_TRACE": str(journal / "trace"),
+           "PYTHONPATH": os.pathsep.join([str(Path(source) / "startup"), str(own)])}
+    done = subprocess.run([sys.executable, "-s", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (journal / "trace").glob("*.json")]
+    assert doc["late"] is False and str(tmp_path / "cfg.json") in doc["read"]
+    assert str(own / "extra.py") in doc["read"] and doc["env"]["LR"] is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -355,6 +356,30 @@ def test_the_mean_of_a_tensor_spans_every_chunk(monkeypatch: pytest.MonkeyPatch)
     t = torch.arange(30, dtype=torch.int32).reshape(5, 6)
     assert recorder.encode("w", t)["mean"] == 14.5
     assert recorder.encode("w", torch.ones(3, dtype=torch.bool))["mean"] == 1.0
+
+
+MEAN_THREADS = """
+import os, torch
+torch.set_num_threads(2)
+from envlock.runtime import recorder
+t = torch.frombuffer(bytearray(4 * 2_000_000), dtype=torch.float32)  # made by no torch kernel
+before = len(os.listdir("/proc/self/task"))
+recorder._tensor_mean(torch, t)
+print(before, len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_the_mean_of_a_large_tensor_starts_no_intra_op_thread() -> None:
+    """The mean runs on the calling thread alone, beside the hash's thread: a chunk at or above
+    torch's parallel grain opened an OpenMP region per op, whose spinning team fought the hash
+    for the cores (a 100 MB ``record()`` took 3.3x sha256 on a loaded machine). The first such
+    region starts the team's threads, which ``/proc/self/task`` shows; a fresh process, so no
+    earlier torch kernel started them."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", MEAN_THREADS], capture_output=True, text=True,
+                          env=env, check=True, timeout=120)
+    before, after = done.stdout.split()
+    assert after == before, done.stdout
 
 
 def test_record_refuses_what_is_not_a_metric_or_a_step(journal: Path) -> None:

@@ -210,6 +210,11 @@ def test_build_converts_marks_and_finds_the_image_again(tmp_path: Path) -> None:
     assert found is not None and found.id == image_id and found.tags == ("envlock/x:abc",)
     assert tagged_image(again, "envlock/x:abc", {"org.envlock.context": "sha256:" + "d" * 64}) is None
     assert tagged_image(again, "envlock/y:abc", labels) is None
+    # The image's variables, which ch-run --set-env reads: a recorded run keeps its PYTHONPATH.
+    (tmp_path / "img" / "ch").mkdir(exist_ok=True)
+    (tmp_path / "img" / "ch" / "environment").write_text("PATH=/usr/bin\nPYTHONPATH=/opt/lib:/x=1\n")
+    info = again.image(image_id)
+    assert info is not None and info.env == {"PATH": "/usr/bin", "PYTHONPATH": "/opt/lib:/x=1"}
 
 
 def test_a_directory_envlock_did_not_make_is_never_replaced(tmp_path: Path) -> None:

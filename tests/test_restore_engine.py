@@ -769,3 +769,21 @@ def test_an_image_gone_from_the_engine_is_exit_3_in_words_never_the_sdks_error()
             call()
         assert exc.value.exit_code == EXIT_ENV and "the engine at fake:// has no image" in str(exc.value)
         assert "DOCKER_CONTEXT" in (exc.value.hint or "")
+
+
+def test_an_images_own_variables_are_read_so_a_run_can_keep_its_pythonpath() -> None:
+    """``run --record`` puts the trace's start-up hook in front of the image's ``PYTHONPATH``
+    (a variable given to a container replaces the image's): the engine reports the image's
+    ``ENV``, a value holding ``=`` whole."""
+    from envlock.commands.run import _pythonpath
+
+    class WithEnv(FakeAPI):
+        def inspect_image(self, ref: str) -> dict[str, Any]:
+            return {"Id": IMAGE_ID, "Config": {"Env": ["PATH=/usr/bin", "PYTHONPATH=/opt/lib:/opt/x=1", "BARE"]}}
+
+    eng = engine(WithEnv())
+    info = eng.image("envlock/x:1")
+    assert info is not None and info.env == {"PATH": "/usr/bin", "PYTHONPATH": "/opt/lib:/opt/x=1"}
+    assert _pythonpath(eng, IMAGE_ID, {}) == "/opt/lib:/opt/x=1"
+    assert _pythonpath(eng, IMAGE_ID, {"PYTHONPATH": "/workspace/src"}) == "/workspace/src"  # -e wins, as in the run
+    assert _pythonpath(engine(FakeAPI()), IMAGE_ID, {}) is None

@@ -129,24 +129,39 @@ def compile_report(run: CompileRun, original: Record | None = None) -> None:
 
 
 def recording_env(journal: str, workspace: str, trace: str | None = None,
-                  hook: bool = False) -> dict[str, str]:
+                  hook: str | None = None, pythonpath: str | None = None) -> dict[str, str]:
     """The variables a recorded command runs with: where ``envlock.record`` writes, and the
     workspace whose files it hashes (``runtime.recorder``); with ``trace``, the directory its
-    processes write their traces to (``probe.trace``), and with ``hook`` the start-up hook
-    prepended to ``PYTHONPATH`` (``probe.trace.hook_dir``), so that every Python process of the run
-    traces itself from its start."""
-    from envlock.probe.trace import HOOK_ENV, TRACE_ENV, hook_dir
+    processes write their traces to (``probe.trace``), and with ``hook`` the start-up hook's
+    directory prepended to ``pythonpath`` (what the command's ``PYTHONPATH`` would otherwise be:
+    this process's on the host, the image's or the one given with ``-e`` in a container), so
+    that every Python process of the run traces itself from its start."""
+    from envlock.probe.trace import HOOK_ENV, TRACE_ENV
     from envlock.runtime.recorder import RECORD_ENV, WORKSPACE_ENV
 
     env = {RECORD_ENV: journal, WORKSPACE_ENV: workspace}
     if trace is not None:
         env[TRACE_ENV] = trace
-    if trace is not None and hook:
-        path = hook_dir()
-        given = os.environ.get("PYTHONPATH")
-        env[HOOK_ENV] = path
-        env["PYTHONPATH"] = path + (os.pathsep + given if given else "")
+    if trace is not None and hook is not None:
+        env[HOOK_ENV] = hook
+        env["PYTHONPATH"] = hook + (os.pathsep + pythonpath if pythonpath else "")
     return env
+
+
+def container_hook(journal: Path) -> tuple[tuple[str, str, bool], str]:
+    """The start-up hook for a container's run: its files copied into the run's journal
+    directory (a private directory the engine can already mount; the installed envlock's own
+    directory may be one it cannot reach) and mounted read-only at ``trace.CONTAINER_DIR``. The
+    image needs no envlock, as restore's check needs none. (the mount, the hook's directory
+    inside)."""
+    from envlock.probe.trace import CONTAINER_DIR, container_hook_dir, hook_files
+
+    root = journal / "probe"
+    for rel, source in hook_files().items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
+    return (str(root), CONTAINER_DIR, True), container_hook_dir()
 
 
 def trace_dir(journal: Path, enabled: bool) -> Path | None:

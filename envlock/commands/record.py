@@ -80,10 +80,12 @@ def run_here(command: list[str], journal: Path, base: Path,
     until then is still written (``finish``)."""
     if not base.is_dir():
         raise UsageError(f"--workspace {base} is not a directory")
+    from envlock.probe.trace import hook_dir
+
     tail = Tail()
     traced = trace_dir(journal, trace)
-    env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base),
-                                         str(traced) if traced else None, hook=True)}
+    env = {**os.environ, **recording_env(str(journal / JOURNAL), str(base), str(traced) if traced else None,
+                                         hook=hook_dir(), pythonpath=os.environ.get("PYTHONPATH"))}
     if compiled is not None:
         from envlock.replay.compilecache import host_python
         from envlock.replay.make import resolve_program

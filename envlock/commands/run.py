@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,6 +116,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
                 return code
             from envlock.commands._recording import (
                 JOURNAL,
+                container_hook,
                 finish,
                 journal_dir,
                 recording_env,
@@ -126,11 +128,15 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
-                # Traced from the first envlock.record() call: the start-up hook is the host's.
                 traced = trace_dir(journal, not args.no_trace)
-                env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None)
-                ropts = replace(copts, env={**copts.env, **env},
-                                mounts=[*copts.mounts, (str(journal), inner, False)], stderr_tail=Tail())
+                mounts = [*copts.mounts, (str(journal), inner, False)]
+                hook = None
+                if traced is not None:  # every Python process traced from its start
+                    mount, hook = container_hook(journal)
+                    mounts.append(mount)
+                env = recording_env(f"{inner}/{JOURNAL}", WORKDIR, f"{inner}/{traced.name}" if traced else None,
+                                    hook=hook, pythonpath=_pythonpath(engine, image_id, copts.env))
+                ropts = replace(copts, env={**copts.env, **env}, mounts=mounts, stderr_tail=Tail())
                 stop: KeyboardInterrupt | None = None
                 try:
                     code = run_in_image(engine, lock, image_id, tag, ropts, python=python,
@@ -147,6 +153,15 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
                                  pack=(args.lock, pack.id) if pack is not None else None)
                 compile_report(compiled, recording.original)
                 return verdict
+
+
+def _pythonpath(engine: ContainerEngine, image_id: str, given: Mapping[str, str]) -> str | None:
+    """The ``PYTHONPATH`` the command would run with in the container: the one given with
+    ``-e``, else the image's own, which the start-up hook is put in front of, never in place of."""
+    if "PYTHONPATH" in given:
+        return given["PYTHONPATH"]
+    info = engine.image(image_id)
+    return info.env.get("PYTHONPATH") if info is not None else None
 
 
 def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | None:

@@ -7,14 +7,15 @@ script reads (``LR``), a checkpoint under ``$TORCH_HOME`` or a module on ``PYTHO
 the workspace were invisible. This module observes them in the recorded process itself:
 
 * files: a PEP 578 audit hook sees the ``open`` event of ``open()``, ``os.open`` and every
-  module source the import system reads (``io.open_code``), with its flags; a path opened for
-  writing is kept apart (the run's own files are no cause), an fd is skipped. Extension modules
+  module source the import system reads (``io.open_code``), with its flags, and the
+  ``sqlite3.connect`` event (sqlite opens its file in C); a path opened for writing is kept apart (the run's own files are no cause), an fd is skipped. Extension modules
   (loaded by ``dlopen``, which raises no event) are taken from ``sys.modules`` at exit;
 * variables: ``os.environ`` becomes an instance of a subclass of its own class whose
   ``__getitem__``/``__contains__``/``get`` note the name (and the value it had when first
-  read), so ``os.getenv``, ``os.environ.get`` and ``os.environ[...]`` are seen; going over the
-  whole environment (``copy()``, ``items()``, ``dict(os.environ)``) reads no variable by name and
-  is not noted;
+  read), so ``os.getenv``, ``os.environ.get``, ``os.environ[...]`` and ``in`` are seen, and
+  ``os.environb`` alike; going over the whole environment (``copy()``, ``items()``,
+  ``dict(os.environ)``) reads no variable by name and is not noted, but a lookup by name in
+  what ``copy()`` gave is;
 * children: the ``subprocess.Popen``, ``os.exec`` and ``os.posix_spawn`` events give the program
   each child runs; a Python child traces itself through the start-up hook
   (``probe/startup/sitecustomize.py``), any other is listed as not traced;
@@ -53,10 +54,31 @@ MODULE = "_envlock_trace"
 
 
 
+# Where a container's run finds the start-up hook: a copy of ``hook_files`` mounted read-only
+# (``commands._recording.container_hook``), at one path in every container, so that the
+# ``PYTHONPATH`` entry it adds is one that ``rules.without_trace_hook`` removes by name.
+CONTAINER_DIR = "/envlock-probe"
+_STARTUP = "startup"
+
+
 def hook_dir() -> str:
     """The directory of the start-up hook (``startup/sitecustomize.py``) envlock prepends to
     ``PYTHONPATH`` of a traced run."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), _STARTUP)
+
+
+def hook_files() -> Dict[str, str]:
+    """What a traced process needs where envlock is not installed (a container's run), by its
+    path under the copy's root: the start-up hook, and this module, which the hook loads by its
+    path beside its own directory (``../trace.py``)."""
+    here = os.path.abspath(__file__)
+    return {os.path.basename(here): here,
+            _STARTUP + "/sitecustomize.py": os.path.join(hook_dir(), "sitecustomize.py")}
+
+
+def container_hook_dir() -> str:
+    """The start-up hook's directory inside a container (``CONTAINER_DIR``)."""
+    return CONTAINER_DIR + "/" + _STARTUP
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -76,6 +98,7 @@ class _Tracer:
         self.written: Set[str] = set()
         self.env: Dict[str, Optional[str]] = {}
         self.spawned: List[str] = []
+        self.databases: Dict[str, Optional[tuple]] = {}  # type: ignore[type-arg]
         self.state: Optional[Dict[str, Any]] = None
         self.paused = 0
         self.cwd = os.getcwd()
@@ -140,8 +163,26 @@ class _Tracer:
                     pass
             elif event == "os.system" and not tracer.paused:
                 spawned.append("/bin/sh")
+            elif event == "sqlite3.connect" and not tracer.paused:
+                tracer._database(args[0] if args else None)
 
         return hook
+
+    def _database(self, database: Any) -> None:
+        """A SQLite database the run connected to (sqlite opens it in C: no ``open`` event), with
+        its stat then: at exit, one whose stat changed is the run's own (a tracking store such as
+        MLflow's or Optuna's, written at every run), one unchanged was read. Never raises."""
+        try:
+            name = os.fsdecode(database)
+            if name.startswith("file:"):  # a URI: file:path?mode=ro
+                name = name[5:].split("?", 1)[0]
+            if not name or name == ":memory:" or name.startswith(":"):
+                return
+            path = name if name[:1] == "/" else os.path.join(self.cwd, name)
+            if path not in self.databases:
+                self.databases[path] = _stat_key(path)
+        except Exception:
+            pass
 
     def _wrap_torch(self) -> None:
         """Wrap ``torch.set_flush_denormal`` once torch has it (its import is under way while
@@ -168,9 +209,14 @@ class _Tracer:
 
     # -- what the process holds --------------------------------------------------------------------
 
-    def note_env(self, name: Any, value: Optional[str]) -> None:
-        if not self.paused and isinstance(name, str) and name not in self.env:
-            self.env[name] = value
+    def note_env(self, name: Any, value: Any) -> None:
+        if self.paused:
+            return
+        if isinstance(name, bytes):  # os.environb, os.getenvb
+            name = os.fsdecode(name)
+            value = os.fsdecode(value) if isinstance(value, bytes) else value
+        if isinstance(name, str) and name not in self.env:
+            self.env[name] = value if value is None or isinstance(value, str) else None
 
     def take_state(self) -> None:
         """The process-wide facts, once: at the first ``envlock.record`` call, else at exit."""
@@ -188,6 +234,8 @@ class _Tracer:
         self.take_state()
         self.paused += 1
         read = set(self.read)
+        for path, then in self.databases.items():
+            (read.add if then is not None and _stat_key(path) == then else self.written.add)(path)
         for module in list(sys.modules.values()):
             found = getattr(module, "__file__", None)
             if isinstance(found, str) and found.endswith((".so", ".pyd")):
@@ -232,6 +280,15 @@ class _Tracer:
                 pass
 
 
+def _stat_key(path: str) -> Optional[tuple]:  # type: ignore[type-arg]
+    """What tells a changed file: size, mtime and inode; None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def _finalize_at_exit(tracer: _Tracer) -> None:
     import multiprocessing.util
 
@@ -273,8 +330,111 @@ def _ranges(cpus: List[int]) -> str:
     return ",".join(parts)
 
 
+def _copy_class(tracer: _Tracer) -> type:
+    """What ``os.environ.copy()`` gives: a ``dict`` whose lookups by name note the variable, as
+    ``os.environ``'s do (``env = os.environ.copy()``, then ``env.get("LR")``), unless the run
+    set or removed that key in its copy itself. Handing it whole to a child (``subprocess``
+    goes over ``items()``) or ``dict(copy)`` reads no variable by name."""
+
+    class TracedCopy(dict):  # type: ignore[type-arg]
+        _own: Optional[Set[Any]] = None
+        # Going over the copy reads no variable by name: the key iteration just gave
+        # (``for key in saved: environ[key] = saved[key]``, which is how ``os.environ.update(saved)``
+        # and ``mock.patch.dict`` put a saved environment back), and the keys ``keys()`` gave,
+        # looked up in order (``dict(saved)``, ``{**saved}``), are passed over.
+        _passing: Any = None
+        _bulk: Optional[List[Any]] = None
+        _at = 0
+
+        def _mine(self, key: Any) -> None:
+            if self._own is None:
+                self._own = set()
+            self._own.add(key)
+
+        def _note(self, key: Any, value: Optional[str]) -> None:
+            if self._own is None or key not in self._own:
+                tracer.note_env(key, value)
+
+        def _going_over(self, key: Any) -> bool:
+            if self._passing is not None and self._passing == key:
+                self._passing = None
+                return True
+            bulk = self._bulk
+            if bulk is not None:
+                if self._at < len(bulk) and bulk[self._at] == key:
+                    self._at += 1
+                    return True
+                self._bulk = None
+            return False
+
+        def __iter__(self) -> Any:
+            for key in dict.__iter__(self):
+                self._passing = key
+                yield key
+            self._passing = None
+
+        def keys(self) -> Any:
+            self._bulk, self._at = list(dict.keys(self)), 0
+            return dict.keys(self)
+
+        def __getitem__(self, key: Any) -> Any:
+            try:
+                value = dict.__getitem__(self, key)
+            except KeyError:
+                self._note(key, None)
+                raise
+            if not self._going_over(key):
+                self._note(key, value)
+            return value
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            try:
+                return self[key]
+            except KeyError:
+                return default
+
+        def __contains__(self, key: Any) -> bool:
+            found = dict.__contains__(self, key)
+            self._note(key, dict.__getitem__(self, key) if found else None)
+            return found
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            self._mine(key)
+            dict.__setitem__(self, key, value)
+
+        def __delitem__(self, key: Any) -> None:
+            self._mine(key)
+            dict.__delitem__(self, key)
+
+        def pop(self, key: Any, *default: Any) -> Any:
+            self._mine(key)
+            return dict.pop(self, key, *default)
+
+        def setdefault(self, key: Any, default: Any = None) -> Any:
+            self._mine(key)
+            return dict.setdefault(self, key, default)
+
+        def update(self, *args: Any, **kwargs: Any) -> None:
+            for key in dict(*args, **kwargs):
+                self._mine(key)
+            dict.update(self, *args, **kwargs)
+
+        def __reduce__(self) -> Any:
+            # A plain dict to pickle (a spawned process's arguments) and deepcopy: this class
+            # is local to the tracer, which the other side may not have.
+            return (dict, (dict(self),))
+
+        def copy(self) -> Any:
+            twin = TracedCopy(self)
+            twin._own = set(self._own) if self._own is not None else None
+            return twin
+
+    return TracedCopy
+
+
 def _environ_class(base: type, tracer: _Tracer) -> type:
     """A subclass of ``os.environ``'s class that notes each name read."""
+    traced_copy = _copy_class(tracer)
 
     class TracedEnviron(base):  # type: ignore[misc]
         def __getitem__(self, key: Any) -> Any:
@@ -312,8 +472,9 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
         # Going over the whole environment (``os.environ.copy()`` or ``{**os.environ, ...}``
         # to start a child with one more variable, ``dict(os.environ)``, ``.items()``) is no
         # read of each variable: every variable of the shell would be a cause. Only a lookup
-        # by name is. ``dict()`` and ``**`` call ``keys()``, then look each key up in order:
-        # those lookups are passed over (``bulk``).
+        # by name is, on ``os.environ`` or on its ``copy()`` (``_copy_class``). ``dict()`` and
+        # ``**`` call ``keys()``, then look each key up in order: those lookups are passed over
+        # (``bulk``).
         def _snapshot(self) -> Dict[str, str]:
             decodekey, decodevalue = self.decodekey, self.decodevalue
             return {decodekey(k): decodevalue(v) for k, v in self._data.items()}
@@ -323,8 +484,23 @@ def _environ_class(base: type, tracer: _Tracer) -> type:
             tracer.bulk_at = 0
             return super().keys()
 
-        def copy(self) -> Dict[str, str]:
-            return self._snapshot()
+        def copy(self) -> Any:
+            return traced_copy(self._snapshot())
+
+        # ``MutableMapping.clear`` pops item by item, and ``popitem`` looks each key up: emptying
+        # the environment (to put a saved one back, as ``mock.patch.dict`` does) read every
+        # variable of the shell, each then a cause.
+        def popitem(self) -> Any:
+            for key in self._data:
+                name = self.decodekey(key)
+                value = self.decodevalue(self._data[key])
+                super().__delitem__(name)
+                return name, value
+            raise KeyError("popitem(): the environment is empty")
+
+        def clear(self) -> None:
+            for key in [self.decodekey(k) for k in self._data]:
+                super().__delitem__(key)
 
         def items(self) -> Any:
             return self._snapshot().items()
@@ -358,10 +534,13 @@ def start(directory: Optional[str] = None, late: bool = False) -> Optional[_Trac
         return None
     tracer = _Tracer(directory, late)
     sys.modules[MODULE] = sys.modules[__name__]
-    try:
-        os.environ.__class__ = _environ_class(type(os.environ), tracer)
-    except TypeError:
-        pass  # an environ replaced by something else: its reads are not seen
+    for environ in (os.environ, getattr(os, "environb", None)):  # environb: os.getenvb
+        if environ is None:
+            continue
+        try:
+            environ.__class__ = _environ_class(type(environ), tracer)
+        except TypeError:
+            pass  # an environ replaced by something else: its reads are not seen
     sys.addaudithook(tracer.make_hook())
     atexit.register(tracer.write)
     if hasattr(os, "register_at_fork"):

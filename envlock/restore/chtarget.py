@@ -277,10 +277,19 @@ class CharliecloudEngine(ContainerEngine):
     def image(self, ref: str) -> ImageInfo | None:
         marker = self._marker
         if marker is not None and ref in (marker.id, marker.tag, str(self.dest)):
-            return ImageInfo(id=marker.id, tags=(marker.tag,), labels=dict(marker.labels))
+            return ImageInfo(id=marker.id, tags=(marker.tag,), labels=dict(marker.labels), env=self._image_env())
         if ref in self.stored():
             return ImageInfo(id=ref, tags=(ref,))
         return None
+
+    def _image_env(self) -> dict[str, str]:
+        """The directory image's variables, which ``ch-run --set-env`` reads from its
+        ``ch/environment`` (one ``NAME=VALUE`` a line)."""
+        try:
+            text = (self.dest / "ch" / "environment").read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            return {}
+        return {name: value for name, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
 
     def pull(self, ref: str) -> ImageInfo:
         raise ImageNotFound(f"{ref} is not in Charliecloud's storage, and envlock pulls nothing for it",

@@ -256,11 +256,13 @@ class DockerEngine(ContainerEngine):
     # images
 
     def _info(self, raw: Mapping[str, Any]) -> ImageInfo:
-        labels = (raw.get("Config") or {}).get("Labels") or raw.get("Labels") or {}
+        config = raw.get("Config") or {}
+        labels = config.get("Labels") or raw.get("Labels") or {}
+        env = {name: value for name, sep, value in (str(e).partition("=") for e in config.get("Env") or ()) if sep}
         return ImageInfo(id=str(raw["Id"]) if str(raw["Id"]).startswith("sha256:") else "sha256:" + str(raw["Id"]),
                          repo_digests=tuple(raw.get("RepoDigests") or ()),
                          tags=tuple(raw.get("RepoTags") or ()), labels=dict(labels),
-                         size=raw.get("Size"))
+                         size=raw.get("Size"), env=env)
 
     @_answered
     def image(self, ref: str) -> ImageInfo | None:

@@ -34,6 +34,9 @@ class ImageInfo:
     tags: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     size: int | None = None
+    # The image's own variables (its ``ENV``), which a container starts with: what a variable
+    # envlock adds to a run (``PYTHONPATH``) must keep.
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def repo_digest(self, wanted_repo: str | None = None, *, pullable: bool = False) -> str | None:
         """The first ``repo@sha256:...`` the engine lists for this image (of ``wanted_repo`` when

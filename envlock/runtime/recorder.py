@@ -103,27 +103,34 @@ def _element_bytes(t: Any) -> memoryview:
 # starting a thread costs more than the overlap saves.
 _HASH_BESIDE = 1 << 20
 
-# Elements converted to float64 at a time for the mean: a buffer this size is reused, where
-# ``t.double()`` allocated (and faulted in) eight bytes per element, which cost twice the hash.
-_MEAN_CHUNK = 1 << 20
+# Elements converted to float64 at a time for the mean, into one reused buffer (``t.double()``
+# allocated and faulted in eight bytes per element, which cost twice the hash). Below torch's
+# parallel grain (``at::internal::GRAIN_SIZE``, 32768 elements) a CPU kernel runs on the calling
+# thread and opens no OpenMP region: with 1 Mi-element chunks each of the two ops per chunk
+# started the intra-op team, whose threads spin at a barrier, so on a loaded machine the mean
+# waited on descheduled threads and fought the hash for its core (a 100 MB record() took 3.3x
+# sha256). One element under the grain: torch versions differ in whether the grain itself splits.
+_MEAN_CHUNK = (1 << 15) - 1
 
 
 def _tensor_mean(torch: Any, t: Any) -> float:
-    """The mean of a contiguous real tensor, accumulated in float64 a chunk at a time.
+    """The mean of a contiguous real tensor, accumulated in float64 a chunk at a time, on this
+    thread alone (``_MEAN_CHUNK``), while the hash runs on another.
 
     The mean serves a comparison within a tolerance only (bit-identity is the sha256), so the
     order of the float64 additions (per chunk, then the chunks' sums) may differ from a
     whole-tensor reduction in the last bits without changing what a replay finds.
     """
     flat = t.reshape(-1)
-    buf = torch.empty(min(flat.numel(), _MEAN_CHUNK), dtype=torch.float64)
-    total = 0.0
-    for start in range(0, flat.numel(), _MEAN_CHUNK):
+    n = int(flat.numel())
+    buf = torch.empty(min(n, _MEAN_CHUNK), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64)
+    for start in range(0, n, _MEAN_CHUNK):
         part = flat[start:start + _MEAN_CHUNK]
         chunk = buf[:part.numel()]
         chunk.copy_(part)
-        total += float(chunk.sum())
-    return total / int(flat.numel())
+        total += chunk.sum()
+    return float(total) / n
 
 
 def _digest(digest: Any, dtype: str, shape: list[int], mean: float | None) -> dict[str, Any]:
