@@ -272,30 +272,41 @@ def test_a_checkpoint_and_flush_denormal_are_named(tmp_path: Path, monkeypatch: 
             "ranks": []} in doc["context"]
 
 
-def test_the_hook_costs_little_per_open(tmp_path: Path) -> None:
-    """The audit hook on every open: measured against the same opens untraced, in one child."""
+def test_the_hook_defers_every_stat_and_hash_to_the_end_of_the_run(tmp_path: Path) -> None:
+    """The audit hook runs on every open of the traced process, so what it does there is its
+    cost: it notes the path in a set and nothing more. Every stat, hash and read of a noted
+    file waits for the end of the run, once per path however often it was opened (counted
+    here on the functions that do them). The wall-clock figure is the benchmark's
+    (benchmarks/trace.py), never a test's."""
     code = f"""
-import os, sys, time
+import hashlib, os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-p = {str(tmp_path / 'f.txt')!r}
-open(p, 'w').write('x')
-def opens():
-    t = time.perf_counter()
-    for _ in range(20000):
-        with open(p) as fh:
+paths = [os.path.join({str(tmp_path)!r}, f'f{{i}}.txt') for i in range(3)]
+for p in paths:
+    open(p, 'w').write('x')
+counts = {{}}
+def counted(mod, name):
+    real = getattr(mod, name)
+    def wrapper(*a, **k):
+        counts[name] = counts.get(name, 0) + 1
+        return real(*a, **k)
+    setattr(mod, name, wrapper)
+for name in ('stat', 'lstat', 'fstat', 'open', 'scandir', 'listdir'):
+    counted(os, name)
+for name in ('sha256', 'new', 'file_digest'):
+    if hasattr(hashlib, name):
+        counted(hashlib, name)
+from envlock.probe import trace  # after: an alias it takes at import is a counted one
+tracer = trace.start({str(tmp_path)!r})
+counts.clear()
+for _ in range(200):
+    for p in paths:
+        with open(p, 'rb') as fh:
             fh.read()
-    return time.perf_counter() - t
-base = min(opens() for _ in range(3))
-from envlock.probe import trace
-trace.start({str(tmp_path)!r})
-traced = min(opens() for _ in range(3))
-print(base, traced)
+print(sum(counts.values()), sorted(set(tracer.read) & set(paths)) == sorted(paths))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    base, traced = map(float, out.split())
-    # An open() costs tens of microseconds here; the hook adds a set insertion (the bound is loose:
-    # the machine is shared, and the figure is the benchmark's, benchmarks/trace.py).
-    assert (traced - base) / 20000 < 10e-6, (base, traced)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "True"], out
 
 
 WORKERS = """
