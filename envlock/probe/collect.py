@@ -27,7 +27,7 @@ from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
 from .native import collect_runtimes, loaded_libraries
-from .packages import RecordReader, collect_conda, collect_packages
+from .packages import RecordReader, collect_conda, collect_packages, virtual_packages
 from .procs import run_tool
 from .requires import derive as derive_requires
 from .requires import wheel_glibc
@@ -223,6 +223,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         compiled = guard("compile", lambda: collect_compile(doc["packages"]))
         if compiled is not None:
             doc["compile"] = compiled
+    if "conda" in doc:
+        doc["conda"]["virtual_packages"] = guard("conda", lambda: virtual_packages(
+            doc.get("platform"), doc.get("gpu"))) or []
     requires = guard("requires", lambda: derive_requires(
         doc.get("torch"), wheel_glibc(deep_locations, libraries_of)))
     if requires:

@@ -1,0 +1,124 @@
+"""conda environments: capture with hashes, verify and diff, on a prefix of hand-built packages
+(tests/condapkgs.py) installed by py-rattler."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_lock, run_cli
+
+from envlock.drift.compare import compare
+from envlock.lock import load
+from envlock.probe import packages
+
+
+def _capture(prefix: Path, out: Path) -> dict[str, Any]:
+    res = run_cli("capture", "--python", str(prefix / "bin" / "python"), "--no-torch", "-o", str(out),
+                  cwd=out.parent)
+    assert res.returncode == 0, res.stderr
+    return load(out).model_dump(mode="json", exclude_none=True)
+
+
+def _copy_prefix(conda_channel: Any, tmp_path: Path) -> Path:
+    """A prefix of its own for a test that changes it (the session's is shared). Its files
+    still name the original prefix, which no capture reads."""
+    prefix = tmp_path / "env"
+    shutil.copytree(conda_channel.prefix, prefix, symlinks=True)
+    return prefix
+
+
+@pytest.mark.slow
+def test_an_unchanged_conda_env_verifies(conda_channel: Any, tmp_path: Path) -> None:
+    """Every conda record with its archive's identity; the noarch python package conda installed
+    is a package of source "conda" (once [[unreadable]]: verify exited 1 on every conda env)."""
+    lock = _capture(conda_channel.prefix, tmp_path / "env.lock")
+    assert not lock.get("unreadable"), lock["unreadable"]
+    conda = {p["name"]: p for p in lock["conda"]["packages"]}
+    assert sorted(conda) == ["foopy", "footool", "libfoo", "python"]
+    built = {b.name: b for b in conda_channel.packages}
+    for name, pkg in conda.items():
+        meta = json.loads(next((conda_channel.prefix / "conda-meta").glob(f"{name}-*.json")).read_text())
+        assert pkg["sha256"] == meta["sha256"] == packages_sha256(built[name].path)
+        assert pkg["md5"] == meta["md5"] and pkg["size"] == built[name].path.stat().st_size
+        assert pkg["fn"] == built[name].path.name and pkg["url"] == built[name].path.as_uri()
+        assert pkg["subdir"] == built[name].path.parent.name and pkg["build_number"] == 0
+    assert conda["footool"]["depends"] == ["libfoo 1.0.*"] and conda["footool"]["requested_specs"] == ["footool"]
+    assert conda["foopy"]["noarch"] == "python" and "requested_specs" not in conda["libfoo"]
+    foopy = next(p for p in lock["packages"] if p["name"] == "foopy")
+    assert foopy["source"] == "conda" and foopy["installer"] == "conda"
+    virtual = {v["name"]: v for v in lock["conda"]["virtual_packages"]}
+    assert {"__unix", "__linux", "__glibc", "__archspec"} <= set(virtual)
+    res = run_cli("verify", "--python", str(conda_channel.prefix / "bin" / "python"), "env.lock",
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def packages_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_a_rebuilt_conda_package_is_drift(conda_channel: Any, tmp_path: Path) -> None:
+    """The same name, version and build from another archive is another binary: verify exits
+    1 and names the package (it was a warning printing ``channel//h0_0``)."""
+    prefix = _copy_prefix(conda_channel, tmp_path)
+    _capture(prefix, tmp_path / "env.lock")
+    record = next((prefix / "conda-meta").glob("libfoo-*.json"))
+    meta = json.loads(record.read_text())
+    meta["sha256"] = "0" * 64
+    record.write_text(json.dumps(meta))
+    res = run_cli("verify", "--python", str(prefix / "bin" / "python"), "env.lock", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "libfoo 1.0 h0_0: same version and build, another archive" in res.stdout
+
+
+def _conda_lock(**pkg: Any) -> Any:
+    base = {"name": "libfoo", "version": "1.0", "build": "h0_0", "channel": "file:///c/"}
+    return make_lock(conda={"packages": [{**base, **pkg}]})
+
+
+def test_conda_differences_and_their_weight() -> None:
+    """Build string and archive hash are breaking; the channel alone is a warning without
+    hashes to tell the archives apart and info for the same archive; no ``channel//build``."""
+    a = _conda_lock(sha256="a" * 64)
+    for changed, path, severity in (
+            (_conda_lock(sha256="b" * 64), "conda.libfoo.sha256", "breaking"),
+            (_conda_lock(build="h1_0", sha256="a" * 64), "conda.libfoo.build", "breaking"),
+            (_conda_lock(channel="file:///d/", sha256="a" * 64), "conda.libfoo.channel", "info")):
+        [diff] = compare(a, changed).differences
+        assert (diff.path, diff.severity) == (path, severity)
+        assert "//" not in diff.message.replace("file:///", "")
+    [diff] = compare(_conda_lock(), _conda_lock(channel="file:///d/")).differences
+    assert diff.severity == "warning"
+
+
+def test_conda_record_fields() -> None:
+    """conda's own spelling (requested_spec, the old noarch table, credentials in the url) is
+    read into the lock's; a value of the wrong type is left out rather than failing the
+    record."""
+    entry = packages.conda_record({
+        "name": "numpy", "version": "1.26.4", "build": "py311_0", "build_number": "7",
+        "channel": "https://user:pw@conda.example/main", "subdir": "linux-64",
+        "url": "https://user:pw@conda.example/main/linux-64/numpy-1.26.4-py311_0.conda",
+        "md5": "c" * 32, "sha256": "d" * 64, "size": 10, "depends": ["python >=3.11"],
+        "noarch": {"type": "python"}, "requested_spec": "numpy=1.26"})
+    assert entry == {
+        "name": "numpy", "version": "1.26.4", "build": "py311_0", "channel": "https://conda.example/main",
+        "subdir": "linux-64", "fn": "numpy-1.26.4-py311_0.conda",
+        "url": "https://conda.example/main/linux-64/numpy-1.26.4-py311_0.conda", "md5": "c" * 32,
+        "sha256": "d" * 64, "size": 10, "depends": ["python >=3.11"], "noarch": "python",
+        "requested_specs": ["numpy=1.26"]}
+
+
+def test_archspec_levels() -> None:
+    v3 = ["cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"]
+    assert packages.archspec("x86_64", v3) == "x86_64_v3"
+    assert packages.archspec("x86_64", v3[:6]) == "x86_64_v2"
+    assert packages.archspec("x86_64", []) == "x86_64"
+    assert packages.archspec("aarch64", None) == "aarch64"
