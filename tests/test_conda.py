@@ -122,3 +122,22 @@ def test_archspec_levels() -> None:
     assert packages.archspec("x86_64", v3[:6]) == "x86_64_v2"
     assert packages.archspec("x86_64", []) == "x86_64"
     assert packages.archspec("aarch64", None) == "aarch64"
+
+
+@pytest.mark.slow
+def test_verify_deep_checks_conda_files(conda_channel: Any, tmp_path: Path) -> None:
+    """``verify --deep`` hashes every file a conda record lists: a text file whose placeholder
+    the installer replaced against ``sha256_in_prefix``, a binary against the archive's
+    ``sha256``; an unchanged prefix passes, an edited or removed file is named."""
+    prefix = _copy_prefix(conda_channel, tmp_path)
+    python = str(prefix / "bin" / "python")
+    _capture(prefix, tmp_path / "env.lock")
+    res = run_cli("verify", "--deep", "--python", python, "env.lock", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    config = prefix / "bin" / "foo-config"
+    config.write_text(config.read_text().replace("echo", "echo edited"))
+    (prefix / "bin" / "footool").unlink()
+    res = run_cli("verify", "--deep", "--python", python, "env.lock", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "conda:libfoo: modified: bin/foo-config" in res.stdout
+    assert "conda:footool: missing: bin/footool" in res.stdout
