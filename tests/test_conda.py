@@ -141,3 +141,122 @@ def test_verify_deep_checks_conda_files(conda_channel: Any, tmp_path: Path) -> N
     assert res.returncode == 1, res.stdout + res.stderr
     assert "conda:libfoo: modified: bin/foo-config" in res.stdout
     assert "conda:footool: missing: bin/footool" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def conda_lock_file(conda_channel: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lock of the session's conda prefix, captured once for the export tests."""
+    out = tmp_path_factory.mktemp("conda-lock") / "env.lock"
+    _capture(conda_channel.prefix, out)
+    return out
+
+
+def _install(records: list[Any], prefix: Path, cache: Path) -> None:
+    import asyncio
+
+    from rattler import install
+
+    asyncio.run(install(records, target_prefix=str(prefix.resolve()), cache_dir=cache, show_progress=False))
+
+
+def _export(lock: Path, fmt: str, *extra: str) -> str:
+    res = run_cli("export", str(lock), "--to", fmt, *extra, cwd=lock.parent)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.slow
+def test_export_conda_explicit_installs_the_same_archives(conda_channel: Any, conda_lock_file: Path,
+                                                          tmp_path: Path) -> None:
+    """``@EXPLICIT`` lines name each archive with its sha256 (``--md5``: its md5); installed
+    from them by py-rattler (the archive fetched from the line's url and checked against the
+    line's hash), the prefix verifies against the lock."""
+    import asyncio
+    import hashlib
+    from urllib.parse import urlsplit
+
+    from rattler import RepoDataRecord
+
+    text = _export(conda_lock_file, "conda-explicit")
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0] == "@EXPLICIT" and len(lines) == 1 + len(conda_channel.packages)
+    records = []
+    for line in lines[1:]:
+        url, _, digest = line.partition("#sha256:")
+        archive = Path(urlsplit(url).path)
+        assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
+        records.append(asyncio.run(RepoDataRecord.from_package_archive(archive)))
+    _install(records, tmp_path / "env", tmp_path / "pkgs")
+    assert sorted(r.name.normalized for r in records) == sorted(b.name for b in conda_channel.packages)
+    md5_lines = [ln for ln in _export(conda_lock_file, "conda-explicit", "--md5").splitlines()
+                 if "#" in ln and not ln.startswith("#")]
+    for ln in md5_lines:
+        url, _, digest = ln.partition("#")
+        assert hashlib.md5(Path(urlsplit(url).path).read_bytes()).hexdigest() == digest
+    python = tmp_path / "env" / "bin" / "python"
+    res = run_cli("verify", "--python", str(python), str(conda_lock_file), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_export_conda_lock_reads_back_with_conda_lock(conda_channel: Any, conda_lock_file: Path,
+                                                      tmp_path: Path) -> None:
+    """conda-lock's own parser reads the file (version 1) and ``conda-lock render``'s function
+    renders it as an explicit file with every archive."""
+    import warnings
+
+    with warnings.catch_warnings():  # conda-lock's vendored conda warns of its own deprecations
+        warnings.simplefilter("ignore")
+        from conda_lock.conda_lock import render_lockfile_for_platform
+        from conda_lock.lockfile import parse_conda_lock_file
+
+    path = tmp_path / "conda-lock.yml"
+    path.write_text(_export(conda_lock_file, "conda-lock"))
+    parsed = parse_conda_lock_file(path)
+    by_name = {p.name: p for p in parsed.package}
+    assert sorted(by_name) == sorted(b.name for b in conda_channel.packages)
+    for built in conda_channel.packages:
+        pkg = by_name[built.name]
+        assert pkg.url == built.path.as_uri() and pkg.version == built.version
+        assert pkg.hash.sha256 == packages_sha256(built.path) and pkg.manager == "conda"
+    assert by_name["footool"].dependencies == {"libfoo": "1.0.*"}
+    assert parsed.metadata.platforms == ["linux-64"]
+    explicit = render_lockfile_for_platform(lockfile=parsed, include_dev_dependencies=False, extras=None,
+                                            kind="explicit", platform="linux-64")
+    assert "@EXPLICIT" in explicit
+    assert sorted(ln.partition("#")[0] for ln in explicit if ln.startswith("file:")) == sorted(
+        b.path.as_uri() for b in conda_channel.packages)
+
+
+@pytest.mark.slow
+def test_export_pixi_reads_back_with_rattler(conda_channel: Any, conda_lock_file: Path, tmp_path: Path) -> None:
+    """py-rattler's LockFile reads pixi.lock back; its records install a prefix that verifies."""
+    from rattler import LockFile
+
+    path = tmp_path / "pixi.lock"
+    path.write_text(_export(conda_lock_file, "pixi"))
+    env = LockFile.from_path(path).default_environment()
+    assert env is not None
+    [platform] = env.platforms()
+    records = env.conda_repodata_records_for_platform(platform)
+    assert records is not None
+    assert sorted(r.name.normalized for r in records) == sorted(b.name for b in conda_channel.packages)
+    assert {r.file_name: (r.sha256 or b"").hex() for r in records} == {
+        b.path.name: packages_sha256(b.path) for b in conda_channel.packages}
+    _install(records, tmp_path / "env", tmp_path / "pkgs")
+    res = run_cli("verify", "--python", str(tmp_path / "env" / "bin" / "python"), str(conda_lock_file),
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_conda_exports_refuse_a_lock_without_archives(tmp_path: Path) -> None:
+    """A lock captured before envlock recorded archives is refused by name, not written with
+    holes; a lock with no conda packages says so."""
+    old = tmp_path / "old.lock"
+    _conda_lock().save(old)
+    res = run_cli("export", str(old), "--to", "conda-explicit", cwd=tmp_path)
+    assert res.returncode == 2 and "libfoo has no url or sha256 in the lock" in res.stderr
+    plain = tmp_path / "plain.lock"
+    make_lock().save(plain)
+    res = run_cli("export", str(plain), "--to", "conda-lock", cwd=tmp_path)
+    assert res.returncode == 2 and "no conda packages" in res.stderr

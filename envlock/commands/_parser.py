@@ -18,7 +18,8 @@ from typing import Any, NoReturn, TypeAlias
 from envlock._version import __version__
 
 FORMATS = ("text", "json", "markdown")
-EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
+EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm",
+                  "conda-explicit", "conda-lock", "pixi")
 
 _LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
               "repository root)")
@@ -453,7 +454,8 @@ def _canary(sub: Subparsers) -> None:
 
 def _export(sub: Subparsers) -> None:
     p = sub.add_parser("export", help="write the lock in a format other tools read "
-                                      "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs)")
+                                      "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs, "
+                                      "conda explicit, conda-lock, pixi)")
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="output format")
     p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file is "
@@ -471,6 +473,8 @@ def _export(sub: Subparsers) -> None:
     g.add_argument("--refresh", action="store_true", help="refetch index pages even when cached")
     g.add_argument("--hashes", action="store_true",
                    help="cyclonedx: also resolve and list each package's artifact hashes")
+    g.add_argument("--md5", action="store_true",
+                   help="conda-explicit: url#md5 lines, for conda before sha256 ones")
     g = p.add_argument_group("images and jobs (intoto, apptainer, k8s, slurm)")
     g.add_argument("--image", metavar="REF@sha256:...",
                    help="the image by digest (default: the lock's own image, when it has a digest)")
