@@ -260,3 +260,74 @@ def test_conda_exports_refuse_a_lock_without_archives(tmp_path: Path) -> None:
     make_lock().save(plain)
     res = run_cli("export", str(plain), "--to", "conda-lock", cwd=tmp_path)
     assert res.returncode == 2 and "no conda packages" in res.stderr
+
+
+def _offline(argv: list[str]) -> list[str]:
+    """``argv`` in a network namespace of its own (no network at all), as root with util-linux's
+    unshare; scripts/test.sh runs as root, and a machine without it fails the test."""
+    unshare = shutil.which("unshare")
+    assert unshare is not None, "unshare (util-linux) is needed to restore with the network off"
+    return [unshare, "-n", *argv]
+
+
+@pytest.mark.slow
+def test_pack_and_restore_a_conda_prefix_offline(conda_channel: Any, conda_lock_file: Path,
+                                                 tmp_path: Path) -> None:
+    """pack lays the archives out as an indexed channel (each proven by its sha256, all in
+    SHA256SUMS) with py-rattler's wheel; restore --target prefix installs the locked records
+    with the network off and no solving, verifies the prefix (exit 0), and its python and
+    binaries run from where they were installed."""
+    import subprocess
+    import sys
+
+    from envlock.restore.packdir import check_sums
+
+    pack = tmp_path / "pack"
+    res = run_cli("pack", str(conda_lock_file), "-o", str(pack), "--no-image", "--no-download", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "4 conda archives" in res.stdout and "--target prefix DIR" in res.stdout
+    sums = check_sums(pack)
+    for built in conda_channel.packages:
+        rel = f"conda/{built.path.parent.name}/{built.path.name}"
+        assert sums[rel] == packages_sha256(built.path)
+    assert any(rel.startswith("wheels/py_rattler-0.28.0-") for rel in sums)
+    assert "conda/noarch/repodata.json" in sums and "conda/linux-64/repodata.json" in sums
+    dest = tmp_path / "restored"
+    proc = subprocess.run(_offline([sys.executable, "-m", "envlock", "restore", "pack", "--target",
+                                    "prefix", "restored"]),
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: the environment matches the lock" in proc.stdout, proc.stdout
+    out = subprocess.run([str(dest / "bin" / "python"), "-c", "import sys, foopy; print(sys.prefix)"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == str(dest)
+    tool = subprocess.run([str(dest / "bin" / "footool")], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+    assert tool.strip() == f"footool {dest}/share/foo"
+    res = run_cli("verify", "--python", str(dest / "bin" / "python"), str(conda_lock_file), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_restore_refuses_a_tampered_missing_or_extra_archive(conda_channel: Any, conda_lock_file: Path,
+                                                             tmp_path: Path) -> None:
+    """envlock checks every archive against the lock (py-rattler does not check file: ones):
+    a changed, missing or extra archive is refused by name and no prefix is left behind."""
+    from envlock.lock import load
+    from envlock.restore.condatarget import restore_prefix
+
+    lock = load(conda_lock_file)
+    channel = tmp_path / "channel"
+    shutil.copytree(conda_channel.dir, channel)
+    libfoo = channel / "linux-64" / "libfoo-1.0-h0_0.tar.bz2"
+    libfoo.write_bytes(libfoo.read_bytes() + b"\0")
+    (channel / "noarch" / "foopy-0.1-pyh0_0.tar.bz2").unlink()
+    (channel / "noarch" / "extra-1.0-0.tar.bz2").write_bytes(b"x")
+    dest = tmp_path / "prefix"
+    with pytest.raises(Exception) as refused:
+        restore_prefix(lock, channel, dest, verify=False)
+    message = str(refused.value)
+    assert "missing: noarch/foopy-0.1-pyh0_0.tar.bz2" in message
+    assert "sha256 differs): linux-64/libfoo-1.0-h0_0.tar.bz2" in message
+    assert "not in the lock: noarch/extra-1.0-0.tar.bz2" in message
+    assert not dest.exists()

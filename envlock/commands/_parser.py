@@ -227,6 +227,8 @@ def _restore(sub: Subparsers) -> None:
     p.add_argument("--target", nargs="+", metavar="KIND [DIR]", default=["image"],
                    help="image (default): a container image; venv DIR: a plain virtual environment "
                         "on this host from the pack's (or --wheelhouse's) wheels, verified in place; "
+                        "prefix DIR: a conda lock's prefix from the pack's conda channel (py-rattler, "
+                        "no solving), verified in place; "
                         "charliecloud [DIR]: built by ch-image from the same Dockerfile (base from "
                         "the pack's OCI archive or --base ROOTFS.tar|DIR), a directory image at DIR "
                         "(default under envlock's cache), verified inside with ch-run")

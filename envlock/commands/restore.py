@@ -119,8 +119,10 @@ def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
         return kind, Path(rest[0])
     if kind == "charliecloud" and len(rest) <= 1:
         return kind, Path(rest[0]) if rest else None
-    raise UsageError(f"--target {' '.join(args.target)}: expected `image`, `venv DIR` or "
-                     "`charliecloud [DIR]`")
+    if kind == "prefix" and len(rest) == 1:
+        return kind, Path(rest[0])
+    raise UsageError(f"--target {' '.join(args.target)}: expected `image`, `venv DIR`, "
+                     "`prefix DIR` or `charliecloud [DIR]`")
 
 
 def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
@@ -165,6 +167,8 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)
+    if kind == "prefix":
+        return _prefix(args, lock_path, pack, venv_dir)
     if kind == "charliecloud":
         return _charliecloud(args, lock_path, pack, venv_dir)
     if args.dockerfile_only:
@@ -247,6 +251,30 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
         raise UsageError("--target venv installs offline: give a pack or --wheelhouse DIR")
     result = restore_venv(lock, wheels, directory, opts, verify=not args.no_verify, say=say)
     sys.stdout.write(f"venv {result.directory} ({result.installer}): installed in {result.seconds:.1f}s\n")
+    if result.comparison is None:
+        return EXIT_OK
+    sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
+                                 show_info=args.all, restored=True))
+    return EXIT_OK if result.comparison.ok else EXIT_DRIFT
+
+
+def _prefix(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
+    """``--target prefix DIR``: a conda lock's prefix on this host from the pack's channel, with
+    no solving, verified in place (``envlock.restore.condatarget``)."""
+    from envlock.lock import load
+    from envlock.report.render import verify_text
+    from envlock.restore.condatarget import restore_prefix
+
+    assert directory is not None
+    lock = load(lock_path)
+    channel = pack.conda_channel if pack else None
+    if channel is None:
+        raise UsageError("--target prefix installs a conda lock offline from its pack: give a pack "
+                         "made by `envlock pack` from a conda environment's lock")
+    result = restore_prefix(lock, channel, directory, pack_wheels=pack.wheels if pack else None,
+                            verify=not args.no_verify, say=say)
+    sys.stdout.write(f"prefix {result.directory} (py-rattler, {result.packages} conda packages): "
+                     f"installed in {result.seconds:.1f}s\n")
     if result.comparison is None:
         return EXIT_OK
     sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",

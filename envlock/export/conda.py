@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from envlock.errors import MissingExtra, UsageError
-from envlock.text.terminal import first
+from envlock.errors import UsageError
+from envlock.restore.condatarget import conda_packages as packages
+from envlock.restore.condatarget import rattler_module, repodata_records
 
 if TYPE_CHECKING:
     from envlock.lock import CondaPackage, Lock
@@ -39,22 +40,6 @@ def subdir(lock: Lock) -> str:
     if found is None:
         raise UsageError(f"no conda subdir for {lock.platform.os} {lock.platform.machine}")
     return found
-
-
-def packages(lock: Lock, *, need: tuple[str, ...] = ("url", "sha256")) -> list[CondaPackage]:
-    """The lock's conda packages, each with the fields in ``need``; refused when there are none
-    or when one lacks them (named)."""
-    pkgs = list(lock.conda.packages) if lock.conda else []
-    if not pkgs:
-        raise UsageError("the lock has no conda packages ([conda]): it was not captured in a "
-                         "conda, mamba or pixi environment")
-    lacking = [p.name for p in pkgs if any(getattr(p, field) is None for field in need)]
-    if lacking:
-        raise UsageError(f"{first(sorted(lacking), 8)} {'has' if len(lacking) == 1 else 'have'} no "
-                         f"{' or '.join(need)} in the lock",
-                         hint="capture the environment again with this envlock, which records "
-                              "each conda package's archive")
-    return pkgs
 
 
 def _archive_url(pkg: CondaPackage) -> str:
@@ -109,34 +94,10 @@ def conda_lock(lock: Lock) -> str:
     return "\n".join(out) + "\n"
 
 
-def _rattler() -> Any:
-    try:
-        import rattler
-    except ModuleNotFoundError:
-        raise MissingExtra("--to pixi needs py-rattler", hint="pip install 'envlock-ml[conda]'") from None
-    return rattler
-
-
-def repodata_records(lock: Lock, url_of: Any = None) -> list[Any]:
-    """The lock's conda packages as py-rattler ``RepoDataRecord`` objects, each pointing at
-    ``url_of(pkg)`` (default: where it was installed from) with its recorded channel."""
-    rattler = _rattler()
-    out = []
-    for pkg in packages(lock, need=("url", "sha256", "subdir", "fn")):
-        record = rattler.PackageRecord(
-            pkg.name, pkg.version, rattler.BuildString(pkg.build or ""), pkg.build_number or 0, pkg.subdir,
-            noarch=pkg.noarch, depends=list(pkg.depends or ()), constrains=list(pkg.constrains or ()),
-            sha256=bytes.fromhex(pkg.sha256 or ""), md5=bytes.fromhex(pkg.md5) if pkg.md5 else None,
-            size=pkg.size)
-        out.append(rattler.RepoDataRecord(record, pkg.fn or "", url_of(pkg) if url_of else _archive_url(pkg),
-                                          pkg.channel or ""))
-    return out
-
-
 def pixi(lock: Lock) -> str:
     """pixi.lock, as py-rattler's ``LockFile`` writes it: one ``default`` environment on the
     lock's platform, with the virtual packages the capturing host had."""
-    rattler = _rattler()
+    rattler = rattler_module()
     virtual = [f"{v.name}={v.version}={v.build}" for v in (lock.conda.virtual_packages or ())] \
         if lock.conda else []
     platform = rattler.LockPlatform(subdir(lock), virtual_packages=virtual or None)
@@ -144,7 +105,7 @@ def pixi(lock: Lock) -> str:
     pkgs = packages(lock)
     channels = sorted({_channel_url(p.channel) for p in pkgs if p.channel})
     lockfile.set_channels("default", [rattler.LockChannel(c) for c in channels])
-    for record in repodata_records(lock):
+    for record in repodata_records(rattler, lock):
         lockfile.add_conda_package("default", platform, record)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pixi.lock"

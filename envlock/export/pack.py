@@ -10,6 +10,7 @@ A pack is a directory (or one uncompressed tar of it)::
     pack.json                 what is where: base image id and origin, rebuilt wheels, missing debs
     README.md                 an artifact-evaluation appendix generated from the lock
     compile/torch-compile.cache   a torch.compile cache, with --compile-cache (`envlock run PACK` loads it)
+    conda/<subdir>/<fn>       a conda lock's archives as an indexed channel, py-rattler's wheel in wheels/
     SHA256SUMS                every file above, checked by `envlock restore PACK` before use
 
 Wheels are taken from what is already on disk first (``--wheelhouse`` directories, then
@@ -43,6 +44,7 @@ from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
     COMPILE_CACHE,
+    CONDA_CHANNEL,
     DEBS,
     DOCKER_ARCHIVE,
     LOCK_FILE,
@@ -90,6 +92,7 @@ class PackResult:
     size: int = 0
     seconds: float = 0.0
     compile_cache: CacheFile | None = None
+    conda_packages: int = 0
 
 
 # -- the wheels ------------------------------------------------------------------------------------
@@ -247,6 +250,12 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         (directory / WHEELS).mkdir()
         rows, skipped, notes = collect_wheels(lock, directory / WHEELS, options, say)
         wheelhouse.write_manifest(directory / WHEELS, lock, [r.manifest() for r in rows])
+        conda_packages = 0
+        if lock.conda and lock.conda.packages:
+            from envlock.export import condapack
+
+            conda_packages = condapack.collect(lock, directory, say)
+            condapack.rattler_wheel(directory / WHEELS)
         debs, missing_debs = collect_debs(lock, directory / DEBS, say)
         if missing_debs:
             notes.append(f"{len(missing_debs)} OS package(s) could not be downloaded: "
@@ -280,6 +289,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             "skipped": skipped,
             "apptainer": apptainer,
             "compile_cache": _cache_entry(cache),
+            # A conda lock's archives, as a local channel (export/condapack).
+            "conda": {"channel": CONDA_CHANNEL, "packages": conda_packages} if conda_packages else None,
         }
         (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         seconds = time.monotonic() - t0
@@ -299,7 +310,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     return PackResult(directory=archive or directory, archive=archive, wheels=tuple(rows),
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
-                      seconds=time.monotonic() - t0, compile_cache=cache)
+                      seconds=time.monotonic() - t0, compile_cache=cache, conda_packages=conda_packages)
 
 
 def _copy_cache(cache: CacheFile, directory: Path) -> CacheFile:

@@ -1,0 +1,169 @@
+"""``envlock restore PACK --target prefix DIR``: a conda lock's prefix on this host, installed
+by py-rattler from the pack's channel with no solving, then verified in place.
+
+The lock's records are the install: each points at its archive in the pack (or in a channel
+directory given with ``--conda-channel``), and envlock checks every archive's sha256 against the
+lock itself before anything is installed (py-rattler does not check ``file:`` archives). A
+missing, changed or extra archive is refused by name. The install uses a fresh package cache
+(rattler keeps the files of an archive that failed its check in a cache and would use them
+again) and an absolute prefix (a relative one is baked into the files). A restore that fails or
+is interrupted leaves no prefix behind (``venvtarget.unfinished``). py-rattler is the running
+envlock's, else installed from the pack's ``wheels/`` into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import hashlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envlock.errors import BuildFailed, MissingExtra, UsageError
+from envlock.text.terminal import first
+
+if TYPE_CHECKING:
+    from envlock.drift.result import Comparison
+    from envlock.lock import CondaPackage, Lock
+
+
+@dataclass(frozen=True)
+class PrefixResult:
+    directory: Path
+    python: str
+    packages: int
+    seconds: float
+    comparison: Comparison | None
+
+
+def conda_packages(lock: Lock, *, need: tuple[str, ...] = ("url", "sha256")) -> list[CondaPackage]:
+    """The lock's conda packages, each with the fields in ``need``; refused when there are none
+    or when one lacks them (named)."""
+    pkgs = list(lock.conda.packages) if lock.conda else []
+    if not pkgs:
+        raise UsageError("the lock has no conda packages ([conda]): it was not captured in a "
+                         "conda, mamba or pixi environment")
+    lacking = [p.name for p in pkgs if any(getattr(p, field) is None for field in need)]
+    if lacking:
+        raise UsageError(f"{first(sorted(lacking), 8)} {'has' if len(lacking) == 1 else 'have'} no "
+                         f"{' or '.join(need)} in the lock",
+                         hint="capture the environment again with this envlock, which records "
+                              "each conda package's archive")
+    return pkgs
+
+
+def repodata_records(rattler: Any, lock: Lock, url_of: Any = None) -> list[Any]:
+    """The lock's conda packages as py-rattler ``RepoDataRecord`` objects, each pointing at
+    ``url_of(pkg)`` (default: where it was installed from) with its recorded channel."""
+    out = []
+    for pkg in conda_packages(lock, need=("url", "sha256", "subdir", "fn")):
+        record = rattler.PackageRecord(
+            pkg.name, pkg.version, rattler.BuildString(pkg.build or ""), pkg.build_number or 0, pkg.subdir,
+            noarch=pkg.noarch, depends=list(pkg.depends or ()), constrains=list(pkg.constrains or ()),
+            sha256=bytes.fromhex(pkg.sha256 or ""), md5=bytes.fromhex(pkg.md5) if pkg.md5 else None,
+            size=pkg.size)
+        out.append(rattler.RepoDataRecord(record, pkg.fn or "", url_of(pkg) if url_of else pkg.url or "",
+                                          pkg.channel or ""))
+    return out
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_channel(lock: Lock, channel: Path) -> dict[str, Path]:
+    """{name: archive} of every conda package of ``lock`` in ``channel/<subdir>/<fn>``, each
+    with the lock's sha256; refused naming every archive missing, changed or not in the lock."""
+    pkgs = conda_packages(lock, need=("sha256", "subdir", "fn"))
+    wanted = {f"{p.subdir}/{p.fn}": p for p in pkgs}
+    found = {Path(f).relative_to(channel).as_posix()
+             for pattern in ("*/*.conda", "*/*.tar.bz2") for f in glob.glob(str(channel / pattern))}
+    missing = sorted(set(wanted) - found)
+    extra = sorted(found - set(wanted))
+    changed = sorted(rel for rel in set(wanted) & found if sha256_of(channel / rel) != wanted[rel].sha256)
+    problems = ([f"missing: {first(missing, 8)}"] if missing else []) + (
+        [f"not the lock's (sha256 differs): {first(changed, 8)}"] if changed else []) + (
+        [f"not in the lock: {first(extra, 8)}"] if extra else [])
+    if problems:
+        raise UsageError(f"refusing to restore from {channel}: its conda archives are not the lock's; "
+                         + "; ".join(problems), hint="pack the environment again, or give the channel "
+                                                     "its archives were packed from")
+    return {p.name: channel / rel for rel, p in wanted.items()}
+
+
+def rattler_module() -> Any:
+    """py-rattler, which exports to pixi, packs and restores a conda lock: the one place that
+    says how to install it."""
+    try:
+        import rattler
+    except ModuleNotFoundError:
+        raise MissingExtra("a conda lock's pixi export, pack and restore need py-rattler",
+                           hint="pip install 'envlock-ml[conda]'") from None
+    return rattler
+
+
+def _rattler(pack_wheels: Path | None, tmp: Path) -> Any:
+    """py-rattler: the running envlock's, else the pack's wheel installed into ``tmp``."""
+    wheels = sorted(pack_wheels.glob("py_rattler-*.whl")) if pack_wheels else []
+    try:
+        return rattler_module()
+    except MissingExtra:
+        if not wheels:
+            raise
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                           "--disable-pip-version-check", "--target", str(tmp), str(wheels[-1])],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise BuildFailed(f"installing the pack's {wheels[-1].name} failed (exit {proc.returncode})",
+                          log_tail=(proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    sys.path.insert(0, str(tmp))
+    import rattler
+    return rattler
+
+
+def restore_prefix(lock: Lock, channel: Path, dest: Path, *, pack_wheels: Path | None = None,
+                   verify: bool = True, say: Callable[[str], None] = lambda s: None) -> PrefixResult:
+    """Install the conda prefix ``dest`` from the archives in ``channel``, then verify it."""
+    from envlock.restore.venvtarget import refuse_unless_free, unfinished
+
+    dest = Path(dest).absolute()
+    refuse_unless_free(dest)
+    archives = check_channel(lock, Path(channel).resolve())  # file: urls need absolute paths
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="envlock-conda-") as tmp:
+        rattler = _rattler(pack_wheels, Path(tmp) / "rattler")
+        records = repodata_records(rattler, lock, url_of=lambda pkg: archives[pkg.name].as_uri())
+        with unfinished(dest):
+            say(f"installing {len(records)} conda package(s) into {dest} with py-rattler (no solving)")
+            try:
+                asyncio.run(rattler.install(records, target_prefix=str(dest), cache_dir=Path(tmp) / "pkgs",
+                                            show_progress=False))
+            except Exception as exc:  # py-rattler's own errors; a PanicException is a BaseException
+                raise BuildFailed(f"py-rattler could not install the prefix: {exc}") from None
+    seconds = time.monotonic() - t0
+    python = str(dest / "bin" / "python")
+    comparison = None
+    if verify:
+        say("verifying the prefix in place")
+        comparison = verify_prefix(lock, python)
+    return PrefixResult(dest, python, len(records), seconds, comparison)
+
+
+def verify_prefix(lock: Lock, python: str) -> Comparison:
+    """The restore's verdict (``check/local.judge``) on the prefix's interpreter, as for a venv."""
+    from envlock.check.local import judge, probe_wanted_for
+    from envlock.probing.capture import capture
+
+    want_torch, want_canary = probe_wanted_for(lock)
+    here = capture(python=python, torch=want_torch, canary=want_canary)
+    return judge(lock, here, None, strict=False, process_state="report", limit=None)
