@@ -331,3 +331,15 @@ def test_restore_refuses_a_tampered_missing_or_extra_archive(conda_channel: Any,
     assert "sha256 differs): linux-64/libfoo-1.0-h0_0.tar.bz2" in message
     assert "not in the lock: noarch/extra-1.0-0.tar.bz2" in message
     assert not dest.exists()
+
+
+@pytest.mark.slow
+def test_restore_prefix_from_a_channel_directory(conda_channel: Any, conda_lock_file: Path, tmp_path: Path) -> None:
+    """``--conda-channel DIR`` (a local mirror, or a pack's conda/) instead of a pack: the same
+    checks and install, with the lock itself."""
+    res = run_cli("restore", str(conda_lock_file), "--target", "prefix", "env", "--conda-channel",
+                  str(conda_channel.dir), "--no-verify", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "env" / "conda-meta" / "libfoo-1.0-h0_0.json").is_file()
+    res = run_cli("restore", str(conda_lock_file), "--target", "prefix", "env2", cwd=tmp_path)
+    assert res.returncode == 2 and "--conda-channel DIR" in res.stderr

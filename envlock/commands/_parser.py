@@ -232,6 +232,9 @@ def _restore(sub: Subparsers) -> None:
                         "charliecloud [DIR]: built by ch-image from the same Dockerfile (base from "
                         "the pack's OCI archive or --base ROOTFS.tar|DIR), a directory image at DIR "
                         "(default under envlock's cache), verified inside with ch-run")
+    p.add_argument("--conda-channel", metavar="DIR",
+                   help="--target prefix: take the conda archives from this channel directory "
+                        "(<subdir>/<fn>, as a pack's conda/ or a local mirror) instead of a pack's")
     p.add_argument("--dockerfile-only", metavar="DIR",
                    help="only write the build context (Dockerfile, requirements) to DIR; no engine")
     p.add_argument("--force", action="store_true",

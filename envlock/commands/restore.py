@@ -167,6 +167,8 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)
+    if args.conda_channel and kind != "prefix":
+        raise UsageError("--conda-channel goes with --target prefix DIR")
     if kind == "prefix":
         return _prefix(args, lock_path, pack, venv_dir)
     if kind == "charliecloud":
@@ -267,10 +269,11 @@ def _prefix(args: argparse.Namespace, lock_path: Path, pack: Pack | None, direct
 
     assert directory is not None
     lock = load(lock_path)
-    channel = pack.conda_channel if pack else None
-    if channel is None:
-        raise UsageError("--target prefix installs a conda lock offline from its pack: give a pack "
-                         "made by `envlock pack` from a conda environment's lock")
+    channel = Path(args.conda_channel) if args.conda_channel else (pack.conda_channel if pack else None)
+    if channel is None or not channel.is_dir():
+        raise UsageError("--target prefix installs a conda lock offline: give a pack made by "
+                         "`envlock pack` from a conda environment's lock, or --conda-channel DIR"
+                         + (f" ({channel} is not a directory)" if channel is not None else ""))
     result = restore_prefix(lock, channel, directory, pack_wheels=pack.wheels if pack else None,
                             verify=not args.no_verify, say=say)
     sys.stdout.write(f"prefix {result.directory} (py-rattler, {result.packages} conda packages): "

@@ -270,7 +270,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         pulled_base = None if base else needed_base(lock, options.base)
         if not base:
             start = pulled_base or "the lock's base image"
-            notes.append("the pack holds no base image (--no-image): `envlock restore PACK --target venv DIR` "
+            target = "prefix" if conda_packages else "venv"
+            notes.append(f"the pack holds no base image (--no-image): `envlock restore PACK --target {target} DIR` "
                          f"needs no network, but a container restore starts from {start}, which the engine "
                          "pulls unless it has it (or pass `envlock restore PACK --base REF` with an image it has)")
         apptainer = _apptainer(lock, directory, base, notes)
