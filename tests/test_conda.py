@@ -55,6 +55,8 @@ def test_an_unchanged_conda_env_verifies(conda_channel: Any, tmp_path: Path) -> 
     res = run_cli("verify", "--python", str(conda_channel.prefix / "bin" / "python"), "env.lock",
                   cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+    shown = run_cli("show", "env.lock", cwd=tmp_path).stdout
+    assert "conda         4 packages (linux-64, noarch)" in shown, shown
 
 
 def packages_sha256(path: Path) -> str:
