@@ -345,3 +345,57 @@ def test_restore_prefix_from_a_channel_directory(conda_channel: Any, conda_lock_
     assert (tmp_path / "env" / "conda-meta" / "libfoo-1.0-h0_0.json").is_file()
     res = run_cli("restore", str(conda_lock_file), "--target", "prefix", "env2", cwd=tmp_path)
     assert res.returncode == 2 and "--conda-channel DIR" in res.stderr
+
+
+def _wheel(directory: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of one module, written by hand (RECORD with its hashes)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()) + f"{info}/RECORD,,\n"
+    out = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+        zf.writestr(f"{info}/RECORD", record)
+    return out
+
+
+@pytest.mark.slow
+def test_pip_packages_on_top_of_conda_are_packed_and_restored(conda_channel: Any, tmp_path: Path) -> None:
+    """A package pip installed into the conda prefix stays a [[packages]] row of its own; the
+    pack holds its wheel beside the conda archives, and the restore installs it (hash required)
+    into the prefix after py-rattler's records, offline; verify passes and it imports."""
+    import subprocess
+    import sys
+
+    prefix = _copy_prefix(conda_channel, tmp_path)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "demo_pip", "1.0")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install", "-q",
+                    "--no-index", "--no-deps", "--disable-pip-version-check", "--find-links", str(wheels),
+                    "demo_pip==1.0"], check=True, capture_output=True, timeout=300)
+    lock = _capture(prefix, tmp_path / "env.lock")
+    demo = next(p for p in lock["packages"] if p["name"] == "demo-pip")
+    assert demo["installer"] == "pip" and demo["source"] == "index"
+    res = run_cli("pack", "env.lock", "-o", "pack", "--no-image", "--no-download", "--wheelhouse", str(wheels),
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "1 wheel" in res.stdout and "4 conda archives" in res.stdout
+    proc = subprocess.run(_offline([sys.executable, "-m", "envlock", "restore", "pack", "--target", "prefix",
+                                    "restored"]),
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: the environment matches the lock" in proc.stdout
+    out = subprocess.run([str(tmp_path / "restored" / "bin" / "python"), "-c",
+                          "import demo_pip, foopy; print(demo_pip.VERSION)"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "1.0"

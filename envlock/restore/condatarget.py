@@ -131,14 +131,43 @@ def _rattler(pack_wheels: Path | None, tmp: Path) -> Any:
     return rattler
 
 
+def pip_requirements(lock: Lock, wheels: Path | None) -> list[str]:
+    """``name==version --hash=...`` of the lock's packages a pack holds wheels of: those pip
+    installed on top of conda's (``export/fetch.wanted`` chose them when the pack was made; the
+    ones conda installed are conda's records), each with the hashes the pack proved."""
+    from envlock.restore import values, wheelhouse
+
+    hashes = wheelhouse.read_manifest(wheels) if wheels is not None else {}
+    out = []
+    for pkg in lock.packages:
+        if pkg.name in hashes:
+            out.append(f"{values.dist_name(pkg.name)}=={values.version(pkg.version, name=pkg.name)} "
+                       + " ".join(f"--hash={h}" for h in hashes[pkg.name]))
+    return out
+
+
+def _install_pip(python: str, wheels: Path, requirements: list[str], tmp: Path) -> None:
+    """The pip packages into the prefix's interpreter, by this host's pip (``--python``: a conda
+    prefix need not hold pip), from the pack's wheels alone, every file's hash required."""
+    from envlock.restore.venvtarget import _run
+
+    req = tmp / "requirements.txt"
+    req.write_text("".join(line + "\n" for line in requirements), encoding="utf-8")
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
+          "--no-cache-dir", "--disable-pip-version-check", "--no-input", "--require-hashes",
+          "--find-links", str(wheels), "-r", str(req)], "pip install (the packages pip installed into the prefix)")
+
+
 def restore_prefix(lock: Lock, channel: Path, dest: Path, *, pack_wheels: Path | None = None,
                    verify: bool = True, say: Callable[[str], None] = lambda s: None) -> PrefixResult:
-    """Install the conda prefix ``dest`` from the archives in ``channel``, then verify it."""
+    """Install the conda prefix ``dest`` from the archives in ``channel``, and the packages pip
+    installed on top of them from ``pack_wheels``, then verify it."""
     from envlock.restore.venvtarget import refuse_unless_free, unfinished
 
     dest = Path(dest).absolute()
     refuse_unless_free(dest)
     archives = check_channel(lock, Path(channel).resolve())  # file: urls need absolute paths
+    requirements = pip_requirements(lock, pack_wheels)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="envlock-conda-") as tmp:
         rattler = _rattler(pack_wheels, Path(tmp) / "rattler")
@@ -150,6 +179,9 @@ def restore_prefix(lock: Lock, channel: Path, dest: Path, *, pack_wheels: Path |
                                             show_progress=False))
             except Exception as exc:  # py-rattler's own errors; a PanicException is a BaseException
                 raise BuildFailed(f"py-rattler could not install the prefix: {exc}") from None
+            if requirements and pack_wheels is not None:
+                say(f"installing {len(requirements)} package(s) pip installed into the prefix, from the pack's wheels")
+                _install_pip(str(dest / "bin" / "python"), pack_wheels, requirements, Path(tmp))
     seconds = time.monotonic() - t0
     python = str(dest / "bin" / "python")
     comparison = None
