@@ -13,34 +13,14 @@ rather than written with holes.
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envlock.errors import UsageError
 from envlock.restore.condatarget import conda_packages as packages
-from envlock.restore.condatarget import rattler_module, repodata_records
+from envlock.restore.condatarget import conda_subdir as subdir
+from envlock.restore.condatarget import lockfile_text, rattler_module
 
 if TYPE_CHECKING:
     from envlock.lock import CondaPackage, Lock
-
-# The conda subdir of a platform envlock records ([platform].os, .machine).
-_SUBDIRS = {("Linux", "x86_64"): "linux-64", ("Linux", "aarch64"): "linux-aarch64",
-            ("Linux", "ppc64le"): "linux-ppc64le", ("Darwin", "x86_64"): "osx-64",
-            ("Darwin", "arm64"): "osx-arm64", ("Windows", "AMD64"): "win-64"}
-
-
-def subdir(lock: Lock) -> str:
-    """The environment's platform as conda names it: its packages' own subdir (noarch aside),
-    else the one of the lock's platform."""
-    for pkg in lock.conda.packages if lock.conda else ():
-        if pkg.subdir and pkg.subdir != "noarch":
-            return pkg.subdir
-    found = _SUBDIRS.get((lock.platform.os, lock.platform.machine))
-    if found is None:
-        raise UsageError(f"no conda subdir for {lock.platform.os} {lock.platform.machine}")
-    return found
-
 
 def _archive_url(pkg: CondaPackage) -> str:
     assert pkg.url is not None
@@ -97,17 +77,4 @@ def conda_lock(lock: Lock) -> str:
 def pixi(lock: Lock) -> str:
     """pixi.lock, as py-rattler's ``LockFile`` writes it: one ``default`` environment on the
     lock's platform, with the virtual packages the capturing host had."""
-    rattler = rattler_module()
-    virtual = [f"{v.name}={v.version}={v.build}" for v in (lock.conda.virtual_packages or ())] \
-        if lock.conda else []
-    platform = rattler.LockPlatform(subdir(lock), virtual_packages=virtual or None)
-    lockfile = rattler.LockFile([platform])
-    pkgs = packages(lock)
-    channels = sorted({_channel_url(p.channel) for p in pkgs if p.channel})
-    lockfile.set_channels("default", [rattler.LockChannel(c) for c in channels])
-    for record in repodata_records(rattler, lock):
-        lockfile.add_conda_package("default", platform, record)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "pixi.lock"
-        lockfile.to_path(path)
-        return path.read_text(encoding="utf-8")
+    return lockfile_text(rattler_module(), lock)

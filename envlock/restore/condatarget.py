@@ -73,6 +73,42 @@ def repodata_records(rattler: Any, lock: Lock, url_of: Any = None) -> list[Any]:
     return out
 
 
+# The conda subdir of a platform envlock records ([platform].os, .machine).
+_SUBDIRS = {("Linux", "x86_64"): "linux-64", ("Linux", "aarch64"): "linux-aarch64",
+            ("Linux", "ppc64le"): "linux-ppc64le", ("Darwin", "x86_64"): "osx-64",
+            ("Darwin", "arm64"): "osx-arm64", ("Windows", "AMD64"): "win-64"}
+
+
+def conda_subdir(lock: Lock) -> str:
+    """The environment's platform as conda names it: its packages' own subdir (noarch aside),
+    else the one of the lock's platform."""
+    for pkg in lock.conda.packages if lock.conda else ():
+        if pkg.subdir and pkg.subdir != "noarch":
+            return pkg.subdir
+    found = _SUBDIRS.get((lock.platform.os, lock.platform.machine))
+    if found is None:
+        raise UsageError(f"no conda subdir for {lock.platform.os} {lock.platform.machine}")
+    return found
+
+
+def lockfile_text(rattler: Any, lock: Lock, url_of: Any = None) -> str:
+    """The lock's conda packages as py-rattler's ``LockFile`` (pixi.lock) writes them: one
+    ``default`` environment, the capturing host's virtual packages, each record pointing at
+    ``url_of(pkg)`` (default: where it was installed from)."""
+    virtual = [f"{v.name}={v.version}={v.build}" for v in (lock.conda.virtual_packages or ())] \
+        if lock.conda else []
+    platform = rattler.LockPlatform(conda_subdir(lock), virtual_packages=virtual or None)
+    lockfile = rattler.LockFile([platform])
+    channels = sorted({(p.channel or "").rstrip("/") for p in conda_packages(lock) if p.channel})
+    lockfile.set_channels("default", [rattler.LockChannel(c) for c in channels])
+    for record in repodata_records(rattler, lock, url_of):
+        lockfile.add_conda_package("default", platform, record)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pixi.lock"
+        lockfile.to_path(path)
+        return path.read_text(encoding="utf-8")
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -199,3 +235,98 @@ def verify_prefix(lock: Lock, python: str) -> Comparison:
     want_torch, want_canary = probe_wanted_for(lock)
     here = capture(python=python, torch=want_torch, canary=want_canary)
     return judge(lock, here, None, strict=False, process_state="report", limit=None)
+
+
+# -- a container image -----------------------------------------------------------------------------
+
+# Where the build stage keeps the pack's channel, wheels and the locked records.
+_IMAGE_DIR = "/envlock-conda"
+# Run by the build stage's python3 (any >= 3.10) with the pack's py-rattler: the locked records
+# (pixi.lock, pointing at the channel copied in), every archive's sha256 checked against them,
+# installed with no solving; then what pip installed on top, from the pack's wheels.
+_IMAGE_SCRIPT = '''\
+import asyncio, hashlib, os, subprocess, sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import rattler
+
+prefix, here = sys.argv[1], Path(sys.argv[2])
+env = rattler.LockFile.from_path(here / "pixi.lock").default_environment()
+[platform] = env.platforms()
+records = env.conda_repodata_records_for_platform(platform)
+bad = []
+for r in records:
+    data = Path(unquote(urlsplit(r.url).path)).read_bytes()
+    if hashlib.sha256(data).digest() != r.sha256:
+        bad.append(r.file_name)
+if bad:
+    sys.exit("envlock: archives not the lock's (sha256 differs): " + ", ".join(bad))
+asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=here / "pkgs", show_progress=False))
+if (here / "pip.txt").stat().st_size:
+    subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(prefix, "bin", "python"),
+                    "install", "--no-deps", "--no-index", "--no-cache-dir", "--require-hashes",
+                    "--disable-pip-version-check", "--find-links", str(here / "wheels"),
+                    "-r", str(here / "pip.txt")], check=True)
+'''
+
+
+def image_context(lock: Lock, pack_channel: Path, pack_wheels: Path, base: str, prefix: str,
+                  context: Path) -> None:
+    """The build context of a conda lock's image: a build stage ``FROM base`` installs the
+    records into ``prefix`` with the pack's py-rattler, the final stage copies the prefix alone."""
+    import shutil
+
+    from envlock.restore import values
+
+    archives = check_channel(lock, pack_channel.resolve())
+    rattler = _rattler(None, context / "unused")
+    shutil.copytree(pack_channel, context / "conda")
+    shutil.copytree(pack_wheels, context / "wheels")
+    (context / "pixi.lock").write_text(lockfile_text(
+        rattler, lock, lambda pkg: f"file://{_IMAGE_DIR}/conda/" + archives[pkg.name].relative_to(
+            pack_channel.resolve()).as_posix()), encoding="utf-8")
+    (context / "pip.txt").write_text("".join(r + "\n" for r in pip_requirements(lock, pack_wheels)),
+                                     encoding="utf-8")
+    (context / "install.py").write_text(_IMAGE_SCRIPT, encoding="utf-8")
+    base = values.image_ref(base, what="--base")
+    prefix = values.abs_path(prefix, what="the lock's conda prefix")
+    (context / "Dockerfile").write_text(
+        f"# A conda lock's prefix, installed by py-rattler from the pack's channel (no solving).\n"
+        f"FROM {base} AS build\n"
+        f"COPY conda {_IMAGE_DIR}/conda\n"
+        f"COPY wheels {_IMAGE_DIR}/wheels\n"
+        f"COPY pixi.lock pip.txt install.py {_IMAGE_DIR}/\n"
+        f"RUN python3 -m pip install --no-index --no-deps --no-cache-dir --disable-pip-version-check "
+        f"--target {_IMAGE_DIR}/rattler {_IMAGE_DIR}/wheels/py_rattler-*.whl"
+        f" && PYTHONPATH={_IMAGE_DIR}/rattler python3 {_IMAGE_DIR}/install.py {prefix} {_IMAGE_DIR}\n"
+        f"FROM {base}\n"
+        f"COPY --from=build {prefix} {prefix}\n"
+        f"ENV PATH={prefix}/bin:$PATH\n", encoding="utf-8")
+
+
+def restore_conda_image(engine: Any, lock: Lock, pack_channel: Path, pack_wheels: Path, *, base: str,
+                        tag: str, workdir: Path, verify: bool = True, quiet: bool = False,
+                        say: Callable[[str], None] = lambda s: None) -> tuple[str, Comparison | None]:
+    """(image id, the check inside): the conda lock's prefix at the lock's own path, built with
+    the network off from the pack, then probed in a fresh container of it."""
+    from envlock.drift.expected import Restored
+    from envlock.restore.progress import make_progress
+    from envlock.restore.verify import verify_image
+
+    prefix = lock.python.prefix
+    if not prefix:
+        raise UsageError("the lock records no prefix to restore the conda environment at")
+    with tempfile.TemporaryDirectory(prefix="envlock-conda-image-", dir=workdir) as tmp:
+        context = Path(tmp)
+        image_context(lock, pack_channel, pack_wheels, base, prefix, context)
+        say(f"building {tag} from {base}: {len(conda_packages(lock))} conda package(s) into {prefix}, no network")
+        image_id = engine.build(context, tag=tag, labels={"org.envlock.lock": lock.short_id},
+                                log_path=context / "build.log", progress=make_progress(quiet=quiet),
+                                network=False)
+    comparison = None
+    if verify:
+        say("verifying inside the image")
+        _, comparison = verify_image(engine, lock, image_id, python=f"{prefix}/bin/python",
+                                     restored=Restored(lock.envlock.fingerprint or "", os_packages_restored=False))
+    return image_id, comparison
