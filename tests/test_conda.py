@@ -251,17 +251,19 @@ def test_export_pixi_reads_back_with_rattler(conda_channel: Any, conda_lock_file
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_conda_exports_refuse_a_lock_without_archives(tmp_path: Path) -> None:
+def test_conda_exports_refuse_a_lock_without_archives(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A lock captured before envlock recorded archives is refused by name, not written with
     holes; a lock with no conda packages says so."""
+    from envlock.commands import main
+
     old = tmp_path / "old.lock"
     _conda_lock().save(old)
-    res = run_cli("export", str(old), "--to", "conda-explicit", cwd=tmp_path)
-    assert res.returncode == 2 and "libfoo has no url or sha256 in the lock" in res.stderr
+    assert main(["export", str(old), "--to", "conda-explicit"]) == 2
+    assert "libfoo has no url or sha256 in the lock" in capsys.readouterr().err
     plain = tmp_path / "plain.lock"
     make_lock().save(plain)
-    res = run_cli("export", str(plain), "--to", "conda-lock", cwd=tmp_path)
-    assert res.returncode == 2 and "no conda packages" in res.stderr
+    assert main(["export", str(plain), "--to", "conda-lock"]) == 2
+    assert "no conda packages" in capsys.readouterr().err
 
 
 def _offline(argv: list[str]) -> list[str]:
