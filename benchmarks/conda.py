@@ -5,7 +5,7 @@
 Needs py-rattler, conda-lock, gcc and patchelf (as the tests do: ``scripts/test.sh``). Builds
 the tests' local channel (``tests/condapkgs.py``) and a prefix from it, then measures:
 
-* reading a 300-record ``conda-meta`` (the test prefix's four records plus synthetic copies of
+* reading a 300-record ``conda-meta`` (the test prefix's records plus synthetic copies of
   libfoo's with other names): the probe's ``collect_conda`` (what ``capture`` adds for conda)
   against py-rattler's ``PrefixRecord.from_path`` of every record, and conda-lock's parser on
   the same 300 packages exported as conda-lock.yml;
@@ -112,7 +112,8 @@ def main() -> int:
             n[0] += 1
             _run("pack", "env.lock", "-o", f"pack{n[0]}", "--no-image", "--no-download", cwd=root)
 
-        rows.append(("`envlock pack --no-image` of the test prefix (4 archives, 56 MB)", _median(pack, args.runs)))
+        rows.append((f"`envlock pack --no-image` of the test prefix ({len(chan.packages)} archives)",
+                     _median(pack, args.runs)))
 
         def restore(*extra: str) -> Callable[[], None]:
             def go() -> None:

@@ -15,7 +15,8 @@ kind of file the real ones hold without a network or a conda binary:
   site-packages and tests), its runtime path set to ``$ORIGIN/../lib`` with patchelf and its
   ``_sysconfigdata`` holding the old prefix as a text placeholder: without a ``python``
   record, noarch python packages do not link;
-* ``foopy``: a noarch python package with an entry point (``foopy``), depending on python.
+* ``foopy``: a noarch python package with an entry point (``foopy``), depending on python;
+* ``foodata``: a noarch generic package of one data file.
 
 The channel is indexed with py-rattler's ``index_fs`` and the prefix installed with its
 ``solve`` and ``install``: both are set up by ``scripts/test.sh``, as are gcc and patchelf; a
@@ -206,7 +207,7 @@ def _python_files(work: Path) -> tuple[dict[str, bytes | str], dict[str, str]]:
 
 
 def build_channel(root: Path) -> tuple[Path, tuple[Built, ...]]:
-    """The four packages (see the module) in ``root/channel``, indexed."""
+    """The five packages (see the module) in ``root/channel``, indexed."""
     channel, work = root / "channel", root / "work"
     work.mkdir(parents=True, exist_ok=True)
     libfoo = _gcc(work, LIBFOO_C % PLACEHOLDER, "libfoo.so.1", "-shared", "-fPIC", "-Wl,-soname,libfoo.so.1")
@@ -232,6 +233,8 @@ def build_channel(root: Path) -> tuple[Path, tuple[Built, ...]]:
             build="pyh0_0", depends=("python >=3.8", "libfoo"), noarch="python",
             link={"noarch": {"type": "python", "entry_points": ["foopy = foopy:main"]},
                   "package_metadata_version": 1}),
+        build_package(channel, "foodata", "2024.1", {"share/foodata/table.csv": b"a,b\n1,2\n"},
+                      build="0", noarch="generic", fmt=".conda"),
     )
     index_channel(channel)
     return channel, built
@@ -248,7 +251,7 @@ def index_channel(channel: Path) -> None:
 
 
 def install_prefix(channel: Path, prefix: Path, cache: Path,
-                   specs: tuple[str, ...] = ("footool", "foopy", "python")) -> None:
+                   specs: tuple[str, ...] = ("footool", "foopy", "foodata", "python")) -> None:
     """``specs`` solved against ``channel`` and installed into ``prefix`` (absolute) by rattler."""
     import asyncio
 

@@ -38,7 +38,7 @@ def test_an_unchanged_conda_env_verifies(conda_channel: Any, tmp_path: Path) -> 
     lock = _capture(conda_channel.prefix, tmp_path / "env.lock")
     assert not lock.get("unreadable"), lock["unreadable"]
     conda = {p["name"]: p for p in lock["conda"]["packages"]}
-    assert sorted(conda) == ["foopy", "footool", "libfoo", "python"]
+    assert sorted(conda) == ["foodata", "foopy", "footool", "libfoo", "python"]
     built = {b.name: b for b in conda_channel.packages}
     for name, pkg in conda.items():
         meta = json.loads(next((conda_channel.prefix / "conda-meta").glob(f"{name}-*.json")).read_text())
@@ -56,7 +56,7 @@ def test_an_unchanged_conda_env_verifies(conda_channel: Any, tmp_path: Path) -> 
                   cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     shown = run_cli("show", "env.lock", cwd=tmp_path).stdout
-    assert "conda         4 packages (linux-64, noarch)" in shown, shown
+    assert "conda         5 packages (linux-64, noarch)" in shown, shown
 
 
 def packages_sha256(path: Path) -> str:
@@ -289,7 +289,7 @@ def test_pack_and_restore_a_conda_prefix_offline(conda_channel: Any, conda_lock_
     pack = tmp_path / "pack"
     res = run_cli("pack", str(conda_lock_file), "-o", str(pack), "--no-image", "--no-download", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "4 conda archives" in res.stdout and "--target prefix DIR" in res.stdout
+    assert "5 conda archives" in res.stdout and "--target prefix DIR" in res.stdout
     sums = check_sums(pack)
     for built in conda_channel.packages:
         rel = f"conda/{built.path.parent.name}/{built.path.name}"
@@ -391,7 +391,7 @@ def test_pip_packages_on_top_of_conda_are_packed_and_restored(conda_channel: Any
     res = run_cli("pack", "env.lock", "-o", "pack", "--no-image", "--no-download", "--wheelhouse", str(wheels),
                   cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "1 wheel" in res.stdout and "4 conda archives" in res.stdout
+    assert "1 wheel" in res.stdout and "5 conda archives" in res.stdout
     proc = subprocess.run(_offline([sys.executable, "-m", "envlock", "restore", "pack", "--target", "prefix",
                                     "restored"]),
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
