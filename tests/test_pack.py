@@ -543,7 +543,7 @@ def test_restore_target_option_is_checked(tmp_path: Path, capsys: pytest.Capture
     from envlock.commands import main
 
     assert main(["restore", str(tmp_path / "env.lock"), "--target", "venv"]) == 2
-    assert "expected `image`, `venv DIR` or `charliecloud [DIR]`" in capsys.readouterr().err
+    assert "expected `image`, `venv DIR`, `prefix DIR` or `charliecloud [DIR]`" in capsys.readouterr().err
     assert main(["restore", str(tmp_path / "env.lock"), "--target", "chroot", "x"]) == 2
 
 

@@ -20,7 +20,8 @@ from envlock._version import __version__
 FORMATS = ("text", "json", "markdown")
 # A page and the plots alone (``report/page``, ``report/plot``).
 PAGE_FORMATS = ("html", "svg", "png")
-EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm")
+EXPORT_FORMATS = ("pylock", "requirements", "cyclonedx", "intoto", "apptainer", "k8s", "slurm",
+                  "conda-explicit", "conda-lock", "pixi")
 
 _LOCK_HELP = ("the lock file (default: env.lock here or in the nearest parent directory, up to the "
               "repository root)")
@@ -233,9 +234,14 @@ def _restore(sub: Subparsers) -> None:
     p.add_argument("--target", nargs="+", metavar="KIND [DIR]", default=["image"],
                    help="image (default): a container image; venv DIR: a plain virtual environment "
                         "on this host from the pack's (or --wheelhouse's) wheels, verified in place; "
+                        "prefix DIR: a conda lock's prefix from the pack's conda channel (py-rattler, "
+                        "no solving), verified in place; "
                         "charliecloud [DIR]: built by ch-image from the same Dockerfile (base from "
                         "the pack's OCI archive or --base ROOTFS.tar|DIR), a directory image at DIR "
                         "(default under envlock's cache), verified inside with ch-run")
+    p.add_argument("--conda-channel", metavar="DIR",
+                   help="--target prefix: take the conda archives from this channel directory "
+                        "(<subdir>/<fn>, as a pack's conda/ or a local mirror) instead of a pack's")
     p.add_argument("--dockerfile-only", metavar="DIR",
                    help="only write the build context (Dockerfile, requirements) to DIR; no engine")
     p.add_argument("--force", action="store_true",
@@ -467,7 +473,8 @@ def _canary(sub: Subparsers) -> None:
 
 def _export(sub: Subparsers) -> None:
     p = sub.add_parser("export", help="write the lock in a format other tools read "
-                                      "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs)")
+                                      "(pylock.toml, requirements, CycloneDX, in-toto, cluster jobs, "
+                                      "conda explicit, conda-lock, pixi)")
     p.add_argument("lock", nargs="?", default=None, help=_LOCK_HELP)
     p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="output format")
     p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file is "
@@ -485,6 +492,8 @@ def _export(sub: Subparsers) -> None:
     g.add_argument("--refresh", action="store_true", help="refetch index pages even when cached")
     g.add_argument("--hashes", action="store_true",
                    help="cyclonedx: also resolve and list each package's artifact hashes")
+    g.add_argument("--md5", action="store_true",
+                   help="conda-explicit: url#md5 lines, for conda before sha256 ones")
     g = p.add_argument_group("images and jobs (intoto, apptainer, k8s, slurm)")
     g.add_argument("--image", metavar="REF@sha256:...",
                    help="the image by digest (default: the lock's own image, when it has a digest)")

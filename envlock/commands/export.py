@@ -70,6 +70,12 @@ def _render(args: argparse.Namespace, lock: Lock) -> str:
 
             hashed = resolve_lock(lock, _sources(args))
         return cyclonedx.render(lock, hashed)
+    if args.to in ("conda-explicit", "conda-lock", "pixi"):
+        from envlock.export import conda
+
+        if args.to == "conda-explicit":
+            return conda.explicit(lock, md5=args.md5)
+        return conda.conda_lock(lock) if args.to == "conda-lock" else conda.pixi(lock)
     from envlock.export import common
 
     if args.to == "intoto":
@@ -143,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output not in (None, "-") and Path(args.output).resolve() == Path(args.lock).resolve():
         raise UsageError(f"-o {args.output} would overwrite the lock itself")
+    if args.md5 and args.to != "conda-explicit":
+        raise UsageError("--md5 goes with --to conda-explicit")
     if (args.venv is not None or args.nodes is not None) and args.to != "slurm":
         raise UsageError("--venv and --nodes go with --to slurm")
     if args.nodes is not None and (args.venv is None or args.nodes < 1):

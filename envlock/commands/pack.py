@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     how = (f"restore offline with: envlock restore {result.directory}" if result.base else
            f"restore offline with: envlock restore {result.directory} --target venv DIR (a container "
            "restore needs its base image: see the note above)")
+    if result.conda_packages:
+        extra += f", {plural(result.conda_packages, 'conda archive')}"
+        how = f"restore offline with: envlock restore {result.directory} --target prefix DIR"
     sys.stdout.write(f"packed {lock.short_id} into {result.directory}: {plural(len(result.wheels), 'wheel')}{extra}"
                      f"{image}, {plural(len(result.debs), 'deb')}, {result.size / 1e6:.0f} MB in "
                      f"{result.seconds:.1f}s; {how}\n")

@@ -100,8 +100,10 @@ def _target(args: argparse.Namespace) -> tuple[str, Path | None]:
         return kind, Path(rest[0])
     if kind == "charliecloud" and len(rest) <= 1:
         return kind, Path(rest[0]) if rest else None
-    raise UsageError(f"--target {' '.join(args.target)}: expected `image`, `venv DIR` or "
-                     "`charliecloud [DIR]`")
+    if kind == "prefix" and len(rest) == 1:
+        return kind, Path(rest[0])
+    raise UsageError(f"--target {' '.join(args.target)}: expected `image`, `venv DIR`, "
+                     "`prefix DIR` or `charliecloud [DIR]`")
 
 
 def pack_options(args: argparse.Namespace, pack: Pack, opts: Options) -> Options:
@@ -165,8 +167,14 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
         lock_path = pack.lock
     if kind == "venv":
         return _venv(args, lock_path, pack, venv_dir)
+    if args.conda_channel and kind != "prefix":
+        raise UsageError("--conda-channel goes with --target prefix DIR")
+    if kind == "prefix":
+        return _prefix(args, lock_path, pack, venv_dir)
     if kind == "charliecloud":
         return _charliecloud(args, lock_path, pack, venv_dir)
+    if kind == "image" and pack is not None and pack.conda_channel is not None and not args.dockerfile_only:
+        return _conda_image(args, lock_path, pack)
     if args.dockerfile_only:
         import dataclasses
         import shlex
@@ -243,6 +251,61 @@ def _venv(args: argparse.Namespace, lock_path: Path, pack: Pack | None, director
     sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
                                  show_info=args.all, restored=True))
     return EXIT_OK if result.comparison.ok else EXIT_DRIFT
+
+
+def _prefix(args: argparse.Namespace, lock_path: Path, pack: Pack | None, directory: Path | None) -> int:
+    """``--target prefix DIR``: a conda lock's prefix on this host from the pack's channel, with
+    no solving, verified in place (``envlock.restore.condatarget``)."""
+    from envlock.lock import load
+    from envlock.report.render import verify_text
+    from envlock.restore.condatarget import restore_prefix
+
+    assert directory is not None
+    lock = load(lock_path)
+    channel = Path(args.conda_channel) if args.conda_channel else (pack.conda_channel if pack else None)
+    if channel is None or not channel.is_dir():
+        raise UsageError("--target prefix installs a conda lock offline: give a pack made by "
+                         "`envlock pack` from a conda environment's lock, or --conda-channel DIR"
+                         + (f" ({channel} is not a directory)" if channel is not None else ""))
+    result = restore_prefix(lock, channel, directory, pack_wheels=pack.wheels if pack else None,
+                            verify=not args.no_verify, say=say)
+    sys.stdout.write(f"prefix {result.directory} (py-rattler, {result.packages} conda packages): "
+                     f"installed in {result.seconds:.1f}s\n")
+    if result.comparison is None:
+        return EXIT_OK
+    sys.stdout.write(verify_text(result.comparison, lock, f"{lock_path} in {result.directory}",
+                                 show_info=args.all, restored=True))
+    return EXIT_OK if result.comparison.ok else EXIT_DRIFT
+
+
+def _conda_image(args: argparse.Namespace, lock_path: Path, pack: Pack) -> int:
+    """A conda lock's pack into a container image: the prefix at the lock's path, installed by
+    py-rattler in a build stage from the pack with the network off (``condatarget``)."""
+    from envlock.lock import load
+    from envlock.report.render import verify_text
+    from envlock.restore.condatarget import restore_conda_image
+    from envlock.restore.endpoint import connect
+    from envlock.restore.restore import cache_dir, image_name
+
+    lock = load(lock_path)
+    if not args.base:
+        raise UsageError("a conda lock's image is built FROM an image with python3 >= 3.10 and pip, "
+                         "which the pack does not hold: pass --base REF")
+    channel = pack.conda_channel
+    assert channel is not None
+    tag = f"envlock/{image_name(Path(args.lock), args.name)}:{lock.short_id}"
+    workdir = cache_dir()
+    workdir.mkdir(parents=True, exist_ok=True)
+    with connect(args.engine) as engine:
+        image_id, comparison = restore_conda_image(engine, lock, channel, pack.wheels, base=args.base, tag=tag,
+                                                   workdir=workdir, verify=not args.no_verify,
+                                                   quiet=args.quiet, say=say)
+    sys.stdout.write(f"image {tag} ({image_id[7:19]}): built from the pack's conda channel\n")
+    if comparison is None:
+        return EXIT_OK
+    sys.stdout.write(verify_text(comparison, lock, f"{lock_path} inside {tag}", show_info=args.all,
+                                 restored=True))
+    return EXIT_OK if comparison.ok else EXIT_DRIFT
 
 
 def _verdict(result: RestoreResult, lock: Lock, where: str, *, show_info: bool) -> bool:

@@ -135,15 +135,41 @@ def _os_side(versions: dict[str, str]) -> str | None:
 
 
 def conda(c: Collector, old: Lock, new: Lock) -> None:
-    """The conda packages compared by name: a build string or channel that differs is another
-    binary even at the same version."""
+    """The conda packages compared by name. Another build string, or the same name, version and
+    build from another archive (its sha256: a rebuild, a patched mirror), is another binary:
+    breaking. A channel that differs for the same archive only says where it came from (info);
+    without a sha256 on both sides (a lock written before envlock recorded them) the channel
+    is what tells two builds apart, a warning. The virtual packages are facts of the host
+    (info)."""
     a = {p.name: p for p in (old.conda.packages if old.conda else [])}
     b = {p.name: p for p in (new.conda.packages if new.conda else [])}
     for name in sorted(set(a) | set(b)):
         pa, pb = a.get(name), b.get(name)
         if pa is None or pb is None:
-            c.add("conda", f"conda.{name}", pa and pa.version, pb and pb.version, "breaking")
+            c.add("conda", f"conda.{name}", pa and pa.version, pb and pb.version, "breaking",
+                  c.words.only_old(f"{name} {pa.version}") if pa else
+                  c.words.only_new(f"{name} {pb.version}") if pb else "")
         elif pa.version != pb.version:
-            c.add("conda", f"conda.{name}.version", pa.version, pb.version, "breaking")
-        elif pa.build != pb.build or pa.channel != pb.channel:
-            c.add("conda", f"conda.{name}.build", f"{pa.channel}/{pa.build}", f"{pb.channel}/{pb.build}", "warning")
+            c.add("conda", f"conda.{name}.version", pa.version, pb.version, "breaking",
+                  f"conda package {name} {pa.version} -> {pb.version}")
+        elif pa.build != pb.build:
+            c.add("conda", f"conda.{name}.build", pa.build, pb.build, "breaking",
+                  f"conda package {name} {pa.version}: build {pa.build} -> {pb.build}")
+        elif pa.sha256 and pb.sha256 and pa.sha256 != pb.sha256:
+            c.add("conda", f"conda.{name}.sha256", pa.sha256, pb.sha256, "breaking",
+                  f"conda package {name} {pa.version} {pa.build}: same version and build, "
+                  f"another archive (sha256 {pa.sha256[:12]} -> {pb.sha256[:12]})")
+        elif pa.channel != pb.channel:
+            same = bool(pa.sha256 and pa.sha256 == pb.sha256)
+            c.add("conda", f"conda.{name}.channel", pa.channel, pb.channel, "info" if same else "warning",
+                  f"conda package {name} {pa.version} {pa.build}: channel {pa.channel} -> {pb.channel}"
+                  + (" (the same archive)" if same else ""))
+    if old.conda and new.conda and old.conda.virtual_packages is not None \
+            and new.conda.virtual_packages is not None:
+        va = {v.name: v for v in old.conda.virtual_packages}
+        vb = {v.name: v for v in new.conda.virtual_packages}
+        for name in sorted(set(va) | set(vb)):
+            sa = f"{va[name].version}={va[name].build}" if name in va else None
+            sb = f"{vb[name].version}={vb[name].build}" if name in vb else None
+            if sa != sb:
+                c.add("conda", f"conda.virtual_packages.{name}", sa, sb, "info")

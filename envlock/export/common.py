@@ -107,9 +107,9 @@ def job_name(lock: Lock) -> str:
 # ---------------------------------------------------------------------------------------------
 
 MARKER_WORD = "envlock-export"
-COMMENTED = ("pylock", "requirements", "apptainer", "k8s", "slurm")
+COMMENTED = ("pylock", "requirements", "apptainer", "k8s", "slurm", "conda-explicit", "conda-lock", "pixi")
 MARKER_PROPERTY = "envlock:export"
-_MARKER_RE = re.compile(r"# envlock-export format=([a-z0-9]+) lock=([0-9a-z]+)(?: .*)?")
+_MARKER_RE = re.compile(r"# envlock-export format=([a-z0-9-]+) lock=([0-9a-z]+)(?: .*)?")
 _HEAD_LINES = 8
 
 

@@ -10,6 +10,7 @@ A pack is a directory (or one uncompressed tar of it)::
     pack.json                 what is where: base image id and origin, rebuilt wheels, missing debs
     README.md                 an artifact-evaluation appendix generated from the lock
     compile/torch-compile.cache   a torch.compile cache, with --compile-cache (`envlock run PACK` loads it)
+    conda/<subdir>/<fn>       a conda lock's archives as an indexed channel, py-rattler's wheel in wheels/
     SHA256SUMS                every file above, checked by `envlock restore PACK` before use
 
 Wheels are taken from what is already on disk first (``--wheelhouse`` directories, then
@@ -43,6 +44,7 @@ from envlock.restore import ociarchive, wheelhouse
 from envlock.restore.context import Options
 from envlock.restore.packdir import (
     COMPILE_CACHE,
+    CONDA_CHANNEL,
     DEBS,
     DOCKER_ARCHIVE,
     LOCK_FILE,
@@ -91,6 +93,7 @@ class PackResult:
     size: int = 0
     seconds: float = 0.0
     compile_cache: CacheFile | None = None
+    conda_packages: int = 0
 
 
 # -- the wheels ------------------------------------------------------------------------------------
@@ -262,6 +265,12 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         (directory / WHEELS).mkdir()
         rows, skipped, notes = collect_wheels(lock, directory / WHEELS, options, say)
         wheelhouse.write_manifest(directory / WHEELS, lock, [r.manifest() for r in rows])
+        conda_packages = 0
+        if lock.conda and lock.conda.packages:
+            from envlock.export import condapack
+
+            conda_packages = condapack.collect(lock, directory, say)
+            condapack.rattler_wheel(directory / WHEELS)
         debs, missing_debs = collect_debs(lock, directory / DEBS, say)
         if missing_debs:
             notes.append(f"{len(missing_debs)} OS package(s) could not be downloaded: "
@@ -275,7 +284,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
         fetched = _fetched_pins(lock, directory / DEBS)
         if not base:
             start = pulled_base or "the lock's base image"
-            notes.append("the pack holds no base image (--no-image): `envlock restore PACK --target venv DIR` "
+            target = "prefix" if conda_packages else "venv"
+            notes.append(f"the pack holds no base image (--no-image): `envlock restore PACK --target {target} DIR` "
                          f"needs no network, but a container restore starts from {start}, which the engine "
                          "pulls unless it has it (or pass `envlock restore PACK --base REF` with an image it has)")
         apptainer = _apptainer(lock, directory, base, notes)
@@ -294,6 +304,8 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
             "skipped": skipped,
             "apptainer": apptainer,
             "compile_cache": _cache_entry(cache),
+            # A conda lock's archives, as a local channel (export/condapack).
+            "conda": {"channel": CONDA_CHANNEL, "packages": conda_packages} if conda_packages else None,
         }
         (directory / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         seconds = time.monotonic() - t0
@@ -314,7 +326,7 @@ def pack(lock: Lock, lock_path: Path, out: Path, options: PackOptions, *,
     return PackResult(directory=archive or directory, archive=archive, wheels=tuple(rows),
                       skipped=tuple(skipped), debs=tuple(debs), missing_debs=tuple(missing_debs),
                       base=base, oci=oci, notes=tuple(notes), size=size,
-                      seconds=time.monotonic() - t0, compile_cache=cache)
+                      seconds=time.monotonic() - t0, compile_cache=cache, conda_packages=conda_packages)
 
 
 def _fetched_pins(lock: Lock, debs: Path) -> list[str]:

@@ -279,7 +279,9 @@ class GitInfo(_Model):
     remote: Annotated[Url | None, INFO] = None
 
 
-PackageSource = Literal["index", "url", "vcs", "editable", "local", "system", "unknown"]
+# "conda": a distribution conda installed (INSTALLER says conda); its archive is the conda
+# package that [conda] records, not a wheel of an index.
+PackageSource = Literal["index", "url", "vcs", "editable", "local", "system", "conda", "unknown"]
 # An OS package name, as dpkg, apk and rpm spell them.
 OsPackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9+._-]{0,127}$")]
 OsPackageVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+~:_^-]{0,127}$")]
@@ -348,15 +350,57 @@ class Duplicate(_Model):
     path_index: Annotated[int, CUSTOM]
 
 
+HexMd5 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+# A conda subdir as channels name them: linux-64, osx-arm64, noarch.
+CondaSubdir = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+(-[a-z0-9_]+)?$", max_length=32)]
+# A conda archive's file name: name-version-build.conda or .tar.bz2.
+CondaFileName = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.(conda|tar\.bz2)$", max_length=255)]
+
+
 class CondaPackage(_Model):
+    """One ``conda-meta/*.json`` record: the archive it was installed from (url, hashes, size)
+    and the specs it was asked for and depends on, so the environment can be exported, packed
+    and installed again without a solver. A rebuild with the same version and build string is
+    told apart by ``sha256``."""
+
     name: Annotated[str, CUSTOM]
     version: Annotated[str, CUSTOM]
     build: Annotated[str | None, CUSTOM] = None
     channel: Annotated[CleanStr | None, CUSTOM] = None
+    # Added later: left out (None) in a lock written before, which keeps its seal.
+    build_number: Annotated[int | None, CUSTOM] = None
+    subdir: Annotated[CondaSubdir | None, CUSTOM] = None
+    fn: Annotated[CondaFileName | None, CUSTOM] = None
+    # Where the archive was fetched from, not what it is (its sha256 says that): a prefix
+    # restored from a pack or a mirror keeps the lock's id.
+    url: Annotated[Url | None, Policy("custom", fingerprint=False)] = None
+    md5: Annotated[HexMd5 | None, CUSTOM] = None
+    sha256: Annotated[HexSha256 | None, CUSTOM] = None
+    size: Annotated[int | None, CUSTOM] = Field(default=None, ge=0)
+    depends: Annotated[list[Annotated[CleanStr, StringConstraints(max_length=512)]] | None, CUSTOM] = None
+    constrains: Annotated[list[Annotated[CleanStr, StringConstraints(max_length=512)]] | None, CUSTOM] = None
+    noarch: Annotated[Literal["python", "generic"] | None, CUSTOM] = None
+    # What the user asked for (conda's requested_spec, rattler's requested_specs); empty for a
+    # package installed only as a dependency.
+    requested_specs: Annotated[list[Annotated[CleanStr, StringConstraints(max_length=512)]] | None,
+                               Policy("custom", fingerprint=False)] = None
+
+
+class CondaVirtualPackage(_Model):
+    """A virtual package (``__glibc``, ``__cuda``, ``__archspec``, ``__linux``, ``__unix``) as the
+    capturing host had it: what a solver would have seen, beside ``[requires]``, which says
+    what any host needs."""
+
+    name: Annotated[str, HOST] = Field(pattern=r"^__[a-z0-9_]{1,32}$")
+    version: Annotated[str, HOST] = Field(pattern=r"^[A-Za-z0-9._+-]{1,64}$")
+    build: Annotated[str, HOST] = Field(default="0", pattern=r"^[A-Za-z0-9._+-]{1,64}$")
 
 
 class Conda(_Model):
     packages: Annotated[list[CondaPackage], CUSTOM] = Field(default_factory=list)
+    # Added later: None in a lock written before.
+    virtual_packages: Annotated[list[CondaVirtualPackage] | None, HOST] = None
 
 
 class CanaryResult(_Model):

@@ -27,7 +27,7 @@ from .git import GitJob
 from .gpu import collect_gpu, nvml_timeout_from_env
 from .image import collect_image
 from .native import collect_runtimes, loaded_libraries
-from .packages import RecordReader, collect_conda, collect_packages
+from .packages import RecordReader, collect_conda, collect_packages, virtual_packages
 from .procs import run_tool
 from .requires import derive as derive_requires
 from .requires import wheel_glibc
@@ -223,6 +223,9 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         compiled = guard("compile", lambda: collect_compile(doc["packages"]))
         if compiled is not None:
             doc["compile"] = compiled
+    if "conda" in doc:
+        doc["conda"]["virtual_packages"] = guard("conda", lambda: virtual_packages(
+            doc.get("platform"), doc.get("gpu"))) or []
     requires = guard("requires", lambda: derive_requires(
         doc.get("torch"), wheel_glibc(deep_locations, libraries_of)))
     if requires:
@@ -329,7 +332,8 @@ NATIVE_HASHES = "<native libraries>"
 
 def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], progress: bool,
                 processes: bool, cache: bool, now_ns: Clock = time.time_ns) -> None:
-    """``--deep``: every file of every active distribution against its RECORD (deep.py).
+    """``--deep``: every file of every active distribution against its RECORD, and in a conda
+    prefix every file of every conda package against its ``conda-meta`` record (deep.py).
 
     Findings go to ``doc["deep"]`` (the verify report, not part of a lock); each package gets
     ``files_sha256`` (its files as they are on disk) and ``files_changed`` when any differ.
@@ -346,8 +350,11 @@ def _deep_check(doc: Dict[str, Any], locations: List[Tuple[str, str, str]], prog
             sys.stderr.write("\x1eenvlock-progress %d %d %d %d\n"
                              % (files, total_files, nbytes, total_bytes))
             sys.stderr.flush()
-    hashes = FileHashes([site for _, site, _ in locations], read=cache, now_ns=now_ns)
-    report = deep.check(locations, progress=cb, processes=processes, stat_cache=hashes)
+    conda_prefix = sys.prefix if os.path.isdir(os.path.join(sys.prefix, "conda-meta")) else None
+    hashes = FileHashes([site for _, site, _ in locations] + ([conda_prefix] if conda_prefix else []),
+                        read=cache, now_ns=now_ns)
+    report = deep.check(locations, progress=cb, processes=processes, stat_cache=hashes,
+                        conda_prefix=conda_prefix)
     hashes.save()
     report["stat_cache"] = hashes.state
     by_name = {p["name"]: p for p in doc.get("packages", [])}

@@ -202,6 +202,76 @@ def _plan(dists: List[_Dist], claimed: Dict[str, Set[str]], owners: Dict[Tuple[s
     return jobs, tops
 
 
+# conda-meta records list every file of their package (conda's, mamba's, pixi's, rattler's).
+MAX_CONDA_RECORD = 64 << 20
+# paths_data entries whose bytes the record's sha256 describes: files (hard-linked or copied)
+# and the entry points the installer wrote (rattler records their hash).
+_CONDA_HASHED = ("hardlink", "unix_python_entry_point", "windows_python_entry_point_script",
+                 "windows_python_entry_point_exe")
+
+
+def _hex_to_record(hexdigest: str) -> str:
+    """A conda record's hex sha256 in RECORD's form, which the hashing returns."""
+    return "sha256=" + base64.urlsafe_b64encode(bytes.fromhex(hexdigest)).rstrip(b"=").decode("ascii")
+
+
+def _conda_plan(prefix: str) -> Tuple[List[_Dist], List[_Job]]:
+    """Every file of every ``conda-meta/*.json`` record as a job, named ``conda:<name>``: its
+    bytes against ``sha256_in_prefix`` where the installer replaced a placeholder, else the
+    archive's ``sha256``. A file whose placeholder was replaced with no ``sha256_in_prefix``
+    recorded (older conda), a symbolic link, or a record without ``paths_data`` (only
+    ``files``) is checked for existence alone; compiled bytecode and directories not at all."""
+    import json
+
+    meta = os.path.join(prefix, "conda-meta")
+    dists: List[_Dist] = []
+    jobs: List[_Job] = []
+    for fname in sorted(os.listdir(meta)):
+        if not fname.endswith(".json"):
+            continue
+        try:
+            fh, _ = _open_regular(os.path.join(meta, fname))
+            with fh:
+                data = _read_upto(fh, MAX_CONDA_RECORD)
+            if len(data) > MAX_CONDA_RECORD:
+                raise OSError(0, "larger than %d MiB" % (MAX_CONDA_RECORD >> 20))
+            record = json.loads(data.decode("utf-8"))
+            name = record["name"]
+            if not isinstance(name, str):
+                raise ValueError("no name")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            bad = _Dist("conda:" + fname[:-5], prefix, "conda-meta")
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            bad.add("unreadable", "conda-meta/%s (%s)" % (fname, why))
+            dists.append(bad)
+            continue
+        dist = _Dist("conda:" + name, prefix, "conda-meta")
+        dists.append(dist)
+        paths = (record.get("paths_data") or {}).get("paths")
+        if not isinstance(paths, list):
+            paths = [{"_path": rel, "path_type": "hardlink"} for rel in record.get("files") or ()
+                     if isinstance(rel, str)]
+        for entry in paths:
+            rel = entry.get("_path") if isinstance(entry, dict) else None
+            if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
+                continue
+            full = os.path.join(prefix, rel)
+            kind = entry.get("path_type", "hardlink")
+            expected = entry.get("sha256_in_prefix")
+            if expected is None and not entry.get("prefix_placeholder"):
+                expected = entry.get("sha256")
+            if kind in _CONDA_HASHED and isinstance(expected, str) and len(expected) == 64:
+                try:
+                    jobs.append((full, _hex_to_record(expected), rel, dist,
+                                 int(entry.get("size_in_bytes") or 0)))
+                    continue
+                except ValueError:
+                    pass
+            if (kind in _CONDA_HASHED or kind == "softlink") and not os.path.lexists(full):
+                dist.add("missing", rel)
+    return dists, jobs
+
+
 def _walk(root: str, rel: str, out: List[str]) -> None:
     try:
         it = os.scandir(root)
@@ -392,8 +462,11 @@ def _hash_all(paths: List[str], sizes: List[int], workers: int, processes: bool,
 
 def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
           progress: Optional[Progress] = None, processes: bool = False,
-          stat_cache: Optional[StatCache] = None) -> Dict[str, Any]:
-    """Check distributions given as ``(name, site_dir, dist_info_dirname)``.
+          stat_cache: Optional[StatCache] = None, conda_prefix: Optional[str] = None
+          ) -> Dict[str, Any]:
+    """Check distributions given as ``(name, site_dir, dist_info_dirname)``, and with
+    ``conda_prefix`` the files of every conda package of that prefix against its
+    ``conda-meta`` record (``_conda_plan``; named ``conda:<name>``).
 
     Returns ``{"files", "bytes", "hashed_files", "hashed_bytes", "cached_files",
     "cached_bytes", "seconds", "workers", "dists": {name: {kind: [relpath]}},
@@ -414,6 +487,10 @@ def check(dists: List[Tuple[str, str, str]], workers: Optional[int] = None,
     claimed: Dict[str, Set[str]] = {}
     owners: Dict[Tuple[str, str], _Dist] = {}
     jobs, tops = _plan(objs, claimed, owners)
+    if conda_prefix is not None:
+        conda_dists, conda_jobs = _conda_plan(conda_prefix)
+        objs.extend(conda_dists)
+        jobs.extend(conda_jobs)
     # RECORD's sizes: they only schedule work and scale the progress bar.
     sizes = [job[4] for job in jobs]
     total_files, total_bytes = len(jobs), sum(sizes)

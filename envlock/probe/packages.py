@@ -371,8 +371,104 @@ def collect_conda(errors: Optional[List[Dict[str, str]]] = None,
             for rel in data.get("files") or ():
                 if isinstance(rel, str) and (rel.endswith(".so") or ".so." in rel.rsplit("/", 1)[-1]):
                     libraries[os.path.normpath(os.path.join(base, rel))] = data["name"]
-        channel = data.get("channel") or data.get("schannel")
-        pkgs.append({k: v for k, v in {
-            "name": data.get("name"), "version": data.get("version"), "build": data.get("build"),
-            "channel": strip_url(str(channel)) if channel else None}.items() if v is not None})
+        pkgs.append(conda_record(data))
     return {"packages": pkgs}
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
+
+
+def _texts(value: Any) -> Optional[List[str]]:
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str) and v]
+    return None
+
+
+def conda_record(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The lock's entry of one ``conda-meta/*.json`` record (conda's, mamba's, micromamba's,
+    pixi's and rattler's share the format): what the archive was (url, file name, hashes,
+    size, subdir) and what it needs (depends, constrains), so that it can be exported, packed
+    and installed again without a solver. Credentials are stripped from URLs; a field of the
+    wrong type is left out, for the model to judge what remains."""
+    channel = _text(data.get("channel")) or _text(data.get("schannel"))
+    url = _text(data.get("url"))
+    fn = _text(data.get("fn")) or (url.rsplit("/", 1)[-1] if url else None)
+    noarch = data.get("noarch")
+    if isinstance(noarch, dict):  # conda before 4.3 wrote {"type": "python"}
+        noarch = noarch.get("type")
+    requested = _texts(data.get("requested_specs"))
+    if requested is None:
+        requested = _texts(data.get("requested_spec"))
+    entry = {
+        "name": data.get("name"), "version": data.get("version"), "build": data.get("build"),
+        "channel": strip_url(channel) if channel else None,
+        "build_number": data.get("build_number") if type(data.get("build_number")) is int else None,
+        "subdir": _text(data.get("subdir")),
+        "fn": fn,
+        "url": strip_url(url) if url else None,
+        "md5": _text(data.get("md5")),
+        "sha256": _text(data.get("sha256")),
+        "size": data.get("size") if type(data.get("size")) is int else None,
+        "depends": _texts(data.get("depends")),
+        "constrains": _texts(data.get("constrains")),
+        "noarch": noarch if noarch in ("python", "generic") else None,
+        "requested_specs": requested or None,
+    }
+    return {k: v for k, v in entry.items() if v is not None}
+
+
+# x86-64 micro-architecture levels (the psABI's), by the /proc/cpuinfo flags each adds. conda's
+# __archspec names a CPU model (zen2, skylake) from archspec's database; without it the probe
+# reports the generic level, which archspec lists among that model's ancestors.
+_X86_64_LEVELS = (
+    ("x86_64_v2", ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")),
+    ("x86_64_v3", ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")),
+    ("x86_64_v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+)
+
+
+def archspec(machine: str, cpu_flags: Optional[List[str]]) -> str:
+    """The generic micro-architecture of this CPU: x86_64_v1..v4 by its flags, else the machine."""
+    if machine != "x86_64" or cpu_flags is None:
+        return machine
+    have = set(cpu_flags)
+    level = machine
+    for name, needs in _X86_64_LEVELS:
+        if not have.issuperset(needs):
+            break
+        level = name
+    return level
+
+
+def _cpu_flags() -> Optional[List[str]]:
+    for line in (read_text("/proc/cpuinfo", 1 << 20) or "").splitlines():
+        if line.startswith("flags"):
+            return line.partition(":")[2].split()
+    return None
+
+
+def virtual_packages(platform: Optional[Dict[str, Any]], gpu: Optional[Dict[str, Any]]
+                     ) -> List[Dict[str, str]]:
+    """The virtual packages a conda solver would detect on this host (``__unix``, ``__linux``,
+    ``__glibc``, ``__cuda``, ``__archspec``), from facts the probe read already: the platform's
+    kernel and C library, and NVML's CUDA driver version."""
+    out = []
+    platform = platform or {}
+    if os.name == "posix":
+        out.append({"name": "__unix", "version": "0", "build": "0"})
+    kernel = platform.get("kernel") or ""
+    version = ".".join(part for part in kernel.split("-", 1)[0].split(".")[:3] if part.isdigit())
+    if platform.get("os") == "Linux" and version:
+        out.append({"name": "__linux", "version": version, "build": "0"})
+    if platform.get("libc") == "glibc" and platform.get("libc_version"):
+        out.append({"name": "__glibc", "version": str(platform["libc_version"]), "build": "0"})
+    if gpu and gpu.get("cuda_driver"):
+        out.append({"name": "__cuda", "version": str(gpu["cuda_driver"]), "build": "0"})
+    machine = platform.get("machine")
+    if machine:
+        out.append({"name": "__archspec", "version": "1",
+                    "build": archspec(str(machine), _cpu_flags() if machine == "x86_64" else None)})
+    return out

@@ -236,21 +236,32 @@ def set_aside_bad_packages(doc: dict[str, Any], exc: Any) -> dict[str, Any]:
     bad: dict[tuple[str, int], str] = {}
     for err in exc.errors():
         loc = err["loc"]
-        if len(loc) < 2 or loc[0] not in ("packages", "duplicates") or not isinstance(loc[1], int):
+        if loc[:2] == ("conda", "packages") and len(loc) > 2 and isinstance(loc[2], int):
+            loc = ("conda.packages", *loc[2:])  # one conda record, set aside like a distribution
+        if len(loc) < 2 or loc[0] not in ("packages", "duplicates", "conda.packages") \
+                or not isinstance(loc[1], int):
             raise exc
         field = ".".join(str(p) for p in loc[2:]) or "entry"
         # The kind of error, not its message: a validator's message may quote the value.
         bad.setdefault((str(loc[0]), loc[1]), f"{field} ({err['type'].replace('_', ' ')})")
     doc = dict(doc)
     entries = list(doc.get("unreadable") or [])
+    conda = dict(doc["conda"]) if isinstance(doc.get("conda"), dict) else {}
+    rows = {"packages": doc.get("packages"), "duplicates": doc.get("duplicates"),
+            "conda.packages": conda.get("packages")}
     for (table, index), why in sorted(bad.items()):
-        row = doc[table][index]
+        row = rows[table][index]  # type: ignore[index]
         name = row.get("name") if isinstance(row, dict) else None
-        entries.append(unreadable("packages", f"a value no lock may carry: {why}",
+        entries.append(unreadable("conda" if table == "conda.packages" else "packages",
+                                  f"a value no lock may carry: {why}",
                                   name if isinstance(name, str) else f"{table}-{index}"))
-    for table in ("packages", "duplicates"):
+    for table in rows:
         if any(t == table for t, _ in bad):
-            doc[table] = [row for i, row in enumerate(doc[table]) if (table, i) not in bad]
+            kept = [row for i, row in enumerate(rows[table] or ()) if (table, i) not in bad]
+            if table == "conda.packages":
+                doc["conda"] = {**conda, "packages": kept}
+            else:
+                doc[table] = kept
     doc["unreadable"] = entries
     return doc
 

@@ -60,6 +60,9 @@ def summary_rows(lock: Lock) -> list[tuple[str, str]]:
             sources[p.source] = sources.get(p.source, 0) + 1
     extra = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
     rows.append(("packages", f"{len(lock.packages)}" + (f" ({extra})" if extra else "")))
+    if lock.conda is not None:
+        subdirs = sorted({p.subdir for p in lock.conda.packages if p.subdir})
+        rows.append(("conda", f"{len(lock.conda.packages)} packages" + (f" ({', '.join(subdirs)})" if subdirs else "")))
     if lock.os_packages is not None:
         rows.append(("os packages", f"{len(lock.os_packages.packages)} ({lock.os_packages.manager})"))
     rows += native_rows(lock)

@@ -40,6 +40,8 @@ DOCKER_ARCHIVE = "image/base.docker.tar"
 OCI_ARCHIVE = "image/base.oci.tar"
 SUMS = "SHA256SUMS"
 COMPILE_CACHE = "compile/torch-compile.cache"
+# A conda lock's archives as a local channel: conda/<subdir>/<fn> and each subdir's repodata.json.
+CONDA_CHANNEL = "conda"
 README = "README.md"
 MAX_MANIFEST = 16 << 20
 MAX_SUMS = 16 << 20
@@ -108,6 +110,13 @@ class Pack:
         if not isinstance(rel, str):
             raise UsageError("the pack's manifest names a compile cache without a path")
         return inside(self.root, rel, "the pack's manifest names a compile cache")
+
+    @property
+    def conda_channel(self) -> Path | None:
+        """The channel of a conda lock's archives (``export/condapack``), or None."""
+        entry = self.manifest.get("conda")
+        rel = entry.get("channel") if isinstance(entry, dict) else None
+        return inside(self.root, str(rel), "the pack's manifest names a conda channel") if rel else None
 
     @property
     def checked_wheels(self) -> dict[Path, str]:
