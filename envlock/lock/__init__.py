@@ -15,6 +15,8 @@ its probe before pydantic and the models are imported.
 ``_text``      the reader's first stage: the file's bytes to its TOML table (no pydantic)
 ``_find``      which env.lock a command reads when none is named (the nearest one upward)
 ``_read``      the one reader (``_text``, then the models, then the seal)
+``_header``    the sealed header: the second door, for a fast path (``_text``, then the seal)
+``_derived``   what the seal needs of the models, generated from them (no pydantic)
 ``_write``     the TOML text of a lock and its atomic write
 ``_toml``      a linear-time TOML writer for the shapes a lock has
 ``_schema``    the JSON Schema generated from the models (``python -m envlock.lock``)
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envlock.lock._find import LOCK_NAME, find_lock, project_root
+    from envlock.lock._header import Header, header
     from envlock.lock._lock import Lock
     from envlock.lock._model import (
         SCHEMA_VERSION,
@@ -129,6 +132,8 @@ _WHERE = {
     "GpuInfo": ("_model", "GpuInfo"),
     "Image": ("_model", "Image"),
     "Lock": ("_lock", "Lock"),
+    "Header": ("_header", "Header"),
+    "header": ("_header", "header"),
     "Meta": ("_model", "Meta"),
     "OsPackages": ("_model", "OsPackages"),
     "Package": ("_model", "Package"),
@@ -200,6 +205,7 @@ __all__ = [
     "GitInfo",
     "GpuDevice",
     "GpuInfo",
+    "Header",
     "Image",
     "Library",
     "Lock",
@@ -227,6 +233,7 @@ __all__ = [
     "find_lock",
     "fingerprint",
     "from_dict",
+    "header",
     "integrity",
     "json_schema",
     "load",

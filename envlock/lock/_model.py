@@ -35,10 +35,10 @@ from envlock.lock._policy import (
     WARNING,
     Policy,
 )
+from envlock.lock._seal import short_id
+from envlock.lock._text import SCHEMA_VERSION as SCHEMA_VERSION
 from envlock.lock._values import check_clean, check_env, check_name, check_url
 from envlock.probe.rules import UNREADABLE_ERROR_MAX, UNREADABLE_ITEM, canonicalize_name
-
-SCHEMA_VERSION = 1
 
 DistName = Annotated[str, AfterValidator(check_name)]
 # Versions are kept exactly as installed (local labels such as +cu121 included). Legacy,
@@ -622,8 +622,7 @@ class LockData(_Model):
     @property
     def short_id(self) -> str:
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
-        fingerprint = self.envlock.fingerprint
-        return fingerprint.split(":", 1)[1][:12] if fingerprint else "unsealed"
+        return short_id(self.envlock.fingerprint)
 
 
 def split_os_spec(spec: str) -> tuple[str, str, str]:
