@@ -14,7 +14,7 @@ from envlock.commands.restore import options, restore_image
 from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
-    from envlock.lock import Lock
+    from envlock.lock import Header, Lock
     from envlock.replay.compilecache import CacheFile
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock.lock import load
+    from envlock.lock import header, load
     from envlock.restore.endpoint import connect
     from envlock.restore.run import (
         RunOptions,
@@ -68,18 +68,34 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
                       ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
-    lock = load(lock_path)
+    # The fast path: a plain command in an image already proven for this lock needs only the
+    # lock's sealed header (``lock.header``: its id, its hashes, the few values a run passes on),
+    # not the models. Everything else (a restore, a recording, a pack, --jupyter, a compile
+    # cache to check against the lock) reads the lock through the models, as does a miss below.
+    lock: Lock | None
+    known: Lock | Header
+    if recording is None and pack is None and not args.jupyter and not args.compile_cache:
+        known = header(lock_path)
+        lock = known.lock  # None: the table alone answered
+    else:
+        known = lock = load(lock_path)
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
         from envlock.restore.restore import image_name, ready_image
 
         if pack is not None:
+            assert lock is not None
             build_options = _pack_base(args, pack, build_options, engine, lock)
         found = None if args.no_cache or args.no_verify else ready_image(
-            engine, lock, build_options, image_name(Path(lock_path), args.name))
-        ready = found or _restore_for_run(args, lock, build_options, engine, Path(lock_path),
-                                          network=pack is None)
+            engine, known, build_options, image_name(Path(lock_path), args.name))
+        if found is None:
+            # Not proven: the restore reads the lock through the models.
+            known = lock = lock if lock is not None else load(lock_path)
+            ready = _restore_for_run(args, lock, build_options, engine, Path(lock_path),
+                                     network=pack is None)
+        else:
+            ready = found
         if isinstance(ready, int):
             return ready
         image_id, tag = ready.image_id, ready.tag
@@ -93,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             copts = replace(opts, command=compiled.command(python, opts.command),
                             env={**opts.env, **compiled.env()}, mounts=compiled.mounts())
             if recording is None:
-                code = run_in_image(engine, lock, image_id, tag, copts, python=python,
+                code = run_in_image(engine, known, image_id, tag, copts, python=python,
                                     os_packages_restored=os_restored)
                 compiled.loaded()
                 compile_report(compiled)
@@ -107,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             )
             from envlock.restore.context import WORKDIR
             from envlock.text.terminal import Tail
+
+            assert lock is not None  # a recording reads the lock through the models
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
@@ -152,7 +170,7 @@ def _pack_base(args: argparse.Namespace, pack: Pack, build: Options, engine: Con
     return pack_options(args, pack, build)
 
 
-def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
+def _compile_files(args: argparse.Namespace, lock: Lock | None, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
     """The compile cache to load (``--compile-cache``, else the pack's) and where to save one."""
     from envlock.commands._recording import compile_files
 

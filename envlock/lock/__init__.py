@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from envlock.lock._header import Header, header
     from envlock.lock._lock import Lock
     from envlock.lock._model import (
-        SCHEMA_VERSION,
         Canary,
         CanaryResult,
         Compile,
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
         Seeds,
         TorchBuild,
         TorchInfo,
-        split_os_spec,
     )
     from envlock.lock._policy import (
         Policy,
@@ -90,6 +88,7 @@ if TYPE_CHECKING:
     )
     from envlock.lock._text import (
         MAX_LOCK_BYTES,
+        SCHEMA_VERSION,
         parse_toml,
         read_data,
         read_text,
@@ -97,7 +96,7 @@ if TYPE_CHECKING:
     from envlock.lock._toml import array_of_tables as toml_array_of_tables
     from envlock.lock._toml import document as toml_document
     from envlock.lock._toml import table as toml_table
-    from envlock.lock._values import check_clean
+    from envlock.lock._values import check_clean, split_os_spec
     from envlock.lock._write import (
         PROTECTED_ENV,
         REPLAY_DIR,
@@ -113,7 +112,7 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "SCHEMA_VERSION": ("_model", "SCHEMA_VERSION"),
+    "SCHEMA_VERSION": ("_text", "SCHEMA_VERSION"),
     "Canary": ("_model", "Canary"),
     "CanaryResult": ("_model", "CanaryResult"),
     "Compile": ("_model", "Compile"),
@@ -143,7 +142,7 @@ _WHERE = {
     "Seeds": ("_model", "Seeds"),
     "TorchBuild": ("_model", "TorchBuild"),
     "TorchInfo": ("_model", "TorchInfo"),
-    "split_os_spec": ("_model", "split_os_spec"),
+    "split_os_spec": ("_values", "split_os_spec"),
     "Policy": ("_policy", "Policy"),
     "Severity": ("_policy", "Severity"),
     "policies": ("_policy", "policies"),

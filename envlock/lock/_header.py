@@ -150,7 +150,7 @@ def _dumped(data: dict[str, Any]) -> dict[str, Any]:
     models write it in JSON. Anything else differing from the dump makes the hashes differ, and
     the models answer. A ``created_at`` of any other type is refused here for the same reason:
     a string would hash like the dump, and the models refuse it."""
-    form = _filled(data, EMPTY_DEFAULTS)
+    form: dict[str, Any] = _filled(data, EMPTY_DEFAULTS)
     meta = dict(form["envlock"])
     created = meta.get("created_at")
     if created is not None:

@@ -37,7 +37,7 @@ from envlock.lock._policy import (
 )
 from envlock.lock._seal import short_id
 from envlock.lock._text import SCHEMA_VERSION as SCHEMA_VERSION
-from envlock.lock._values import check_clean, check_env, check_name, check_url
+from envlock.lock._values import check_clean, check_env, check_name, check_url, split_os_spec
 from envlock.probe.rules import UNREADABLE_ERROR_MAX, UNREADABLE_ITEM, canonicalize_name
 
 DistName = Annotated[str, AfterValidator(check_name)]
@@ -623,13 +623,6 @@ class LockData(_Model):
     def short_id(self) -> str:
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
         return short_id(self.envlock.fingerprint)
-
-
-def split_os_spec(spec: str) -> tuple[str, str, str]:
-    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
-    head, _, version = spec.partition("=")
-    name, _, arch = head.partition(":")
-    return name, arch, version
 
 
 def os_versions(specs: list[str]) -> dict[str, str]:

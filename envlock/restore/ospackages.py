@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from envlock.errors import NotRestorable
-from envlock.lock import Lock, split_os_spec
+from envlock.lock import split_os_spec
 from envlock.probing.process import OSPKGS_PATH
 from envlock.restore import values
+
+if TYPE_CHECKING:
+    from envlock.lock import Lock
 
 SPEC_FILE = "os-packages.txt"
 CHECK_SCRIPT = "ospkgs.py"
