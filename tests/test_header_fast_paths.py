@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LockFactory
+from helpers import LockFactory, resealed
 
 from envlock.commands import main
 from envlock.errors import EXIT_USAGE
@@ -111,12 +111,10 @@ def test_the_run_path_imports_no_pydantic_before_the_engine() -> None:
 def _resealed(path: Path, edit: dict[str, Any]) -> None:
     """``path`` with ``edit`` applied to its tables and both hashes recomputed over them: a hand
     edit by someone who knows the seal."""
-    from test_lock_header import _reseal
-
     table = read_data(path)
     for key, value in edit.items():
         table[key] = value
-    path.write_text(_reseal(table), encoding="utf-8")
+    path.write_text(resealed(table), encoding="utf-8")
 
 
 @pytest.mark.parametrize("edit", [

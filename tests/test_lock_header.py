@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import full_lock, make_lock
+from helpers import full_lock, make_lock, resealed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,6 @@ from envlock.errors import EnvlockError
 from envlock.lock import Header, Lock, dumps, header, load
 from envlock.lock import toml_document as document
 from envlock.lock.__main__ import DERIVED_FILE, derived_source
-from envlock.lock._seal import _fingerprint_of, _integrity_of, sealed_form
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "sealed"
@@ -114,17 +113,6 @@ def test_files_that_are_no_lock_are_refused_alike(tmp_path: Path) -> None:
         _agree(tmp_path / name)
 
 
-def _reseal(table: dict[str, object]) -> str:
-    """The TOML text of ``table`` with both hashes recomputed over it, as a hand edit that
-    knows the seal would do; ``created_at`` stays a TOML date-time."""
-    from envlock.lock._header import _dumped
-
-    form = sealed_form(_dumped(table))  # type: ignore[arg-type]
-    meta = dict(table["envlock"])  # type: ignore[call-overload]
-    meta.update(fingerprint=_fingerprint_of(form), integrity=_integrity_of(form))
-    return document({**table, "envlock": meta})
-
-
 def test_a_resealed_edit_the_models_refuse_is_the_one_disagreement(tmp_path: Path) -> None:
     """A secret-looking variable's value, in clear, sealed by hand: the header verifies the seal,
     the models refuse the value. Recorded here as the one gap the fast paths must not cross."""
@@ -134,7 +122,7 @@ def test_a_resealed_edit_the_models_refuse_is_the_one_disagreement(tmp_path: Pat
     make_lock().save(path)
     table = read_data(path)
     table["env"] = {"HF_TOKEN": "hf_" + "a1B2c3D4e5" * 3}
-    path.write_text(_reseal(table), encoding="utf-8")
+    path.write_text(resealed(table), encoding="utf-8")
     found = header(path)
     assert found.lock is None  # accepted from the table
     assert _outcome(load, path)[0] == "refused"

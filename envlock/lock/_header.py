@@ -11,8 +11,9 @@ the models, so a table that hashes to the same integrity is a form the models ac
 file, encoding, ``tomllib``) and recomputes both hashes over the TOML table itself with the
 seal's own functions (``_seal``, no pydantic). When the table declares the newest schema and
 both hashes verify, the header is taken from the table: the schema version, the two hashes, the
-short id and the few fields a fast path uses (the torch version and CUDA a run's GPU check reads,
-the variables it passes on). Anything else (another schema version, no seal, a seal that does
+short id and the few fields a fast path uses (the tables a verify's probe is chosen by, the
+prefix it was captured in, the torch version and CUDA a run's GPU check reads, the variables it
+passes on). Anything else (another schema version, no seal, a seal that does
 not verify over the table, a value of the wrong type) goes to ``load()``, which gives its own
 answer: its refusal in its words and exit code, or the lock, whose header is then taken from the
 models. So ``header()`` and ``load()`` agree on every file but one kind: a table whose seal was
@@ -56,6 +57,14 @@ class HeaderTorch:
 
 
 @dataclass(frozen=True)
+class HeaderPython:
+    """Where the lock was captured (``PythonInfo.prefix``): verify names it when it exists here
+    and another environment was checked."""
+
+    prefix: str | None
+
+
+@dataclass(frozen=True)
 class HeaderDeterminism:
     """The variables of ``[determinism]`` a run passes on (``Determinism``'s names)."""
 
@@ -73,6 +82,8 @@ class Header:
     """
 
     envlock: HeaderMeta
+    tables: frozenset[str]  # the top-level tables the lock has (``check/local.probe_wanted``)
+    python: HeaderPython
     torch: HeaderTorch | None
     determinism: HeaderDeterminism
     env: Mapping[str, str]
@@ -87,8 +98,9 @@ class Header:
         """The header of a lock the models read."""
         torch = HeaderTorch(lock.torch.version, lock.torch.cuda) if lock.torch is not None else None
         meta = lock.envlock
+        tables = frozenset(name for name in type(lock).model_fields if getattr(lock, name) is not None)
         return cls(envlock=HeaderMeta(meta.schema_version, meta.fingerprint, meta.integrity),
-                   torch=torch,
+                   tables=tables, python=HeaderPython(lock.python.prefix), torch=torch,
                    determinism=HeaderDeterminism(dict(lock.determinism.env),
                                                  tuple(lock.determinism.process_env)),
                    env=dict(lock.env), lock=lock)
@@ -192,8 +204,12 @@ def _from_table(data: dict[str, Any]) -> Header:
     process_env = det.get("process_env", [])
     if not isinstance(process_env, list) or not all(isinstance(v, str) for v in process_env):
         raise TypeError("process_env is not a list of strings")
+    python = data.get("python")
+    if not isinstance(python, dict):
+        raise TypeError("[python] is not a table")
     return Header(envlock=HeaderMeta(meta["schema_version"], _text(meta.get("fingerprint"), optional=True),
                                      _text(meta.get("integrity"), optional=True)),
+                  tables=frozenset(data), python=HeaderPython(_text(python.get("prefix"), optional=True)),
                   torch=torch,
                   determinism=HeaderDeterminism(_strings(det.get("env", {})), tuple(process_env)),
                   env=_strings(data.get("env", {})))
