@@ -96,13 +96,15 @@ def test_run_starts_the_proven_image_from_the_header_alone(proven: tuple[Path, l
 
 def test_the_run_path_imports_no_pydantic_before_the_engine() -> None:
     """What ``run`` imports on its way to a proven image: the command, the endpoint, the proven
-    image's lookup, the kept check and the run itself. None of it may import the models."""
+    image's lookup, the kept check and the run itself. None of it may import the models, nor the
+    training process's runtime (``restore/run`` reads one constant of ``envlock.runtime``)."""
     modules = ["envlock.commands.run", "envlock.commands.restore", "envlock.restore.endpoint",
                "envlock.restore.restore", "envlock.restore.inside", "envlock.restore.run",
                "envlock.replay.compilecache", "envlock.commands._recording"]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print([m for m in ('pydantic', 'envlock.lock._model', 'docker') if m in sys.modules])")
+            "print([m for m in ('pydantic', 'envlock.lock._model', 'docker', 'envlock.runtime.recorder',\n"
+            "                   'envlock.runtime.replay') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
