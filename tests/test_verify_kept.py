@@ -80,7 +80,7 @@ def test_a_kept_answer_builds_no_model(lock_path: Path, monkeypatch: pytest.Monk
     assert _verify(lock_path, [], capsys)[0] == EXIT_OK
     code = ("import sys\nfrom envlock.commands import main\n"
             f"rc = main(['verify', '--python', sys.executable, {str(lock_path)!r}])\n"
-            "sys.stderr.write(repr([m for m in ('pydantic', 'envlock.lock._model', 'envlock.drift.compare') "
+            "sys.stderr.write(repr([m for m in ('pydantic', 'envlock.lock._model', 'envlock.drift.compare', 'envlock.report.render') "
             "if m in sys.modules]))\nsys.exit(rc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           check=False)

@@ -13,8 +13,6 @@ from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
 from envlock.probing.target import choose, recorded_prefix_hint
-from envlock.report.render import comparison_json, comparison_payload, verify_text
-from envlock.report.verify import deep_summary, torch_facts_line
 
 if TYPE_CHECKING:
     from envlock.drift.result import Difference
@@ -65,6 +63,9 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    limit=None if args.all else 10, document=document)
     cmp, expected, current, report = result.comparison, result.expected, result.current, result.deep
+    # The report's modules only here: a kept answer prints what they wrote last time.
+    from envlock.report.render import comparison_json, comparison_payload, verify_text
+    from envlock.report.verify import deep_summary, torch_facts_line
 
     target = target.probed(current.python.prefix)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
