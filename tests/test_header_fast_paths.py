@@ -155,3 +155,44 @@ def test_twin_a_table_rewritten_with_the_same_content_still_runs_through_the_mod
     path.write_text(document(table), encoding="utf-8")
     assert main(["run", str(path), "--base", BASE, "--", "true"]) == 0
     assert len(got) == 1 and isinstance(got[0], Header) and got[0].lock is not None
+
+
+def test_a_proven_run_imports_no_model_in_a_fresh_interpreter(proven: tuple[Path, list[Any]]) -> None:
+    """The whole command in a fresh interpreter, the engine a stand-in with the proven image: the
+    run reaches the engine having imported neither pydantic nor the models (naming
+    ``lock.load`` is enough to import them)."""
+    path, _ = proven
+    code = f"""
+import contextlib, sys
+from envlock.lock import header
+from envlock.restore import dockerfile, endpoint
+from envlock.restore import run as run_mod
+from envlock.restore.context import Options
+from envlock.restore.engine import ImageInfo
+from envlock.restore.restore import options_key
+
+short = header({str(path)!r}).short_id
+labels = {{dockerfile.LABEL_OPTIONS: options_key(Options(base={BASE!r})), dockerfile.LABEL_SHORT_ID: short,
+          dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}}
+
+class Engine:
+    name = "docker"
+    def image(self, ref):
+        return ImageInfo(id={IMAGE!r}, tags=(ref,), labels=labels)
+
+@contextlib.contextmanager
+def connect(_):
+    yield Engine()
+
+def run_in_image(*a, **k):
+    sys.stderr.write(repr([m for m in ("pydantic", "envlock.lock._model") if m in sys.modules]))
+    return 0
+
+endpoint.connect = connect
+run_mod.run_in_image = run_in_image
+from envlock.commands import main
+sys.exit(main(["run", {str(path)!r}, "--base", {BASE!r}, "--", "true"]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert done.returncode == 0 and done.stderr.endswith("[]"), done.stdout + done.stderr

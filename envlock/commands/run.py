@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envlock.lock import header, load
+    from envlock.lock import header
     from envlock.restore.endpoint import connect
     from envlock.restore.run import (
         RunOptions,
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         known = header(lock_path)
         lock = known.lock  # None: the table alone answered
     else:
-        known = lock = load(lock_path)
+        known = lock = _load(lock_path)
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             engine, known, build_options, image_name(Path(lock_path), args.name))
         if found is None:
             # Not proven: the restore reads the lock through the models.
-            known = lock = lock if lock is not None else load(lock_path)
+            known = lock = lock if lock is not None else _load(lock_path)
             ready = _restore_for_run(args, lock, build_options, engine, Path(lock_path),
                                      network=pack is None)
         else:
@@ -143,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
                                  inside=WORKDIR)
                 compile_report(compiled, recording.original)
                 return verdict
+
+
+def _load(path: str) -> Lock:
+    """The lock through the models (``lock.load``), imported only here: naming ``load`` imports
+    pydantic and the models, which the fast path never needs."""
+    from envlock.lock import load
+
+    return load(path)
 
 
 def _open_pack(args: argparse.Namespace) -> Pack | None:
