@@ -160,7 +160,8 @@ def test_twin_a_table_rewritten_with_the_same_content_still_runs_through_the_mod
 def test_a_proven_run_imports_no_model_in_a_fresh_interpreter(proven: tuple[Path, list[Any]]) -> None:
     """The whole command in a fresh interpreter, the engine a stand-in with the proven image: the
     run reaches the engine having imported neither pydantic nor the models (naming
-    ``lock.load`` is enough to import them)."""
+    ``lock.load`` is enough to import them), nor does the run itself in an image whose venv was
+    restored onto another base (the variable it sets is the comparator's)."""
     path, _ = proven
     code = f"""
 import contextlib, sys
@@ -168,7 +169,7 @@ from envlock.lock import header
 from envlock.restore import dockerfile, endpoint
 from envlock.restore import run as run_mod
 from envlock.restore.context import Options
-from envlock.restore.engine import ImageInfo
+from envlock.restore.engine import ImageInfo, RunResult
 from envlock.restore.restore import options_key
 
 short = header({str(path)!r}).short_id
@@ -179,6 +180,9 @@ class Engine:
     name = "docker"
     def image(self, ref):
         return ImageInfo(id={IMAGE!r}, tags=(ref,), labels=labels)
+    def run(self, spec, on_stdout=None, on_stderr=None):
+        sys.stderr.write(repr([m for m in ("pydantic", "envlock.lock._model") if m in sys.modules]))
+        return RunResult(0, b"", b"")
 
 @contextlib.contextmanager
 def connect(_):
@@ -188,11 +192,15 @@ def run_in_image(*a, **k):
     sys.stderr.write(repr([m for m in ("pydantic", "envlock.lock._model") if m in sys.modules]))
     return 0
 
+real_run_in_image = run_mod.run_in_image
 endpoint.connect = connect
 run_mod.run_in_image = run_in_image
 from envlock.commands import main
-sys.exit(main(["run", {str(path)!r}, "--base", {BASE!r}, "--", "true"]))
+rc = main(["run", {str(path)!r}, "--base", {BASE!r}, "--gpus", "none", "--", "true"])
+real_run_in_image(Engine(), header({str(path)!r}), {IMAGE!r}, "t", run_mod.RunOptions(command=["true"], gpus="none"),
+                  python="/opt/venv/bin/python", os_packages_restored=False)
+sys.exit(rc)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    assert done.returncode == 0 and done.stderr.endswith("[]"), done.stdout + done.stderr
+    assert done.returncode == 0 and done.stderr.endswith("[][]"), done.stdout + done.stderr

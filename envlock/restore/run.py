@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envlock.drift.result import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
 from envlock.lock import PROTECTED_ENV, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
@@ -221,8 +222,6 @@ def run_in_image(engine: ContainerEngine, lock: Lock | Header, image_id: str, ta
     env = process_variables(lock)
     env.update({"ENVLOCK_IMAGE": tag, "ENVLOCK_IMAGE_ID": image_id, "HOME": "/tmp"})
     if not os_packages_restored:
-        from envlock.drift.compare import OS_FROM_BASE_ENV
-
         env[OS_FROM_BASE_ENV] = "base"
     env.update(opts.env or {})
     ports = parse_ports(opts.ports)
