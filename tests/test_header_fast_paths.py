@@ -104,7 +104,7 @@ def test_the_run_path_imports_no_pydantic_before_the_engine() -> None:
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "print([m for m in ('pydantic', 'envlock.lock._model', 'docker', 'envlock.runtime.recorder',\n"
-            "                   'envlock.runtime.replay') if m in sys.modules])")
+            "                   'envlock.runtime.replay', 'importlib.metadata') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
