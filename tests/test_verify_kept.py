@@ -141,5 +141,8 @@ def test_no_cache_reads_no_kept_answer(lock_path: Path, judged: list[object], mo
                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert _verify(lock_path, [], capsys)[0] == EXIT_OK
     monkeypatch.setenv("ENVLOCK_NO_CACHE", "1")
+    shutil.rmtree(Path(os.environ["ENVLOCK_CACHE_DIR"]) / kept.DIRECTORY)
     assert _verify(lock_path, [], capsys)[0] == EXIT_OK
-    assert len(judged) == 2
+    assert _verify(lock_path, [], capsys)[0] == EXIT_OK
+    assert len(judged) == 3
+    assert not (Path(os.environ["ENVLOCK_CACHE_DIR"]) / kept.DIRECTORY).exists()  # and keeps none

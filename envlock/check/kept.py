@@ -21,7 +21,7 @@ the plain one: ``--deep``, ``--record``, ``--fleet`` and ``--requirements`` are 
 from here. Entries are read and written through the probe's cache rules (``probe.statcache``:
 the caller's own private directory, regular files only, atomic writes, bounded reads); one
 that is missing, unreadable, corrupt, not the caller's own or keyed otherwise is a miss.
-``ENVLOCK_NO_CACHE=1`` reads none (and keeps the new answer). An entry is a cache of an answer
+``ENVLOCK_NO_CACHE=1`` reads none and keeps none (its value is part of the key anyway). An entry is a cache of an answer
 ``load()`` and the comparator gave for a lock of this integrity; it is never a second verdict.
 """
 
@@ -89,8 +89,10 @@ def find(key: str) -> Kept | None:
 
 def keep(key: str, *, inputs: str, output: str) -> bool:
     """Keep ``output`` under ``key`` for these ``inputs``; False when nothing was written."""
-    from envlock.probe.statcache import prune, write_cache
+    from envlock.probe.statcache import file_cache_allowed, prune, write_cache
 
+    if not file_cache_allowed():
+        return False
     entry = {"format": FORMAT, "key": key, "envlock": __version__, "inputs": inputs, "output": output,
              "kept_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     written = write_cache(str(_path(key)), entry)
