@@ -146,3 +146,24 @@ def test_no_cache_reads_no_kept_answer(lock_path: Path, judged: list[object], mo
     assert _verify(lock_path, [], capsys)[0] == EXIT_OK
     assert len(judged) == 3
     assert not (Path(os.environ["ENVLOCK_CACHE_DIR"]) / kept.DIRECTORY).exists()  # and keeps none
+
+
+def test_a_lock_replaced_while_it_is_verified_keeps_no_answer(lock_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The header is read, then the file is replaced (another valid lock: a note added) before
+    the models read it: the answer given is the new lock's, and it is not kept under the key of
+    the lock the header read."""
+    import envlock.commands.verify as verify_cmd
+
+    table = read_data(lock_path)
+    table["envlock"] = {**table["envlock"], "note": "replaced"}
+    other = resealed(table)
+    real = verify_cmd.check
+
+    def replacing(*a: object, **k: object) -> object:
+        lock_path.write_text(other, encoding="utf-8")
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify_cmd, "check", replacing)
+    assert _verify(lock_path, [], capsys)[0] == EXIT_OK
+    assert not list((Path(os.environ["ENVLOCK_CACHE_DIR"]) / kept.DIRECTORY).glob("*.json"))

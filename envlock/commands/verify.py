@@ -42,6 +42,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     # A plain verify may be answered by the one before it (``check/kept``): nothing changed.
     plain = not node and not args.deep and not args.record
     key = document = None
+    head: Header | None = None
     chosen = target
     if plain:
         from envlock.check import kept as answers
@@ -96,12 +97,15 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
             from envlock.replay.report import inputs_text
 
             out(inputs_text(inputs, args.record))
-    if key is not None and cmp.ok and result.document is not None:
+    if key is not None and head is not None and cmp.ok and result.document is not None:
         from envlock.check import kept as answers
         from envlock.lock import Header
 
-        answers.keep(key, inputs=_kept_inputs(args, chosen, Header.of(expected), result.document),
-                     output=text)
+        judged = Header.of(expected)
+        # Kept under the key of the lock that was judged: a file replaced between the header's
+        # read and the models' is another lock, and its answer is not this key's.
+        if judged.envlock == head.envlock:
+            answers.keep(key, inputs=_kept_inputs(args, chosen, judged, result.document), output=text)
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
 
 
