@@ -167,3 +167,11 @@ def test_a_lock_replaced_while_it_is_verified_keeps_no_answer(lock_path: Path, m
     monkeypatch.setattr(verify_cmd, "check", replacing)
     assert _verify(lock_path, [], capsys)[0] == EXIT_OK
     assert not list((Path(os.environ["ENVLOCK_CACHE_DIR"]) / kept.DIRECTORY).glob("*.json"))
+
+
+def test_twin_the_no_cache_option_reads_no_kept_answer(lock_path: Path, judged: list[object],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``--no-cache`` bypasses every cache: nothing is read from the directory."""
+    assert _verify(lock_path, ["--no-cache"], capsys)[0] == EXIT_OK
+    assert _verify(lock_path, ["--no-cache"], capsys)[0] == EXIT_OK
+    assert len(judged) == 2

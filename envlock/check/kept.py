@@ -17,8 +17,8 @@ functions of the two. So a verify that passed keeps its output, keyed in two par
   verdict given by ``check/local.judge`` as always, and the entry replaced.
 
 Only a verify that passed is kept (a drift is reported by the models, every time), and only
-the plain one: ``--deep``, ``--record``, ``--fleet`` and ``--requirements`` are never answered
-from here. Entries are read and written through the probe's cache rules (``probe.statcache``:
+the plain one: ``--deep``, ``--record``, ``--fleet``, ``--requirements`` and ``--no-cache``
+are never answered from here. Entries are read and written through the probe's cache rules (``probe.statcache``:
 the caller's own private directory, regular files only, atomic writes, bounded reads); one
 that is missing, unreadable, corrupt, not the caller's own or keyed otherwise is a miss.
 ``ENVLOCK_NO_CACHE=1`` reads none and keeps none (its value is part of the key anyway). An entry is a cache of an answer

@@ -40,7 +40,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     if warning and not node:  # a node's goes into its verdict, to be shown in its row
         err(f"envlock: warning: {warning}\n")
     # A plain verify may be answered by the one before it (``check/kept``): nothing changed.
-    plain = not node and not args.deep and not args.record
+    plain = not node and not args.deep and not args.record and not args.no_cache
     key = document = None
     head: Header | None = None
     chosen = target
