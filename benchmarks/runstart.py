@@ -156,9 +156,10 @@ def main() -> None:
            "| command | median | min | CPU (median) |", "|---|---:|---:|---:|"]
     out += [f"| {label} | {med[k]:.3f} | {low[k]:.3f} | {cpu_med[k]:.3f} |" for k, label in names.items() if k in med]
     out.append("")
-    if {"a", "b", "c", "d"} <= med.keys():
-        out.append(f"(a)/(b) = {med['a'] / med['b']:.2f} (median), {low['a'] / low['b']:.2f} (min); "
-                   f"target <= 1.6. (c) = {med['c']:.2f} s (target <= 5 s); (c)/(d) = {med['c'] / med['d']:.2f}\n")
+    if {"a", "b"} <= med.keys():
+        out.append(f"(a)/(b) = {med['a'] / med['b']:.2f} (median), {low['a'] / low['b']:.2f} (min); target <= 1.6\n")
+    if {"c", "d"} <= med.keys():
+        out.append(f"(c) = {med['c']:.2f} s (target <= 5 s); (c)/(d) = {med['c'] / med['d']:.2f}\n")
     # The least run can take: docker run's own time, plus the header's read and the SDK's import
     # in one interpreter (each of (i) and (h) pays the interpreter's start, counted once).
     for label, d in (("median", med), ("min", low)) if {"b", "e", "f", "g", "h", "i"} <= med.keys() else ():
