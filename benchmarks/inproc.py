@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("record")
     p.add_argument("--repeats", type=int, default=20)
     p = sub.add_parser("first")
-    p.add_argument("calls", nargs="+", choices=("capture", "record"))
+    p.add_argument("calls", nargs="+", choices=("capture", "record", "collect_env"))
     args = parser.parse_args(argv)
     if args.cmd == "load":
         doc = cmd_load(args.lock, args.repeats)

@@ -291,3 +291,16 @@ def stop_with(proc: subprocess.Popen[str], signum: int, what: str) -> tuple[str,
         _, err = proc.communicate(timeout=60)
         pytest.fail(f"{what} did not stop within 120 s of signal {signum}; where it stood:\n{err}")
     return out or "", err or ""
+
+
+def resealed(table: dict[str, Any]) -> str:
+    """The TOML text of a lock's ``table`` with both hashes recomputed over the table itself, as
+    the sealed header (``lock.header``) recomputes them: a hand edit by someone who knows the
+    seal. ``created_at`` stays a TOML date-time."""
+    from envlock.lock import toml_document
+    from envlock.lock._header import _dumped
+    from envlock.lock._seal import _fingerprint_of, _integrity_of, sealed_form
+
+    form = sealed_form(_dumped(table))
+    meta = {**table["envlock"], "fingerprint": _fingerprint_of(form), "integrity": _integrity_of(form)}
+    return toml_document({**table, "envlock": meta})

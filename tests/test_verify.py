@@ -88,11 +88,29 @@ def test_verify_starts_one_probe(lock_path: Path, spawned: list[probeproc.ProbeP
 def test_a_lock_that_fails_to_load_leaves_no_probe_running(
         tmp_path: Path, lock_path: Path, spawned: list[probeproc.ProbeProcess],
         capsys: pytest.CaptureFixture[str]) -> None:
+    """A key the models refuse, the seal recomputed by hand over it: the sealed header accepts
+    it, so the probe starts, and the models refuse it while the probe runs."""
+    from helpers import resealed
+
+    from envlock.lock import read_data
+
+    table = read_data(lock_path)
+    table["python"] = {**table["python"], "extra": 1}
+    tampered = tmp_path / "env.lock"
+    tampered.write_text(resealed(table))
+    assert main(["verify", "--python", sys.executable, str(tampered)]) == EXIT_USAGE
+    assert "unknown key 'extra'" in capsys.readouterr().err
+    assert spawned and all(_gone(p) for p in spawned)
+
+
+def test_twin_a_lock_whose_seal_fails_starts_no_probe(
+        tmp_path: Path, lock_path: Path, spawned: list[probeproc.ProbeProcess],
+        capsys: pytest.CaptureFixture[str]) -> None:
     tampered = tmp_path / "env.lock"
     tampered.write_text(lock_path.read_text().replace("[python]", "[python]\nextra = 1", 1))
     assert main(["verify", "--python", sys.executable, str(tampered)]) == EXIT_USAGE
-    assert "envlock: error:" in capsys.readouterr().err
-    assert spawned and all(_gone(p) for p in spawned)
+    assert "unknown key 'extra'" in capsys.readouterr().err
+    assert spawned == []
 
 
 def test_a_missing_lock_starts_nothing(tmp_path: Path, spawned: list[probeproc.ProbeProcess],

@@ -54,6 +54,7 @@ class Verification(NamedTuple):
     expected: Lock
     current: Lock
     deep: dict[str, Any] | None  # the --deep findings, as the probe reported them
+    document: dict[str, Any] | None = None  # what the probe reported (for a kept answer's key)
 
 
 def probe_wanted(tables: Collection[str], torch: bool | None) -> tuple[bool, bool]:
@@ -70,15 +71,30 @@ def probe_wanted_for(lock: Lock, torch: bool | None = None) -> tuple[bool, bool]
                         torch)
 
 
+def started_probe(lock_path: str | os.PathLike[str], tables: Collection[str], *, python: str | None,
+                  torch: bool | None, deep: bool, cache: bool) -> StartedProbe:
+    """The probe a verify of the lock at ``lock_path`` (whose top-level ``tables`` choose what
+    it must find out, ``probe_wanted``) starts in another interpreter: the one choice for
+    ``check`` and for verify's kept answer (``check/kept``). The lock being verified is left out
+    of the git state, as capture leaves out the lock it writes: a lock not yet committed would
+    otherwise show as an untracked file that was not there when it was captured."""
+    want_torch, want_canary = probe_wanted(tables, torch)
+    return StartedProbe(python, torch=want_torch, canary=want_canary, deep=deep, cache=cache,
+                        git_exclude=[os.fspath(lock_path)])
+
+
 def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
           torch: bool | None = None, in_process: bool | None = None, strict: bool = False,
-          deep: bool = False, cache: bool = False, limit: int | None = None) -> Verification:
+          deep: bool = False, cache: bool = False, limit: int | None = None,
+          document: dict[str, Any] | None = None) -> Verification:
     """The one verify path (``verify()`` and ``envlock verify``); see ``verify`` for the options.
 
     ``torch``: None probes torch when the lock has it. ``cache``: reuse cached torch facts in
     another interpreter. ``limit``: files named per distribution by ``deep`` (None: all).
     A lock given as a path is parsed once; its tables choose the probe, which (in another
-    interpreter) runs while the lock is validated and the comparator imported.
+    interpreter) runs while the lock is validated and the comparator imported. ``document``:
+    what that probe already reported (``started_probe``, run by a verify whose kept answer did
+    not match), so it is not run again.
     """
     from envlock.lock import read_data
 
@@ -107,20 +123,29 @@ def check(lock: Lock | str | os.PathLike[str], *, python: str | None = None,
 
         return from_dict(data, str(lock))
 
-    if in_process:
+    if document is not None:
+        expected = expected_lock()
+        doc = dict(document)
+    elif in_process:
         expected = expected_lock()
         doc = run_probe_in_process(torch=want_torch, canary=want_canary, deep=deep,
                                    git_exclude=exclude)
+    elif data is not None:
+        with started_probe(exclude[0], data.keys(), python=python, torch=torch, deep=deep,
+                           cache=cache) as probe:
+            expected = expected_lock()
+            doc = probe.result()
     else:
         with StartedProbe(python, torch=want_torch, canary=want_canary, deep=deep, cache=cache,
                           git_exclude=exclude) as probe:
             expected = expected_lock()
             doc = probe.result()
+    reported = dict(doc)
     report = doc.pop("deep", None)
     current = build_lock(doc)
     cmp = judge(expected, current, report, strict=strict,
                 process_state="compare" if in_process else "report", limit=limit)
-    return Verification(cmp, expected, current, report)
+    return Verification(cmp, expected, current, report, reported)
 
 
 def judge(expected: Lock, current: Lock, report: dict[str, Any] | None, *, strict: bool,

@@ -18,7 +18,7 @@ from envlock.errors import EXIT_DRIFT, UsageError
 
 if TYPE_CHECKING:
     from envlock.commands._recording import Plan
-    from envlock.lock import Lock
+    from envlock.lock import Header, Lock
     from envlock.replay.compilecache import CacheFile
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
          pack: Pack | None, env: dict[str, str]) -> int:
     """The run itself, the pack (if any) unpacked and held in the cache."""
-    from envlock.lock import load
+    from envlock.lock import header
     from envlock.restore.endpoint import connect
     from envlock.restore.run import RunOptions, run_in_image
 
@@ -74,12 +74,22 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
     opts = RunOptions(command=command, gpus=args.gpus, workspace=Path(args.workspace) if args.workspace else None,
                       env=env, ports=args.publish or [], jupyter=args.jupyter,
                       ssh=args.ssh, ssh_key=args.ssh_key, lock_path=Path(lock_path))
-    lock = load(lock_path)
+    # The fast path: a plain command in an image already proven for this lock needs only the
+    # lock's sealed header (``lock.header``: its id, its hashes, the few values a run passes on),
+    # not the models. Everything else (a restore, a recording, a pack, --jupyter, a compile
+    # cache to check against the lock) reads the lock through the models, as does a miss below.
+    lock: Lock | None
+    known: Lock | Header
+    if recording is None and pack is None and not args.jupyter and not args.compile_cache:
+        known = header(lock_path)
+        lock = known.lock  # None: the table alone answered
+    else:
+        known = lock = _load(lock_path)
     if pack is None and (recording is None or recording.original is None):
         from envlock.commands._recording import reuse_remembered_options
 
         # The image `envlock restore --base X ...` made for this lock, without X again.
-        reuse_remembered_options(args, lock.short_id, args.lock)
+        reuse_remembered_options(args, known.short_id, args.lock)
     kept = None
     if recording is not None and recording.original is None:
         from envlock.commands._recording import kept_restore_options
@@ -91,11 +101,17 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
         from envlock.restore.restore import image_name, ready_image
 
         if pack is not None:
+            assert lock is not None
             build_options = pack_base(args, pack, build_options, engine, lock)
         found = None if args.no_cache or args.no_verify else ready_image(
-            engine, lock, build_options, image_name(Path(lock_path), args.name))
-        ready = found or _restore_for_run(args, lock, build_options, engine, Path(lock_path),
-                                          network=pack is None)
+            engine, known, build_options, image_name(Path(lock_path), args.name))
+        if found is None:
+            # Not proven: the restore reads the lock through the models.
+            known = lock = lock if lock is not None else _load(lock_path)
+            ready = _restore_for_run(args, lock, build_options, engine, Path(lock_path),
+                                     network=pack is None)
+        else:
+            ready = found
         if isinstance(ready, int):
             return ready
         image_id, tag = ready.image_id, ready.tag
@@ -109,7 +125,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
             copts = replace(opts, command=compiled.command(python, opts.command),
                             env={**opts.env, **compiled.env()}, mounts=compiled.mounts())
             if recording is None:
-                code = run_in_image(engine, lock, image_id, tag, copts, python=python,
+                code = run_in_image(engine, known, image_id, tag, copts, python=python,
                                     os_packages_restored=os_restored)
                 compiled.loaded()
                 compile_report(compiled)
@@ -125,6 +141,8 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
             from envlock.commands.record import child_exit
             from envlock.restore.context import WORKDIR
             from envlock.text.terminal import Tail
+
+            assert lock is not None  # a recording reads the lock through the models
 
             with journal_dir() as journal:
                 inner = "/envlock-record"
@@ -164,6 +182,14 @@ def _pythonpath(engine: ContainerEngine, image_id: str, given: Mapping[str, str]
     return info.env.get("PYTHONPATH") if info is not None else None
 
 
+def _load(path: str) -> Lock:
+    """The lock through the models (``lock.load``), imported only here: naming ``load`` imports
+    pydantic and the models, which the fast path never needs."""
+    from envlock.lock import load
+
+    return load(path)
+
+
 def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | None:
     """The checked pack ``args.lock`` names (a directory or a ``.tar``), or None for a lock.
     The cache stays in use (``cachedir.in_use``) until ``held`` closes, at the end of the run:
@@ -181,7 +207,7 @@ def _open_pack(args: argparse.Namespace, held: contextlib.ExitStack) -> Pack | N
     return open_pack(Path(args.lock), cache_dir() / cachedir.PACKS)
 
 
-def _compile_files(args: argparse.Namespace, lock: Lock, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
+def _compile_files(args: argparse.Namespace, lock: Lock | None, pack: Pack | None) -> tuple[CacheFile | None, Path | None]:
     """The compile cache to load (``--compile-cache``, else the pack's) and where to save one."""
     from envlock.commands._recording import compile_files
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from envlock._version import __version__
 from envlock.check.local import check
 from envlock.commands._lockpath import lock_arg
 from envlock.commands._output import err, out
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, ProbeTimeout, UsageError
 from envlock.probing.target import choose, recorded_prefix_hint
-from envlock.report.render import comparison_json, comparison_payload, verify_text
-from envlock.report.verify import deep_summary, torch_facts_line
 
 if TYPE_CHECKING:
     from envlock.drift.result import Difference
+    from envlock.lock import Header
+    from envlock.probing.target import Target
     from envlock.replay.compare import ReplayComparison
 
 
@@ -38,10 +39,34 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     warning = target.warning
     if warning and not node:  # a node's goes into its verdict, to be shown in its row
         err(f"envlock: warning: {warning}\n")
+    # A plain verify may be answered by the one before it (``check/kept``): nothing changed.
+    plain = not node and not args.deep and not args.record and not args.no_cache
+    key = document = None
+    head: Header | None = None
+    chosen = target
+    if plain:
+        from envlock.check import kept as answers
+        from envlock.check.local import started_probe
+        from envlock.lock import header
+
+        head = header(args.lock)  # refused as load() refuses it, before anything starts
+        key = _kept_key(args, chosen, head)
+        found = answers.find(key)
+        if found is not None:
+            with started_probe(args.lock, head.tables, python=target.python,
+                               torch=False if args.no_torch else None, deep=False,
+                               cache=not args.no_cache) as probe:
+                document = probe.result()
+            if _kept_inputs(args, chosen, head, document) == found.inputs:
+                out(found.output)
+                return EXIT_OK
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
-                   limit=None if args.all else 10)
+                   limit=None if args.all else 10, document=document)
     cmp, expected, current, report = result.comparison, result.expected, result.current, result.deep
+    # The report's modules only here: a kept answer prints what they wrote last time.
+    from envlock.report.render import comparison_json, comparison_payload, verify_text
+    from envlock.report.verify import deep_summary, torch_facts_line
 
     target = target.probed(current.python.prefix)
     captured_from = None if args.python else recorded_prefix_hint(expected.python.prefix, target)
@@ -64,14 +89,50 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
             text = json.dumps(doc, indent=2) + "\n"
         out(text)
     else:
-        out(verify_text(cmp, expected, str(args.lock), show_info=args.all,
-                        environment=target.describe(), captured_from=captured_from)
-            + deep_summary(report) + torch_facts_line(current))
+        text = (verify_text(cmp, expected, str(args.lock), show_info=args.all,
+                            environment=target.describe(), captured_from=captured_from)
+                + deep_summary(report) + torch_facts_line(current))
+        out(text)
         if inputs is not None:
             from envlock.replay.report import inputs_text
 
             out(inputs_text(inputs, args.record))
+    if key is not None and head is not None and cmp.ok and result.document is not None:
+        from envlock.check import kept as answers
+        from envlock.lock import Header
+
+        judged = Header.of(expected)
+        # Kept under the key of the lock that was judged: a file replaced between the header's
+        # read and the models' is another lock, and its answer is not this key's.
+        if judged.envlock == head.envlock:
+            answers.keep(key, inputs=_kept_inputs(args, chosen, judged, result.document), output=text)
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
+
+
+def _kept_key(args: argparse.Namespace, target: Target, head: Header) -> str:
+    """The name of the answer a plain verify may reuse: what decides its output and is known
+    before the probe runs (``check/kept``)."""
+    from envlock.check import kept
+    from envlock.drift.expected import RESTORED_FILE
+
+    return kept.digest({
+        "format": kept.FORMAT, "envlock": __version__, "lock": str(args.lock),
+        "fingerprint": head.envlock.fingerprint, "integrity": head.envlock.integrity,
+        "options": {k: getattr(args, k) for k in ("json", "all", "strict", "no_torch", "no_cache", "python")},
+        "target": list(target), "here": kept.here(), "restored": kept.file_state(RESTORED_FILE),
+        # What the probe, the comparator and the report may read of envlock's own settings.
+        "settings": {k: v for k, v in os.environ.items() if k.startswith("ENVLOCK_")},
+    })
+
+
+def _kept_inputs(args: argparse.Namespace, target: Target, head: Header, document: dict[str, Any]) -> str:
+    """What the kept answer was derived from once the probe ran: its document (less timings,
+    which differ on every run) and the lock's own environment when it exists here."""
+    from envlock.check import kept
+    from envlock.probing.capture import without_timings
+
+    captured_from = None if args.python else recorded_prefix_hint(head.python.prefix, target)
+    return kept.digest({"document": without_timings(document), "captured_from": captured_from})
 
 
 def _requirements(args: argparse.Namespace) -> int:

@@ -29,6 +29,9 @@ from collections.abc import Callable
 
 from envlock.drift import native, packages
 from envlock.drift.result import (
+    OS_FROM_BASE_ENV as OS_FROM_BASE_ENV,  # where callers import it from
+)
+from envlock.drift.result import (
     SEVERITY_RANK,
     Collector,
     Comparison,
@@ -335,11 +338,6 @@ def compare(old: Lock, new: Lock, *, expected_image_change: bool = False, strict
     flags = [_is_process_state(d, set_by_process) for d in ordered]
     return Comparison(tuple(d for d, p in zip(ordered, flags, strict=True) if not p),
                       tuple(d for d, p in zip(ordered, flags, strict=True) if p), strict=strict)
-
-
-# `envlock run` sets this in an image whose venv was restored onto another base: the image's
-# OS packages are the base's by design (restore does not reinstall a host's apt packages).
-OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
 
 
 def as_info(cmp: Comparison, matches: Callable[[Difference], bool], why: str) -> Comparison:

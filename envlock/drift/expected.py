@@ -18,11 +18,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envlock.drift.compare import as_info, os_packages_from_base
 from envlock.drift.result import Comparison, Difference
-from envlock.lock import Lock
+
+if TYPE_CHECKING:
+    # Neither at import: ``run``'s fast path reads ``Restored`` from a kept check without the
+    # models the comparator is built on.
+    from envlock.lock import Lock
 
 RESTORED_FILE = "/usr/local/share/envlock-restore/restored.json"
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
@@ -84,6 +87,8 @@ def _package_paths(names: Iterable[str], keys: Iterable[str]) -> set[str]:
 def allow(cmp: Comparison, restored: Restored, lock: Lock) -> Comparison:
     """``cmp`` (the lock against the restored image) with what the restore changed on purpose
     told as info, and another build of a locked package made breaking (see ``_restore_severity``)."""
+    from envlock.drift.compare import as_info, os_packages_from_base
+
     if restored.skipped:
         gone = {f"packages.{name}" for name in restored.skipped}
         cmp = cmp._replace(differences=tuple(d for d in cmp.differences if d.path not in gone))

@@ -17,6 +17,12 @@ ProcessState = Literal["compare", "report"]
 SEVERITIES: tuple[Severity, ...] = ("breaking", "warning", "info")
 SEVERITY_RANK = {s: rank for rank, s in enumerate(SEVERITIES)}
 
+# `envlock run` sets this in an image whose venv was restored onto another base: the image's
+# OS packages are the base's by design (restore does not reinstall a host's apt packages), and
+# the comparator (``compare.os_packages_come_from_base``) reads it. Here, the leaf both import,
+# so that ``run`` sets it without importing the comparator and the models it is built on.
+OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
+
 
 def counts_text(counts: Mapping[str, int], *, zeros: bool = True) -> str:
     """How every report counts differences: "1 breaking, 2 warnings, 45 info" (severities

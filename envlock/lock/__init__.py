@@ -15,6 +15,8 @@ its probe before pydantic and the models are imported.
 ``_text``      the reader's first stage: the file's bytes to its TOML table (no pydantic)
 ``_find``      which env.lock a command reads when none is named (the nearest one upward)
 ``_read``      the one reader (``_text``, then the models, then the seal)
+``_header``    the sealed header: the second door, for a fast path (``_text``, then the seal)
+``_derived``   what the seal needs of the models, generated from them (no pydantic)
 ``_write``     the TOML text of a lock and its atomic write
 ``_toml``      a linear-time TOML writer for the shapes a lock has
 ``_schema``    the JSON Schema generated from the models (``python -m envlock.lock``)
@@ -29,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envlock.lock._find import LOCK_NAME, find_lock, project_root, search_top
+    from envlock.lock._header import Header, header
     from envlock.lock._lock import Lock
     from envlock.lock._model import (
-        SCHEMA_VERSION,
         Canary,
         CanaryResult,
         Compile,
@@ -58,7 +60,6 @@ if TYPE_CHECKING:
         Seeds,
         TorchBuild,
         TorchInfo,
-        split_os_spec,
     )
     from envlock.lock._policy import (
         Policy,
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     )
     from envlock.lock._text import (
         MAX_LOCK_BYTES,
+        SCHEMA_VERSION,
         parse_toml,
         read_data,
         read_text,
@@ -94,7 +96,7 @@ if TYPE_CHECKING:
     from envlock.lock._toml import array_of_tables as toml_array_of_tables
     from envlock.lock._toml import document as toml_document
     from envlock.lock._toml import table as toml_table
-    from envlock.lock._values import check_clean
+    from envlock.lock._values import check_clean, split_os_spec
     from envlock.lock._write import (
         PROTECTED_ENV,
         REPLAY_DIR,
@@ -110,7 +112,7 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "SCHEMA_VERSION": ("_model", "SCHEMA_VERSION"),
+    "SCHEMA_VERSION": ("_text", "SCHEMA_VERSION"),
     "Canary": ("_model", "Canary"),
     "CanaryResult": ("_model", "CanaryResult"),
     "Compile": ("_model", "Compile"),
@@ -129,6 +131,8 @@ _WHERE = {
     "GpuInfo": ("_model", "GpuInfo"),
     "Image": ("_model", "Image"),
     "Lock": ("_lock", "Lock"),
+    "Header": ("_header", "Header"),
+    "header": ("_header", "header"),
     "Meta": ("_model", "Meta"),
     "OsPackages": ("_model", "OsPackages"),
     "Package": ("_model", "Package"),
@@ -138,7 +142,7 @@ _WHERE = {
     "Seeds": ("_model", "Seeds"),
     "TorchBuild": ("_model", "TorchBuild"),
     "TorchInfo": ("_model", "TorchInfo"),
-    "split_os_spec": ("_model", "split_os_spec"),
+    "split_os_spec": ("_values", "split_os_spec"),
     "Policy": ("_policy", "Policy"),
     "Severity": ("_policy", "Severity"),
     "policies": ("_policy", "policies"),
@@ -201,6 +205,7 @@ __all__ = [
     "GitInfo",
     "GpuDevice",
     "GpuInfo",
+    "Header",
     "Image",
     "Library",
     "Lock",
@@ -228,6 +233,7 @@ __all__ = [
     "find_lock",
     "fingerprint",
     "from_dict",
+    "header",
     "integrity",
     "json_schema",
     "load",

@@ -35,10 +35,10 @@ from envlock.lock._policy import (
     WARNING,
     Policy,
 )
-from envlock.lock._values import check_clean, check_env, check_name, check_url
+from envlock.lock._seal import short_id
+from envlock.lock._text import SCHEMA_VERSION as SCHEMA_VERSION
+from envlock.lock._values import check_clean, check_env, check_name, check_url, split_os_spec
 from envlock.probe.rules import UNREADABLE_ERROR_MAX, UNREADABLE_ITEM, canonicalize_name
-
-SCHEMA_VERSION = 1
 
 DistName = Annotated[str, AfterValidator(check_name)]
 # Versions are kept exactly as installed (local labels such as +cu121 included). Legacy,
@@ -666,15 +666,7 @@ class LockData(_Model):
     @property
     def short_id(self) -> str:
         """12 hex digits of the fingerprint: the id quoted in papers and pull requests."""
-        fingerprint = self.envlock.fingerprint
-        return fingerprint.split(":", 1)[1][:12] if fingerprint else "unsealed"
-
-
-def split_os_spec(spec: str) -> tuple[str, str, str]:
-    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
-    head, _, version = spec.partition("=")
-    name, _, arch = head.partition(":")
-    return name, arch, version
+        return short_id(self.envlock.fingerprint)
 
 
 def os_versions(specs: list[str]) -> dict[str, str]:

@@ -14,17 +14,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from envlock.errors import LockTampered
-from envlock.lock._model import LockData
-from envlock.lock._policy import fingerprint_exclude
+from envlock.lock._derived import FINGERPRINT_EXCLUDE as FINGERPRINT_EXCLUDE
 
-# What the fingerprint leaves out, in the shape pydantic's ``exclude`` takes (True drops a key,
-# a dict recurses, ``"__all__"`` applies to every item of an array), derived from the policies.
-_L = TypeVar("_L", bound=LockData)
+# No pydantic here, and no import of the models (``_model`` imports ``short_id`` from here): the
+# sealed header (``_header``) recomputes both hashes over a lock's TOML table with these same
+# functions. What the fingerprint leaves out (``FINGERPRINT_EXCLUDE``, pydantic's ``exclude``
+# shape) is derived from the policies and generated into ``_derived``.
+_L = TypeVar("_L", bound="LockData")
 
-FINGERPRINT_EXCLUDE: dict[str, Any] = fingerprint_exclude(LockData)
+
+class _Meta(Protocol):
+    """``[envlock]`` as the seal reads it (``_model.Meta``)."""
+
+    @property
+    def fingerprint(self) -> str | None: ...
+    @property
+    def integrity(self) -> str | None: ...
+    def model_copy(self, *, update: dict[str, Any]) -> _Meta: ...
+
+
+class LockData(Protocol):
+    """What the seal needs of a lock's model (``_model.LockData``)."""
+
+    @property
+    def envlock(self) -> _Meta: ...
+    def model_dump(self, *, mode: str, exclude_none: bool) -> dict[str, Any]: ...
+    def model_copy(self: _L, *, update: dict[str, Any]) -> _L: ...
 
 
 def canonical_json(data: Any) -> bytes:
@@ -56,9 +74,15 @@ def _sha256(data: Any) -> str:
 
 
 def canonical_form(lock: LockData) -> dict[str, Any]:
-    """What both hashes are computed over. An empty ``unreadable`` (the probe read everything)
-    adds nothing, so a lock sealed before that field existed keeps its seal."""
-    form = dict(lock.model_dump(mode="json", exclude_none=True))
+    """What both hashes are computed over: the model's dump, through ``sealed_form``."""
+    return sealed_form(lock.model_dump(mode="json", exclude_none=True))
+
+
+def sealed_form(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a model's dump, or a lock's TOML table) as the hashes see it. An empty
+    ``unreadable`` (the probe read everything) adds nothing, so a lock sealed before that field
+    existed keeps its seal."""
+    form = dict(data)
     if not form.get("unreadable", True):
         del form["unreadable"]
     return form
@@ -112,12 +136,18 @@ def seal(lock: _L) -> _L:
 def check_seal(lock: LockData, name: str = "env.lock") -> None:
     """Raise LockTampered when the content no longer matches the hashes written with it."""
     meta = lock.envlock
-    if meta.fingerprint is None or meta.integrity is None:
+    check_hashes(meta.fingerprint, meta.integrity, canonical_form(lock), name)
+
+
+def check_hashes(fingerprint: object, integrity: object, form: dict[str, Any], name: str) -> None:
+    """Raise LockTampered unless ``fingerprint`` and ``integrity`` (as written in ``[envlock]``)
+    are the two hashes of ``form``: the one seal check, for the models' form (``check_seal``)
+    and for the TOML table itself (``_header``), so both doors refuse in the same words."""
+    if fingerprint is None or integrity is None:
         raise LockTampered(
             f"{name} is not sealed (no fingerprint)", hint=f"run `envlock fmt {name}` to seal it"
         )
-    form = canonical_form(lock)
-    if meta.integrity == _integrity_of(form) and meta.fingerprint != _fingerprint_of(form):
+    if integrity == _integrity_of(form) and fingerprint != _fingerprint_of(form):
         # The content is as sealed; only the id differs: the lock was sealed by an envlock that
         # left less out of the fingerprint (seeds, determinism flags and the image were once
         # part of it). Said as such, not as an edit: re-sealing changes its id and nothing else.
@@ -125,11 +155,17 @@ def check_seal(lock: LockData, name: str = "env.lock") -> None:
         raise LockTampered(
             f"{name} was sealed by an earlier envlock, whose id covered process state (seeds, "
             f"determinism flags) and the image: its content is unchanged, its id is now "
-            f"{new.split(':', 1)[-1][:12]} (was {str(meta.fingerprint).split(':', 1)[-1][:12]})",
+            f"{new.split(':', 1)[-1][:12]} (was {str(fingerprint).split(':', 1)[-1][:12]})",
             hint=f"run `envlock fmt {name}` to re-seal it with the current id",
         )
-    if meta.integrity != _integrity_of(form) or meta.fingerprint != _fingerprint_of(form):
+    if integrity != _integrity_of(form) or fingerprint != _fingerprint_of(form):
         raise LockTampered(
             f"{name} was edited after capture: its fingerprint does not match its content",
             hint=f"if the edit was deliberate, run `envlock fmt {name}` to re-seal it",
         )
+
+
+def short_id(fingerprint: str | None) -> str:
+    """12 hex digits of the fingerprint: the id quoted in papers and pull requests (the models'
+    ``short_id`` and the sealed header's)."""
+    return fingerprint.split(":", 1)[1][:12] if fingerprint else "unsealed"

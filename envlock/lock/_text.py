@@ -14,6 +14,10 @@ from typing import Any
 from envlock import _files
 from envlock.errors import LockInvalid
 
+# The schema version this envlock writes, and the one the sealed header (``_header``) reads
+# without the models; ``_model`` declares its default with it, ``_read`` keys its readers by it.
+SCHEMA_VERSION = 1
+
 # One limit for every command that reads a lock, and for capture, which writes none larger.
 MAX_LOCK_BYTES = 16 * 1024 * 1024
 

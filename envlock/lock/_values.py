@@ -51,3 +51,10 @@ def check_env(env: dict[str, str], table: str = "env") -> dict[str, str]:
         elif env_value(name, value) != value:  # the capture rule (an index URL's path token too)
             raise ValueError(f"{table}.{name} {_CREDENTIALS}")
     return dict(sorted(env.items()))
+
+
+def split_os_spec(spec: str) -> tuple[str, str, str]:
+    """(name, arch, version) of ``name:arch=version`` (a version may hold an epoch colon)."""
+    head, _, version = spec.partition("=")
+    name, _, arch = head.partition(":")
+    return name, arch, version

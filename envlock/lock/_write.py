@@ -9,23 +9,28 @@ removed by the next write.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import envlock.lock._text as _text
 import envlock.lock._toml as _toml
 from envlock._version import __version__
 from envlock.errors import EnvlockError, LockTooLarge, UsageError
-from envlock.lock._model import SCHEMA_VERSION, LockData
-from envlock.lock._policy import policies
 from envlock.lock._seal import seal
+from envlock.lock._text import SCHEMA_VERSION
 from envlock.probe.procs import pid_alive
 from envlock.text.terminal import plural
+
+if TYPE_CHECKING:
+    # The models only where a lock is written: ``PROTECTED_ENV`` and ``looks_like_lock`` are
+    # read on ``run``'s fast path, which builds no model.
+    from envlock.lock._model import LockData
 
 # No file name in here: the same environment written to two names must give the same text.
 HEADER = """\
@@ -35,8 +40,14 @@ env.lock - a replayable environment, written by envlock {version}.
   envlock restore LOCK    rebuild it as a container
 Hand edits break the seal (verify exits 2); after a deliberate edit run `envlock fmt LOCK`."""
 
-# The comment under each top-level table's header, as the model declares it.
-_SECTION_COMMENTS = {name: p.comment for name, p in policies(LockData).items() if p.comment is not None}
+
+@functools.cache
+def _section_comments() -> dict[str, str]:
+    """The comment under each top-level table's header, as the model declares it."""
+    from envlock.lock._model import LockData
+    from envlock.lock._policy import policies
+
+    return {name: p.comment for name, p in policies(LockData).items() if p.comment is not None}
 
 
 
@@ -69,7 +80,7 @@ def dumps(lock: LockData, name: str = "env.lock") -> str:
             continue
         if value in ({}, []) and key not in ("determinism", "seeds"):
             continue
-        _toml.table(out, key, value, _SECTION_COMMENTS.get(key))
+        _toml.table(out, key, value, _section_comments().get(key))
     for key, rows in tail:
         if key == "os_packages":
             _os_packages_table(out, rows)
@@ -77,7 +88,7 @@ def dumps(lock: LockData, name: str = "env.lock") -> str:
         if key == "packages":
             out.append(f"\n# {plural(len(rows), 'distribution')}, sorted by name. record_sha256 names the exact build.\n")
         elif key == "unreadable":
-            out.append(f"\n# {_SECTION_COMMENTS['unreadable']}\n")
+            out.append(f"\n# {_section_comments()['unreadable']}\n")
         else:
             out.append("\n# Distributions shadowed by another of the same name earlier on sys.path.\n")
         # An empty list is the model's default: `hashes = []` on every row is only noise in a

@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from packaging.utils import canonicalize_name
 
 from envlock._files import sha256_file
 from envlock.drift.expected import TOOLING, Restored
 from envlock.errors import WHEELHOUSE_HINT, NotRestorable, UnsafeValue, UsageError
-from envlock.lock import Lock, Package
 from envlock.probe.rules import numerics_variable
 from envlock.restore import ospackages, values
 from envlock.restore.ownwheel import OWN_DIST
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
+
+if TYPE_CHECKING:
+    from envlock.lock import Header, Lock, Package
 
 LayerName = Literal["torch", "torch-deps", "packages", "envlock", "tooling"]
 BaseOrigin = Literal["lock", "--base", "table"]
@@ -245,7 +247,7 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def numerics_env(lock: Lock, *, process: bool) -> dict[str, str]:
+def numerics_env(lock: Lock | Header, *, process: bool) -> dict[str, str]:
     """The lock's numerics variables, validated: those set before the capturing process started
     (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
     state, which ``envlock run`` passes to the command and the image does not carry)."""

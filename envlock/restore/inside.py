@@ -41,7 +41,7 @@ from envlock._version import __version__
 from envlock.drift.expected import Restored
 
 if TYPE_CHECKING:
-    from envlock.lock import Lock
+    from envlock.lock import Header, Lock
 
 FORMAT = 1
 DIRECTORY = "inside"  # under restore's part of the cache (``restore.cache_dir``); ``cachedir.CHECKS``
@@ -69,7 +69,7 @@ def _directory() -> Path:
     return Path(cache_dir()) / "restore" / DIRECTORY
 
 
-def key(engine: str, lock: Lock, image_id: str) -> str | None:
+def key(engine: str, lock: Lock | Header, image_id: str) -> str | None:
     """The entry's key (see the module's docstring); None where nothing is kept: an engine
     whose ids name no content, a lock without its integrity hash."""
     from envlock.probe.source import digest
@@ -86,8 +86,10 @@ def _path(entry_key: str) -> Path:
     return _directory() / f"{PREFIX}{entry_key[:40]}.json"
 
 
-def find(engine: str, lock: Lock, image_id: str) -> Kept | None:
-    """The earlier check inside ``image_id`` for ``lock``, or None (never raises)."""
+def find(engine: str, lock: Lock | Header, image_id: str) -> Kept | None:
+    """The earlier check inside ``image_id`` for ``lock``, or None (never raises). ``run``'s fast
+    path asks with the sealed header: an entry was kept by a restore that read the lock through
+    the models, so one found for the header's integrity is a lock ``load()`` accepted."""
     from envlock.probe.statcache import file_cache_allowed, read_cache
 
     entry_key = key(engine, lock, image_id)

@@ -29,12 +29,16 @@ import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envlock.errors import NotRestorable
-from envlock.lock import Lock, split_os_spec
+from envlock.lock import split_os_spec
 from envlock.probing.process import OSPKGS_PATH
 from envlock.restore import values
 from envlock.text.terminal import first
+
+if TYPE_CHECKING:
+    from envlock.lock import Lock
 
 SPEC_FILE = "os-packages.txt"
 CHECK_SCRIPT = "ospkgs.py"

@@ -22,7 +22,6 @@ Two ways to get its wheel, the first that applies:
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -31,9 +30,15 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envlock.errors import NotRestorable
 from envlock.restore import wheelfile
+
+if TYPE_CHECKING:
+    # Imported where it is used: ``OWN_DIST`` is read by the plan's module on ``run``'s fast
+    # path, which builds no wheel and looks up no distribution.
+    import importlib.metadata
 
 OWN_DIST = "envlock-ml"
 
@@ -45,6 +50,8 @@ def _package_dir() -> Path:
 
 def _installed() -> importlib.metadata.Distribution | None:
     """The distribution that holds the running envlock's files, when it is a regular install."""
+    import importlib.metadata
+
     here = _package_dir() / "__init__.py"
     try:
         dist = importlib.metadata.distribution(OWN_DIST)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from envlock.errors import NotRestorable
-from envlock.lock import Package
 from envlock.restore import values
+
+if TYPE_CHECKING:
+    from envlock.lock import Package
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envlock.errors import NotRestorable, UsageError
-from envlock.lock import Lock
 from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
 
 if TYPE_CHECKING:
     from envlock.drift.result import Comparison
+    from envlock.lock import Header, Lock
     from envlock.restore.engine import ContainerEngine, ImageInfo
     from envlock.restore.progress import Progress
 
@@ -336,14 +336,16 @@ class Ready:
     os_packages_restored: bool
 
 
-def ready_image(engine: ContainerEngine, lock: Lock, options: ctx.Options, name: str) -> Ready | None:
+def ready_image(engine: ContainerEngine, lock: Lock | Header, options: ctx.Options, name: str) -> Ready | None:
     """The lock's image when it was restored with these options and the check inside it
     passed (kept per image id, ``inside``); None sends ``run`` through the whole restore.
 
     ``run`` needs an image proven to match the lock, not a build context: the image the tag
     names, with the options the restore recorded in its labels, and a kept check that passed
     for this lock. Rendering the context and hashing its wheels again (``context_key``, what
-    ``restore`` compares), and listing images by label, are left to ``restore``."""
+    ``restore`` compares), and listing images by label, are left to ``restore``. ``lock`` may be
+    the sealed header (``lock.header``): the tag, the short id and the kept check's key are all
+    this needs of it."""
     from envlock.restore import inside
 
     tag = dockerfile.image_tag(name, lock.short_id)

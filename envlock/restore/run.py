@@ -18,15 +18,19 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from envlock.drift.compare import OS_FROM_BASE_ENV
+from envlock.drift.result import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
-from envlock.lock import PROTECTED_ENV, Lock, looks_like_lock
+from envlock.lock import PROTECTED_ENV, looks_like_lock
 from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
 from envlock.restore.tables import driver_older, driver_requirement
 from envlock.runtime.common import WORKERS_ENV
 from envlock.text.terminal import Tail
+
+if TYPE_CHECKING:
+    from envlock.lock import Header, Lock
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
@@ -117,13 +121,13 @@ def host_driver() -> str | None:
     return first[0].strip() if out.returncode == 0 and first else None
 
 
-def needs_driver(lock: Lock, gpus: str) -> bool:
+def needs_driver(lock: Lock | Header, gpus: str) -> bool:
     """Whether ``resolve_gpus`` judges the host's driver for ``gpus``: every request but
     ``none``, and ``auto`` only for a lock whose torch uses CUDA (else it runs on CPU)."""
     return gpus != "none" and (gpus != "auto" or bool(lock.torch and lock.torch.cuda))
 
 
-def resolve_gpus(lock: Lock, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
+def resolve_gpus(lock: Lock | Header, gpus: str, driver: str | None) -> tuple[str | None, list[str]]:
     """(the GPU request for the engine or None, warnings); refuses what cannot work."""
     if not _GPUS_RE.fullmatch(gpus):
         raise UsageError(f"--gpus {gpus!r}: expected all, none, auto or a list like 0,1")
@@ -173,7 +177,7 @@ def _jupyter(lock: Lock, python: str, ports: dict[str, tuple[str, int]], env: di
     return command, ports
 
 
-def process_variables(lock: Lock) -> dict[str, str]:
+def process_variables(lock: Lock | Header) -> dict[str, str]:
     """What the recorded process set itself and ``run`` sets again: its numerics variables
     (``numerics_env``) and whether seed_everything() seeded DataLoader workers
     (``ENVLOCK_SEED_WORKERS``, recorded in ``[env]``), as one of its two meanings."""
@@ -204,7 +208,7 @@ def protected_locks(workspace: Path, lock_path: Path | None) -> list[tuple[str, 
     return sorted(out.items())
 
 
-def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, opts: RunOptions,
+def run_in_image(engine: ContainerEngine, lock: Lock | Header, image_id: str, tag: str, opts: RunOptions,
                  *, python: str, os_packages_restored: bool = True) -> int:
     """Run the command (or JupyterLab) and return its exit code.
 
@@ -226,7 +230,12 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     if opts.ssh and command:
         raise UsageError("--ssh starts the image's sshd; run commands over ssh, not after --")
     if opts.jupyter:
-        command, ports = _jupyter(lock, python, ports, env)
+        from envlock.lock import Header
+
+        full = lock.lock if isinstance(lock, Header) else lock
+        if full is None:  # the fast path (``commands/run``) leaves --jupyter to the models
+            raise AssertionError("--jupyter reads the lock's packages: load() the lock")
+        command, ports = _jupyter(full, python, ports, env)
     if opts.ssh:
         from envlock.restore.ssh import prepare, private_directory
 
@@ -243,7 +252,7 @@ def run_in_image(engine: ContainerEngine, lock: Lock, image_id: str, tag: str, o
     return _run(engine, lock, image_id, command, env, opts, ports=ports, user=f"{os.getuid()}:{os.getgid()}")
 
 
-def _run(engine: ContainerEngine, lock: Lock, image_id: str, command: Sequence[str],
+def _run(engine: ContainerEngine, lock: Lock | Header, image_id: str, command: Sequence[str],
          env: Mapping[str, str], opts: RunOptions, *, ports: Mapping[str, tuple[str, int]], user: str,
          extra_mounts: Sequence[tuple[str, str, bool]] = (), banner: str = "") -> int:
     workspace = (opts.workspace or Path.cwd()).resolve()

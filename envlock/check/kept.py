@@ -1,0 +1,116 @@
+"""A verify's answer kept for the next one: when neither the lock nor the environment changed,
+``envlock verify`` prints what it printed last time, without building the models.
+
+Building the lock's models (pydantic's import and their schemas) is most of a warm verify,
+yet when the lock's seal verifies (its sealed header, ``lock.header``) and the probe reports the
+very document it reported before, the verdict is known: the comparator and the report are
+functions of the two. So a verify that passed keeps its output, keyed in two parts:
+
+* the file's name: what is known before the probe runs: this envlock's version, the lock's two
+  hashes (every field of it: an edited and re-sealed lock is another entry), the name the lock
+  was given, the options that change the output, the environment chosen and how, the working
+  directory and home (paths are shown relative to them), and what ``judge`` reads beyond the two
+  locks (the restore facts of an image, ``OS_FROM_BASE``). No entry: the verify runs as ever,
+  the lock's models built while the probe runs;
+* inside the entry: what the probe reported (its whole document, less its timings) and what is
+  derived from it for the report. Anything different is a miss: the models are built, the
+  verdict given by ``check/local.judge`` as always, and the entry replaced.
+
+Only a verify that passed is kept (a drift is reported by the models, every time), and only
+the plain one: ``--deep``, ``--record``, ``--fleet``, ``--requirements`` and ``--no-cache``
+are never answered from here. Entries are read and written through the probe's cache rules (``probe.statcache``:
+the caller's own private directory, regular files only, atomic writes, bounded reads); one
+that is missing, unreadable, corrupt, not the caller's own or keyed otherwise is a miss.
+``ENVLOCK_NO_CACHE=1`` reads none and keeps none (its value is part of the key anyway). An entry is a cache of an answer
+``load()`` and the comparator gave for a lock of this integrity; it is never a second verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from envlock._version import __version__
+
+FORMAT = 1
+DIRECTORY = "verify"  # under envlock's cache directory (``probe.statcache.cache_dir``)
+PREFIX = "verdict-"
+KEEP = 64  # entries kept; the oldest beyond are removed when one is written
+MAX_BYTES = 4 * 1024 * 1024
+
+
+class Kept(NamedTuple):
+    """The kept answer: what verify printed, and the digest of what it was derived from."""
+
+    output: str
+    inputs: str
+
+
+def digest(material: Any) -> str:
+    """sha256 of ``material`` as sorted, compact JSON: the same material is the same digest."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
+
+
+def _directory() -> Path:
+    from envlock.probe.statcache import cache_dir
+
+    return Path(cache_dir()) / DIRECTORY
+
+
+def _path(key: str) -> Path:
+    return _directory() / f"{PREFIX}{key[:40]}.json"
+
+
+def find(key: str) -> Kept | None:
+    """The answer kept under ``key``, or None (never raises)."""
+    from envlock.probe.statcache import file_cache_allowed, read_cache
+
+    if not file_cache_allowed():
+        return None
+    raw = read_cache(str(_path(key)), MAX_BYTES)
+    if raw is None:
+        return None
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        return None
+    output, inputs = entry.get("output"), entry.get("inputs")
+    if not isinstance(output, str) or not isinstance(inputs, str):
+        return None
+    return Kept(output=output, inputs=inputs)
+
+
+def keep(key: str, *, inputs: str, output: str) -> bool:
+    """Keep ``output`` under ``key`` for these ``inputs``; False when nothing was written."""
+    from envlock.probe.statcache import file_cache_allowed, prune, write_cache
+
+    if not file_cache_allowed():
+        return False
+    entry = {"format": FORMAT, "key": key, "envlock": __version__, "inputs": inputs, "output": output,
+             "kept_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    written = write_cache(str(_path(key)), entry)
+    if written:
+        prune(PREFIX, KEEP, str(_directory()))
+    return written
+
+
+def file_state(path: str) -> str | None:
+    """A file ``judge`` reads beyond the two locks, as key material: its bytes' digest, or None
+    when it cannot be read (as ``judge`` then reads nothing)."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read(1 << 20)).hexdigest()
+    except OSError:
+        return None
+
+
+def here() -> dict[str, Any]:
+    """What a report's paths are shown relative to (``probing.target.display_path``)."""
+    return {"cwd": os.getcwd(), "home": os.path.expanduser("~")}
