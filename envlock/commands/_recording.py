@@ -445,13 +445,18 @@ def remember_restore_options(args: argparse.Namespace, short_id: str, lock_path:
 def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
     """The options the last ``envlock restore`` of this lock was given, for each one not given
     now, set on ``args`` and said in one line, as ``run --replay`` reuses a record's. A file
-    that cannot be read or is not such options is no memory (it is envlock's cache)."""
+    that cannot be read or is not such options is no memory (it is envlock's cache). The models
+    are imported only when there is such a file: a plain ``run`` of a proven image reads none."""
+    try:
+        text = _remembered(short_id, lock_path).read_bytes()
+    except OSError:
+        return
     from pydantic import ValidationError
 
     from envlock.replay.record import RestoreOptions
 
     try:
-        kept = RestoreOptions.model_validate_json(_remembered(short_id, lock_path).read_bytes(), strict=False)
-    except (OSError, ValidationError):
+        kept = RestoreOptions.model_validate_json(text, strict=False)
+    except ValidationError:
         return
     _reuse(args, kept, f"`envlock restore` was given for {lock_path}", "/", again="to `envlock run`")
