@@ -11,6 +11,8 @@ from typing import Any
 # field's policy (``_policy.fingerprint_exclude``).
 FINGERPRINT_EXCLUDE: dict[str, Any] = {   'canary': True,
     'compile': True,
+    'conda': {   'packages': {'__all__': {'requested_specs': True, 'url': True}},
+                 'virtual_packages': True},
     'determinism': {   'cuda_fp32_precision': True,
                        'cuda_matmul_allow_bf16_reduced_precision_reduction': True,
                        'cuda_matmul_allow_fp16_reduced_precision_reduction': True,
