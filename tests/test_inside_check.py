@@ -20,7 +20,8 @@ from envlock.restore import dockerfile, inside
 from envlock.restore import verify as verify_mod
 from envlock.restore.context import Options, Plan, plan
 from envlock.restore.engine import ImageInfo
-from envlock.restore.restore import options_key, ready_image, verify_image_for
+from envlock.restore.restore import options_key, verify_image_for
+from envlock.restore.run import ready_image
 
 IMAGE = "sha256:" + "c" * 64
 OTHER = "sha256:" + "d" * 64

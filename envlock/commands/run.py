@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.packdir import Pack
-    from envlock.restore.restore import Ready
+    from envlock.restore.run import Ready
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +98,8 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
-        from envlock.restore.restore import image_name, ready_image
+        from envlock.restore.restore import image_name
+        from envlock.restore.run import ready_image
 
         if pack is not None:
             assert lock is not None
@@ -230,7 +231,7 @@ def _restore_for_run(args: argparse.Namespace, lock: Lock, build_options: Option
     """The lock's image through the whole restore (found by its build context, or built) and,
     unless --no-verify, the check inside it (kept per image id: it runs once per image); the
     exit code when the check found the image does not match the lock."""
-    from envlock.restore.restore import Ready
+    from envlock.restore.run import Ready
 
     result = restore_image(args, lock, build_options, engine, verify=False, lock_path=lock_path,
                            network=network)

@@ -26,7 +26,7 @@ from envlock.restore import context as ctx
 
 if TYPE_CHECKING:
     from envlock.drift.result import Comparison
-    from envlock.lock import Header, Lock
+    from envlock.lock import Lock
     from envlock.restore.engine import ContainerEngine, ImageInfo
     from envlock.restore.progress import Progress
 
@@ -324,38 +324,3 @@ def verify_image_for(engine: ContainerEngine, plan: ctx.Plan, image_id: str, tag
     inside.keep(engine.name, plan.lock, image_id, python=plan.python, restored=plan.restored,
                 document=doc, ok=found[1].ok)
     return found
-
-
-@dataclass(frozen=True)
-class Ready:
-    """An image ``run`` can start without restoring: the lock's, proven by a kept check."""
-
-    image_id: str
-    tag: str
-    python: str
-    os_packages_restored: bool
-
-
-def ready_image(engine: ContainerEngine, lock: Lock | Header, options: ctx.Options, name: str) -> Ready | None:
-    """The lock's image when it was restored with these options and the check inside it
-    passed (kept per image id, ``inside``); None sends ``run`` through the whole restore.
-
-    ``run`` needs an image proven to match the lock, not a build context: the image the tag
-    names, with the options the restore recorded in its labels, and a kept check that passed
-    for this lock. Rendering the context and hashing its wheels again (``context_key``, what
-    ``restore`` compares), and listing images by label, are left to ``restore``. ``lock`` may be
-    the sealed header (``lock.header``): the tag, the short id and the kept check's key are all
-    this needs of it."""
-    from envlock.restore import inside
-
-    tag = dockerfile.image_tag(name, lock.short_id)
-    info = engine.image(tag)
-    if info is None or info.labels.get(dockerfile.LABEL_OPTIONS) != options_key(options) \
-            or info.labels.get(dockerfile.LABEL_SHORT_ID) != lock.short_id \
-            or dockerfile.LABEL_CONTEXT not in info.labels:
-        return None
-    kept = inside.find(engine.name, lock, info.id)
-    if kept is None or not kept.ok:
-        return None
-    return Ready(image_id=info.id, tag=tag, python=kept.python,
-                 os_packages_restored=kept.restored.os_packages_restored)

@@ -31,6 +31,7 @@ from envlock.text.terminal import Tail
 
 if TYPE_CHECKING:
     from envlock.lock import Header, Lock
+    from envlock.restore.context import Options
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
@@ -286,3 +287,39 @@ def _run(engine: ContainerEngine, lock: Lock | Header, image_id: str, command: S
 
     result = engine.run(spec, on_stdout=out, on_stderr=err)
     return result.exit_code
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An image ``run`` can start without restoring: the lock's, proven by a kept check."""
+
+    image_id: str
+    tag: str
+    python: str
+    os_packages_restored: bool
+
+
+def ready_image(engine: ContainerEngine, lock: Lock | Header, options: Options, name: str) -> Ready | None:
+    """The lock's image when it was restored with these options and the check inside it
+    passed (kept per image id, ``inside``); None sends ``run`` through the whole restore.
+
+    ``run`` needs an image proven to match the lock, not a build context: the image the tag
+    names, with the options the restore recorded in its labels, and a kept check that passed
+    for this lock. Rendering the context and hashing its wheels again (``context_key``, what
+    ``restore`` compares), and listing images by label, are left to ``restore``. ``lock`` may be
+    the sealed header (``lock.header``): the tag, the short id and the kept check's key are all
+    this needs of it."""
+    from envlock.restore import dockerfile, inside
+    from envlock.restore.restore import options_key
+
+    tag = dockerfile.image_tag(name, lock.short_id)
+    info = engine.image(tag)
+    if info is None or info.labels.get(dockerfile.LABEL_OPTIONS) != options_key(options) \
+            or info.labels.get(dockerfile.LABEL_SHORT_ID) != lock.short_id \
+            or dockerfile.LABEL_CONTEXT not in info.labels:
+        return None
+    kept = inside.find(engine.name, lock, info.id)
+    if kept is None or not kept.ok:
+        return None
+    return Ready(image_id=info.id, tag=tag, python=kept.python,
+                 os_packages_restored=kept.restored.os_packages_restored)
