@@ -68,18 +68,12 @@ def _path(key: str) -> Path:
 
 def find(key: str) -> Kept | None:
     """The answer kept under ``key``, or None (never raises)."""
-    from envlock.probe.statcache import file_cache_allowed, read_cache
+    from envlock.probe.statcache import file_cache_allowed, read_entry
 
     if not file_cache_allowed():
         return None
-    raw = read_cache(str(_path(key)), MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        entry = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+    entry = read_entry(str(_path(key)), MAX_BYTES, format=FORMAT, key=key)
+    if entry is None:
         return None
     output, inputs = entry.get("output"), entry.get("inputs")
     if not isinstance(output, str) or not isinstance(inputs, str):

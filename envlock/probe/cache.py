@@ -6,7 +6,6 @@ Stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -17,7 +16,7 @@ from .files import read_text, sha256
 from .native import is_shared_object
 from .packages import collect_packages, path_entries, record_sha256
 from .rules import canonicalize_name, numerics_library, numerics_variable
-from .statcache import RecordDigests, cache_dir, prune, read_cache, scan_record, write_cache
+from .statcache import RecordDigests, cache_dir, prune, read_entry, scan_record, write_cache
 
 # ---------------------------------------------------------------------------------------------
 # Torch facts cache: what ``import torch`` would tell, reused while nothing it depends on moved.
@@ -176,13 +175,8 @@ def _cache_path(key: str) -> str:
 def cache_read(key: str) -> Optional[Dict[str, Any]]:
     """The facts stored under ``key``; None for a miss, a corrupt entry, one of another key or
     one the caller does not own (``statcache.read_cache``)."""
-    data = read_cache(_cache_path(key), 1 << 22)
-    try:
-        entry = json.loads(data.decode("utf-8")) if data is not None else None
-    except (ValueError, RecursionError):
-        return None
-    if (not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT
-            or entry.get("key") != key or not isinstance(entry.get("facts"), dict)):
+    entry = read_entry(_cache_path(key), 1 << 22, format=CACHE_FORMAT, key=key)
+    if entry is None or not isinstance(entry.get("facts"), dict):
         return None
     facts: Dict[str, Any] = entry["facts"]
     if not isinstance(facts.get("torch"), dict) or not isinstance(facts.get("determinism"), dict):

@@ -36,13 +36,12 @@ raises.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .statcache import SETTLE_NS, Clock, cache_dir, prune, read_cache, stat_key, write_cache
+from .statcache import SETTLE_NS, Clock, cache_dir, prune, read_entry, stat_key, write_cache
 
 FORMAT = 1
 KIND = "envlock-file-hashes"
@@ -69,15 +68,9 @@ def load(path: str, prefix: str, sites: List[str]) -> Dict[str, Any]:
     one pass over 25,000 of them would cost as much as the parse."""
     # Someone else's file (planted in a shared $ENVLOCK_CACHE_DIR) could vouch for any edited
     # file: only the caller's own, in a directory of its own, is read (``read_cache``).
-    raw = read_cache(path, MAX_BYTES, os.path.dirname(path))
-    if raw is None:
-        return {}
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
-        return {}
-    if (not isinstance(data, dict) or data.get("kind") != KIND or data.get("format") != FORMAT
-            or data.get("prefix") != prefix or data.get("sites") != sites):
+    data = read_entry(path, MAX_BYTES, os.path.dirname(path), kind=KIND, format=FORMAT, prefix=prefix,
+                      sites=sites)
+    if data is None:
         return {}
     entries = data.get("entries")
     return entries if isinstance(entries, dict) else {}

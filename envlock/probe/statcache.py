@@ -190,16 +190,22 @@ def _valid_key(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 5 and all(type(v) is int for v in value)
 
 
-def _read_entry(path: str, limit: int) -> Any:
-    """The JSON at ``path``; None when missing, unreadable, corrupt, too big or not the caller's
-    own (``read_cache``)."""
-    data = read_cache(path, limit)
+def read_entry(path: str, limit: int, directory: Optional[str] = None,
+               **expected: Any) -> Optional[Dict[str, Any]]:
+    """The JSON object of the cache entry at ``path`` when each of ``expected`` holds its value
+    there (the entry's format, the key it was written under); None when it is missing,
+    unreadable, corrupt, too big, not the caller's own (``read_cache``) or another entry. The
+    one reader of a JSON cache entry: each caller checks only its own fields."""
+    data = read_cache(path, limit, directory)
     if data is None:
         return None
     try:
-        return json.loads(data.decode("utf-8"))
+        entry = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
         return None
+    if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in expected.items()):
+        return None
+    return entry
 
 
 class RecordDigests:
@@ -221,7 +227,7 @@ class RecordDigests:
         self.scans: Dict[str, List[Any]] = {}
         self.used: Set[str] = set()
         self.dirty = False
-        data = _read_entry(self.path, self.MAX_BYTES)
+        data = read_entry(self.path, self.MAX_BYTES)
         if isinstance(data, dict) and data.get("format") == RECORDS_FORMAT:
             for name, store in (("entries", self.entries), ("scans", self.scans)):
                 found = data.get(name)
@@ -352,7 +358,7 @@ def load_os_packages(root: str = "/", run: Optional[ospkgs.Runner] = None,
     key: List[Any] = [root, _parser_digest(), [stat_key(st) if st else None for st in stats]]
     digest = sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
     path = os.path.join(cache_dir(), "ospkgs-%s.json" % digest[:32])
-    db = database_from_entry(_read_entry(path, 1 << 26), key, root)
+    db = database_from_entry(read_entry(path, 1 << 26), key, root)
     if db is None:
         db = ospkgs.load(root, run)
         if db is not None and db.manager in ("dpkg", "apk") \
@@ -406,7 +412,7 @@ def dpkg_owners(info_dir: str, wanted: Set[str], now_ns: Clock = time.time_ns,
     needs, so the lists after it cannot change the answer). A system Python's capture on a
     desktop-sized Debian would otherwise read a few hundred lists on every run."""
     path, key = _owners_key(info_dir, wanted, kind)
-    found = owners_from_entry(_read_entry(path, 1 << 24), key, info_dir)
+    found = owners_from_entry(read_entry(path, 1 << 24), key, info_dir)
     if found is not None:
         return found
     try:

@@ -90,19 +90,13 @@ def find(engine: str, lock: Lock | Header, image_id: str) -> Kept | None:
     """The earlier check inside ``image_id`` for ``lock``, or None (never raises). ``run``'s fast
     path asks with the sealed header: an entry was kept by a restore that read the lock through
     the models, so one found for the header's integrity is a lock ``load()`` accepted."""
-    from envlock.probe.statcache import file_cache_allowed, read_cache
+    from envlock.probe.statcache import file_cache_allowed, read_entry
 
     entry_key = key(engine, lock, image_id)
     if entry_key is None or not file_cache_allowed():
         return None
-    raw = read_cache(str(_path(entry_key)), MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        entry = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != entry_key:
+    entry = read_entry(str(_path(entry_key)), MAX_BYTES, format=FORMAT, key=entry_key)
+    if entry is None:
         return None
     checked_at, python, doc, ok = (entry.get(k) for k in ("checked_at", "python", "document", "ok"))
     restored = Restored.from_json(entry["restored"]) if isinstance(entry.get("restored"), str) else None
