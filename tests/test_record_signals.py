@@ -5,11 +5,13 @@ waits for the command does not cut that short."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,18 +79,26 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-def test_sigterm_stops_the_training_process_and_its_workers_and_writes_the_record(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "record", "run.record", "--no-trace")
+@contextlib.contextmanager
+def _watched(proc: subprocess.Popen[str], tmp_path: Path) -> Iterator[list[int]]:
+    """The training process's and its worker's pids, once it wrote them; whatever the test
+    asserts, nothing it started outlives it (they are killed, envlock too)."""
     pids: list[int] = []
     try:
-        pids = _pids(proc, tmp_path)
-        _, err = stop_with(proc, signal.SIGTERM, "envlock record")
-        left = _until_gone(pids, 5)
+        pids.extend(_pids(proc, tmp_path))
+        yield pids
     finally:
         _kill(pids)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_sigterm_stops_the_training_process_and_its_workers_and_writes_the_record(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "record", "run.record", "--no-trace")
+    with _watched(proc, tmp_path) as pids:
+        _, err = stop_with(proc, signal.SIGTERM, "envlock record")
+        left = _until_gone(pids, 5)
     assert proc.returncode == 143, err
     assert left == [], f"still running after envlock stopped: {left}"
     assert "envlock: the run was stopped by SIGTERM; recorded 2 steps, 0 outputs and 0 inputs until then " \
@@ -102,18 +112,11 @@ def test_a_second_sigterm_while_envlock_waits_for_a_stubborn_command_changes_not
     """The command ignores SIGTERM: it and its worker are killed after the grace period
     (ENVLOCK_STOP_SECONDS), and the record is written although a second SIGTERM came meanwhile."""
     proc = _start(tmp_path, "record", "run.record", "--no-trace", STUBBORN="1", ENVLOCK_STOP_SECONDS="2")
-    pids: list[int] = []
-    try:
-        pids = _pids(proc, tmp_path)
+    with _watched(proc, tmp_path) as pids:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         _, err = stop_with(proc, signal.SIGTERM, "envlock record")
         left = _until_gone(pids, 5)
-    finally:
-        _kill(pids)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 143, err
     assert left == [], f"still running after envlock stopped: {left}"
     assert "envlock: the command did not end 2 s after SIGTERM; killing it" in err
@@ -136,16 +139,9 @@ def test_a_stopped_replay_stops_its_command_and_says_it_has_no_verdict(tmp_path:
     finally:
         os.chdir(cwd)
     proc = _start(tmp_path, "replay", "run.record", "--no-trace")
-    pids: list[int] = []
-    try:
-        pids = _pids(proc, tmp_path)
+    with _watched(proc, tmp_path) as pids:
         out, err = stop_with(proc, signal.SIGTERM, "envlock replay")
         left = _until_gone(pids, 5)
-    finally:
-        _kill(pids)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 143, err
     assert left == []
     assert "envlock: the replay was stopped by SIGTERM before its end: no verdict" in err and out == ""
@@ -173,17 +169,12 @@ def test_in_a_terminals_foreground_the_command_shares_it_and_sigterm_still_reach
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=controlling_terminal)
     os.close(slave)
-    pids: list[int] = []
     try:
-        pids = _pids(proc, tmp_path)
-        assert [os.getpgid(p) for p in pids] == [proc.pid, proc.pid]  # envlock's group, the terminal's
-        _, err = stop_with(proc, signal.SIGTERM, "envlock record")
-        left = _until_gone(pids, 5)
+        with _watched(proc, tmp_path) as pids:
+            assert [os.getpgid(p) for p in pids] == [proc.pid, proc.pid]  # envlock's group, the terminal's
+            _, err = stop_with(proc, signal.SIGTERM, "envlock record")
+            left = _until_gone(pids, 5)
     finally:
-        _kill(pids)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         os.close(master)
     assert proc.returncode == 143, err
     assert left == [], f"still running after envlock stopped: {left}"
