@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from helpers import LockFactory, resealed
@@ -29,6 +29,9 @@ from envlock.restore import verify as verify_mod
 from envlock.restore.context import Options, plan
 from envlock.restore.engine import ImageInfo
 from envlock.restore.restore import options_key, verify_image_for
+
+if TYPE_CHECKING:
+    from envlock.restore.engine import ContainerEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "sha256:" + "c" * 64
@@ -64,7 +67,7 @@ def proven(restore_lock: LockFactory, tmp_path: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(verify_mod, "probe_in_image", probe_in_image)
     engine = Engine(lock)
-    verify_image_for(engine, plan(lock, Options(base=BASE)), IMAGE, "t")  # what a restore keeps
+    verify_image_for(cast("ContainerEngine", engine), plan(lock, Options(base=BASE)), IMAGE, "t")  # what a restore keeps
 
     @contextlib.contextmanager
     def connect(_: Any) -> Iterator[Engine]:

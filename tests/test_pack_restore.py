@@ -324,7 +324,12 @@ def test_pack_checks_its_base_image_before_collecting_any_wheel(
             raise ImageNotFound(f"cannot pull {ref}")
 
     collected: list[Any] = []
-    monkeypatch.setattr(pack_mod, "collect_wheels", lambda *a, **k: collected.append(a) or ([], [], []))
+
+    def collect_wheels(*a: Any, **k: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        collected.append(a)
+        return [], [], []
+
+    monkeypatch.setattr(pack_mod, "collect_wheels", collect_wheels)
     lock = restore_lock(packages=[("six", "1.16.0")])
     lock.save(tmp_path / "env.lock")
     engine = NoBase()

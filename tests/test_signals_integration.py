@@ -53,7 +53,8 @@ def ready(request: pytest.FixtureRequest, base_image: str, wheelhouse: Path,
 
 def _owned(client: Any, pid: int) -> list[Any]:
     """Every container (running or not) an envlock process with this pid created here."""
-    return client.containers.list(all=True, filters={"label": f"org.envlock.owner={socket.gethostname()}/{pid}"})
+    found: list[Any] = client.containers.list(all=True, filters={"label": f"org.envlock.owner={socket.gethostname()}/{pid}"})
+    return found
 
 
 def _until_running(client: Any, proc: subprocess.Popen[str]) -> None:
