@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from envlock.lock._lock import Lock
 from envlock.lock._model import SCHEMA_VERSION, LockData
@@ -40,7 +39,7 @@ def empty_defaults(model: type[BaseModel] = LockData) -> dict[str, Any]:
         if field.default_factory is not None:
             default = field.default_factory()  # type: ignore[call-arg]
         else:
-            default = None if field.default is PydanticUndefined else field.default
+            default = None if field.is_required() else field.default  # no default at all
         empty = isinstance(default, (list, dict)) and not default
         inner = nested_model(field.annotation)
         sub = empty_defaults(inner[0]) if inner is not None else {}
