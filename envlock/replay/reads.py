@@ -87,29 +87,33 @@ def _strings(doc: Mapping[str, Any], key: str) -> list[str]:
 
 
 class _Distributions:
-    """The files distributions' ``RECORD`` files list, by absolute path, with their sizes;
-    each directory's ``*.dist-info`` read once."""
+    """The files distributions' ``RECORD`` files list, by absolute path, with their sizes and
+    the distribution's name; each directory's ``*.dist-info`` read once."""
 
     def __init__(self) -> None:
-        self.dirs: dict[str, dict[str, int | None]] = {}
+        self.dirs: dict[str, dict[str, tuple[int | None, str | None]]] = {}
 
-    def listed(self, path: str, size: int) -> bool:
+    def owner(self, path: str) -> tuple[str | None, int | None] | None:
+        """(the distribution whose RECORD lists ``path``, the size it lists, None for any), or
+        None when no RECORD does."""
         d = os.path.dirname(path)
         while True:
             files = self._of(d)
             if path in files:
-                want = files[path]
-                return want is None or want == size
+                want, name = files[path]
+                return name, want
             parent = os.path.dirname(d)
             if parent == d:
-                return False
+                return None
             d = parent
 
-    def _of(self, d: str) -> dict[str, int | None]:
+    def _of(self, d: str) -> dict[str, tuple[int | None, str | None]]:
+        from envlock.probe.packages import distribution_name
+
         found = self.dirs.get(d)
         if found is not None:
             return found
-        out: dict[str, int | None] = {}
+        out: dict[str, tuple[int | None, str | None]] = {}
         try:
             infos = [n for n in os.listdir(d) if n.endswith(".dist-info")]
         except OSError:
@@ -119,11 +123,20 @@ class _Distributions:
                 rows = list(read_record(os.path.join(d, info, "RECORD")))
             except (OSError, UnicodeDecodeError, csv.Error):
                 continue
+            name = distribution_name(os.path.join(d, info))
             # A row without a hash (RECORD itself, bytecode) has no size either: any size goes.
-            out.update((os.path.normpath(os.path.join(d, rel)), size if digest else None)
+            out.update((os.path.normpath(os.path.join(d, rel)), (size if digest else None, name))
                        for rel, digest, size in rows)
         self.dirs[d] = out
         return out
+
+
+def _discovery(path: str) -> bool:
+    """A distribution's ``entry_points.txt``, which plugin discovery reads for every
+    distribution there is (``import torch`` looks for its backends' group so): reading it runs
+    none of the distribution's code, and an entry point that is loaded has its module read,
+    which counts the distribution as read."""
+    return os.path.basename(path) == "entry_points.txt" and os.path.dirname(path).endswith(".dist-info")
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:
@@ -274,11 +287,19 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     own = [str(Path(__file__).resolve().parents[1]), str(directory.parent), *exclude, *_compile_caches(traces)]
     skipped = set(skip)
     dists = _Distributions()
+    # The distributions a file of which the run read (on this host: a container's RECORD files
+    # are the image's), even where the file is no input here (envlock's own): which
+    # ``packages.<name>`` can be a cause. Not known from a trace that started late.
+    distributions: set[str] | None = None if inside is not None or any(d.get("late") is True for d in traces) else set()
     wanted: list[str] = []
     unhashed = 0
     for path in sorted({os.path.normpath(p) for doc in traces for p in _strings(doc, "read")} - written):
-        if (path.startswith(_SYSTEM) or "/__pycache__/" in path or path.endswith((".pyc", ".pyo"))
-                or _stdlib(path, stdlib) or _under(path, own)):
+        if path.startswith(_SYSTEM) or "/__pycache__/" in path or path.endswith((".pyc", ".pyo")):
+            continue
+        owner = dists.owner(path) if inside is None else None
+        if owner is not None and owner[0] is not None and distributions is not None and not _discovery(path):
+            distributions.add(owner[0])
+        if _stdlib(path, stdlib) or _under(path, own):
             continue
         if inside is not None:
             if not _under(path, [inside]):
@@ -295,8 +316,12 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
             # entry_points.txt), or a scratch file gone since. A file only one run found is
             # still named: the other run's record lists it.
             continue
-        if not os.path.isfile(path) or dists.listed(path, st.st_size):
+        if not os.path.isfile(path):
             continue
+        if inside is not None:
+            owner = dists.owner(path)
+        if owner is not None and owner[1] in (None, st.st_size):
+            continue  # compared by packages.<name>
         wanted.append(path)
     files: dict[str, FileRead] = {}
     left_out = 0
@@ -316,7 +341,9 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
                   processes=len(traces), late=sum(doc.get("late") is True for doc in traces) or None,
-                  unhashed=unhashed or None, left_out=left_out or None)
+                  unhashed=unhashed or None, left_out=left_out or None,
+                  # None for none at all as well: a record's TOML keeps no empty list.
+                  distributions=(sorted(d for d in distributions if holds(d)) or None) if distributions is not None else None)
     return reads, _state(traces, root_pid)
 
 
