@@ -12,6 +12,10 @@ command ended, their reads are joined, filtered and hashed:
   a distribution's ``RECORD`` lists with the size it has (``packages.<name>`` compares the
   distribution; deep verify its bytes), a workspace file ``[code]`` holds, a declared ``--input``; a variable the lock records (``[context]``'s
   ``env.*``);
+* named: the distributions a file of which any process read (``Reads.distributions``), its
+  ``entry_points.txt`` aside, so that a replay tells the packages that can be a cause from those
+  installed for something else; not known for a container's run (its ``RECORD`` files are the
+  image's) or a trace that started late (what it opened before is not in it);
 * kept: every other file by sha256 (the probe's stat cache, as ``--deep`` uses it: a file
   whose stat is unchanged is not read again), over ``MAX_HASHED`` bytes by a sample's digest
   (``sample_sha256``: the first and last MiB), and every other variable by its value as the
