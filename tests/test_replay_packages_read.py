@@ -48,9 +48,10 @@ for step in range(2):
 
 
 def distribution(site: Path, name: str, version: str, module: str | None = None, *,
-                 pth: str | None = None, entry_points: bool = False) -> None:
+                 pth: str | None = None, entry_points: bool = False, program: bool = False) -> None:
     """A distribution as pip leaves one in ``site``: a module (``name.py``), a ``.pth`` file, a
-    console script's ``entry_points.txt``, and a RECORD that lists each with its digest and size."""
+    console script's ``entry_points.txt``, a program in ``../bin``, and a RECORD that lists each
+    with its digest and size."""
     site.mkdir(parents=True, exist_ok=True)
     info = site / f"{name}-{version}.dist-info"
     info.mkdir()
@@ -65,11 +66,16 @@ def distribution(site: Path, name: str, version: str, module: str | None = None,
     if entry_points:
         (info / "entry_points.txt").write_text(f"[console_scripts]\n{name} = {name}:main\n")
         files.append(info / "entry_points.txt")
+    if program:
+        (site.parent / "bin").mkdir(exist_ok=True)
+        (site.parent / "bin" / name).write_bytes(b"\x7fELF")
+        (site.parent / "bin" / name).chmod(0o755)
+        files.append(site.parent / "bin" / name)
     rows = []
     for path in files:
         data = path.read_bytes()
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        rows.append(f"{path.relative_to(site)},sha256={digest},{len(data)}")
+        rows.append(f"{os.path.relpath(path, site)},sha256={digest},{len(data)}")
     (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,"]) + "\n")
 
 
@@ -222,19 +228,25 @@ def _trace(directory: Path, read: list[str], **extra: Any) -> None:
 def test_which_distributions_a_trace_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module of a distribution, even one changed in place (its size no longer RECORD's: kept
     as a file too), counts it as read; its ``entry_points.txt``, which plugin discovery reads for
-    every distribution, does not. A trace that started late, or a container's run, cannot say."""
+    every distribution, does not; a program it ships that a process started (not traced: it is
+    no Python) does, by its path or found on PATH. A trace that started late, or a container's
+    run, cannot say."""
     monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "cache"))
-    site = tmp_path / "site"
+    site = tmp_path / "lib" / "site"
     distribution(site, "alpha", "1.0", "A = 1\n")
     distribution(site, "beta", "1.0", "B = 1\n")
     distribution(site, "gamma", "1.0", "C = 1\n", entry_points=True)
+    distribution(site, "tool", "1.0", program=True)
+    distribution(site, "other-tool", "1.0", program=True)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(site.parent / "bin"), os.environ["PATH"]]))
     (site / "beta.py").write_text("B = 22\n")
     traces = tmp_path / "journal" / "trace"
     traces.mkdir(parents=True)
     read = [str(site / "alpha.py"), str(site / "beta.py"), str(site / "gamma-1.0.dist-info" / "entry_points.txt")]
-    _trace(traces, read)
+    _trace(traces, read, spawned=[str(site.parent / "bin" / "tool"), "other-tool"])
     reads, _ = collect(traces, tmp_path / "proj")
-    assert reads.distributions == ["alpha", "beta"] and list(reads.files) == [str(site / "beta.py")]
+    assert reads.distributions == ["alpha", "beta", "other-tool", "tool"]
+    assert list(reads.files) == [str(site / "beta.py")]
     _trace(traces, read, late=True)
     assert collect(traces, tmp_path / "proj")[0].distributions is None
     _trace(traces, read)

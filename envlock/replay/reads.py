@@ -13,7 +13,7 @@ command ended, their reads are joined, filtered and hashed:
   distribution; deep verify its bytes), a workspace file ``[code]`` holds, a declared ``--input``; a variable the lock records (``[context]``'s
   ``env.*``);
 * named: the distributions a file of which any process read (``Reads.distributions``), its
-  ``entry_points.txt`` aside, so that a replay tells the packages that can be a cause from those
+  ``entry_points.txt`` aside, and those shipping a program a process started, so that a replay tells the packages that can be a cause from those
   installed for something else; not known for a container's run (its ``RECORD`` files are the
   image's) or a trace that started late (what it opened before is not in it);
 * kept: every other file by sha256 (the probe's stat cache, as ``--deep`` uses it: a file
@@ -110,6 +110,15 @@ class _Distributions:
             if parent == d:
                 return None
             d = parent
+
+    def shipping(self, path: str) -> str | None:
+        """The distribution whose RECORD lists ``path``, by its directories, else among every
+        RECORD read so far: a script RECORD lists as ``../../../bin/NAME`` is beside no
+        dist-info of its own, and the run's site directories were read for its modules."""
+        found = self.owner(path)
+        if found is not None:
+            return found[0]
+        return next((files[path][1] for files in self.dirs.values() if path in files), None)
 
     def _of(self, d: str) -> dict[str, tuple[int | None, str | None]]:
         from envlock.probe.packages import distribution_name
@@ -342,6 +351,8 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     untraced = {p for doc in traces for p in _strings(doc, "spawned") if not _is_python(p, executables)}
     if root_pid is not None and program and not any(doc.get("ppid") == root_pid for doc in traces):
         untraced.add(program)
+    if distributions is not None:
+        distributions |= _programs_of(dists, {p for doc in traces for p in _strings(doc, "spawned")})
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
                   processes=len(traces), late=sum(doc.get("late") is True for doc in traces) or None,
@@ -349,6 +360,23 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
                   # None for none at all as well: a record's TOML keeps no empty list.
                   distributions=(sorted(d for d in distributions if holds(d)) or None) if distributions is not None else None)
     return reads, _state(traces, root_pid)
+
+
+def _programs_of(dists: _Distributions, programs: Iterable[str]) -> set[str]:
+    """The distributions that ship a program a process started (a wheel's ``bin/ninja``,
+    ``ptxas`` of a CUDA wheel): it ran, though nothing traced what it read. A bare name is
+    looked up on ``PATH`` as the run had it, which is envlock's own."""
+    import shutil
+
+    out: set[str] = set()
+    for program in programs:
+        found = program if os.path.isabs(program) else shutil.which(program)
+        if not found:
+            continue
+        name = dists.shipping(os.path.normpath(found))
+        if name is not None:
+            out.add(name)
+    return out
 
 
 def _state(traces: Sequence[Mapping[str, Any]], root_pid: int | None) -> dict[str, Any]:

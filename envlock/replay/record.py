@@ -177,7 +177,7 @@ class Reads(_Model):
     read outside its workspace and its environment, which only the container holds (not
     compared); ``left_out``: paths the record cannot hold. ``distributions``: the names
     (``packages.<name>``) of the distributions the run read a file of (a module, a data file,
-    its ``.pth``), which a replay keeps apart from those it never read (no cause); absent where
+    its ``.pth``, a program of it a process started), which a replay keeps apart from those it never read (no cause); absent where
     that is not known (a record written before it, a container's run, a trace started late),
     where every ``packages.<name>`` difference is a possible cause."""
 
