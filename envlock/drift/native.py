@@ -13,6 +13,7 @@ both sides from another file is drift when it is one of the libraries that decid
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -306,6 +307,19 @@ def _content(lib: Library, vouchers: Mapping[tuple[str, str], str]) -> str | Non
             known = vouchers.get((kind, owner))
             return f"{kind} {owner} {known}" if known else f"{kind} {owner}"
     return None
+
+
+# A distribution as ``where`` (``path (distribution NAME)``) and ``_content`` (``distribution NAME
+# VERSION, ...``) name it in a record's ``native.libraries.*`` and ``native.content.*``.
+_DISTRIBUTION_NAMED = re.compile(r"\bdistribution ([^\s);,]+)")
+
+
+def distributions_named(value: str) -> set[str]:
+    """The distributions a ``native.libraries.*`` or ``native.content.*`` value of a record's
+    context names as vouching for a library the process loaded: the process ran their code, so
+    a replay counts them as read (``replay.compare``). Read from the text ``where`` and
+    ``_content`` write, here beside them; a word too many only keeps a cause."""
+    return set(_DISTRIBUTION_NAMED.findall(value))
 
 
 def context_form(form: Mapping[str, Any]) -> dict[str, Any]:

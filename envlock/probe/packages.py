@@ -52,6 +52,17 @@ def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
     return name, version
 
 
+def distribution_name(info: str) -> Optional[str]:
+    """The name a ``*.dist-info`` directory's distribution is known by (``packages.<name>`` of a
+    record's context, the lock's ``[[packages]]``): its METADATA's Name, canonicalised as the
+    scan above does; None when it has none or it cannot be read."""
+    try:
+        name, _ = _read_headers(os.path.join(info, "METADATA"))
+    except (OSError, ValueError):
+        return None
+    return canonicalize_name(name) if name else None
+
+
 # Files an installer writes into the dist-info, not the wheel's: uv adds uv_cache.json (with a
 # hash) when it installs from a local file, so a uv-made venv and its pip-restored image would
 # otherwise name two builds of one wheel.

@@ -16,6 +16,11 @@ the workspace were invisible. This module observes them in the recorded process 
   ``os.environb`` alike; going over the whole environment (``copy()``, ``items()``,
   ``dict(os.environ)``) reads no variable by name and is not noted, but a lookup by name in
   what ``copy()`` gave is;
+* what ran before the trace started: the files of the modules already in ``sys.modules``
+  (imported by a ``.pth`` file as ``site`` started, or before a late start at the first
+  ``envlock.record`` call) and the ``.pth`` files of the site directories (``site`` executes
+  them before any ``sitecustomize``), taken when the trace starts, so that a distribution whose
+  code ran is never taken for one the run did not read;
 * children: the ``subprocess.Popen``, ``os.exec`` and ``os.posix_spawn`` events give the program
   each child runs; a Python child traces itself through the start-up hook
   (``probe/startup/sitecustomize.py``), any other is listed as not traced;
@@ -280,6 +285,33 @@ class _Tracer:
                 pass
 
 
+def _already_read(cwd: str) -> Set[str]:
+    """What the process read before its trace started: the file of each module in
+    ``sys.modules`` and the ``.pth`` files of the site directories ``site`` processed (none
+    under ``-S``). Never raises."""
+    out: Set[str] = set()
+    try:
+        for module in list(sys.modules.values()):
+            found = getattr(module, "__file__", None)
+            if isinstance(found, str) and found:
+                out.add(found if found[:1] == "/" else os.path.join(cwd, found))
+        site = sys.modules.get("site")
+        if site is None or sys.flags.no_site:
+            return out
+        dirs = list(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+        for directory in dirs:
+            try:
+                names = os.listdir(directory)
+            except OSError:
+                continue
+            out.update(os.path.join(directory, n) for n in names if n.endswith(".pth"))
+    except Exception:
+        pass
+    return out
+
+
 def _stat_key(path: str) -> Optional[tuple]:  # type: ignore[type-arg]
     """What tells a changed file: size, mtime and inode; None when it is not there."""
     try:
@@ -533,6 +565,7 @@ def start(directory: Optional[str] = None, late: bool = False) -> Optional[_Trac
     if not directory or not os.path.isdir(directory):
         return None
     tracer = _Tracer(directory, late)
+    tracer.read.update(_already_read(tracer.cwd))
     sys.modules[MODULE] = sys.modules[__name__]
     for environ in (os.environ, getattr(os, "environb", None)):  # environb: os.getenvb
         if environ is None:

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envlock.drift.native import context_form, learnt_by_both, runtime_field
-from envlock.probe.rules import COMPILE_ENV_PREFIXES, recorded_name
+from envlock.drift.native import context_form, distributions_named, learnt_by_both, runtime_field
+from envlock.probe.rules import COMPILE_ENV_PREFIXES, canonicalize_name, recorded_name
 from envlock.replay.reads import STATE_KEYS
 from envlock.replay.record import (
     CONTEXT_KEY,
@@ -219,6 +219,9 @@ class ReplayComparison:
     # "no difference" is never claimed over what was not seen.
     reads: tuple[ReadChange, ...] = ()
     not_seen: tuple[str, ...] = ()
+    # The ``packages.<name>`` differences of distributions neither run read a file of, where both
+    # records know which they read (``packages_read``): no cause, kept out of ``context``.
+    packages_not_read: tuple[ContextChange, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -243,6 +246,8 @@ class ReplayComparison:
             "not_compared": list(self.not_compared),
             "reads": [vars(r) for r in self.reads],
             "not_seen": list(self.not_seen),
+            "packages_not_read": [{"key": c.key, "original": c.original, "replay": c.replay,
+                                   "ranks": list(c.ranks)} for c in self.packages_not_read],
         }
 
 
@@ -395,6 +400,43 @@ def context_changes(original: Record, replay: Record) -> list[ContextChange]:
     return sorted(out, key=lambda c: (c.key, c.ranks))
 
 
+PACKAGES = "packages."
+_NATIVE_OWNED = ("native.libraries.", "native.content.")
+
+
+def packages_read(rec: Record) -> set[str] | None:
+    """The distributions the run read a file of (``[reads].distributions``), and those vouching
+    for a native library a process of it loaded (its context's ``native.libraries.*`` and
+    ``native.content.*``, on every rank): the ``packages.<name>`` that can be a cause. None
+    where the record does not know (written before, a container's run, a late trace)."""
+    if rec.reads is None or rec.reads.distributions is None:
+        return None
+    found = {canonicalize_name(n) for n in rec.reads.distributions}
+    for context in rank_contexts(rec).values():
+        for key, value in context.items():
+            if key.startswith(_NATIVE_OWNED) and isinstance(value, str):
+                found |= {canonicalize_name(n) for n in distributions_named(value)}
+    return found
+
+
+def split_unread(changes: Iterable[ContextChange], original: Record, replay: Record
+                 ) -> tuple[list[ContextChange], list[ContextChange]]:
+    """``changes`` as (causes, the ``packages.<name>`` of a distribution neither run read): a
+    package installed or upgraded for something else (a plotting library the script never
+    imports) changes no number of the run. Where a record does not know what it read, every
+    change stays a cause."""
+    ours, theirs = packages_read(original), packages_read(replay)
+    if ours is None or theirs is None:
+        return list(changes), []
+    read = ours | theirs
+    causes: list[ContextChange] = []
+    unread: list[ContextChange] = []
+    for change in changes:
+        unused = change.key.startswith(PACKAGES) and change.key[len(PACKAGES):] not in read
+        (unread if unused else causes).append(change)
+    return causes, unread
+
+
 def families_not_compared(original: Record, replay: Record) -> list[str]:
     """The families a record may lack (``_OPTIONAL_FAMILIES``, as ``native.libraries``) that one record
     kept on a rank both records have and the other did not: ``_context_changes`` skips them."""
@@ -513,9 +555,10 @@ def compare_records(original: Record, replay: Record, tol: Tolerance | None = No
         div.append(Divergence("exit code", "the command", str(original.record.exit_code),
                               str(replay.record.exit_code)))
     div += _outputs(original, replay)
-    return ReplayComparison(tuple(div), tuple(drift), tuple(context_changes(original, replay)),
+    causes, unread = split_unread(context_changes(original, replay), original, replay)
+    return ReplayComparison(tuple(div), tuple(drift), tuple(causes),
                             min(len(original.steps), len(replay.steps)), tol,
                             code=tuple(code_changes(original, replay)), exit_code=replay.record.exit_code,
                             not_compared=tuple(families_not_compared(original, replay)),
                             reads=tuple(read_changes(original, replay)),
-                            not_seen=tuple(not_seen(original, replay)))
+                            not_seen=tuple(not_seen(original, replay)), packages_not_read=tuple(unread))

@@ -12,6 +12,10 @@ command ended, their reads are joined, filtered and hashed:
   a distribution's ``RECORD`` lists with the size it has (``packages.<name>`` compares the
   distribution; deep verify its bytes), a workspace file ``[code]`` holds, a declared ``--input``; a variable the lock records (``[context]``'s
   ``env.*``);
+* named: the distributions a file of which any process read (``Reads.distributions``), its
+  ``entry_points.txt`` aside, and those shipping a program a process started, so that a replay tells the packages that can be a cause from those
+  installed for something else; not known for a container's run (its ``RECORD`` files are the
+  image's) or a trace that started late (what it opened before is not in it);
 * kept: every other file by sha256 (the probe's stat cache, as ``--deep`` uses it: a file
   whose stat is unchanged is not read again), over ``MAX_HASHED`` bytes by a sample's digest
   (``sample_sha256``: the first and last MiB), and every other variable by its value as the
@@ -87,29 +91,42 @@ def _strings(doc: Mapping[str, Any], key: str) -> list[str]:
 
 
 class _Distributions:
-    """The files distributions' ``RECORD`` files list, by absolute path, with their sizes;
-    each directory's ``*.dist-info`` read once."""
+    """The files distributions' ``RECORD`` files list, by absolute path, with their sizes and
+    the distribution's name; each directory's ``*.dist-info`` read once."""
 
     def __init__(self) -> None:
-        self.dirs: dict[str, dict[str, int | None]] = {}
+        self.dirs: dict[str, dict[str, tuple[int | None, str | None]]] = {}
 
-    def listed(self, path: str, size: int) -> bool:
+    def owner(self, path: str) -> tuple[str | None, int | None] | None:
+        """(the distribution whose RECORD lists ``path``, the size it lists, None for any), or
+        None when no RECORD does."""
         d = os.path.dirname(path)
         while True:
             files = self._of(d)
             if path in files:
-                want = files[path]
-                return want is None or want == size
+                want, name = files[path]
+                return name, want
             parent = os.path.dirname(d)
             if parent == d:
-                return False
+                return None
             d = parent
 
-    def _of(self, d: str) -> dict[str, int | None]:
+    def shipping(self, path: str) -> str | None:
+        """The distribution whose RECORD lists ``path``, by its directories, else among every
+        RECORD read so far: a script RECORD lists as ``../../../bin/NAME`` is beside no
+        dist-info of its own, and the run's site directories were read for its modules."""
+        found = self.owner(path)
+        if found is not None:
+            return found[0]
+        return next((files[path][1] for files in self.dirs.values() if path in files), None)
+
+    def _of(self, d: str) -> dict[str, tuple[int | None, str | None]]:
+        from envlock.probe.packages import distribution_name
+
         found = self.dirs.get(d)
         if found is not None:
             return found
-        out: dict[str, int | None] = {}
+        out: dict[str, tuple[int | None, str | None]] = {}
         try:
             infos = [n for n in os.listdir(d) if n.endswith(".dist-info")]
         except OSError:
@@ -119,11 +136,20 @@ class _Distributions:
                 rows = list(read_record(os.path.join(d, info, "RECORD")))
             except (OSError, UnicodeDecodeError, csv.Error):
                 continue
+            name = distribution_name(os.path.join(d, info))
             # A row without a hash (RECORD itself, bytecode) has no size either: any size goes.
-            out.update((os.path.normpath(os.path.join(d, rel)), size if digest else None)
+            out.update((os.path.normpath(os.path.join(d, rel)), (size if digest else None, name))
                        for rel, digest, size in rows)
         self.dirs[d] = out
         return out
+
+
+def _discovery(path: str) -> bool:
+    """A distribution's ``entry_points.txt``, which plugin discovery reads for every
+    distribution there is (``import torch`` looks for its backends' group so): reading it runs
+    none of the distribution's code, and an entry point that is loaded has its module read,
+    which counts the distribution as read."""
+    return os.path.basename(path) == "entry_points.txt" and os.path.dirname(path).endswith(".dist-info")
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:
@@ -274,11 +300,19 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     own = [str(Path(__file__).resolve().parents[1]), str(directory.parent), *exclude, *_compile_caches(traces)]
     skipped = set(skip)
     dists = _Distributions()
+    # The distributions a file of which the run read (on this host: a container's RECORD files
+    # are the image's), even where the file is no input here (envlock's own): which
+    # ``packages.<name>`` can be a cause. Not known from a trace that started late.
+    distributions: set[str] | None = None if inside is not None or any(d.get("late") is True for d in traces) else set()
     wanted: list[str] = []
     unhashed = 0
     for path in sorted({os.path.normpath(p) for doc in traces for p in _strings(doc, "read")} - written):
-        if (path.startswith(_SYSTEM) or "/__pycache__/" in path or path.endswith((".pyc", ".pyo"))
-                or _stdlib(path, stdlib) or _under(path, own)):
+        if path.startswith(_SYSTEM) or "/__pycache__/" in path or path.endswith((".pyc", ".pyo")):
+            continue
+        owner = dists.owner(path) if inside is None else None
+        if owner is not None and owner[0] is not None and distributions is not None and not _discovery(path):
+            distributions.add(owner[0])
+        if _stdlib(path, stdlib) or _under(path, own):
             continue
         if inside is not None:
             if not _under(path, [inside]):
@@ -295,8 +329,12 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
             # entry_points.txt), or a scratch file gone since. A file only one run found is
             # still named: the other run's record lists it.
             continue
-        if not os.path.isfile(path) or dists.listed(path, st.st_size):
+        if not os.path.isfile(path):
             continue
+        if inside is not None:
+            owner = dists.owner(path)
+        if owner is not None and owner[1] in (None, st.st_size):
+            continue  # compared by packages.<name>
         wanted.append(path)
     files: dict[str, FileRead] = {}
     left_out = 0
@@ -313,11 +351,32 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     untraced = {p for doc in traces for p in _strings(doc, "spawned") if not _is_python(p, executables)}
     if root_pid is not None and program and not any(doc.get("ppid") == root_pid for doc in traces):
         untraced.add(program)
+    if distributions is not None:
+        distributions |= _programs_of(dists, {p for doc in traces for p in _strings(doc, "spawned")})
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
                   processes=len(traces), late=sum(doc.get("late") is True for doc in traces) or None,
-                  unhashed=unhashed or None, left_out=left_out or None)
+                  unhashed=unhashed or None, left_out=left_out or None,
+                  # None for none at all as well: a record's TOML keeps no empty list.
+                  distributions=(sorted(d for d in distributions if holds(d)) or None) if distributions is not None else None)
     return reads, _state(traces, root_pid)
+
+
+def _programs_of(dists: _Distributions, programs: Iterable[str]) -> set[str]:
+    """The distributions that ship a program a process started (a wheel's ``bin/ninja``,
+    ``ptxas`` of a CUDA wheel): it ran, though nothing traced what it read. A bare name is
+    looked up on ``PATH`` as the run had it, which is envlock's own."""
+    import shutil
+
+    out: set[str] = set()
+    for program in programs:
+        found = program if os.path.isabs(program) else shutil.which(program)
+        if not found:
+            continue
+        name = dists.shipping(os.path.normpath(found))
+        if name is not None:
+            out.add(name)
+    return out
 
 
 def _state(traces: Sequence[Mapping[str, Any]], root_pid: int | None) -> dict[str, Any]:

@@ -175,7 +175,11 @@ class Reads(_Model):
     ``late``: how many of them were traced only from their first ``envlock.record`` call (no
     start-up hook: what they read before is not here); ``unhashed``: files a container's run
     read outside its workspace and its environment, which only the container holds (not
-    compared); ``left_out``: paths the record cannot hold."""
+    compared); ``left_out``: paths the record cannot hold. ``distributions``: the names
+    (``packages.<name>``) of the distributions the run read a file of (a module, a data file,
+    its ``.pth``, a program of it a process started), which a replay keeps apart from those it never read (no cause); absent where
+    that is not known (a record written before it, a container's run, a trace started late),
+    where every ``packages.<name>`` difference is a possible cause."""
 
     files: dict[Text, FileRead] = Field(default_factory=dict)
     variables: dict[Text, Text] = Field(default_factory=dict)
@@ -185,6 +189,7 @@ class Reads(_Model):
     late: Annotated[int, Field(ge=1)] | None = None
     unhashed: Annotated[int, Field(ge=1)] | None = None
     left_out: Annotated[int, Field(ge=0)] | None = None
+    distributions: Annotated[list[Text], Field(min_length=1)] | None = None
 
 
 class RankContext(_Model):

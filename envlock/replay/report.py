@@ -9,13 +9,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from envlock.replay.compare import (
+    PACKAGES,
     CodeChange,
     ContextChange,
     InputDrift,
     ReadChange,
     ReplayComparison,
 )
-from envlock.text.terminal import plural, safe
+from envlock.text.terminal import first, plural, safe
+
+# How many names of the packages the run never read the verdict's one line shows.
+_UNREAD_SHOWN = 2
 
 
 def _value(v: Any) -> str:
@@ -73,6 +77,14 @@ def _context(c: ContextChange) -> str:
     return f"{where}{safe(c.key)}: {_value(c.original)} -> {_value(c.replay)}"
 
 
+def _unread(changes: Sequence[ContextChange]) -> str:
+    """``9 packages changed that the run never read (not causes): contourpy, cycler and 7
+    more``: one line for what a researcher installed for something else."""
+    names = sorted({c.key[len(PACKAGES):] for c in changes})
+    return (f"{plural(len(names), 'package')} changed that the run never read (not causes): "
+            f"{safe(first(names, _UNREAD_SHOWN))}")
+
+
 def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str] = ()) -> str:
     """The verdict; ``stderr_tail``: the last lines the replayed command wrote to stderr, shown
     when it failed."""
@@ -111,13 +123,17 @@ def replay_text(cmp: ReplayComparison, original: str, stderr_tail: Sequence[str]
             lines += [f"    {_code(c)}" for c in cmp.code]
             lines += [f"    {_read(r)}" for r in cmp.reads]
             lines += [f"    {_context(c)}" for c in cmp.context]
-        elif not cmp.not_seen:
-            lines.append("  no difference in code, packages, CPU, GPU, threads, world size, determinism "
-                         "flags, BLAS, numerics variables or anything the run read: a nondeterministic "
-                         "operation or a changed input")
         else:
-            lines.append("  no difference in what was compared (code, packages, CPU, GPU, threads, world "
-                         "size, determinism flags, BLAS, numerics variables, what the run was seen reading)")
+            packages = "packages the run read" if cmp.packages_not_read else "packages"
+            if not cmp.not_seen:
+                lines.append(f"  no difference in code, {packages}, CPU, GPU, threads, world size, determinism "
+                             "flags, BLAS, numerics variables or anything the run read: a nondeterministic "
+                             "operation or a changed input")
+            else:
+                lines.append(f"  no difference in what was compared (code, {packages}, CPU, GPU, threads, world "
+                             "size, determinism flags, BLAS, numerics variables, what the run was seen reading)")
+        if cmp.packages_not_read:
+            lines.append(f"  {_unread(cmp.packages_not_read)}")
         lines += [f"  not looked at: {safe(n)}" for n in cmp.not_seen]
         if cmp.not_compared:
             lines.append("  not compared, kept by one record only: "
