@@ -67,6 +67,7 @@
 #
 # Knobs (environment):
 #   ENVLOCK_TEST_SKIP_LINT=1     skip ruff and mypy (e.g. while envlock/ is in flux)
+#   ENVLOCK_TEST_WORKERS=N       unit-phase pytest-xdist workers (default: one per core, at most 4)
 #   ENVLOCK_TEST_NO_PODMAN=1     do not set up Podman
 #   ENVLOCK_TEST_NO_SLURM=1      do not start the Slurm cluster (its tests skip)
 #   ENVLOCK_TEST_REBUILD=1       rebuild the venv install, tarball, images and wheelhouse
@@ -662,7 +663,14 @@ run_pytest() {  # run_pytest NAME MARKEXPR [ARGS...]; sets PYTEST_RC
     step_done "exit $PYTEST_RC"
 }
 
-run_pytest unit "not integration and not slow" "$@"
+# The unit phase is CPU-bound and its tests share no state (each has its own tmp_path and
+# cache directory): one pytest-xdist worker per core, at most 4; ENVLOCK_TEST_WORKERS=1 runs
+# it in one process. The later phase stays serial: its tests share the engines and Slurm.
+UNIT_WORKERS="${ENVLOCK_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+if [[ "$UNIT_WORKERS" -gt 4 ]]; then UNIT_WORKERS=4; fi
+unit_args=()
+if [[ "$UNIT_WORKERS" -gt 1 ]]; then unit_args=(-n "$UNIT_WORKERS"); fi
+run_pytest unit "not integration and not slow" ${unit_args[@]+"${unit_args[@]}"} "$@"
 UNIT_RC=$PYTEST_RC
 run_pytest later "integration or slow" "$@"
 INTEG_RC=$PYTEST_RC
