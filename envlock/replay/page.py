@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from envlock.replay.compare import ContextChange, ReplayComparison
+from envlock.replay.compare import PACKAGES, ContextChange, ReplayComparison
 from envlock.replay.record import Record, TensorDigest
 from envlock.replay.report import replay_text
 from envlock.report import page as p
@@ -207,6 +207,11 @@ def replay_page(cmp: ReplayComparison, original: Record, replay: Record, name: s
         body.append(p.table(rows_, ("category", "what", "original", "replay"), mono=(1, 2, 3)) if rows_ else
                     p.para("No difference in what was compared: a nondeterministic operation or a changed "
                            "input (see the verdict above for what was not looked at)."))
+    if cmp.divergences and cmp.packages_not_read:
+        # Installed for something else between the runs: the trace saw no file of them read.
+        body += [p.heading(2, "Changed, never read by the run (not causes)"),
+                 p.table([(c.key[len(PACKAGES):], c.original, c.replay) for c in cmp.packages_not_read],
+                         ("package", "original", "replay"), mono=(1, 2))]
     if cmp.failed is not None:
         body.append(p.para(f"The replayed command exited with {cmp.failed} before it recorded a step; "
                            "the plots show the original alone.", "note"))
