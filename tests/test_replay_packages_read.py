@@ -269,3 +269,42 @@ def test_a_late_trace_takes_what_was_imported_before_it(tmp_path: Path) -> None:
             "print({early!r} in t.read)").format(repo=REPO, here=str(tmp_path), early=str(tmp_path / "early.py"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True"]
+
+
+@pytest.mark.parametrize("kind", ["empty RECORD", "egg-info"])
+def test_a_package_whose_files_no_record_lists_stays_a_cause(project: Path, tmp_path: Path, kind: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Installed so that no RECORD links its modules to it (a hand-made or legacy ``*.egg-info``,
+    a RECORD listing nothing outside its dist-info): whether the run read it cannot be told,
+    so its upgrade in place stays a cause, never "never read"."""
+    site = tmp_path / "site"
+
+    def install(version: str, scale: str) -> None:
+        for old in (*site.glob("legacypkg-*"), site / "legacypkg.py"):
+            if old.is_dir():
+                for f in old.iterdir():
+                    f.unlink()
+                old.rmdir()
+            elif old.exists():
+                old.unlink()
+        (site / "legacypkg.py").write_text(f"SCALE = {scale}\n")
+        if kind == "egg-info":
+            info = site / f"legacypkg-{version}.egg-info"
+            info.mkdir()
+            (info / "PKG-INFO").write_text(f"Metadata-Version: 1.1\nName: legacypkg\nVersion: {version}\n")
+        else:
+            info = site / f"legacypkg-{version}.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: legacypkg\nVersion: {version}\n")
+            (info / "RECORD").write_text("")
+
+    install("1.0", "0.5")
+    (project / "train.py").write_text(SCRIPT.format(imports="import legacypkg").replace(
+        "usedpkg.SCALE", "usedpkg.SCALE * legacypkg.SCALE"))
+    assert main(["record", "run.record", "--", sys.executable, "train.py"]) == 0
+    read = load("run.record").reads
+    assert read is not None and read.distributions is not None and "legacypkg" in read.distributions
+    install("1.1", "0.25")
+    _, doc = _against(capsys)
+    assert {"key": "packages.legacypkg", "original": "1.0", "replay": "1.1", "ranks": []} in doc["context"]
+    assert not [c for c in doc["packages_not_read"] if c["key"] == "packages.legacypkg"]

@@ -53,11 +53,12 @@ def _read_headers(path: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def distribution_name(info: str) -> Optional[str]:
-    """The name a ``*.dist-info`` directory's distribution is known by (``packages.<name>`` of a
-    record's context, the lock's ``[[packages]]``): its METADATA's Name, canonicalised as the
-    scan above does; None when it has none or it cannot be read."""
+    """The name a ``*.dist-info`` (or ``*.egg-info``) directory's distribution is known by
+    (``packages.<name>`` of a record's context, the lock's ``[[packages]]``): its METADATA's
+    (PKG-INFO's) Name, canonicalised as the scan above does; None when it has none or it cannot
+    be read."""
     try:
-        name, _ = _read_headers(os.path.join(info, "METADATA"))
+        name, _ = _read_headers(os.path.join(info, "PKG-INFO" if info.endswith(".egg-info") else "METADATA"))
     except (OSError, ValueError):
         return None
     return canonicalize_name(name) if name else None

@@ -96,6 +96,10 @@ class _Distributions:
 
     def __init__(self) -> None:
         self.dirs: dict[str, dict[str, tuple[int | None, str | None]]] = {}
+        # Distributions whose files no RECORD links to what the run read: an ``*.egg-info``
+        # (no RECORD), a RECORD that lists nothing outside its own dist-info. Which of their
+        # files the run read cannot be told, so each counts as read: never "not a cause".
+        self.untold: set[str] = set()
 
     def owner(self, path: str) -> tuple[str | None, int | None] | None:
         """(the distribution whose RECORD lists ``path``, the size it lists, None for any), or
@@ -128,15 +132,21 @@ class _Distributions:
             return found
         out: dict[str, tuple[int | None, str | None]] = {}
         try:
-            infos = [n for n in os.listdir(d) if n.endswith(".dist-info")]
+            infos = [n for n in os.listdir(d) if n.endswith((".dist-info", ".egg-info"))]
         except OSError:
             infos = []
         for info in infos:
+            name = distribution_name(os.path.join(d, info))
+            if info.endswith(".egg-info"):
+                if name is not None:
+                    self.untold.add(name)
+                continue
             try:
                 rows = list(read_record(os.path.join(d, info, "RECORD")))
             except (OSError, UnicodeDecodeError, csv.Error):
-                continue
-            name = distribution_name(os.path.join(d, info))
+                rows = []
+            if name is not None and not any(digest and not rel.startswith(info + "/") for rel, digest, _ in rows):
+                self.untold.add(name)
             # A row without a hash (RECORD itself, bytecode) has no size either: any size goes.
             out.update((os.path.normpath(os.path.join(d, rel)), (size if digest else None, name))
                        for rel, digest, size in rows)
@@ -352,6 +362,7 @@ def collect(directory: Path, base: Path, *, exclude: Sequence[str] = (), skip: I
     if root_pid is not None and program and not any(doc.get("ppid") == root_pid for doc in traces):
         untraced.add(program)
     if distributions is not None:
+        distributions |= dists.untold
         distributions |= _programs_of(dists, {p for doc in traces for p in _strings(doc, "spawned")})
     reads = Reads(files=files, variables=variables, unset=unset or None,
                   untraced=sorted(p for p in untraced if holds(p)) or None,
