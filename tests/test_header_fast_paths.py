@@ -160,12 +160,28 @@ def test_twin_a_table_rewritten_with_the_same_content_still_runs_through_the_mod
     assert len(got) == 1 and isinstance(got[0], Header) and got[0].lock is not None
 
 
-def test_a_proven_run_imports_no_model_in_a_fresh_interpreter(proven: tuple[Path, list[Any]]) -> None:
+@pytest.mark.parametrize("remembered", [False, True])
+def test_a_proven_run_imports_no_model_in_a_fresh_interpreter(proven: tuple[Path, list[Any]],
+                                                              remembered: bool) -> None:
     """The whole command in a fresh interpreter, the engine a stand-in with the proven image: the
     run reaches the engine having imported neither pydantic nor the models (naming
     ``lock.load`` is enough to import them), nor does the run itself in an image whose venv was
-    restored onto another base (the variable it sets is the comparator's)."""
+    restored onto another base (the variable it sets is the comparator's). ``remembered``: an
+    earlier ``restore --base`` of the lock left its options for a plain run; given again, the
+    proven image is found as given, and the remembered ones (read through the models) are not
+    needed."""
     path, _ = proven
+    if remembered:
+        import argparse
+
+        from envlock.commands._recording import remember_restore_options
+        from envlock.lock import header
+
+        args = argparse.Namespace(base=BASE, wheelhouse=None, index_url=None, allow_http=False,
+                                  allow_unpinned_base=False, skip_local=False, venv=None, python=None,
+                                  engine=None, name=None)
+        remember_restore_options(args, header(path).short_id, str(path))
+        assert any((Path(os.environ["ENVLOCK_CACHE_DIR"])).rglob("*.json"))
     code = f"""
 import contextlib, sys
 from envlock.lock import header

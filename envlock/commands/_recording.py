@@ -380,9 +380,10 @@ def reuse_restore_options(args: argparse.Namespace, original: Record, record_pat
                os.path.dirname(os.path.abspath(record_path)), again="with --replay")
 
 
-def _reuse(args: argparse.Namespace, kept: RestoreOptions, source: str, relative_to: str, *, again: str) -> None:
+def _reuse(args: argparse.Namespace, kept: RestoreOptions, source: str, relative_to: str, *, again: str) -> bool:
     """Each option of ``kept`` not given now set on ``args`` (a wheelhouse relative to
-    ``relative_to``), named in one line after ``source``; a withheld one must be given again."""
+    ``relative_to``), named in one line after ``source``; a withheld one must be given again.
+    Whether any was set."""
     from envlock.text.terminal import safe
 
     missing = [n for n in kept.withheld or () if getattr(args, n, None) in (None, False)]
@@ -401,6 +402,7 @@ def _reuse(args: argparse.Namespace, kept: RestoreOptions, source: str, relative
         reused.append(_flag(name) if value is True else f"{_flag(name)} {value}")
     if reused:
         say(safe(f"reusing the restore options {source}: {' '.join(reused)}"))
+    return bool(reused)
 
 
 # -- the restore options a restore leaves for run -------------------------------------------------
@@ -442,15 +444,15 @@ def remember_restore_options(args: argparse.Namespace, short_id: str, lock_path:
         atomic_write(path, kept.model_dump_json(exclude_none=True) + "\n")
 
 
-def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path: str) -> None:
+def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path: str) -> bool:
     """The options the last ``envlock restore`` of this lock was given, for each one not given
     now, set on ``args`` and said in one line, as ``run --replay`` reuses a record's. A file
     that cannot be read or is not such options is no memory (it is envlock's cache). The models
-    are imported only when there is such a file: a plain ``run`` of a proven image reads none."""
+    are imported only when there is such a file. Whether any option was set."""
     try:
         text = _remembered(short_id, lock_path).read_bytes()
     except OSError:
-        return
+        return False
     from pydantic import ValidationError
 
     from envlock.replay.record import RestoreOptions
@@ -458,5 +460,5 @@ def reuse_remembered_options(args: argparse.Namespace, short_id: str, lock_path:
     try:
         kept = RestoreOptions.model_validate_json(text, strict=False)
     except ValidationError:
-        return
-    _reuse(args, kept, f"`envlock restore` was given for {lock_path}", "/", again="to `envlock run`")
+        return False
+    return _reuse(args, kept, f"`envlock restore` was given for {lock_path}", "/", again="to `envlock run`")

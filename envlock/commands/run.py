@@ -85,11 +85,15 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
         lock = known.lock  # None: the table alone answered
     else:
         known = lock = _load(lock_path)
-    if pack is None and (recording is None or recording.original is None):
+    # The image `envlock restore --base X ...` made for this lock, without X again: a recording
+    # takes the remembered options first (its record keeps them); a plain run first looks for an
+    # image proven with the options as given, so the models are read only when that misses.
+    remember = pack is None and (recording is None or recording.original is None)
+    if remember and recording is not None:
         from envlock.commands._recording import reuse_remembered_options
 
-        # The image `envlock restore --base X ...` made for this lock, without X again.
         reuse_remembered_options(args, known.short_id, args.lock)
+        remember = False
     kept = None
     if recording is not None and recording.original is None:
         from envlock.commands._recording import kept_restore_options
@@ -106,6 +110,13 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
             build_options = pack_base(args, pack, build_options, engine, lock)
         found = None if args.no_cache or args.no_verify else ready_image(
             engine, known, build_options, image_name(Path(lock_path), args.name))
+        if found is None and remember:
+            from envlock.commands._recording import reuse_remembered_options
+
+            if reuse_remembered_options(args, known.short_id, args.lock):
+                build_options = options(args)
+                found = None if args.no_cache or args.no_verify else ready_image(
+                    engine, known, build_options, image_name(Path(lock_path), args.name))
         if found is None:
             # Not proven: the restore reads the lock through the models.
             known = lock = lock if lock is not None else _load(lock_path)
