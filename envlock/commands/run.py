@@ -88,12 +88,10 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
     # The image `envlock restore --base X ...` made for this lock, without X again: a recording
     # takes the remembered options first (its record keeps them); a plain run first looks for an
     # image proven with the options as given, so the models are read only when that misses.
-    remember = pack is None and (recording is None or recording.original is None)
-    if remember and recording is not None:
-        from envlock.commands._recording import reuse_remembered_options
+    from envlock.commands._recording import reuse_remembered_options
 
+    if pack is None and recording is not None and recording.original is None:
         reuse_remembered_options(args, known.short_id, args.lock)
-        remember = False
     kept = None
     if recording is not None and recording.original is None:
         from envlock.commands._recording import kept_restore_options
@@ -108,15 +106,16 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
         if pack is not None:
             assert lock is not None
             build_options = pack_base(args, pack, build_options, engine, lock)
-        found = None if args.no_cache or args.no_verify else ready_image(
-            engine, known, build_options, image_name(Path(lock_path), args.name))
-        if found is None and remember:
-            from envlock.commands._recording import reuse_remembered_options
+        def proven(build: Options) -> Ready | None:
+            if args.no_cache or args.no_verify:
+                return None
+            return ready_image(engine, known, build, image_name(Path(lock_path), args.name))
 
-            if reuse_remembered_options(args, known.short_id, args.lock):
-                build_options = options(args)
-                found = None if args.no_cache or args.no_verify else ready_image(
-                    engine, known, build_options, image_name(Path(lock_path), args.name))
+        found = proven(build_options)
+        if found is None and pack is None and recording is None \
+                and reuse_remembered_options(args, known.short_id, args.lock):
+            build_options = options(args)
+            found = proven(build_options)
         if found is None:
             # Not proven: the restore reads the lock through the models.
             known = lock = lock if lock is not None else _load(lock_path)
