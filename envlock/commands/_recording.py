@@ -208,11 +208,8 @@ def finish(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
                                restore=restore, inside=inside, pack=pack)
     if p.original is None:
         assert p.record_path is not None
-        rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path, pack),
-                          pack=_pack_name(p, pack),
-                          program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside)
-        rec.save(p.record_path)
+        rec = _recorded(p, journal, command=command, exit_code=exit_code, where=where, base=base, lock=lock,
+                        lock_path=lock_path, program=program, restore=restore, inside=inside, pack=pack)
         err(f"envlock: recorded {_counts(rec)} in {p.record_path}\n")
         return exit_code
     from envlock.replay.compare import Tolerance, compare_records
@@ -248,19 +245,14 @@ def _finish_stopped(p: Plan, journal: Path, stop: KeyboardInterrupt, *, command:
     the reason there is none; the interrupt raised again either way."""
     import signal
 
-    from envlock.replay.make import make_record
-
     name = signal.Signals(int(getattr(stop, "signum", signal.SIGINT))).name
     if p.original is not None:
         err(f"envlock: the replay was stopped by {name} before its end: no verdict\n")
         raise stop
-    assert p.record_path is not None
     try:
-        rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
-                          outputs=p.outputs, inputs=p.inputs, lock=lock, lock_name=_lock_name(p, lock_path, pack),
-                          pack=_pack_name(p, pack), program=program, restore=restore, git=p.git,
-                          own=_own(p, lock_path), inside=inside, interrupted=cast("StopSignal", name))
-        rec.save(p.record_path)
+        rec = _recorded(p, journal, command=command, exit_code=exit_code, where=where, base=base, lock=lock,
+                        lock_path=lock_path, program=program, restore=restore, inside=inside, pack=pack,
+                        interrupted=cast("StopSignal", name))
     except (EnvlockError, OSError) as exc:
         from envlock.text.terminal import safe
 
@@ -276,21 +268,28 @@ def _counts(rec: Record) -> str:
             f"{plural(len(rec.inputs), 'input')}")
 
 
-def _lock_name(p: Plan, lock_path: str | None, pack: tuple[str, str] | None) -> str | None:
-    """The lock's path as the record keeps it: relative to the record; none for a pack's lock,
-    which is unpacked in envlock's cache (the record names the pack instead)."""
-    assert p.record_path is not None
-    return (os.path.relpath(os.path.abspath(lock_path), os.path.dirname(os.path.abspath(p.record_path)))
-            if lock_path and pack is None else None)
+def _recorded(p: Plan, journal: Path, *, command: Sequence[str], exit_code: int,
+              where: Literal["container", "host"], base: Path, lock: Any, lock_path: str | None,
+              program: str | None, restore: RestoreOptions | None, inside: str | None,
+              pack: tuple[str, str] | None, interrupted: StopSignal | None = None) -> Record:
+    """The record of a recording run, saved at ``p.record_path``: the lock named relative to
+    the record, or, for a pack's lock (unpacked in envlock's cache), the pack and its id."""
+    from envlock.replay.make import make_record
 
-
-def _pack_name(p: Plan, pack: tuple[str, str] | None) -> tuple[str, str] | None:
-    """The pack the run's lock came from as the record keeps it: its path relative to the
-    record, its id."""
     assert p.record_path is not None
-    if pack is None:
-        return None
-    return os.path.relpath(os.path.abspath(pack[0]), os.path.dirname(os.path.abspath(p.record_path))), pack[1]
+    where_rec = os.path.dirname(os.path.abspath(p.record_path))
+
+    def beside(path: str) -> str:
+        return os.path.relpath(os.path.abspath(path), where_rec)
+
+    rec = make_record(journal, command=command, exit_code=exit_code, where=where, base=base,
+                      outputs=p.outputs, inputs=p.inputs, lock=lock,
+                      lock_name=beside(lock_path) if lock_path and pack is None else None,
+                      pack=(beside(pack[0]), pack[1]) if pack is not None else None,
+                      program=program, restore=restore, git=p.git, own=_own(p, lock_path), inside=inside,
+                      interrupted=interrupted)
+    rec.save(p.record_path)
+    return rec
 
 
 def _own(p: Plan, lock_path: str | None) -> list[str]:
