@@ -98,9 +98,10 @@ def keep(key: str, *, inputs: str, output: str) -> bool:
 def file_state(path: str) -> str | None:
     """A file ``judge`` reads beyond the two locks, as key material: its bytes' digest, or None
     when it cannot be read (as ``judge`` then reads nothing)."""
+    from envlock._files import sha256_file
+
     try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read(1 << 20)).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 
