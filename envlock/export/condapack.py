@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from envlock._files import file_digest
 from envlock.errors import EnvlockError
 from envlock.lock import CondaPackage, Lock
-from envlock.restore.condatarget import conda_packages, rattler_module, sha256_of
+from envlock.restore.condatarget import conda_packages, rattler_module
 from envlock.restore.packdir import CONDA_CHANNEL
 from envlock.text.terminal import first
 
@@ -77,7 +78,7 @@ def _take(pkg: CondaPackage, dirs: list[Path], dest: Path) -> bool:
     """``pkg``'s archive into ``dest`` from the first place that has it with the lock's sha256."""
     for d in dirs:
         candidate = d / (pkg.fn or "")
-        if candidate.is_file() and sha256_of(candidate) == pkg.sha256:
+        if candidate.is_file() and file_digest(candidate).hexdigest == pkg.sha256:
             shutil.copyfile(candidate, dest)
             return True
     if pkg.url:
@@ -86,7 +87,7 @@ def _take(pkg: CondaPackage, dirs: list[Path], dest: Path) -> bool:
         except OSError:
             dest.unlink(missing_ok=True)
             return False
-        if sha256_of(dest) == pkg.sha256:
+        if file_digest(dest).hexdigest == pkg.sha256:
             return True
         dest.unlink()
     return False

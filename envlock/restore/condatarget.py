@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envlock._files import file_digest
 from envlock.errors import BuildFailed, MissingExtra, UsageError
 from envlock.text.terminal import first
 
@@ -109,14 +109,6 @@ def lockfile_text(rattler: Any, lock: Lock, url_of: Any = None) -> str:
         return path.read_text(encoding="utf-8")
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def check_channel(lock: Lock, channel: Path) -> dict[str, Path]:
     """{name: archive} of every conda package of ``lock`` in ``channel/<subdir>/<fn>``, each
     with the lock's sha256; refused naming every archive missing, changed or not in the lock."""
@@ -126,7 +118,7 @@ def check_channel(lock: Lock, channel: Path) -> dict[str, Path]:
              for pattern in ("*/*.conda", "*/*.tar.bz2") for f in glob.glob(str(channel / pattern))}
     missing = sorted(set(wanted) - found)
     extra = sorted(found - set(wanted))
-    changed = sorted(rel for rel in set(wanted) & found if sha256_of(channel / rel) != wanted[rel].sha256)
+    changed = sorted(rel for rel in set(wanted) & found if file_digest(channel / rel).hexdigest != wanted[rel].sha256)
     problems = ([f"missing: {first(missing, 8)}"] if missing else []) + (
         [f"not the lock's (sha256 differs): {first(changed, 8)}"] if changed else []) + (
         [f"not in the lock: {first(extra, 8)}"] if extra else [])
