@@ -278,6 +278,14 @@ def remove_image(client: Any, image: Any) -> None:
         pass
 
 
+def reap(proc: subprocess.Popen[str]) -> None:
+    """A test's clean-up of a process it started: killed if it still runs, then reaped with its
+    pipes closed, whatever the test asserted."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def stop_with(proc: subprocess.Popen[str], signum: int, what: str) -> tuple[str, str]:
     """Send ``signum`` to an envlock process and return its (stdout, stderr) once it has exited.
     One that has not exited 120 s later is sent SIGABRT: started with ``PYTHONFAULTHANDLER=1``,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from helpers import REPO, make_lock
+from helpers import REPO, make_lock, reap
 
 from envlock import __version__
 from envlock import lock as lockio
@@ -187,9 +187,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
         # envlock stops the probe's process group before it exits.
         left_running = pid_alive(int(started.read_text()))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
         if started.exists() and started.read_text().strip():
             # The fake probe runs in its own session: a SIGINT that lands before envlock waits
             # on it leaves it running, so it is stopped here whatever the outcome.

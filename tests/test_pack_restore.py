@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, LockFactory, stop_with
+from helpers import REPO, LockFactory, reap, stop_with
 
 from envlock.commands import main
 from envlock.errors import BuildFailed, PackDamaged, UsageError
@@ -523,9 +523,7 @@ def test_an_interrupted_venv_restore_takes_its_venv_away(
         assert (dest / "bin" / "python").exists()
         out, err = stop_with(proc, signum, "the restore")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()  # reaped, and its pipes closed
+        reap(proc)
     said = "envlock: interrupted" if signum == signal.SIGINT else "envlock: stopped by SIGTERM"
     assert proc.returncode == 128 + signum and said in err, (proc.returncode, out, err)
     assert not dest.exists()

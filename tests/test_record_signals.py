@@ -18,7 +18,7 @@ import pytest
 
 from envlock.replay.record import load
 
-from helpers import REPO, stop_with  # isort: skip
+from helpers import REPO, reap, stop_with  # isort: skip
 
 # Two steps recorded, a worker started in its process group (a data loader's), then a long
 # wait; STUBBORN: SIGTERM is ignored (by the worker too, which inherits that), so envlock must
@@ -89,9 +89,7 @@ def _watched(proc: subprocess.Popen[str], tmp_path: Path) -> Iterator[list[int]]
         yield pids
     finally:
         _kill(pids)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
 
 
 def test_sigterm_stops_the_training_process_and_its_workers_and_writes_the_record(tmp_path: Path) -> None:

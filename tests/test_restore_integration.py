@@ -21,7 +21,7 @@ import pytest
 
 from envlock.commands import main
 
-from helpers import container_output, remove_image, stop_with  # isort: skip
+from helpers import container_output, reap, remove_image, stop_with  # isort: skip
 from lock_edits import with_other_six  # isort: skip
 
 pytestmark = pytest.mark.integration
@@ -353,9 +353,7 @@ def test_an_interrupted_build_leaves_no_image_of_its_steps(request: pytest.Fixtu
         time.sleep(1)  # the step's container starts: the daemon then has it to cancel too
         _, err = stop_with(proc, signal.SIGINT, "the interrupted build")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()  # reaped, and its pipe closed
+        reap(proc)
     assert proc.returncode == 130, err
     parsed = BuildLog()
     for line in log.read_text().splitlines():

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import REPO  # isort: skip
+from helpers import REPO, reap  # isort: skip
 
 # A command that sleeps, interrupted: its clean-up announces itself, sleeps (a second signal
 # lands there), and finishes; the exit code is main's.
@@ -75,9 +75,7 @@ def _finish(proc: subprocess.Popen[str]) -> list[str]:
     try:
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     return out.split("\n")[:-1] + ([f"stderr: {err}"] if err else [])
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from envlock.commands import main
 
-from helpers import REPO, stop_with  # isort: skip
+from helpers import REPO, reap, stop_with  # isort: skip
 from test_restore_integration import _cmdline_has, _no_image, capture, small_source  # noqa: F401  # isort: skip
 
 pytestmark = pytest.mark.integration
@@ -85,9 +85,7 @@ def test_sigterm_during_run_leaves_no_container_and_no_temporary_directory(
             time.sleep(0.3)
         _, err = stop_with(proc, signal.SIGTERM, "envlock run")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
         for container in _owned(docker_client, proc.pid):  # never left for the next test
             container.remove(force=True)
     assert proc.returncode == 143, err
@@ -143,9 +141,7 @@ def test_sigterm_twice_during_a_build_leaves_no_image_process_or_temporary_direc
         time.sleep(0.3)
         _, err = stop_with(proc, signal.SIGTERM, "the stopped build")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 143, err
     assert _no_image(docker_client, tag)
     assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["context"]  # no .envlock-build-*
