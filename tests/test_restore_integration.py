@@ -71,8 +71,8 @@ def capture(ref: str, path: Path, *extra: str) -> Any:
 
 
 def no_leftover_containers(client: Any) -> None:
-    left = client.containers.list(all=True, filters={"label": "org.envlock.owner"})
-    assert left == [], [c.name for c in left]
+    left = client.containers.list(all=True, sparse=True, filters={"label": "org.envlock.owner"})
+    assert left == [], [c.attrs.get("Names") for c in left]
 
 
 @pytest.fixture(scope="session")
@@ -552,7 +552,7 @@ def test_a_restore_under_docker_context_tags_builds_and_checks_on_that_engine_al
         restored = b.images.get(f"envlock/it-context:{lock.short_id}")
         assert restored.labels["org.envlock.fingerprint"] == lock.envlock.fingerprint
         assert _everything(docker_client) == on_a  # nothing tagged, built or removed on A
-        assert docker_client.containers.list(all=True, filters={"label": "org.envlock.owner"}) == []
+        assert docker_client.containers.list(all=True, sparse=True, filters={"label": "org.envlock.owner"}) == []
         if os.environ.get("ENVLOCK_REPORT_TIMINGS"):
             sys.stderr.write(f"restore on a second engine: {took:.1f} s\n")
     finally:

@@ -52,9 +52,22 @@ def ready(request: pytest.FixtureRequest, base_image: str, wheelhouse: Path,
 
 
 def _owned(client: Any, pid: int) -> list[Any]:
-    """Every container (running or not) an envlock process with this pid created here."""
-    found: list[Any] = client.containers.list(all=True, filters={"label": f"org.envlock.owner={socket.gethostname()}/{pid}"})
+    """Every container (running or not) an envlock process with this pid created here. Sparse:
+    the list's own entries, not one inspect each, which fails when envlock removes a short-lived
+    container between the list and the inspect."""
+    found: list[Any] = client.containers.list(all=True, sparse=True,
+                                              filters={"label": f"org.envlock.owner={socket.gethostname()}/{pid}"})
     return found
+
+
+def _remove(containers: list[Any]) -> None:
+    import docker.errors
+
+    for container in containers:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass  # gone since the list
 
 
 def _until_running(client: Any, proc: subprocess.Popen[str]) -> None:
@@ -86,8 +99,7 @@ def test_sigterm_during_run_leaves_no_container_and_no_temporary_directory(
         _, err = stop_with(proc, signal.SIGTERM, "envlock run")
     finally:
         reap(proc)
-        for container in _owned(docker_client, proc.pid):  # never left for the next test
-            container.remove(force=True)
+        _remove(_owned(docker_client, proc.pid))  # never left for the next test
     assert proc.returncode == 143, err
     assert "envlock: stopping the container (SIGTERM sent; killed after 2 s)" in err
     assert _owned(docker_client, proc.pid) == []
@@ -202,8 +214,7 @@ def test_scancel_of_a_run_under_srun_leaves_no_container_and_no_temporary_direct
             srun.kill()
             srun.communicate()
         left = _owned(docker_client, pid) if pid is not None else []
-        for container in left:
-            container.remove(force=True)
+        _remove(left)
     assert "envlock: stopping the container (SIGTERM sent; killed after 2 s)" in err, err
     assert "Exited with exit code 143" in err, err
     assert left == []
