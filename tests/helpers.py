@@ -207,7 +207,8 @@ def fake_engine_run(monkeypatch: pytest.MonkeyPatch, lock: Lock, run_in_image: A
     from envlock.restore import endpoint
     from envlock.restore import restore as restore_mod
     from envlock.restore import run as run_mod
-    from envlock.restore.context import Options, plan
+    from envlock.restore.context import plan
+    from envlock.restore.image import Options
 
     the_plan = plan(lock, Options(base="python@sha256:" + "a" * 64))
 

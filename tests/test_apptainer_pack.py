@@ -18,6 +18,7 @@ from envlock.errors import EnvlockError
 from envlock.export import apptainer
 from envlock.export.pack import PackOptions, pack
 from envlock.restore import context as ctx
+from envlock.restore.image import Options
 from envlock.restore.restore import prepare
 
 from test_restore_run_bundle import make_wheel  # isort: skip
@@ -72,7 +73,7 @@ def test_with_the_base_archive_it_bootstraps_from_the_archive(restore_lock: Lock
     from envlock.restore.wheelhouse import select
 
     lock = restore_lock(image=IMAGE)
-    options = ctx.Options(wheelhouse=house, base="sha256:" + "cd" * 32, base_origin="lock",
+    options = Options(wheelhouse=house, base="sha256:" + "cd" * 32, base_origin="lock",
                           base_display="registry.example/lab/train:1")
     plan = ctx.plan(lock, options, None, select(house, lock.packages))
     text = apptainer.pack_definition(plan, archive="image/base.docker.tar", wheels_dir="wheels")[apptainer.DEFINITION]
@@ -93,7 +94,7 @@ def _definition(restore_lock: LockFactory, house: Path, **sections: Any) -> str 
     except EnvlockError:
         return None
     try:
-        plan, _ = prepare(lock, ctx.Options(wheelhouse=house, base="sha256:" + "cd" * 32), None)
+        plan, _ = prepare(lock, Options(wheelhouse=house, base="sha256:" + "cd" * 32), None)
         return apptainer.pack_definition(plan, archive="image/base.docker.tar",
                                          wheels_dir="wheels")[apptainer.DEFINITION]
     except EnvlockError as exc:

@@ -22,6 +22,7 @@ from envlock.probe.packages import record_sha256
 from envlock.probe.scrub import strip_url
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
+from envlock.restore.image import Options
 from envlock.restore.restore import prepare
 from envlock.restore.wheelhouse import wheel_record_sha256
 
@@ -106,10 +107,10 @@ def test_a_non_zip_wheel_is_refused(restore_lock: LockFactory, house: Path, tmp_
 def test_offline_restore_checks_every_wheel_before_the_build(restore_lock: LockFactory, house: Path,
                                                             tmp_path: Path) -> None:
     lock = _lock(restore_lock, house)
-    prepare(lock, ctx.Options(wheelhouse=house))  # the right builds pass
+    prepare(lock, Options(wheelhouse=house))  # the right builds pass
     build_wheel(house, "beta", "2.0", flavour="swapped")
     with pytest.raises(HashMismatch, match=r"beta 2\.0"):
-        prepare(lock, ctx.Options(wheelhouse=house))
+        prepare(lock, Options(wheelhouse=house))
 
 
 def test_an_md5_archive_hash_is_kept_checked_and_said(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ def test_an_md5_archive_hash_is_kept_checked_and_said(restore_lock: LockFactory,
     lock = _lock(restore_lock, house, alpha={"source": "url", "url": "https://files.example/alpha.whl",
                                              "archive_hash": f"md5={md5}"})
     assert len(bundle(lock, tmp_path / "out", source=house).files) == 2
-    plan = ctx.plan(lock, ctx.Options())
+    plan = ctx.plan(lock, Options())
     assert any("md5" in n and "pip cannot check" in n for n in plan.notes)
     bad = _lock(restore_lock, house, alpha={"source": "url", "url": "https://files.example/alpha.whl",
                                             "archive_hash": "md5=" + "0" * 32})
@@ -131,13 +132,13 @@ def test_plain_http_needs_an_explicit_opt_in(restore_lock: LockFactory) -> None:
                         packages=[{"name": "alpha", "version": "1.0", "source": "url",
                                    "url": "http://files.example/alpha-1.0-py3-none-any.whl"}])
     with pytest.raises(PlainHttp, match="plain http") as exc:
-        ctx.plan(lock, ctx.Options())
+        ctx.plan(lock, Options())
     assert "--allow-http" in (exc.value.hint or "")
-    assert "alpha @ http://" in dockerfile.render(ctx.plan(lock, ctx.Options(allow_http=True)))[
+    assert "alpha @ http://" in dockerfile.render(ctx.plan(lock, Options(allow_http=True)))[
         "requirements/packages.txt"]
     plain = restore_lock(image={"reference": "a/b", "digest": DIGEST}, packages=[("alpha", "1.0")])
     with pytest.raises(PlainHttp):
-        ctx.plan(plain, ctx.Options(index_url="http://mirror.example/simple"))
+        ctx.plan(plain, Options(index_url="http://mirror.example/simple"))
 
 
 def test_cli_refuses_http_with_exit_2(restore_lock: LockFactory, tmp_path: Path) -> None:
@@ -156,8 +157,8 @@ def test_cli_refuses_http_with_exit_2(restore_lock: LockFactory, tmp_path: Path)
 def test_a_system_directory_is_not_a_venv(restore_lock: LockFactory, venv: str) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST})
     with pytest.raises(UnsafeValue, match="system or shared directory"):
-        ctx.plan(lock, ctx.Options(venv=venv))
-    ctx.plan(lock, ctx.Options(venv="/usr/local/venv"))  # below them is fine
+        ctx.plan(lock, Options(venv=venv))
+    ctx.plan(lock, Options(venv="/usr/local/venv"))  # below them is fine
 
 
 def test_an_ssh_url_keeps_its_user(restore_lock: LockFactory) -> None:
@@ -167,7 +168,7 @@ def test_an_ssh_url_keeps_its_user(restore_lock: LockFactory) -> None:
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[{"name": "tool", "version": "1.0", "source": "vcs", "vcs": "git",
                                    "url": url, "commit": "c" * 40}])
-    req = dockerfile.render(ctx.plan(lock, ctx.Options()))["requirements/packages.txt"]
+    req = dockerfile.render(ctx.plan(lock, Options()))["requirements/packages.txt"]
     assert f"tool @ git+{url}@{'c' * 40}" in req
 
 
@@ -182,7 +183,7 @@ def test_wheelhouse_links_never_leave_the_wheelhouse(restore_lock: LockFactory, 
     assert not any("PRIVATE" in p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*")
                    if p.is_file())
     with pytest.raises(UsageError, match="outside the wheelhouse"):
-        prepare(lock, ctx.Options(wheelhouse=house))
+        prepare(lock, Options(wheelhouse=house))
     # A link that stays inside the wheelhouse is fine.
     (house / "alpha-1.0-py3-none-any.whl").unlink()
     (house / "store").mkdir()
@@ -226,7 +227,7 @@ def test_offline_restore_names_every_missing_wheel_before_the_build(restore_lock
     lock = lock.model_copy(update={"packages": [
         p.model_copy(update={"version": "9.9.9"}) if p.name == "beta" else p for p in pkgs]})
     with pytest.raises(NotRestorable, match=r"no wheel in the wheelhouse .* for: beta==9\.9\.9, gamma==3\.0") as exc:
-        prepare(lock, ctx.Options(wheelhouse=house))
+        prepare(lock, Options(wheelhouse=house))
     assert exc.value.exit_code == 3 and "envlock bundle" in (exc.value.hint or "")
 
 
@@ -240,7 +241,7 @@ def test_offline_tooling_without_a_wheel_keeps_the_bases_and_is_info(restore_loc
     lock = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                         packages=[*(p.model_dump() for p in lock.packages),
                                   {"name": "pip", "version": "23.2.1"}, setuptools])
-    plan, files = prepare(lock, ctx.Options(wheelhouse=house))
+    plan, files = prepare(lock, Options(wheelhouse=house))
     assert plan.base_tooling == ("pip",)
     assert any(n.startswith("pip==23.2.1: no wheel in the wheelhouse") for n in plan.notes)
     assert "pip==" not in files["requirements/tooling.txt"]

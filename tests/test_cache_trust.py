@@ -256,7 +256,7 @@ class _Engine:
 
 def test_restore_does_not_build_in_a_shared_cache_directory(home: Path, tmp_path: Path,
                                                              restore_lock: LockFactory) -> None:
-    from envlock.restore.context import Options
+    from envlock.restore.image import Options
     from envlock.restore.restore import restore
 
     lock = restore_lock(packages=[("six", "1.17.0")])

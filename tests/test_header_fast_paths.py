@@ -23,12 +23,13 @@ from envlock.commands import main
 from envlock.errors import EXIT_USAGE
 from envlock.lock import Header, Lock, read_data, save
 from envlock.lock import toml_document as document
-from envlock.restore import dockerfile, endpoint
+from envlock.restore import endpoint
 from envlock.restore import run as run_mod
 from envlock.restore import verify as verify_mod
-from envlock.restore.context import Options, plan
+from envlock.restore.context import plan
 from envlock.restore.engine import ImageInfo
-from envlock.restore.restore import options_key, verify_image_for
+from envlock.restore.image import LABEL_CONTEXT, LABEL_OPTIONS, LABEL_SHORT_ID, Options, options_key
+from envlock.restore.restore import verify_image_for
 
 if TYPE_CHECKING:
     from envlock.restore.engine import ContainerEngine
@@ -44,9 +45,9 @@ class Engine:
     name = "docker"
 
     def __init__(self, lock: Lock) -> None:
-        self.labels = {dockerfile.LABEL_OPTIONS: options_key(Options(base=BASE)),
-                       dockerfile.LABEL_SHORT_ID: lock.short_id,
-                       dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}
+        self.labels = {LABEL_OPTIONS: options_key(Options(base=BASE)),
+                       LABEL_SHORT_ID: lock.short_id,
+                       LABEL_CONTEXT: "sha256:" + "e" * 64}
 
     def image(self, ref: str) -> ImageInfo | None:
         return ImageInfo(id=IMAGE, tags=(ref,), labels=self.labels)
@@ -97,17 +98,25 @@ def test_run_starts_the_proven_image_from_the_header_alone(proven: tuple[Path, l
     assert dict(got[0].env) == {"OMP_NUM_THREADS": "4"}
 
 
+# What a run of a proven image never needs: the models, the training process's runtime
+# (``restore/run`` reads one constant of ``envlock.runtime``), and restore's planning
+# (``restore/image`` holds what a proven image is found by).
+NOT_ON_THE_RUN_PATH = ("pydantic", "envlock.lock._model", "envlock.runtime.recorder", "envlock.runtime.replay",
+                       "importlib.metadata", "envlock.restore.context", "envlock.restore.dockerfile",
+                       "envlock.restore.restore", "envlock.restore.ospackages", "envlock.restore.ownwheel",
+                       "packaging")
+
+
 def test_the_run_path_imports_no_pydantic_before_the_engine() -> None:
     """What ``run`` imports on its way to a proven image: the command, the endpoint, the proven
-    image's lookup, the kept check and the run itself. None of it may import the models, nor the
-    training process's runtime (``restore/run`` reads one constant of ``envlock.runtime``)."""
+    image's lookup, the kept check and the run itself. None of it may import what
+    ``NOT_ON_THE_RUN_PATH`` names."""
     modules = ["envlock.commands.run", "envlock.commands.restore", "envlock.restore.endpoint",
-               "envlock.restore.restore", "envlock.restore.inside", "envlock.restore.run",
+               "envlock.restore.image", "envlock.restore.inside", "envlock.restore.run",
                "envlock.replay.compilecache", "envlock.commands._recording"]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print([m for m in ('pydantic', 'envlock.lock._model', 'docker', 'envlock.runtime.recorder',\n"
-            "                   'envlock.runtime.replay', 'importlib.metadata') if m in sys.modules])")
+            f"print([m for m in {(*NOT_ON_THE_RUN_PATH, 'docker')!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
@@ -185,22 +194,21 @@ def test_a_proven_run_imports_no_model_in_a_fresh_interpreter(proven: tuple[Path
     code = f"""
 import contextlib, sys
 from envlock.lock import header
-from envlock.restore import dockerfile, endpoint
+from envlock.restore import endpoint
 from envlock.restore import run as run_mod
-from envlock.restore.context import Options
 from envlock.restore.engine import ImageInfo, RunResult
-from envlock.restore.restore import options_key
+from envlock.restore.image import LABEL_CONTEXT, LABEL_OPTIONS, LABEL_SHORT_ID, Options, options_key
 
 short = header({str(path)!r}).short_id
-labels = {{dockerfile.LABEL_OPTIONS: options_key(Options(base={BASE!r})), dockerfile.LABEL_SHORT_ID: short,
-          dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}}
+labels = {{LABEL_OPTIONS: options_key(Options(base={BASE!r})), LABEL_SHORT_ID: short,
+          LABEL_CONTEXT: "sha256:" + "e" * 64}}
 
 class Engine:
     name = "docker"
     def image(self, ref):
         return ImageInfo(id={IMAGE!r}, tags=(ref,), labels=labels)
     def run(self, spec, on_stdout=None, on_stderr=None):
-        sys.stderr.write(repr([m for m in ("pydantic", "envlock.lock._model") if m in sys.modules]))
+        sys.stderr.write(repr([m for m in {NOT_ON_THE_RUN_PATH!r} if m in sys.modules]))
         return RunResult(0, b"", b"")
 
 @contextlib.contextmanager
@@ -208,7 +216,7 @@ def connect(_):
     yield Engine()
 
 def run_in_image(*a, **k):
-    sys.stderr.write(repr([m for m in ("pydantic", "envlock.lock._model") if m in sys.modules]))
+    sys.stderr.write(repr([m for m in {NOT_ON_THE_RUN_PATH!r} if m in sys.modules]))
     return 0
 
 real_run_in_image = run_mod.run_in_image

@@ -16,11 +16,12 @@ import pytest
 from helpers import LockFactory
 
 from envlock.lock import Lock
-from envlock.restore import dockerfile, inside
+from envlock.restore import inside
 from envlock.restore import verify as verify_mod
-from envlock.restore.context import Options, Plan, plan
+from envlock.restore.context import Plan, plan
 from envlock.restore.engine import ImageInfo
-from envlock.restore.restore import options_key, verify_image_for
+from envlock.restore.image import LABEL_CONTEXT, LABEL_OPTIONS, LABEL_SHORT_ID, Options, options_key
+from envlock.restore.restore import verify_image_for
 from envlock.restore.run import ready_image
 
 IMAGE = "sha256:" + "c" * 64
@@ -182,8 +183,8 @@ def test_twin_an_entry_in_a_directory_others_can_write_is_not_trusted(
 def test_run_starts_an_image_restored_with_these_options_whose_check_passed(
         the_plan: Plan, lock: Lock) -> None:
     opts = Options(base="python@sha256:" + "a" * 64)
-    labels = {dockerfile.LABEL_OPTIONS: options_key(opts), dockerfile.LABEL_SHORT_ID: lock.short_id,
-              dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}
+    labels = {LABEL_OPTIONS: options_key(opts), LABEL_SHORT_ID: lock.short_id,
+              LABEL_CONTEXT: "sha256:" + "e" * 64}
     engine: Any = Engine(labels=labels)
     assert ready_image(engine, lock, opts, "x") is None  # never checked: run restores and checks
     verify_image_for(engine, the_plan, IMAGE, "t")
@@ -197,16 +198,16 @@ def test_run_starts_an_image_restored_with_these_options_whose_check_passed(
 def test_twin_run_restores_when_the_image_is_not_proven_for_these_options(
         the_plan: Plan, lock: Lock, change: str) -> None:
     opts = Options(base="python@sha256:" + "a" * 64)
-    labels = {dockerfile.LABEL_OPTIONS: options_key(opts), dockerfile.LABEL_SHORT_ID: lock.short_id,
-              dockerfile.LABEL_CONTEXT: "sha256:" + "e" * 64}
+    labels = {LABEL_OPTIONS: options_key(opts), LABEL_SHORT_ID: lock.short_id,
+              LABEL_CONTEXT: "sha256:" + "e" * 64}
     engine: Any = Engine(labels=labels)
     verify_image_for(engine, the_plan, IMAGE, "t")
     if change == "options":
-        labels[dockerfile.LABEL_OPTIONS] = options_key(Options(base="python@sha256:" + "b" * 64))
+        labels[LABEL_OPTIONS] = options_key(Options(base="python@sha256:" + "b" * 64))
     elif change == "short id":
-        labels[dockerfile.LABEL_SHORT_ID] = "0" * 12
+        labels[LABEL_SHORT_ID] = "0" * 12
     elif change == "no context":
-        del labels[dockerfile.LABEL_CONTEXT]
+        del labels[LABEL_CONTEXT]
     else:
         kept = inside.find("docker", lock, IMAGE)
         assert kept is not None

@@ -352,7 +352,8 @@ def test_inside_a_venv_restored_onto_another_base_os_packages_are_info(
 
 
 def test_run_passes_the_os_package_origin_only_for_venvs_on_another_base(restore_lock: LockFactory) -> None:
-    from envlock.restore.context import Options, plan
+    from envlock.restore.context import plan
+    from envlock.restore.image import Options
 
     venv_lock = restore_lock()
     on_base = plan(venv_lock, Options(base="python@sha256:" + "a" * 64))

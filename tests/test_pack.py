@@ -33,6 +33,7 @@ from envlock.export.rebuild import find_dist_info, rebuild
 from envlock.probe.packages import record_sha256
 from envlock.restore import context as ctx
 from envlock.restore import packdir
+from envlock.restore.image import Options
 from envlock.restore.wheelhouse import read_local_wheels, wheel_record_sha256
 from envlock.text.terminal import safe
 
@@ -169,12 +170,12 @@ def test_pack_takes_wheels_from_disk_rebuilds_the_local_one_and_checks_back(
     from envlock.restore.wheelhouse import select
 
     wheels_for = select(root / "wheels", lock.packages)
-    plan = ctx.plan(lock, ctx.Options(wheelhouse=root / "wheels", local_wheels=frozenset({"h20-demo"}),
+    plan = ctx.plan(lock, Options(wheelhouse=root / "wheels", local_wheels=frozenset({"h20-demo"}),
                                       base="img@sha256:" + "ab" * 32), wheels_for=wheels_for)
     assert "h20-demo" in plan.from_wheel
     assert any(r.line == "h20-demo==0.3.1" for layer in plan.layers for r in layer.requirements)
     with pytest.raises(NotRestorable, match="local"):
-        ctx.plan(lock, ctx.Options(wheelhouse=root / "wheels", base="img@sha256:" + "ab" * 32),
+        ctx.plan(lock, Options(wheelhouse=root / "wheels", base="img@sha256:" + "ab" * 32),
                  wheels_for=wheels_for)
 
 
@@ -404,7 +405,7 @@ def test_uv_runs_only_from_a_wheel_the_packs_sha256sums_lists(
 
     from envlock.commands.restore import pack_options
 
-    opts = pack_options(Namespace(wheelhouse=None, base=None), opened, ctx.Options())
+    opts = pack_options(Namespace(wheelhouse=None, base=None), opened, Options())
     assert opts.checked_wheels == opened.checked_wheels and opts.wheelhouse == made_pack / "wheels"
 
 

@@ -21,9 +21,9 @@ from helpers import REPO, LockFactory, reap, stop_with
 from envlock.commands import main
 from envlock.errors import BuildFailed, PackDamaged, UsageError
 from envlock.export.pack import PackOptions, pack
-from envlock.restore import context as ctx
 from envlock.restore import packdir
 from envlock.restore.engine import BuildMode, ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.image import Options
 from envlock.restore.progress import Progress
 
 from test_restore_run_bundle import make_wheel  # isort: skip
@@ -177,7 +177,7 @@ def test_only_os_packages_that_the_image_installs_keep_the_network(
     for name, lock in (("system", system), ("venv", venv)):
         engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
         notes[name] = []
-        restore(lock, ctx.Options(wheelhouse=_house(tmp_path / name)), engine=engine, name=name,
+        restore(lock, Options(wheelhouse=_house(tmp_path / name)), engine=engine, name=name,
                 verify=False, network=False, say=notes[name].append)
         assert engine.builds[0]["network"] is (name == "system"), notes[name]
     assert any("installed with apt, which needs the network" in n for n in notes["system"])
@@ -405,7 +405,7 @@ def test_the_venv_target_installs_envlocks_own_wheel_as_the_image_does(
                                                       "source": "local", "url": "file:///src/envlock"}])
     for skip_local in (False, True):
         dest = tmp_path / f"venv-{skip_local}"
-        result = restore_venv(lock, house, dest, ctx.Options(python=sys.executable, skip_local=skip_local),
+        result = restore_venv(lock, house, dest, Options(python=sys.executable, skip_local=skip_local),
                               verify=False)
         site = next((result.directory / "lib").glob("python*/site-packages"))
         assert (site / "envlock-ml" / "own.txt").is_file()
@@ -459,7 +459,7 @@ def test_an_offline_restore_without_a_build_backend_says_what_to_do_and_fetches_
     monkeypatch.setattr(ownwheel, "_has_backend", lambda: False)
     lock = restore_lock(packages=[("six", "1.16.0"), ("envlock-ml", "0.1.0")])
     with pytest.raises(NotRestorable) as err:
-        wheel_inputs(lock, ctx.Options(wheelhouse=_house(tmp_path)))
+        wheel_inputs(lock, Options(wheelhouse=_house(tmp_path)))
     assert err.value.exit_code == EXIT_ENV
     assert str(err.value).startswith("cannot build a wheel of envlock from ") and " offline: " in str(err.value)
     hint = err.value.hint or ""
@@ -475,7 +475,7 @@ def test_an_offline_restore_builds_its_own_wheel_with_no_index_and_no_isolation(
     from envlock.restore.restore import wheel_inputs
 
     lock = restore_lock(packages=[("six", "1.16.0"), ("envlock-ml", "0.1.0")])
-    _, _, own = wheel_inputs(lock, ctx.Options(wheelhouse=_house(tmp_path)))
+    _, _, own = wheel_inputs(lock, Options(wheelhouse=_house(tmp_path)))
     assert own is not None and own.name == "envlock_ml-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(own) as zf:
         assert zf.read("envlock/__init__.py") == b'__version__ = "0.1.0"\n'
@@ -564,7 +564,7 @@ def test_a_failed_venv_restore_leaves_an_empty_directory_empty(
     dest = tmp_path / "empty"
     dest.mkdir()
     with pytest.raises(BuildFailed, match="install"):
-        restore_venv(lock, house, dest, ctx.Options(python=sys.executable), verify=False)
+        restore_venv(lock, house, dest, Options(python=sys.executable), verify=False)
     assert dest.is_dir() and not any(dest.iterdir())
 
 
@@ -642,7 +642,7 @@ def test_a_second_restore_of_a_lock_waits_for_the_first_ones_build(
 
     def second() -> None:
         try:
-            restore(lock, ctx.Options(), engine=engine, name="t", verify=False, say=say)
+            restore(lock, Options(), engine=engine, name="t", verify=False, say=say)
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 

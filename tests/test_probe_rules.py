@@ -152,7 +152,7 @@ def test_one_numerics_rule_for_the_lock_the_canary_the_record_and_the_cache_key(
 
 def test_restore_sets_what_the_rule_calls_numerics_and_refuses_the_rest(restore_lock: LockFactory) -> None:
     from envlock.errors import UnsafeValue
-    from envlock.restore.context import numerics_env
+    from envlock.restore.image import numerics_env
 
     lock = restore_lock(determinism={"env": {"NVTE_FUSED_ATTN": "0", "MKL_DEBUG_CPU_TYPE": "5"}})
     assert numerics_env(lock, process=False) == {"MKL_DEBUG_CPU_TYPE": "5", "NVTE_FUSED_ATTN": "0"}

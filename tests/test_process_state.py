@@ -142,8 +142,9 @@ def _trained_restore_lock(restore_lock: LockFactory) -> Lock:
 
 
 def test_image_env_holds_what_was_set_before_start_only(restore_lock: LockFactory) -> None:
-    from envlock.restore.context import Options, numerics_env, plan
+    from envlock.restore.context import plan
     from envlock.restore.dockerfile import dockerfile
+    from envlock.restore.image import Options, numerics_env
 
     lock = _trained_restore_lock(restore_lock)
     df = dockerfile(plan(lock, Options(base="python@sha256:" + "a" * 64)))

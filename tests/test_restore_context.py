@@ -13,7 +13,7 @@ from helpers import LockFactory
 from envlock.errors import IndexUnavailable, NotRestorable, UnsafeValue, UsageError
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
-from envlock.restore.context import Options
+from envlock.restore.image import Options
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE_ID = "sha256:" + "cd" * 32

@@ -23,6 +23,7 @@ from envlock.errors import (
 from envlock.restore.dockerengine import DockerEngine, tar_files
 from envlock.restore.endpoint import connect
 from envlock.restore.engine import RunSpec
+from envlock.restore.image import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.progress import PlainProgress
 
 IMAGE_ID = "sha256:" + "cd" * 32
@@ -291,8 +292,7 @@ def test_a_cache_hit_is_the_image_envlock_tagged_not_one_that_inherits_its_label
     does Podman's labelled build stage carry the context label. The cache hit is the image the
     lock's tag names, checked by its labels: never the user's image (tagged as the lock's and
     given its verdict). With the lock's tag gone, the restore builds again."""
-    from envlock.restore import dockerfile
-    from envlock.restore.context import Options
+    from envlock.restore.image import Options
     from envlock.restore.restore import restore
 
     monkeypatch.setenv("ENVLOCK_BUILDER", "sdk")
@@ -309,9 +309,9 @@ def test_a_cache_hit_is_the_image_envlock_tagged_not_one_that_inherits_its_label
     tag = f"envlock/proj:{lock.short_id}"
     assert not cached and api.builds == 1 and api.store[built]["tags"] == [tag]
     labels = api.store[built]["labels"]
-    assert dockerfile.LABEL_CONTEXT in labels and labels[dockerfile.LABEL_SHORT_ID] == lock.short_id
+    assert LABEL_CONTEXT in labels and labels[LABEL_SHORT_ID] == lock.short_id
     # Podman's build stage, then the user's `FROM envlock/proj:<id>` image with a file of its own.
-    api.add([], {dockerfile.LABEL_CONTEXT: labels[dockerfile.LABEL_CONTEXT]})
+    api.add([], {LABEL_CONTEXT: labels[LABEL_CONTEXT]})
     mine = api.add(["me/app:1"], labels)
     assert again() == (built, True) and api.builds == 1
     assert api.store[mine]["tags"] == ["me/app:1"] and api.store[built]["tags"] == [tag]
@@ -338,9 +338,7 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
     from envlock.commands.restore import hint_earlier_image
     from envlock.errors import EngineUnavailable, UsageError
-    from envlock.restore.context import Options
-    from envlock.restore.dockerfile import LABEL_OPTIONS
-    from envlock.restore.restore import options_key
+    from envlock.restore.image import LABEL_OPTIONS, Options, options_key
 
     earlier = Options(base="envlock-test/base@sha256:" + "a" * 64, wheelhouse=Path("/srv/wheels"))
     bare = Options()
@@ -386,8 +384,7 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
 def test_the_options_key_names_the_options_not_the_paths_spelling(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from envlock.restore.context import Options
-    from envlock.restore.restore import options_key
+    from envlock.restore.image import Options, options_key
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w").mkdir()

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile, uvbin, wheelhouse
-from envlock.restore.context import Options
 from envlock.restore.dockerengine import DockerEngine
+from envlock.restore.image import Options
 
 DIGEST = "sha256:" + "ab" * 32
 TORCH_PKGS = [("pip", "24.0"), ("six", "1.16.0"), ("torch", "2.13.0+cpu"), ("zipp", "3.20.0")]

@@ -23,6 +23,7 @@ from test_restore_layers import DIGEST, TORCH_PKGS, _instructions, _plan
 from envlock.commands import main
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
+from envlock.restore.image import Options
 
 
 def _mounted(plan: ctx.Plan) -> ctx.Plan:
@@ -146,7 +147,7 @@ def test_without_uv_or_a_venv_the_mounted_installs_are_pips(restore_lock: LockFa
     system = restore_lock(image={"reference": "a/b", "digest": DIGEST},
                           python={"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",
                                   "prefix": "/usr", "soabi": "cpython-311-x86_64-linux-gnu"})
-    lines = _instructions(dockerfile.render(ctx.plan(system, ctx.Options(mounts=True)))["Dockerfile"])
+    lines = _instructions(dockerfile.render(ctx.plan(system, Options(mounts=True)))["Dockerfile"])
     run = next(line for line in lines if "-m\", \"pip\", \"install\"" in line)
     argv = _command(run)
     assert "PIP_BREAK_SYSTEM_PACKAGES=1" in argv and argv[-1] == "/tmp/envlock-requirements/packages.txt"
@@ -249,7 +250,7 @@ def test_crafted_lock_values_never_reach_a_mount_line(restore_lock: LockFactory,
                         determinism={"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}})
     from test_restore_layers import _fake_uv, _wheels
 
-    plan = ctx.plan(lock, ctx.Options(wheelhouse=tmp_path / "house", mounts=True),
+    plan = ctx.plan(lock, Options(wheelhouse=tmp_path / "house", mounts=True),
                     wheels_for=_wheels(tmp_path, odd), uv=_fake_uv(tmp_path))
     rendered = dockerfile.render(plan)
     runs = [line for text in (rendered["Dockerfile"], rendered[dockerfile.TORCH_LAYER_DOCKERFILE])

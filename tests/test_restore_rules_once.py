@@ -16,8 +16,8 @@ from helpers import LockFactory, fake_engine_run
 
 from envlock.commands import main
 from envlock.commands.restore import pack_options
-from envlock.restore import context as ctx
-from envlock.restore import dockerfile, packdir
+from envlock.restore import packdir
+from envlock.restore.image import Options, image_tag
 
 from test_pack_restore import BASE_ID, LOCK_IMAGE, RecordingEngine, _pack, _restore  # isort: skip
 
@@ -35,12 +35,12 @@ def test_a_packs_recorded_base_is_read_one_way_by_restore_and_by_pack(recorded: 
     the same base: its id, its display, its origin (a value no restore writes reads as --base)."""
     base = {"id": BASE_ID, "display": "lab/base:1", "origin": recorded}
     pack = packdir.Pack(Path("/nonexistent"), {"base": base})
-    restored = pack_options(Namespace(wheelhouse="wheels", base=None), pack, ctx.Options())
-    packed = packdir.with_base(ctx.Options(), base)
+    restored = pack_options(Namespace(wheelhouse="wheels", base=None), pack, Options())
+    packed = packdir.with_base(Options(), base)
     for opts in (restored, packed):
         assert (opts.base, opts.base_display, opts.base_origin) == (BASE_ID, "lab/base:1", origin)
-    assert packdir.with_base(ctx.Options(), {}) == ctx.Options()
-    assert pack_options(Namespace(wheelhouse="wheels", base="my/base:1"), pack, ctx.Options(base="my/base:1")).base \
+    assert packdir.with_base(Options(), {}) == Options()
+    assert pack_options(Namespace(wheelhouse="wheels", base="my/base:1"), pack, Options(base="my/base:1")).base \
         == "my/base:1"
 
 
@@ -94,7 +94,7 @@ def test_the_restored_tag_is_the_one_the_dockerfile_and_dockerfile_only_name(
     lock = restore_lock(image=LOCK_IMAGE, packages=[("six", "1.16.0")])
     lock_path = tmp_path / "env.lock"
     lock.save(lock_path)
-    tag = dockerfile.image_tag("t", lock.short_id)
+    tag = image_tag("t", lock.short_id)
     assert tag == f"envlock/t:{lock.short_id}"
     engine = RecordingEngine({"lab/base@" + LOCK_IMAGE["digest"]: BASE_ID})
     assert _restore(monkeypatch, engine, str(lock_path), "--context-dir", str(tmp_path / "work"),

@@ -64,7 +64,8 @@ def test_a_restore_without_a_torch_index_names_the_command_that_makes_a_wheelhou
         restore_lock: LockFactory) -> None:
     """A first restore of a +cpu torch with no index configured: the hint names `envlock
     bundle -o DIR`, which is what makes the wheelhouse it suggests."""
-    from envlock.restore.context import Options, plan
+    from envlock.restore.context import plan
+    from envlock.restore.image import Options
 
     lock = restore_lock(torch={"version": "2.4.1+cpu", "cuda": None},
                         packages=[{"name": "torch", "version": "2.4.1+cpu"}])
@@ -240,7 +241,7 @@ def test_bundle_downloads_with_pip_for_the_locks_platform(restore_lock: LockFact
 
 
 def test_restore_with_a_bundle_uses_its_hashes(restore_lock: LockFactory, house: Path, tmp_path: Path) -> None:
-    from envlock.restore.context import Options
+    from envlock.restore.image import Options
     from envlock.restore.restore import prepare
 
     lock = restore_lock(image={"reference": "a/b", "digest": "sha256:" + "ab" * 32},

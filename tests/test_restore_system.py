@@ -16,7 +16,7 @@ from envlock.errors import NotRestorable, UnsafeValue, UsageError
 from envlock.lock import Lock
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile, values
-from envlock.restore.context import Options
+from envlock.restore.image import Options
 
 DIGEST = "sha256:" + "ab" * 32
 SYSTEM = {"version": "3.11.2", "implementation": "cpython", "prefix_kind": "system",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import LockFactory
 
-from envlock.restore import context as ctx
+from envlock.restore.image import Options
 from envlock.restore.venvtarget import restore_venv
 from envlock.restore.wheelfile import Member, write
 from envlock.restore.wheelhouse import wheel_record_sha256
@@ -63,7 +63,7 @@ def test_the_installers_configuration_adds_no_place_to_take_a_wheel_from(
                                 "prefix": "/opt/venv"},
                         packages=[{"name": "tinypkg", "version": "1.0", "record_sha256": wheel_record_sha256(pack)}])
     dest = tmp_path / "venv"
-    result = restore_venv(lock, pack.parent, dest, ctx.Options(python=sys.executable), verify=False)
+    result = restore_venv(lock, pack.parent, dest, Options(python=sys.executable), verify=False)
     assert result.installer == installer
     (init,) = dest.glob("lib/python*/site-packages/tinypkg/__init__.py")
     assert init.read_text() == "WHO = 'the pack'\n"

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from envlock.commands._output import say
 from envlock.errors import EXIT_DRIFT, EXIT_OK, EnvlockError, UsageError
+from envlock.restore.image import LABEL_OPTIONS, Options, image_name, image_tag, options_key
 
 if TYPE_CHECKING:
     from envlock.lock import Lock
-    from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
     from envlock.restore.packdir import Pack
     from envlock.restore.restore import RestoreResult
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 
 def options(args: argparse.Namespace) -> Options:
     """The build options ``restore`` and ``run`` share."""
-    from envlock.restore.context import Options
-    from envlock.restore.restore import image_name
-
     return Options(base=args.base, allow_unpinned_base=args.allow_unpinned_base,
                    skip_local=args.skip_local,
                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
@@ -50,8 +47,7 @@ def restore_image(args: argparse.Namespace, lock: Lock, options: Options, engine
     """The lock's image, built or found in the cache, with a build failure's log tail shown."""
     from envlock.errors import BuildFailed
     from envlock.restore import cachedir
-    from envlock.restore.dockerfile import image_tag
-    from envlock.restore.restore import cache_dir, image_name, restore
+    from envlock.restore.restore import cache_dir, restore
 
     name = image_name(lock_path or Path(args.lock), args.name)
     tag = image_tag(name, lock.short_id)
@@ -77,8 +73,6 @@ def hint_earlier_image(exc: EnvlockError, engine: Any, tag: str, options: Option
     Only when it is so: the lock's image exists and its build recorded other options than these
     (an image without that record, or restored with these very options, says nothing: the
     failure has another cause)."""
-    from envlock.restore.dockerfile import LABEL_OPTIONS
-    from envlock.restore.restore import options_key
 
     if isinstance(exc, UsageError):
         return
@@ -181,7 +175,8 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
 
         from envlock.lock import load
         from envlock.restore import clibuild, dockerfile
-        from envlock.restore.restore import image_name, write_dockerfile_only
+        from envlock.restore.image import image_name
+        from envlock.restore.restore import write_dockerfile_only
 
         lock = load(lock_path)
         opts = pack_options(args, pack, options(args)) if pack else options(args)
@@ -199,7 +194,7 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
                      f"-f {dockerfile.TORCH_LAYER_DOCKERFILE} -t {tag} -) && ")
         sys.stdout.write(f"wrote {Path(args.dockerfile_only) / 'Dockerfile'} (base {plan.base.ref}); "
                          f"build it with: {first}docker build -t "
-                         f"{dockerfile.image_tag(image_name(Path(args.lock), args.name), lock.short_id)} {where}\n")
+                         f"{image_tag(image_name(Path(args.lock), args.name), lock.short_id)} {where}\n")
         return EXIT_OK
     from envlock.lock import load
     from envlock.restore.endpoint import connect
@@ -285,7 +280,7 @@ def _conda_image(args: argparse.Namespace, lock_path: Path, pack: Pack) -> int:
     from envlock.report.render import verify_text
     from envlock.restore.condatarget import restore_conda_image
     from envlock.restore.endpoint import connect
-    from envlock.restore.restore import cache_dir, image_name
+    from envlock.restore.restore import cache_dir
 
     lock = load(lock_path)
     if not args.base:
@@ -326,7 +321,7 @@ def _charliecloud(args: argparse.Namespace, lock_path: Path, pack: Pack | None, 
 
     from envlock.lock import load
     from envlock.restore import chtarget
-    from envlock.restore.restore import cache_dir, image_name
+    from envlock.restore.restore import cache_dir
 
     if args.push or args.dockerfile_only or args.engine:
         raise UsageError("--target charliecloud builds with ch-image: --push, --dockerfile-only and "

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from envlock.commands._recording import Plan
     from envlock.lock import Header, Lock
     from envlock.replay.compilecache import CacheFile
-    from envlock.restore.context import Options
     from envlock.restore.engine import ContainerEngine
+    from envlock.restore.image import Options
     from envlock.restore.packdir import Pack
     from envlock.restore.run import Ready
 
@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
     cache, save = _compile_files(args, lock, pack)
     build_options = options(args)
     with connect(args.engine) as engine:
-        from envlock.restore.restore import image_name
+        from envlock.restore.image import image_name
         from envlock.restore.run import ready_image
 
         if pack is not None:
@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace, command: list[str], recording: Plan | None,
                 trace_dir,
             )
             from envlock.commands.record import child_exit
-            from envlock.restore.context import WORKDIR
+            from envlock.restore.image import WORKDIR
             from envlock.text.terminal import Tail
 
             assert lock is not None  # a recording reads the lock through the models

@@ -59,7 +59,7 @@ def pinned_image(lock: Lock, override: str | None) -> str:
 def environment(lock: Lock) -> list[tuple[str, str]]:
     """Variables the job must set: the locked numerics variables and PYTHONHASHSEED."""
     from envlock.restore import values
-    from envlock.restore.context import numerics_env  # the validated set restore uses
+    from envlock.restore.image import numerics_env  # the validated set restore uses
 
     # Not restore's image ENV: that adds CUDA_ENV for Docker's NVIDIA hook, while on a cluster
     # the device plugin or --nv decides which GPUs a job sees (NVIDIA_VISIBLE_DEVICES=all would

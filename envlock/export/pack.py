@@ -41,7 +41,7 @@ from envlock.export.fetch import WheelRow
 from envlock.lock import Lock
 from envlock.replay.compilecache import CacheFile, check_against_lock, read_cache
 from envlock.restore import ociarchive, wheelhouse
-from envlock.restore.context import Options
+from envlock.restore.image import Options
 from envlock.restore.packdir import (
     COMPILE_CACHE,
     CONDA_CHANNEL,
@@ -361,10 +361,9 @@ def _apptainer(lock: Lock, directory: Path, base: dict[str, str], notes: list[st
     """The pack's Apptainer definition (``export/apptainer``), rendered from the plan a restore
     of this pack would follow; its path in the pack, or None (and a note) when there is none."""
     from envlock.export import apptainer
-    from envlock.restore import context as ctx
     from envlock.restore.restore import prepare
 
-    options = with_base(ctx.Options(wheelhouse=directory / WHEELS), base)
+    options = with_base(Options(wheelhouse=directory / WHEELS), base)
     try:
         plan, _ = prepare(lock, options, None)
         own = plan.wheels.get("envlock", ())

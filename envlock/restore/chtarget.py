@@ -50,8 +50,8 @@ from envlock.errors import (
 )
 from envlock.restore import ociarchive, values
 from envlock.restore.context import WHEELS_IN_IMAGE
-from envlock.restore.dockerfile import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.engine import ContainerEngine, ImageInfo, RunResult, RunSpec
+from envlock.restore.image import LABEL_CONTEXT, LABEL_SHORT_ID
 from envlock.restore.progress import Progress
 
 TOOLS = ("ch-image", "ch-convert", "ch-run")

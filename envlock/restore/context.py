@@ -19,24 +19,22 @@ from packaging.utils import canonicalize_name
 from envlock._files import sha256_file
 from envlock.drift.expected import TOOLING, Restored
 from envlock.errors import WHEELHOUSE_HINT, NotRestorable, UnsafeValue, UsageError
-from envlock.probe.rules import numerics_variable
 from envlock.restore import ospackages, values
+from envlock.restore.image import WORKDIR, BaseOrigin, Options, numerics_env
 from envlock.restore.ownwheel import OWN_DIST
 from envlock.restore.requirements import Requirement, requirement
 from envlock.restore.tables import bases
 
 if TYPE_CHECKING:
-    from envlock.lock import Header, Lock, Package
+    from envlock.lock import Lock, Package
 
 LayerName = Literal["torch", "torch-deps", "packages", "envlock", "tooling"]
-BaseOrigin = Literal["lock", "--base", "table"]
 
 # In install order. "torch-deps": offline, the packages the torch layer's wheels require (their
 # METADATA's Requires-Dist, transitively), so a change to an unrelated small package does not
 # reinstall them either.
 LAYERS: tuple[LayerName, ...] = ("torch", "torch-deps", "packages", "envlock", "tooling")
 WHEELS_IN_IMAGE = "/tmp/envlock-wheels"
-WORKDIR = "/workspace"
 # Set in CUDA images so the NVIDIA container runtime mounts the driver's compute libraries, as
 # the nvidia/cuda images do.
 CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
@@ -52,52 +50,6 @@ class BaseChoice:
     display: str  # what a human would recognise (a tag), for comments and labels
 
 
-@dataclass(frozen=True)
-class Options:
-    """Everything a user can choose about a restore; defaults restore the lock as captured."""
-
-    base: str | None = None
-    allow_unpinned_base: bool = False
-    skip_local: bool = False
-    wheelhouse: Path | None = None
-    index_url: str | None = None
-    venv: str | None = None
-    python: str | None = None
-    # Hashes known from elsewhere (a bundle's manifest), used where the lock has none.
-    extra_hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # Plain http:// package URLs and indexes: refused unless the user accepts the risk.
-    allow_http: bool = False
-    # Local (sdist or directory) packages whose wheel, rebuilt from the installed files and
-    # proven equal to the lock's record_sha256, is in the wheelhouse (an `envlock pack`).
-    local_wheels: frozenset[str] = frozenset()
-    # The wheels a pack's checked SHA256SUMS lists, with their sha256 (``Pack.checked_wheels``):
-    # the only files uv's binary is taken from (``restore.uvbin``), since it runs before
-    # anything is proven against the lock.
-    checked_wheels: Mapping[Path, str] = field(default_factory=dict)
-    # Where ``base`` came from when envlock chose it (a pack restores the image it saved of the
-    # lock's own base by its id): the comparison then treats it as that origin.
-    base_origin: BaseOrigin | None = None
-    base_display: str | None = None
-    # The <name> of the envlock/<name>:<id> tag restore builds (``restore.image_name``), so the
-    # Dockerfile's rebuild line names the tag that is built.
-    image_name: str = "env"
-    # The torch layer as an image of its own (``Plan.split_torch``): only for a builder that keeps
-    # images and builds FROM one by id. Charliecloud's target turns each build into its directory
-    # image, so it builds the torch layer as a stage of the one build instead.
-    torch_layer_image: bool = True
-    # How the wheels and requirement files reach pip/uv (``dockerfile``): bind-mounted by a
-    # ``RUN --mount`` (BuildKit, Buildah: a builder that reads it, ``restore.clibuild``), or
-    # copied into a build stage whose venv the image copies out (the classic builder).
-    mounts: bool = False
-    # A pack's .deb files of the lock's OS package pins (``ospackages.with_debs``): a system-Python
-    # lock's OS packages are installed from them, with the network off, when every pin has one.
-    debs: Path | None = None
-
-    @property
-    def offline(self) -> bool:
-        """A restore from a wheelhouse (``--wheelhouse``, a bundle, a pack) installs from its
-        files alone: no index, and nothing fetched to build envlock's own wheel (``ownwheel``)."""
-        return self.wheelhouse is not None
 
 
 @dataclass(frozen=True)
@@ -246,24 +198,6 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
             out.setdefault(key, value)
     return tuple(out.items())
 
-
-def numerics_env(lock: Lock | Header, *, process: bool) -> dict[str, str]:
-    """The lock's numerics variables, validated: those set before the capturing process started
-    (``process=False``: the image's ``ENV``) or those it set itself (``process=True``: process
-    state, which ``envlock run`` passes to the command and the image does not carry)."""
-    set_by_process = set(lock.determinism.process_env)
-    out: dict[str, str] = {}
-    for key, value in sorted(lock.determinism.env.items()):
-        if (key in set_by_process) != process:
-            continue
-        values.env_name(key)
-        if not numerics_variable(key):
-            raise UnsafeValue(
-                f"refusing determinism variable {key!r}: not one of the variables that change "
-                "numerics (envlock.probe.rules.numerics_variable)",
-                hint="the lock was edited or crafted; restore only sets known numerics variables")
-        out[key] = values.env_value(value, name=key)
-    return out
 
 
 # `python -m venv /usr/local` in a python image would replace the image's own interpreter and

@@ -25,21 +25,20 @@ from envlock._version import __version__
 from envlock.drift.expected import RESTORED_FILE
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
-from envlock.restore.context import WHEELS_IN_IMAGE, WORKDIR, Layer, Plan
+from envlock.restore.context import WHEELS_IN_IMAGE, Layer, Plan
+from envlock.restore.image import (
+    LABEL_FINGERPRINT,
+    LABEL_SCHEMA,
+    LABEL_SHORT_ID,
+    WORKDIR,
+    image_tag,
+)
 
 REQ_DIR_IN_IMAGE = "/usr/local/share/envlock-restore"
 RESTORED_NAME = "restored.json"
 BUILD_STAGE = "envlock-build"
 DEFAULT_UID = 1000
 IMAGE_USER = "user"
-LABEL_FINGERPRINT = "org.envlock.fingerprint"
-LABEL_SCHEMA = "org.envlock.schema-version"
-LABEL_SHORT_ID = "org.envlock.short-id"
-# Set by restore on the build (not in the Dockerfile): the cache key, see ``context_key``.
-LABEL_CONTEXT = "org.envlock.context"
-# Also set on the build: a digest of the options the user chose (``restore.options_key``), so a
-# failed restore can tell whether an image of the lock was restored with other options.
-LABEL_OPTIONS = "org.envlock.options"
 # The torch layer's image (``torch_layer_dockerfile``): its key, which names its inputs.
 LABEL_TORCH_LAYER = "org.envlock.torch-layer"
 TORCH_LAYER_DOCKERFILE = "torch-layer.Dockerfile"
@@ -552,12 +551,6 @@ def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | Non
     return outdir.write(Path(directory), rendered, context_binaries(plan), force=force, digest=_digest,
                         say=say)
 
-
-def image_tag(name: str, short_id: str) -> str:
-    """``envlock/<name>:<id>``: the tag of a lock's restored image, which restore builds and
-    finds in the cache, ``run`` looks up, the Dockerfile's rebuild line and ``--dockerfile-only``
-    name, and a failure's hint points at; written here once."""
-    return f"envlock/{name}:{short_id}"
 
 
 def image_tag_name(plan: Plan) -> str:

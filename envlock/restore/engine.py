@@ -17,11 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from envlock.errors import EngineUnavailable
 from envlock.probe import imageref
-from envlock.restore.progress import Progress
+
+if TYPE_CHECKING:
+    from envlock.restore.progress import Progress
 
 LABEL_OWNER = "org.envlock.owner"
 _Engine = TypeVar("_Engine", bound="ContainerEngine")

@@ -28,8 +28,8 @@ from envlock.restore.cachedir import touch
 from envlock.text.terminal import first, safe
 
 if TYPE_CHECKING:
-    from envlock.restore.context import BaseOrigin, Options
     from envlock.restore.engine import ContainerEngine
+    from envlock.restore.image import BaseOrigin, Options
 
 PACK_FORMAT = 1
 PACK_MANIFEST = "pack.json"

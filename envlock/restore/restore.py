@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +20,14 @@ from typing import TYPE_CHECKING, Any
 from envlock.errors import NotRestorable, UsageError
 from envlock.restore import cachedir, dockerfile, values
 from envlock.restore import context as ctx
+from envlock.restore.image import (
+    LABEL_CONTEXT,
+    LABEL_OPTIONS,
+    LABEL_SHORT_ID,
+    Options,
+    image_tag,
+    options_key,
+)
 
 if TYPE_CHECKING:
     from envlock.drift.result import Comparison
@@ -42,12 +47,6 @@ class RestoreResult:
     size: int | None
 
 
-def image_name(lock_path: Path | None, name: str | None = None) -> str:
-    """``<name>`` of ``envlock/<name>``: given, else the lock's directory, made tag-safe."""
-    raw = name or (Path(lock_path).resolve().parent.name if lock_path else "") or "env"
-    clean = re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:64].strip("-")
-    return clean or "env"
-
 
 def cache_dir() -> Path:
     """Restore's part of envlock's one cache directory (``probe.cache_dir``)."""
@@ -56,7 +55,7 @@ def cache_dir() -> Path:
     return Path(envlock_cache()) / "restore"
 
 
-def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Options) -> ctx.BaseChoice:
+def resolve_base(engine: ContainerEngine | None, lock: Lock, options: Options) -> ctx.BaseChoice:
     """The base, pinned through the engine when it is a tag (pulled if missing)."""
     base = ctx.choose_base(lock, options)
     if engine is None:
@@ -77,7 +76,7 @@ def resolve_base(engine: ContainerEngine | None, lock: Lock, options: ctx.Option
     return ctx.BaseChoice(pinned, base.origin, True, base.ref)
 
 
-def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = None
+def prepare(lock: Lock, options: Options, engine: ContainerEngine | None = None
             ) -> tuple[ctx.Plan, dict[str, str]]:
     """The validated plan and the rendered files, ready to write or build."""
     base = resolve_base(engine, lock, options)
@@ -91,8 +90,8 @@ def prepare(lock: Lock, options: ctx.Options, engine: ContainerEngine | None = N
     return plan, dockerfile.render(plan)
 
 
-def wheel_inputs(lock: Lock, options: ctx.Options
-                 ) -> tuple[ctx.Options, dict[str, tuple[Path, ...]] | None, Path | None]:
+def wheel_inputs(lock: Lock, options: Options
+                 ) -> tuple[Options, dict[str, tuple[Path, ...]] | None, Path | None]:
     """What a plan installs from files, for every target (image, Charliecloud, venv): the
     wheelhouse's wheels, each build proven against the lock before anything is installed, with
     the options the wheelhouse adds (its manifest's hashes, its rebuilt local wheels); and a
@@ -123,25 +122,12 @@ def wheel_inputs(lock: Lock, options: ctx.Options
     return options, wheels_for, own
 
 
-def write_dockerfile_only(lock: Lock, options: ctx.Options, directory: Path, *,
+def write_dockerfile_only(lock: Lock, options: Options, directory: Path, *,
                           force: bool = False, say: Callable[[str], None] | None = None) -> ctx.Plan:
     plan, rendered = prepare(lock, options, None)
     dockerfile.write_context(plan, directory, rendered, force=force, say=say)
     return plan
 
-
-def options_key(options: ctx.Options) -> str:
-    """A digest of what the user chose for a restore (base, wheelhouse, index, venv, python,
-    --skip-local, ...): equal for the same options, whatever the context they produced.
-
-    A digest, not the values: an image's labels travel with it when it is pushed, and a
-    wheelhouse's path is this machine's."""
-    chosen = {"base": options.base, "allow_unpinned_base": options.allow_unpinned_base,
-              "skip_local": options.skip_local,
-              "wheelhouse": str(Path(options.wheelhouse).resolve()) if options.wheelhouse else None,
-              "index_url": options.index_url, "venv": options.venv, "python": options.python,
-              "allow_http": options.allow_http}
-    return "sha256:" + hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()
 
 
 def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
@@ -152,7 +138,7 @@ def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:
     never verified) carries the context label too; only the final stage has the Dockerfile's
     own ``LABEL``s, the short id among them.
     """
-    return {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_SHORT_ID: plan.short_id}
+    return {LABEL_CONTEXT: key, LABEL_SHORT_ID: plan.short_id}
 
 
 def tagged_image(engine: ContainerEngine, tag: str, labels: Mapping[str, str]) -> ImageInfo | None:
@@ -169,7 +155,7 @@ def tagged_image(engine: ContainerEngine, tag: str, labels: Mapping[str, str]) -
     return found
 
 
-def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: str,
+def restore(lock: Lock, options: Options, *, engine: ContainerEngine, name: str,
             workdir: Path | None = None, progress: Progress | None = None, verify: bool = True,
             use_cache: bool = True, say: Callable[[str], None] = lambda s: None,
             network: bool = True, quiet: bool = False) -> RestoreResult:
@@ -196,7 +182,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
             "the network: this build has it")
         network = True
     key = dockerfile.context_key(plan, rendered)
-    tag = dockerfile.image_tag(name, lock.short_id)
+    tag = image_tag(name, lock.short_id)
     if workdir is None:
         workdir = cache_dir() / f"{name}-{lock.short_id}"
         # What is built is what is in the context: in a directory others can write, another
@@ -211,7 +197,7 @@ def restore(lock: Lock, options: ctx.Options, *, engine: ContainerEngine, name: 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     context_dir = workdir / "context"
-    labels = {dockerfile.LABEL_CONTEXT: key, dockerfile.LABEL_OPTIONS: options_key(options)}
+    labels = {LABEL_CONTEXT: key, LABEL_OPTIONS: options_key(options)}
     t0 = time.monotonic()
     # One restore of a lock at a time writes and builds its context; another waits, then finds
     # the image this one built.

@@ -23,15 +23,22 @@ from typing import TYPE_CHECKING
 from envlock.drift.result import OS_FROM_BASE_ENV
 from envlock.errors import HostIncompatible, UsageError
 from envlock.lock import PROTECTED_ENV, looks_like_lock
-from envlock.restore.context import WORKDIR, numerics_env
 from envlock.restore.engine import ContainerEngine, RunSpec
-from envlock.restore.tables import driver_older, driver_requirement
+from envlock.restore.image import (
+    LABEL_CONTEXT,
+    LABEL_OPTIONS,
+    LABEL_SHORT_ID,
+    WORKDIR,
+    image_tag,
+    numerics_env,
+    options_key,
+)
 from envlock.runtime.common import WORKERS_ENV
 from envlock.text.terminal import Tail
 
 if TYPE_CHECKING:
     from envlock.lock import Header, Lock
-    from envlock.restore.context import Options
+    from envlock.restore.image import Options
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
@@ -140,6 +147,8 @@ def resolve_gpus(lock: Lock | Header, gpus: str, driver: str | None) -> tuple[st
         raise HostIncompatible("--gpus asks for GPUs, but this host has no NVIDIA driver "
                                "(/proc/driver/nvidia/version and nvidia-smi not found)")
     if cuda:
+        from envlock.restore.tables import driver_older, driver_requirement  # a GPU run's alone
+
         need = driver_requirement(cuda)
         if need is None:
             warnings.append(f"no driver minimum known for CUDA {cuda}; not checked")
@@ -309,14 +318,13 @@ def ready_image(engine: ContainerEngine, lock: Lock | Header, options: Options, 
     ``restore`` compares), and listing images by label, are left to ``restore``. ``lock`` may be
     the sealed header (``lock.header``): the tag, the short id and the kept check's key are all
     this needs of it."""
-    from envlock.restore import dockerfile, inside
-    from envlock.restore.restore import options_key
+    from envlock.restore import inside
 
-    tag = dockerfile.image_tag(name, lock.short_id)
+    tag = image_tag(name, lock.short_id)
     info = engine.image(tag)
-    if info is None or info.labels.get(dockerfile.LABEL_OPTIONS) != options_key(options) \
-            or info.labels.get(dockerfile.LABEL_SHORT_ID) != lock.short_id \
-            or dockerfile.LABEL_CONTEXT not in info.labels:
+    if info is None or info.labels.get(LABEL_OPTIONS) != options_key(options) \
+            or info.labels.get(LABEL_SHORT_ID) != lock.short_id \
+            or LABEL_CONTEXT not in info.labels:
         return None
     kept = inside.find(engine.name, lock, info.id)
     if kept is None or not kept.ok:

@@ -15,9 +15,6 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-
 from envlock.errors import EnvlockError, PlainHttp, UnsafeValue, UsageError
 from envlock.probe import imageref
 from envlock.probe.scrub import scrub_index_text, strip_index_url, strip_url
@@ -80,6 +77,10 @@ def interpreter(value: str, *, what: str = "--python") -> str:
 
 def dist_name(name: str) -> str:
     """A PEP 503 normalised distribution name, exactly (``Foo_Bar`` is refused, not fixed)."""
+    # packaging only where a package is validated: ``run`` validates variables and image
+    # references through this module on every start, and needs no package rule.
+    from packaging.utils import canonicalize_name
+
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or canonicalize_name(name) != name:
         raise _refuse("package name", name, "not a normalised (PEP 503) distribution name")
     return name
@@ -87,6 +88,8 @@ def dist_name(name: str) -> str:
 
 def version(value: str, *, name: str = "package") -> str:
     """A PEP 440 version (local labels such as ``+cu121`` kept), returned as written."""
+    from packaging.version import InvalidVersion, Version
+
     if not isinstance(value, str) or not _VERSION_CHARS_RE.fullmatch(value):
         raise _refuse(f"version of {name}", value, "not a PEP 440 version")
     try:
@@ -98,6 +101,8 @@ def version(value: str, *, name: str = "package") -> str:
 
 def local_label(value: str) -> str | None:
     """The local version label (``cu121`` of ``2.4.1+cu121``), or None."""
+    from packaging.version import Version
+
     local = Version(value).local
     return str(local) if local else None
 

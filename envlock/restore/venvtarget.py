@@ -27,6 +27,7 @@ from envlock.errors import BuildFailed, HostIncompatible, InterpreterNotFound, U
 from envlock.lock import Lock
 from envlock.restore import context as ctx
 from envlock.restore import dockerfile
+from envlock.restore.image import Options
 
 if TYPE_CHECKING:
     from envlock.drift.result import Comparison
@@ -169,7 +170,7 @@ def unfinished(dest: Path) -> Iterator[None]:
     marker.unlink()
 
 
-def restore_venv(lock: Lock, wheels: Path, dest: Path, options: ctx.Options, *, verify: bool = True,
+def restore_venv(lock: Lock, wheels: Path, dest: Path, options: Options, *, verify: bool = True,
                  say: Callable[[str], None] = lambda s: None) -> VenvResult:
     """Create the venv ``dest`` with the lock's packages from ``wheels``, then verify it."""
     from envlock.restore.restore import wheel_inputs
