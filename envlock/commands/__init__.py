@@ -34,8 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Never exits, so tests and other programs call it in-process; argparse's own exits (usage
     errors 2, ``--help`` 0) become return values too.
     """
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(words).parse_args(words)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[..., int] = importlib.import_module(f"envlock.commands.{args.handler}").run
