@@ -8,10 +8,14 @@ integration has the real docker CLI create them and resolve the same endpoint.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
+import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -115,6 +119,47 @@ def test_a_context_that_does_not_exist_is_an_error_as_it_is_to_the_cli(config: P
     with pytest.raises(EngineUnavailable) as exc:
         endpoint.docker_endpoint({"DOCKER_CONFIG": str(config)})
     assert "currentContext" in str(exc.value)
+
+
+def test_the_sdk_client_of_the_default_context_reads_no_context_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default context's client is made from DOCKER_HOST and its TLS variables alone. docker
+    7.2's ``from_env`` also looks a context up, in the store beside the first config.json that
+    exists: with $DOCKER_CONFIG holding none it took ``~/.docker``'s ``currentContext`` and
+    connected there, while the CLI (and ``url``, and the builds) used the default socket."""
+    home = tmp_path / "home"
+    with tempfile.TemporaryDirectory() as short:  # a socket path must be under 108 bytes
+        decoy = Path(short) / "decoy.sock"
+        _context(home / ".docker", "decoy", f"unix://{decoy}")
+        _current(home / ".docker", "decoy")
+        (tmp_path / "cfg").mkdir()
+        for name in ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "cfg"))
+        where = endpoint.resolve("docker")
+        assert where.url == endpoint.DEFAULT_DOCKER_SOCKET
+        import docker
+
+        with socket.socket(socket.AF_UNIX) as listening:
+            listening.bind(str(decoy))
+            listening.listen(1)
+            listening.setblocking(False)
+            with warnings.catch_warnings():
+                # docker-py leaks the socket of a connect that fails (no engine on the default
+                # socket here): collected now, not as an unraisable warning of a later test.
+                warnings.simplefilter("ignore", ResourceWarning)
+                try:
+                    where.client(timeout=0.5).close()
+                except docker.errors.DockerException:
+                    pass  # what matters is where it went
+                gc.collect()
+            try:
+                listening.accept()[0].close()
+                reached = True
+            except BlockingIOError:
+                reached = False
+    assert not reached, "the client connected to ~/.docker's current context, not the default socket"
 
 
 @pytest.mark.integration

@@ -3,13 +3,21 @@
 Docker: the endpoint is resolved once, here, as the docker CLI resolves it (``resolveContextName``
 in docker/cli): $DOCKER_HOST, else the context $DOCKER_CONTEXT names, else the ``currentContext``
 of ``$DOCKER_CONFIG/config.json`` (``~/.docker/config.json``), else the default socket. A
-context is read from the CLI's store, ``contexts/meta/<sha256 of its name>/meta.json`` beside
-that config (its TLS files under ``contexts/tls/<same>/docker/``). The SDK connects to what was
-resolved, and a command-line client that builds (``clibuild``) is told the same endpoint in its
-environment (``Endpoint.cli_env``: DOCKER_HOST set, DOCKER_CONTEXT removed), so the image a
-restore tags and the image its build starts from are on one engine. docker-py's own context
-lookup reads no $DOCKER_CONTEXT; the CLI did: the base was tagged on one engine and built on
-another. Podman: $CONTAINER_HOST, else its usual API sockets. An API URL names one directly.
+context is read from the CLI's store, ``contexts/meta/<sha256 of its name>/meta.json`` in that
+directory whether or not it holds a config.json (``config.ContextStoreDir`` in docker/cli; its
+TLS files under ``contexts/tls/<same>/docker/``). The SDK connects to what was resolved, and a
+command-line client that builds (``clibuild``) is told the same endpoint in its environment
+(``Endpoint.cli_env``: DOCKER_HOST set, DOCKER_CONTEXT removed), so the image a restore tags and
+the image its build starts from are on one engine. Podman: $CONTAINER_HOST, else its usual API
+sockets. An API URL names one directly.
+
+docker-py's own lookup (docker 7.2's ``docker.context.ContextAPI``, which ``from_env`` now uses)
+is not the CLI's, so it is not used: it reads the store beside the first config.json that exists
+(docker/context/config.py:53, docker/utils/config.py:13-30), ``~/.docker``'s or ``./contexts``
+when $DOCKER_CONFIG holds none, and a context it does not find gives the default socket where the
+CLI fails (docker/context/api.py:150-152, docker/client.py:105-108). It also skips TLS
+verification for a meta.json without ``SkipTLSVerify`` (docker/context/context.py:116), which the
+CLI verifies.
 """
 
 from __future__ import annotations
@@ -50,11 +58,14 @@ class Endpoint:
 
     def client(self, timeout: float) -> Any:
         """A docker SDK client whose requests time out after ``timeout`` seconds (the engine
-        lifts it once connected: ``DockerEngine``)."""
+        lifts it once connected: ``DockerEngine``). Without ``base_url`` it is made from
+        DOCKER_HOST and its TLS variables alone, not ``docker.from_env``, which since docker 7.2
+        also looks a context up by its own rules (see the module's docstring)."""
         import docker
+        from docker.utils import kwargs_from_env
 
         if self.base_url is None:
-            return docker.from_env(timeout=timeout)
+            return docker.DockerClient(timeout=timeout, **kwargs_from_env())
         return docker.DockerClient(base_url=self.base_url, tls=self.tls, timeout=timeout)
 
 
