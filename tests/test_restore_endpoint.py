@@ -121,6 +121,41 @@ def test_a_context_that_does_not_exist_is_an_error_as_it_is_to_the_cli(config: P
     assert "currentContext" in str(exc.value)
 
 
+def test_the_store_of_docker_config_is_read_without_a_config_json_unlike_docker_py(
+        config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the CLI's store is read here and not through ``docker.context.ContextAPI`` (the
+    module's docstring): with no config.json in $DOCKER_CONFIG the CLI still reads its
+    ``contexts`` (and fails on a context not there), docker-py reads the store beside
+    ``~/.docker/config.json`` or ``./contexts``, and gives no error for a context nowhere. Its
+    assertions on docker-py fail once it reads as the CLI does: then its lookup can replace the
+    hand-written one."""
+    (config / "config.json").unlink()
+    home, work = tmp_path / "home", tmp_path / "work"
+    elsewhere = "unix:///run/engine-elsewhere.sock"
+    for store in (home / ".docker", work):
+        _context(store, "ctx-b", elsewhere)
+        _context(store, "only-elsewhere", elsewhere)
+    for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("DOCKER_CONTEXT", "only-elsewhere")
+    with pytest.raises(EngineUnavailable, match="only-elsewhere"):
+        endpoint.docker_endpoint()
+    monkeypatch.setenv("DOCKER_CONTEXT", "ctx-b")
+    assert endpoint.docker_endpoint().url == B
+    from docker.context import ContextAPI
+
+    theirs = ContextAPI.get_context("ctx-b").Host
+    assert theirs == elsewhere, f"docker-py now finds {theirs!r}: see restore/endpoint's docstring"
+    _current(home / ".docker", "ctx-b")  # a config.json in HOME moves docker-py to its store alone
+    assert endpoint.docker_endpoint().url == B
+    assert ContextAPI.get_context("ctx-b").Host == elsewhere
+    # No error for a context nowhere: None, which docker 7.2's from_env takes for the default socket.
+    assert ContextAPI.get_context("nowhere") is None
+
+
 def test_the_sdk_client_of_the_default_context_reads_no_context_of_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default context's client is made from DOCKER_HOST and its TLS variables alone. docker
