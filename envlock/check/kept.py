@@ -16,6 +16,18 @@ functions of the two. So a verify that passed keeps its output, keyed in two par
   derived from it for the report. Anything different is a miss: the models are built, the
   verdict given by ``check/local.judge`` as always, and the entry replaced.
 
+Where the probe runs is part of the key. When envlock is the program and the interpreter to
+judge is its own, started as the probe's would be (``probe_here``), the kept check runs the
+probe in this process (``probing.capture.run_probe_as_fresh``: torch's facts from the cache,
+never imported) instead of starting a second interpreter, which was half of a warm verify. Its
+document is not the other interpreter's (this process has loaded other libraries, its path
+begins elsewhere), so it is never compared with one: an entry is kept, for that key, with the
+digest of the document this process collected *before* the judged probe started (what it read
+is never newer than what was judged), and only when the one in another interpreter judged the
+environment. A change the other probe would see is one this one sees (the same interpreter,
+files, variables and caches), so it is a miss, and the miss is judged as ever. No torch facts
+kept, a canary to run, torch imported, a host calling ``main``: the probe runs elsewhere.
+
 Only a verify that passed is kept (a drift is reported by the models, every time), and only
 the plain one: ``--deep``, ``--record``, ``--fleet``, ``--requirements`` and ``--no-cache``
 are never answered from here. Entries are read and written through the probe's cache rules (``probe.statcache``:
@@ -64,6 +76,28 @@ def _directory() -> Path:
 
 def _path(key: str) -> Path:
     return _directory() / f"{PREFIX}{key[:40]}.json"
+
+
+def probe_here(python: str, prefix: str, *, program: bool) -> bool:
+    """Whether the kept check may run the probe in this process (``run_probe_as_fresh``) for
+    the interpreter ``python`` of the environment ``prefix``: when envlock is this process's
+    program (``commands.is_program``), that interpreter is this one, started as the probe's
+    would be (no flag that changes its path or what it reads of the environment), with its path
+    as it began (the first entry, which the probe's own replaces, nowhere else on it), torch not
+    imported, and the caches allowed."""
+    import sys
+
+    from envlock.probe.statcache import file_cache_allowed
+
+    flags = sys.flags
+    first = os.path.abspath(sys.path[0] or os.getcwd()) if sys.path else None
+    return (program and first is not None and "torch" not in sys.modules
+            and os.path.abspath(python) == os.path.abspath(sys.executable)
+            and os.path.abspath(prefix) == os.path.abspath(sys.prefix)
+            and not (flags.isolated or flags.ignore_environment or flags.no_user_site
+                     or flags.no_site or flags.safe_path or sys._xoptions)
+            and [os.path.abspath(p or os.getcwd()) for p in sys.path].count(first) == 1
+            and file_cache_allowed())
 
 
 def find(key: str) -> Kept | None:

@@ -41,18 +41,30 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         err(f"envlock: warning: {warning}\n")
     # A plain verify may be answered by the one before it (``check/kept``): nothing changed.
     plain = not node and not args.deep and not args.record and not args.no_cache
-    key = document = None
+    key = document = own = None
     head: Header | None = None
+    here = want_torch = False
     chosen = target
     if plain:
         from envlock.check import kept as answers
-        from envlock.check.local import started_probe
+        from envlock.check.local import probe_wanted, started_probe
+        from envlock.commands import is_program
         from envlock.lock import header
 
         head = header(args.lock)  # refused as load() refuses it, before anything starts
-        key = _kept_key(args, chosen, head)
+        want_torch, want_canary = probe_wanted(head.tables, False if args.no_torch else None)
+        here = not want_canary and answers.probe_here(target.python, target.prefix, program=is_program())
+        key = _kept_key(args, chosen, head, here)
         found = answers.find(key)
-        if found is not None:
+        if here:
+            # This interpreter is the one to probe: the probe runs here, before the one in
+            # another interpreter that judges a miss (``check/kept``).
+            own = _own_document(args, want_torch)
+            if found is not None and own is not None \
+                    and _kept_inputs(args, chosen, head, own) == found.inputs:
+                out(found.output)
+                return EXIT_OK
+        elif found is not None:
             with started_probe(args.lock, head.tables, python=target.python,
                                torch=False if args.no_torch else None, deep=False,
                                cache=not args.no_cache) as probe:
@@ -104,19 +116,32 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         judged = Header.of(expected)
         # Kept under the key of the lock that was judged: a file replaced between the header's
         # read and the models' is another lock, and its answer is not this key's.
-        if judged.envlock == head.envlock:
-            answers.keep(key, inputs=_kept_inputs(args, chosen, judged, result.document), output=text)
+        # The probe here ran before the judged one started: what it read is never newer than
+        # what was judged. Without its document (no torch facts kept yet) nothing is kept.
+        document = own if here else result.document
+        if judged.envlock == head.envlock and document is not None:
+            answers.keep(key, inputs=_kept_inputs(args, chosen, judged, document), output=text)
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
 
 
-def _kept_key(args: argparse.Namespace, target: Target, head: Header) -> str:
+def _own_document(args: argparse.Namespace, want_torch: bool) -> dict[str, Any] | None:
+    """The probe's document of this interpreter, collected in this process (``check/kept``)."""
+    from envlock.probing.capture import run_probe_as_fresh
+
+    return run_probe_as_fresh(torch=want_torch, git_exclude=[args.lock])
+
+
+def _kept_key(args: argparse.Namespace, target: Target, head: Header, here: bool) -> str:
     """The name of the answer a plain verify may reuse: what decides its output and is known
-    before the probe runs (``check/kept``)."""
+    before the probe runs, and where the probe whose document it compares runs (``here``:
+    in this process), so that a document of one is never compared with the other's
+    (``check/kept``)."""
     from envlock.check import kept
     from envlock.drift.expected import RESTORED_FILE
 
     return kept.digest({
         "format": kept.FORMAT, "envlock": __version__, "lock": str(args.lock),
+        "probe": "here" if here else "interpreter",
         "fingerprint": head.envlock.fingerprint, "integrity": head.envlock.integrity,
         "options": {k: getattr(args, k) for k in ("json", "all", "strict", "no_torch", "no_cache", "python")},
         "target": list(target), "here": kept.here(), "restored": kept.file_state(RESTORED_FILE),
