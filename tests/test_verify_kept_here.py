@@ -34,7 +34,8 @@ def started(self, args, *a, **k):
     probes.extend([1] if any(str(x).rstrip('/').endswith('probe') for x in args) else [])
     start(self, args, *a, **k)
 subprocess.Popen.__init__ = started
-atexit.register(lambda: sys.stderr.write('\\n@@ %d %s\\n' % (len(probes), 'pydantic' in sys.modules)))
+atexit.register(lambda: sys.stderr.write('\\n@@ %d %s %s\\n' % (
+    len(probes), 'pydantic' in sys.modules, 'envlock.lock._header' in sys.modules)))
 sys.argv = ['envlock', *sys.argv[1:]]
 runpy.run_module('envlock', run_name='__main__', alter_sys=True)
 """
@@ -45,6 +46,7 @@ class Ran(NamedTuple):
     out: str
     probes: int  # probes started in another interpreter
     models: bool  # pydantic imported
+    header: bool  # the lock's header read (``lock.header``)
 
 
 @pytest.fixture
@@ -68,8 +70,8 @@ def verify(*flags: str) -> Ran:
     done = subprocess.run([sys.executable, "-c", LAUNCH, "verify", "--python", sys.executable,
                            *flags, "env.lock"], capture_output=True, text=True, timeout=300, check=False)
     tail = done.stderr.rsplit("\n@@ ", 1)[-1].split()
-    assert len(tail) == 2, done.stdout + done.stderr
-    return Ran(done.returncode, done.stdout, int(tail[0]), tail[1] == "True")
+    assert len(tail) == 3, done.stdout + done.stderr
+    return Ran(done.returncode, done.stdout, int(tail[0]), tail[1] == "True", tail[2] == "True")
 
 
 def forget() -> None:
@@ -81,7 +83,7 @@ def test_a_warm_verify_of_the_program_s_own_interpreter_probes_here(workdir: Pat
     first = verify(*flags)
     assert first.rc == EXIT_OK and first.probes == 1 and first.models
     second = verify(*flags)
-    assert second == first._replace(probes=0, models=False)
+    assert second == first._replace(probes=0, models=False, header=False)
 
 
 def test_twin_an_answer_kept_by_the_other_probe_is_never_compared(workdir: Path,
@@ -130,14 +132,21 @@ def test_twin_a_changed_environment_is_a_miss_judged_as_before(workdir: Path, mo
 
 
 @pytest.mark.slow
-def test_twin_an_edited_lock_is_judged_again(workdir: Path) -> None:
+@pytest.mark.parametrize("resealed_note", [True, False])
+def test_twin_an_edited_lock_is_judged_again(workdir: Path, resealed_note: bool) -> None:
+    """A lock edited and re-sealed, or only its text changed (a comment: the same header): the
+    entry is named by the lock's text, so either is judged again before it is answered."""
     assert verify().rc == EXIT_OK and verify().probes == 0
-    table = read_data(workdir / "env.lock")
-    table["envlock"] = {**table["envlock"], "note": "edited"}
-    (workdir / "env.lock").write_text(resealed(table), encoding="utf-8")
+    path = workdir / "env.lock"
+    if resealed_note:
+        table = read_data(path)
+        table["envlock"] = {**table["envlock"], "note": "edited"}
+        path.write_text(resealed(table), encoding="utf-8")
+    else:
+        path.write_text("# reviewed\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
     ran = verify()
     assert ran.rc == EXIT_OK and ran.probes == 1 and ran.models
-    assert verify() == ran._replace(probes=0, models=False)
+    assert verify() == ran._replace(probes=0, models=False, header=False)
 
 
 def test_a_program_started_with_a_flag_that_changes_its_path_probes_elsewhere(workdir: Path) -> None:
@@ -163,7 +172,7 @@ def test_twin_changed_torch_facts_are_a_miss(tmp_path: Path, monkeypatch: pytest
     assert "torch" in read_data(tmp_path / "env.lock")
     first = verify()
     assert first.rc == EXIT_OK
-    assert verify() == first._replace(probes=0, models=False)
+    assert verify() == first._replace(probes=0, models=False, header=False)
     facts = next(cache.glob("torch-facts-*.json"))
     entry = json.loads(facts.read_text(encoding="utf-8"))
     entry["facts"]["torch"]["version"] = "2.0.0+cpu"

@@ -24,7 +24,10 @@ document is not the other interpreter's (this process has loaded other libraries
 begins elsewhere), so it is never compared with one: an entry is kept, for that key, with the
 digest of the document this process collected *before* the judged probe started (what it read
 is never newer than what was judged), and only when the one in another interpreter judged the
-environment. A change the other probe would see is one this one sees (the same interpreter,
+environment. Such an entry names the lock by its text (``text_digest``) rather than its
+header's hashes, and holds what a verify needs of the header before its probe runs
+(``KeptLock``): the header is read from that very text when the answer is kept, and a header is
+a function of the text, so a hit reads the file but parses nothing. A change the other probe would see is one this one sees (the same interpreter,
 files, variables and caches), so it is a miss, and the miss is judged as ever. No torch facts
 kept, a canary to run, torch imported, a host calling ``main``: the probe runs elsewhere.
 
@@ -55,11 +58,28 @@ KEEP = 64  # entries kept; the oldest beyond are removed when one is written
 MAX_BYTES = 4 * 1024 * 1024
 
 
+class KeptLock(NamedTuple):
+    """What the answer's lock header said that a verify needs before its probe runs: the tables
+    that choose the probe and the prefix the lock was captured in. Kept for an entry named by
+    the lock's text (the probe here), whose header is then not read on a hit."""
+
+    tables: frozenset[str]
+    prefix: str | None
+
+
 class Kept(NamedTuple):
-    """The kept answer: what verify printed, and the digest of what it was derived from."""
+    """The kept answer: what verify printed, the digest of what it was derived from, and the
+    lock's header facts when the entry is named by the lock's text."""
 
     output: str
     inputs: str
+    lock: KeptLock | None = None
+
+
+def text_digest(text: str) -> str:
+    """A lock named by its text (as ``lock.read_text`` read it): the same text is the same
+    header, so an answer kept for the header read from it is that text's."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def digest(material: Any) -> str:
@@ -109,19 +129,27 @@ def find(key: str) -> Kept | None:
     entry = read_entry(str(_path(key)), MAX_BYTES, format=FORMAT, key=key)
     if entry is None:
         return None
-    output, inputs = entry.get("output"), entry.get("inputs")
+    output, inputs, lock = entry.get("output"), entry.get("inputs"), entry.get("lock")
     if not isinstance(output, str) or not isinstance(inputs, str):
         return None
-    return Kept(output=output, inputs=inputs)
+    if isinstance(lock, dict):
+        tables, prefix = lock.get("tables"), lock.get("prefix")
+        if not (isinstance(tables, list) and all(isinstance(t, str) for t in tables)
+                and (prefix is None or isinstance(prefix, str))):
+            return None
+        return Kept(output=output, inputs=inputs, lock=KeptLock(frozenset(tables), prefix))
+    return Kept(output=output, inputs=inputs) if lock is None else None
 
 
-def keep(key: str, *, inputs: str, output: str) -> bool:
-    """Keep ``output`` under ``key`` for these ``inputs``; False when nothing was written."""
+def keep(key: str, *, inputs: str, output: str, lock: KeptLock | None = None) -> bool:
+    """Keep ``output`` under ``key`` for these ``inputs`` (and the ``lock`` header's facts);
+    False when nothing was written."""
     from envlock.probe.statcache import file_cache_allowed, prune, write_cache
 
     if not file_cache_allowed():
         return False
     entry = {"format": FORMAT, "key": key, "envlock": __version__, "inputs": inputs, "output": output,
+             "lock": None if lock is None else {"tables": sorted(lock.tables), "prefix": lock.prefix},
              "kept_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     written = write_cache(str(_path(key)), entry)
     if written:
