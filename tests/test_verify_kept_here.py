@@ -182,3 +182,18 @@ def test_twin_changed_torch_facts_are_a_miss(tmp_path: Path, monkeypatch: pytest
     facts.unlink()  # none kept: the probe in another interpreter imports torch
     ran = verify()
     assert ran.rc == EXIT_OK and ran.probes == 1 and ran.models
+
+
+def test_the_probe_here_never_imports_torch(tmp_path: Path) -> None:
+    """With no torch facts kept, the document says so and torch stays unimported: the probe in
+    another interpreter is the one that imports it."""
+    code = ("import json, sys\nfrom envlock.probing.capture import run_probe_as_fresh\n"
+            "from envlock.probe.collect import CACHED_ONLY, collect\n"
+            "doc = collect(torch=CACHED_ONLY, cache=True, hash_cache=True)\n"
+            "print(json.dumps([run_probe_as_fresh(torch=True) is None, 'torch' in doc,"
+            " doc['probe']['errors'].get('torch'), 'torch' in sys.modules]))\n")
+    env = {**os.environ, "ENVLOCK_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("ENVLOCK_NO_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300, check=True)
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, False, "no cached torch facts", False]
