@@ -159,7 +159,7 @@ def _kept_key(args: argparse.Namespace, target: Target, lock: dict[str, str | No
     header is read). ``here`` is part of the name, so that a document of one probe is never
     compared with the other's (``check/kept``)."""
     from envlock.check import kept
-    from envlock.drift.expected import RESTORED_FILE
+    from envlock.drift.result import RESTORED_FILE
 
     return kept.digest({
         "format": kept.FORMAT, "envlock": __version__, "lock": str(args.lock),
