@@ -67,7 +67,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
                 if own is not None and _kept_inputs(args, chosen, found.lock.prefix, own) == found.inputs:
                     out(found.output)
                     return EXIT_OK
-        head = header_of(args.lock, lock_text)
+        head = _header_of(args.lock, lock_text)
         wanted, want_canary = probe_wanted(head.tables, torch_option)
         if here and not want_canary:
             if not ran_here or wanted != want_torch:
@@ -134,7 +134,8 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         document = own if here else result.document
         if judged.envlock == head.envlock and document is not None:
             answers.keep(key, inputs=_kept_inputs(args, chosen, judged.python.prefix, document),
-                         output=text, lock=answers.KeptLock(frozenset(head.tables), head.python.prefix))
+                         output=text,
+                         lock=answers.KeptLock(frozenset(head.tables), head.python.prefix) if here else None)
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
 
 
@@ -145,7 +146,7 @@ def _own_document(args: argparse.Namespace, want_torch: bool) -> dict[str, Any] 
     return run_probe_as_fresh(torch=want_torch, git_exclude=[args.lock])
 
 
-def header_of(path: str, text: str | None) -> Header:
+def _header_of(path: str, text: str | None) -> Header:
     """The lock's sealed header (``lock.header``), from ``text`` when it was read already."""
     from envlock.lock import header
 
