@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors 2, ``--help`` 0) become return values too.
     """
     try:
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser(words[0] if words else None).parse_args(words)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[..., int] = importlib.import_module(f"envlock.commands.{args.handler}").run

@@ -96,7 +96,11 @@ class _CommandParser(Parser):
         return parsed, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """envlock's grammar. ``command``: the first word of the command line; when it names a
+    command, only that command's subparser is built (argparse reads no other, so the namespace,
+    the usage and every error are the same), which was most of the parsing of a warm start.
+    Anything else (an option, a typo, nothing) builds them all."""
     parser = Parser(
         prog="envlock",
         description="Lock, verify and replay deep-learning environments.",
@@ -106,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"envlock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     sub.required = True
-    for add in (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
-                _cache, _canary, _export, _record, _replay):
+    adds = (_capture, _verify, _diff, _show, _fmt, _schema, _restore, _run, _bundle, _pack,
+            _cache, _canary, _export, _record, _replay)  # each adds the command its name says
+    for add in [add for add in adds if add.__name__ == f"_{command}"] or adds:
         add(sub)
     return parser
 
