@@ -197,30 +197,3 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     assert err == "envlock: interrupted\n" and out == ""
     assert not (tmp_path / "env.lock").exists()
     assert not left_running
-
-
-def test_a_subcommand_built_alone_is_the_one_the_whole_parser_builds() -> None:
-    """``build_parser(words)`` builds only the subcommand the first word names: its help (every
-    option, default and choice) is the whole parser's, word for word, for every subcommand; help,
-    a mistyped command or none get the whole parser, so the list and the suggestion stay."""
-    import argparse
-
-    from envlock.commands._parser import build_parser
-
-    def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        return dict(sub.choices)
-
-    whole = commands(build_parser())
-    assert len(whole) == 15
-    for name, parser in whole.items():
-        alone = commands(build_parser([name, "--anything"]))
-        assert list(alone) == [name]
-        assert alone[name].format_help() == parser.format_help()
-    for words in ([], ["--help"], ["verfy"], ["--version"]):
-        assert list(commands(build_parser(words))) == list(whole)
-
-
-def test_a_mistyped_command_is_still_answered_with_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["verfy"]) == EXIT_USAGE
-    assert "did you mean 'verify'?" in capsys.readouterr().err

@@ -27,6 +27,15 @@ from envlock.commands._output import err
 from envlock.commands._parser import build_parser
 from envlock.errors import EXIT_ENV, EXIT_OK, EXIT_USAGE, EnvlockError, interrupted_exit
 
+_PROGRAM = [False]  # set by console_main: see is_program
+
+
+def is_program() -> bool:
+    """Whether envlock is this process's program (its console script or ``python -m envlock``),
+    rather than a host that calls ``main``: only then is the interpreter's state (its path, its
+    loaded modules) what it was started with, as a fresh one of it would have it."""
+    return _PROGRAM[0]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command (``argv`` None: ``sys.argv[1:]``) and return its exit code.
@@ -77,10 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> NoReturn:
     """The ``envlock`` program (console script, ``python -m envlock``)."""
+    _PROGRAM[0] = True
     code = main()
     if code in {128 + signum for signum in STOPS}:
         on_the_way_out()  # the process ends now: a late second signal must not change its code
     sys.exit(code)
 
 
-__all__ = ["console_main", "main"]
+__all__ = ["console_main", "is_program", "main"]

@@ -8,7 +8,6 @@ command that runs, so ``envlock --help`` builds the parser and nothing else.
 from __future__ import annotations
 
 import argparse
-import difflib
 import itertools
 import math
 import sys
@@ -35,6 +34,8 @@ _CLOSE = 0.75
 
 
 def _closest(word: str, choices: Sequence[str]) -> str | None:
+    import difflib  # only for a mistyped word: not every start pays it
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=_CLOSE)
     return close[0] if close else None
 

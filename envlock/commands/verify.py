@@ -41,25 +41,50 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         err(f"envlock: warning: {warning}\n")
     # A plain verify may be answered by the one before it (``check/kept``): nothing changed.
     plain = not node and not args.deep and not args.record and not args.no_cache
-    key = document = None
+    key = document = own = None
     head: Header | None = None
+    here = want_torch = False
     chosen = target
     if plain:
         from envlock.check import kept as answers
-        from envlock.check.local import started_probe
-        from envlock.lock import header
+        from envlock.check.local import probe_wanted, started_probe
+        from envlock.commands import is_program
+        from envlock.lock import read_text
 
-        head = header(args.lock)  # refused as load() refuses it, before anything starts
-        key = _kept_key(args, chosen, head)
-        found = answers.find(key)
-        if found is not None:
-            with started_probe(args.lock, head.tables, python=target.python,
-                               torch=False if args.no_torch else None, deep=False,
-                               cache=not args.no_cache) as probe:
-                document = probe.result()
-            if _kept_inputs(args, chosen, head, document) == found.inputs:
-                out(found.output)
-                return EXIT_OK
+        torch_option = False if args.no_torch else None
+        here = answers.probe_here(target.python, target.prefix, program=is_program())
+        lock_text, ran_here = None, False
+        if here:
+            # This interpreter is the one to probe: the probe runs here, before the one in
+            # another interpreter that judges a miss, and the lock is named by its text, whose
+            # header was read when the answer was kept (``check/kept``).
+            lock_text = read_text(args.lock)  # refused as load() refuses it, before anything starts
+            key = _kept_key(args, chosen, {"text": answers.text_digest(lock_text)}, here)
+            found = answers.find(key)
+            if found is not None and found.lock is not None:
+                want_torch = probe_wanted(found.lock.tables, torch_option)[0]
+                own, ran_here = _own_document(args, want_torch), True
+                if own is not None and _kept_inputs(args, chosen, found.lock.prefix, own) == found.inputs:
+                    out(found.output)
+                    return EXIT_OK
+        head = _header_of(args.lock, lock_text)
+        wanted, want_canary = probe_wanted(head.tables, torch_option)
+        if here and not want_canary:
+            if not ran_here or wanted != want_torch:
+                own = _own_document(args, wanted)
+        else:
+            here, own = False, None
+            key = _kept_key(args, chosen, {"fingerprint": head.envlock.fingerprint,
+                                           "integrity": head.envlock.integrity}, here)
+            found = answers.find(key)
+            if found is not None:
+                with started_probe(args.lock, head.tables, python=target.python,
+                                   torch=torch_option, deep=False, cache=not args.no_cache) as probe:
+                    document = probe.result()
+                if _kept_inputs(args, chosen, head.python.prefix, document) == found.inputs:
+                    out(found.output)
+                    return EXIT_OK
+        want_torch = wanted
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    limit=None if args.all else 10, document=document)
@@ -104,20 +129,42 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
         judged = Header.of(expected)
         # Kept under the key of the lock that was judged: a file replaced between the header's
         # read and the models' is another lock, and its answer is not this key's.
-        if judged.envlock == head.envlock:
-            answers.keep(key, inputs=_kept_inputs(args, chosen, judged, result.document), output=text)
+        # The probe here ran before the judged one started: what it read is never newer than
+        # what was judged. Without its document (no torch facts kept yet) nothing is kept.
+        document = own if here else result.document
+        if judged.envlock == head.envlock and document is not None:
+            answers.keep(key, inputs=_kept_inputs(args, chosen, judged.python.prefix, document),
+                         output=text,
+                         lock=answers.KeptLock(frozenset(head.tables), head.python.prefix) if here else None)
     return EXIT_OK if cmp.ok and (inputs is None or inputs.same) else EXIT_DRIFT
 
 
-def _kept_key(args: argparse.Namespace, target: Target, head: Header) -> str:
+def _own_document(args: argparse.Namespace, want_torch: bool) -> dict[str, Any] | None:
+    """The probe's document of this interpreter, collected in this process (``check/kept``)."""
+    from envlock.probing.capture import run_probe_as_fresh
+
+    return run_probe_as_fresh(torch=want_torch, git_exclude=[args.lock])
+
+
+def _header_of(path: str, text: str | None) -> Header:
+    """The lock's sealed header (``lock.header``), from ``text`` when it was read already."""
+    from envlock.lock import header
+
+    return header(path, text=text)  # refused as load() refuses it, before anything starts
+
+
+def _kept_key(args: argparse.Namespace, target: Target, lock: dict[str, str | None], here: bool) -> str:
     """The name of the answer a plain verify may reuse: what decides its output and is known
-    before the probe runs (``check/kept``)."""
+    before the probe runs. ``lock`` names the lock: by its two hashes (from its header), or by
+    its text (``here``: the probe runs in this process, and its kept answer is found before the
+    header is read). ``here`` is part of the name, so that a document of one probe is never
+    compared with the other's (``check/kept``)."""
     from envlock.check import kept
-    from envlock.drift.expected import RESTORED_FILE
+    from envlock.drift.result import RESTORED_FILE
 
     return kept.digest({
         "format": kept.FORMAT, "envlock": __version__, "lock": str(args.lock),
-        "fingerprint": head.envlock.fingerprint, "integrity": head.envlock.integrity,
+        "probe": "here" if here else "interpreter", **lock,
         "options": {k: getattr(args, k) for k in ("json", "all", "strict", "no_torch", "no_cache", "python")},
         "target": list(target), "here": kept.here(), "restored": kept.file_state(RESTORED_FILE),
         # What the probe, the comparator and the report may read of envlock's own settings.
@@ -125,13 +172,14 @@ def _kept_key(args: argparse.Namespace, target: Target, head: Header) -> str:
     })
 
 
-def _kept_inputs(args: argparse.Namespace, target: Target, head: Header, document: dict[str, Any]) -> str:
+def _kept_inputs(args: argparse.Namespace, target: Target, prefix: str | None, document: dict[str, Any]) -> str:
     """What the kept answer was derived from once the probe ran: its document (less timings,
-    which differ on every run) and the lock's own environment when it exists here."""
+    which differ on every run) and the lock's own environment (``prefix``, where it was
+    captured) when it exists here."""
     from envlock.check import kept
     from envlock.probing.capture import without_timings
 
-    captured_from = None if args.python else recorded_prefix_hint(head.python.prefix, target)
+    captured_from = None if args.python else recorded_prefix_hint(prefix, target)
     return kept.digest({"document": without_timings(document), "captured_from": captured_from})
 
 

@@ -20,14 +20,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from envlock.drift.result import Comparison, Difference
+from envlock.drift.result import RESTORED_FILE, Comparison, Difference
 
 if TYPE_CHECKING:
     # Neither at import: ``run``'s fast path reads ``Restored`` from a kept check without the
     # models the comparator is built on.
     from envlock.lock import Lock
 
-RESTORED_FILE = "/usr/local/share/envlock-restore/restored.json"
 # pip, setuptools and wheel are the installer's tools, not the experiment's code: the restore
 # installs them last from the index or the wheelhouse, and Debian's ensurepip ships its own
 # rebuilds of them, so another build of them is reported but does not fail the restore.

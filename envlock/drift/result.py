@@ -23,6 +23,11 @@ SEVERITY_RANK = {s: rank for rank, s in enumerate(SEVERITIES)}
 # so that ``run`` sets it without importing the comparator and the models it is built on.
 OS_FROM_BASE_ENV = "ENVLOCK_OS_PACKAGES"
 
+# Where restore writes what it changed on purpose (``expected``, which reads it); here, beside
+# the other leaf constant, so that verify's kept answer keys on the file without importing
+# ``expected`` and the dataclasses it is built on.
+RESTORED_FILE = "/usr/local/share/envlock-restore/restored.json"
+
 
 def counts_text(counts: Mapping[str, int], *, zeros: bool = True) -> str:
     """How every report counts differences: "1 breaking, 2 warnings, 45 info" (severities

@@ -106,11 +106,13 @@ class Header:
                    env=dict(lock.env), lock=lock)
 
 
-def header(path: str | os.PathLike[str]) -> Header:
+def header(path: str | os.PathLike[str], *, text: str | None = None) -> Header:
     """The sealed header of the lock at ``path``: from its TOML table when the newest schema's
-    seal verifies over it, else from ``load()``'s lock (whose refusals are raised as they are)."""
+    seal verifies over it, else from ``load()``'s lock (whose refusals are raised as they are).
+    ``text``: the file's text as ``read_text`` already read it, for a caller that keyed an answer
+    on that text (``check/kept``) and must read the header of the very same one."""
     name = str(path)
-    data = parse_toml(read_text(path), name)
+    data = parse_toml(read_text(path) if text is None else text, name)
     found = _sealed(data, name)
     if found is not None:
         return found

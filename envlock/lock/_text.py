@@ -21,12 +21,6 @@ SCHEMA_VERSION = 1
 # One limit for every command that reads a lock, and for capture, which writes none larger.
 MAX_LOCK_BYTES = 16 * 1024 * 1024
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
-
 def read_text(path: str | os.PathLike[str]) -> str:
     """The text of the lock at ``path``, refused (LockInvalid) when it cannot be a lock."""
     return _files.read_text(path, limit=MAX_LOCK_BYTES, what="a lock", error=LockInvalid,
@@ -34,6 +28,11 @@ def read_text(path: str | os.PathLike[str]) -> str:
 
 
 def parse_toml(text: str, name: str) -> dict[str, Any]:
+    # Imported here: verify's kept check names a lock by its text and parses none on a hit.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -49,6 +49,10 @@ DEFAULT_GIT_TIMEOUT = 5.0
 # Sections a lock cannot do without: when one cannot be collected, the lock says so in
 # ``[[unreadable]]`` (which verify counts as breaking), never just leaves it empty.
 MUST_CAPTURE = ("packages", "os_packages", "conda", "deep")
+# ``collect(torch=CACHED_ONLY)``: torch's facts from the cache or none at all, never an import
+# (verify's kept check in envlock's own process: an answer that needs torch imported is no
+# answer kept, and the probe in another interpreter gives it).
+CACHED_ONLY = "cached"
 
 
 @contextmanager
@@ -74,7 +78,7 @@ def gc_paused() -> Iterator[None]:
 
 def _cacheable(torch: str, canary: bool) -> bool:
     # Seeds are process state, and the canary runs kernels: both need the real torch.
-    return torch == "auto" and not canary and "torch" not in sys.modules \
+    return torch in ("auto", CACHED_ONLY) and not canary and "torch" not in sys.modules \
         and "ENVLOCK_SEED" not in os.environ
 
 
@@ -86,6 +90,10 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
             now_ns: Clock = time.time_ns, hash_cache: Optional[bool] = None,
             git: bool = True, refresh: bool = False) -> Dict[str, Any]:
     """Probe this interpreter and process; return a JSON-ready document (never raises).
+
+    ``torch``: "auto" imports it when installed, "no" never; ``CACHED_ONLY`` reads its facts
+    from the cache (as ``cache``) and, where none are kept, leaves ``[torch]`` out with the
+    reason in ``probe.errors`` rather than importing it.
 
     ``git_exclude``: files left out of the git state (the lock about to be written).
 
@@ -171,7 +179,7 @@ def collect(torch: str = "auto", canary: bool = False, image: Optional[str] = No
         det["torch_loaded"] = True
         doc["determinism"] = det
     else:
-        torch_mod, why = want_torch(torch)
+        torch_mod, why = (None, "no cached torch facts") if torch == CACHED_ONLY else want_torch(torch)
         if torch_mod is not None:
             info = guard("torch", lambda: collect_torch(torch_mod))
             if info:

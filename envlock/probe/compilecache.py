@@ -36,7 +36,6 @@ import os
 import platform
 import stat
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 MAGIC = b"envlock-compile-cache 1\n"
@@ -210,6 +209,8 @@ def write(path: str, header: Dict[str, Any], payload: bytes) -> None:
     full = dict(header, payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest())
     line = json.dumps(check_header(full), sort_keys=True).encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
+    import tempfile  # only where a cache is written: a probe that reads one does not pay it
+
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:

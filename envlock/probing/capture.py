@@ -41,6 +41,25 @@ def run_probe_in_process(*, torch: bool = True, canary: bool = False, image: str
                    hash_cache=file_cache_allowed())
 
 
+def run_probe_as_fresh(*, torch: bool, git_exclude: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The probe's document of this interpreter, collected in this process the way the probe
+    run as a program in a fresh one collects it (``probe.collect.main``): torch's facts from
+    the cache, never imported, and the directory this program's path starts with left out as
+    the probe leaves out its own. None when torch is wanted and no facts of it are kept.
+
+    Only for verify's kept check (``check.kept.probe_here`` says when): the document keys an
+    answer and is never judged, so where it differs from the other interpreter's it is a miss.
+    """
+    from envlock.probe.collect import CACHED_ONLY, collect
+
+    doc = collect(torch=CACHED_ONLY if torch else "no", cache=True, hash_cache=True,
+                  skip_dir=os.path.abspath(sys.path[0] or os.getcwd()),
+                  git_exclude=[os.path.abspath(p) for p in git_exclude])
+    if torch and doc["probe"].get("torch_facts") != "cached":
+        return None
+    return doc
+
+
 class StartedProbe:
     """The probe running in another interpreter, with ``--deep`` progress drawn on a terminal.
 

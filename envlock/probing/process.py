@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import selectors
 import shutil
 import signal
@@ -201,6 +200,8 @@ class ProbeProcess:
         self._pending = bytearray()
         self._finished = False
         self.argv = [self.python, str(PROBE_PATH), *args]
+        import secrets  # here: a command that starts no probe (a warm verify) does not pay it
+
         # Inherited by everything the interpreter starts, a setsid child included (the probe
         # never records it): how its leftovers are found at the end.
         self.token = secrets.token_hex(16)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from envlock._files import sha256_file
 from envlock._version import __version__
-from envlock.drift.expected import RESTORED_FILE
+from envlock.drift.result import RESTORED_FILE
 from envlock.lock import SCHEMA_VERSION
 from envlock.restore import ospackages, outdir, values
 from envlock.restore.context import WHEELS_IN_IMAGE, Layer, Plan
