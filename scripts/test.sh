@@ -659,7 +659,8 @@ run_pytest() {  # run_pytest NAME MARKEXPR [ARGS...]; sets PYTEST_RC
     shift 2
     step "pytest-$name"
     PYTEST_RC=0
-    "$VPY" -m pytest -ra -m "$mark" "$@" || PYTEST_RC=$?
+    # --durations: every run's output ends with its slowest tests, where CI time goes.
+    "$VPY" -m pytest -ra --durations=40 --durations-min=1.0 -m "$mark" "$@" || PYTEST_RC=$?
     step_done "exit $PYTEST_RC"
 }
 
