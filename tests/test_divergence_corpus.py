@@ -124,6 +124,16 @@ def test_the_corpus_has_every_cause_the_issue_asks_for() -> None:
             "rank1_threads"} <= names
 
 
+def test_the_corpus_runs_as_one_piece_per_baseline_holding_each_case_once() -> None:
+    """Every case runs in exactly one piece, its baseline's (whose workspace no other piece
+    touches), in the corpus's order; the longest baseline first."""
+    units = corpus._units(list(corpus.CASES))
+    assert [kind for kind, _ in units] == list(corpus.BASELINES) == ["compile", "main", "ranks"]
+    for kind, part in units:
+        assert part == [c for c in corpus.CASES if c.baseline == kind]
+    assert corpus._units([c for c in corpus.CASES if c.baseline != "compile"])[0][0] == "main"
+
+
 @pytest.mark.slow
 def test_the_whole_corpus_twice_with_the_shared_cache_written_between(tmp_path: Path) -> None:
     """Every case, the compile and numpy ones too, then all of them again with another job
@@ -137,7 +147,9 @@ def test_the_whole_corpus_twice_with_the_shared_cache_written_between(tmp_path: 
     must diverge here, named or not; the second pass must judge every case as the first did."""
     alt = os.environ.get("ENVLOCK_TEST_NUMPY_ALT")
     assert alt, "ENVLOCK_TEST_NUMPY_ALT is not set: scripts/test.sh installs numpy 1.26.4 for numpy_blas"
-    results = corpus.run_corpus(numpy_alt=Path(alt), keep=tmp_path, twice=True)
+    # Two baselines at a time (``corpus._units``), each in its own workspace: each case is still
+    # judged against its own baseline and witness.
+    results = corpus.run_corpus(numpy_alt=Path(alt), keep=tmp_path, twice=True, workers=2)
     first = [r for r in results if not r.shared]
     assert {r.case.name for r in first} == {c.name for c in corpus.CASES}
 
