@@ -781,20 +781,33 @@ def run_case(ws: Workspace, case: Case, plain: list[str], first: Result | None =
 
 
 @contextmanager
-def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str, list[str]]]:
+def baseline(kind: str, where: Path,
+             numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str, list[str], dict[str, Any]]]:
     """A workspace with its record, checked to replay bit-identically and to print the same
-    numbers twice outside envlock (which it yields, as the witness of "no cause"); (None, why,
-    []) otherwise."""
+    numbers twice outside envlock (which it yields, as the witness of "no cause", with the
+    verdict of that replay); (None, why, [], {}) otherwise."""
     ws = make_workspace(where / kind, kind, numpy_alt)
     record(ws)
     control = replay(ws, Induced())
     plain, again = witness(ws, Induced()), witness(ws, Induced())
     if control.get("divergences"):
-        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control)), []
+        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control)), [], {}
     elif plain != again or not plain or plain[0] != "exit 0" or len(plain) < 2:
-        yield None, "the baseline's numbers outside envlock are not reproducible: " + " | ".join(plain or []), []
+        yield None, "the baseline's numbers outside envlock are not reproducible: " + " | ".join(plain or []), [], {}
     else:
-        yield ws, "", plain or []
+        yield ws, "", plain or [], control
+
+
+def control_result(ws: Workspace, case: Case, control: dict[str, Any]) -> Result | None:
+    """A control's first pass (nothing induced, nothing expected), as the baseline ran it: its
+    witness is the baseline's second run outside envlock, which printed the same numbers as the
+    first (effect: False), and its replay the baseline's own replay, with nothing induced. Running
+    them again would repeat the same commands on the same files. None for any other case."""
+    if case.expect or case.induce(ws) != Induced():
+        return None
+    result = judge(case, control, False)
+    result.effect = False
+    return result
 
 
 # The baselines, the longest first: on 2 cores the compile one (every run of it compiles cold)
@@ -813,12 +826,12 @@ def _units(cases: list[Case]) -> list[tuple[str, list[Case]]]:
 def _run_unit(kind: str, cases: list[Case], where: Path, numpy_alt: Path | None, twice: bool) -> list[Result]:
     """One workspace's cases, in order (then again with the shared cache written: ``twice``)."""
     results: list[Result] = []
-    with baseline(kind, where, numpy_alt) as (ws, why, plain):
+    with baseline(kind, where, numpy_alt) as (ws, why, plain, control):
         if ws is None:
             return [Result(c, "not run", why) for c in cases]
         firsts = []
         for case in cases:
-            firsts.append(run_case(ws, case, plain))
+            firsts.append(control_result(ws, case, control) or run_case(ws, case, plain))
             sys.stderr.write(f"{case.name}: {firsts[-1].status}\n")
         results += firsts
         if twice:
