@@ -810,8 +810,9 @@ def control_result(ws: Workspace, case: Case, control: dict[str, Any]) -> Result
     return result
 
 
-# The baselines, the longest first: on 2 cores the compile one (every run of it compiles cold)
-# took about 250 s with its cases, the main one 240 s, the ranks one 60 s.
+# The baselines, the longest first. Measured on 2 cores: the compile one (every run of it
+# compiles cold) took 107 s to record and check and 36 s a case (4 cases), the main one 16 s and
+# 6 s a case (24 cases), the ranks one 30 s and 11 s a case (2 cases).
 BASELINES = ("compile", "main", "ranks")
 
 
