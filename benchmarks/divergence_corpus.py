@@ -7,6 +7,7 @@ and does envlock's verdict name the cause among "lock differences that can expla
     python benchmarks/divergence_corpus.py --numpy-alt DIR     # DIR: another numpy build (pip --target)
     python benchmarks/divergence_corpus.py --json FILE         # every verdict, as envlock printed it
     python benchmarks/divergence_corpus.py --twice             # again, the shared Inductor cache written
+    python benchmarks/divergence_corpus.py --workers 2         # two baselines at a time
 
 Run it with an interpreter that has torch and numpy and can import envlock (the repository root
 is put on ``PYTHONPATH`` of every command). Each case starts from a sealed record of a seeded
@@ -43,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -779,54 +781,88 @@ def run_case(ws: Workspace, case: Case, plain: list[str], first: Result | None =
 
 
 @contextmanager
-def baseline(kind: str, where: Path, numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str, list[str]]]:
+def baseline(kind: str, where: Path,
+             numpy_alt: Path | None) -> Iterator[tuple[Workspace | None, str, list[str], dict[str, Any]]]:
     """A workspace with its record, checked to replay bit-identically and to print the same
-    numbers twice outside envlock (which it yields, as the witness of "no cause"); (None, why,
-    []) otherwise."""
+    numbers twice outside envlock (which it yields, as the witness of "no cause", with the
+    verdict of that replay); (None, why, [], {}) otherwise."""
     ws = make_workspace(where / kind, kind, numpy_alt)
     record(ws)
     control = replay(ws, Induced())
     plain, again = witness(ws, Induced()), witness(ws, Induced())
     if control.get("divergences"):
-        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control)), []
+        yield None, "the baseline does not reproduce itself: " + ", ".join(named(control)), [], {}
     elif plain != again or not plain or plain[0] != "exit 0" or len(plain) < 2:
-        yield None, "the baseline's numbers outside envlock are not reproducible: " + " | ".join(plain or []), []
+        yield None, "the baseline's numbers outside envlock are not reproducible: " + " | ".join(plain or []), [], {}
     else:
-        yield ws, "", plain or []
+        yield ws, "", plain or [], control
+
+
+def control_result(ws: Workspace, case: Case, control: dict[str, Any]) -> Result | None:
+    """A control's first pass (nothing induced, nothing expected), as the baseline ran it: its
+    witness is the baseline's second run outside envlock, which printed the same numbers as the
+    first (effect: False), and its replay the baseline's own replay, with nothing induced. Running
+    them again would repeat the same commands on the same files. None for any other case."""
+    if case.expect or case.induce(ws) != Induced():
+        return None
+    result = judge(case, control, False)
+    result.effect = False
+    return result
+
+
+# The baselines, the longest first. Measured on 2 cores: the compile one (every run of it
+# compiles cold) took 107 s to record and check and 36 s a case (4 cases), the main one 16 s and
+# 6 s a case (24 cases), the ranks one 30 s and 11 s a case (2 cases).
+BASELINES = ("compile", "main", "ranks")
+
+
+def _units(cases: list[Case]) -> list[tuple[str, list[Case]]]:
+    """The independent pieces of work: (baseline, its cases), the longest first. Cases of one
+    baseline run one after the other in its workspace (a case edits the workspace's files and
+    puts them back); the workspaces share nothing (each has its own project, libraries, caches
+    and ``TMPDIR``), so they may run at the same time."""
+    return [(kind, part) for kind in BASELINES if (part := [c for c in cases if c.baseline == kind])]
+
+
+def _run_unit(kind: str, cases: list[Case], where: Path, numpy_alt: Path | None, twice: bool) -> list[Result]:
+    """One workspace's cases, in order (then again with the shared cache written: ``twice``)."""
+    results: list[Result] = []
+    with baseline(kind, where, numpy_alt) as (ws, why, plain, control):
+        if ws is None:
+            return [Result(c, "not run", why) for c in cases]
+        firsts = []
+        for case in cases:
+            firsts.append(control_result(ws, case, control) or run_case(ws, case, plain))
+            sys.stderr.write(f"{case.name}: {firsts[-1].status}\n")
+        results += firsts
+        if twice:
+            cache = shared_cache(ws)
+            for n, first in enumerate(firsts):
+                another_job_writes(cache, n)
+                results.append(run_case(ws, first.case, plain, first))
+                sys.stderr.write(f"{first.case.name} (shared cache written): {results[-1].status}\n")
+    return results
 
 
 def run_corpus(names: list[str] | None = None, *, skip_compile: bool = False,
-               numpy_alt: Path | None = None, keep: Path | None = None, twice: bool = False) -> list[Result]:
+               numpy_alt: Path | None = None, keep: Path | None = None, twice: bool = False,
+               workers: int = 1) -> list[Result]:
     """Every case of ``names`` (default: all). ``twice``: then a second pass of the same cases,
     another job writing the user's shared Inductor cache before each replay (``Result.shared``):
-    a cache no run of the case used must change no verdict."""
+    a cache no run of the case used must change no verdict. ``workers``: how many baselines'
+    workspaces run at the same time (``_units``); every case is judged against its own
+    baseline and witness either way."""
     cases = [c for c in CASES if (names is None or c.name in names)
              and not (skip_compile and c.baseline == "compile")]
     where = keep or Path(tempfile.mkdtemp(prefix="divergence-corpus-"))
     have_cc = shutil.which(os.environ.get("CC", "cc")) is not None or shutil.which("gcc") is not None
-    results: list[Result] = []
+    runnable = [c for c in cases if not _missing(c, have_cc, numpy_alt)]
+    results = [Result(c, "not run", _missing(c, have_cc, numpy_alt)) for c in cases if c not in runnable]
     try:
-        for kind in ("main", "compile", "ranks"):
-            todo = [c for c in cases if c.baseline == kind]
-            runnable = [c for c in todo if not _missing(c, have_cc, numpy_alt)]
-            results += [Result(c, "not run", _missing(c, have_cc, numpy_alt)) for c in todo if c not in runnable]
-            if not runnable:
-                continue
-            with baseline(kind, where, numpy_alt) as (ws, why, plain):
-                if ws is None:
-                    results += [Result(c, "not run", why) for c in runnable]
-                    continue
-                firsts = []
-                for case in runnable:
-                    firsts.append(run_case(ws, case, plain))
-                    sys.stderr.write(f"{case.name}: {firsts[-1].status}\n")
-                results += firsts
-                if twice:
-                    cache = shared_cache(ws)
-                    for n, first in enumerate(firsts):
-                        another_job_writes(cache, n)
-                        results.append(run_case(ws, first.case, plain, first))
-                        sys.stderr.write(f"{first.case.name} (shared cache written): {results[-1].status}\n")
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            done = [pool.submit(_run_unit, kind, part, where, numpy_alt, twice) for kind, part in _units(runnable)]
+            for unit in done:
+                results += unit.result()
     finally:
         if keep is None:
             shutil.rmtree(where, ignore_errors=True)
@@ -878,6 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every case's verdict to this file")
     parser.add_argument("--twice", action="store_true", help="a second pass, another job writing the "
                         "user's shared Inductor cache before each replay")
+    parser.add_argument("--workers", type=int, default=1, help="baselines run at the same time (default 1)")
     args = parser.parse_args(argv)
     names = args.cases.split(",") if args.cases else None
     unknown = sorted(set(names or ()) - {c.name for c in CASES})
@@ -885,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
     results = run_corpus(names, skip_compile=args.skip_compile,
                          numpy_alt=args.numpy_alt.resolve() if args.numpy_alt else None, keep=args.keep,
-                         twice=args.twice)
+                         twice=args.twice, workers=args.workers)
     sys.stdout.write(report(results))
     if args.json:
         args.json.write_text(json.dumps([{"case": r.case.name, "shared_cache": r.shared, "status": r.status,

@@ -7,7 +7,9 @@
 #          a few minutes on 2 cores; the first answer, and what to run while editing
 #          (`pytest -m "not integration and not slow"` needs none of the setup below).
 #   later  `-m "integration or slow"`: containers, package installs, venvs built from
-#          wheels, real LaTeX/linters, waits; needs the setup below.
+#          wheels, real LaTeX/linters, waits; needs the setup below. Run in two parts: the
+#          slow tests that use no engine and no Slurm on the unit phase's workers, then the
+#          integration tests serially.
 # Setup:
 #   1. .venv in the repo root with `pip install -e '.[dev]'` (skipped while
 #      pyproject.toml and the interpreter are unchanged; stamp in .venv); py-rattler
@@ -659,21 +661,34 @@ run_pytest() {  # run_pytest NAME MARKEXPR [ARGS...]; sets PYTEST_RC
     shift 2
     step "pytest-$name"
     PYTEST_RC=0
-    "$VPY" -m pytest -ra -m "$mark" "$@" || PYTEST_RC=$?
+    # --durations: every run's output ends with its slowest tests, where CI time goes.
+    "$VPY" -m pytest -ra --durations=40 --durations-min=1.0 -m "$mark" "$@" || PYTEST_RC=$?
     step_done "exit $PYTEST_RC"
 }
 
 # The unit phase is CPU-bound and its tests share no state (each has its own tmp_path and
 # cache directory): one pytest-xdist worker per core, at most 4; ENVLOCK_TEST_WORKERS=1 runs
-# it in one process. The later phase stays serial: its tests share the engines and Slurm.
+# it in one process. The later phase runs in two parts: its slow tests that use no engine and no
+# Slurm (marked slow, not integration: interpreters importing torch, venvs, validators) share no
+# state either and run on the same workers, a file per worker (--dist loadfile: a module's
+# fixtures are built once); the integration tests stay serial, as they share the engines and Slurm.
 UNIT_WORKERS="${ENVLOCK_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 if [[ "$UNIT_WORKERS" -gt 4 ]]; then UNIT_WORKERS=4; fi
 unit_args=()
-if [[ "$UNIT_WORKERS" -gt 1 ]]; then unit_args=(-n "$UNIT_WORKERS"); fi
+slow_args=()
+if [[ "$UNIT_WORKERS" -gt 1 ]]; then unit_args=(-n "$UNIT_WORKERS"); slow_args=(-n "$UNIT_WORKERS" --dist loadfile); fi
 run_pytest unit "not integration and not slow" ${unit_args[@]+"${unit_args[@]}"} "$@"
 UNIT_RC=$PYTEST_RC
-run_pytest later "integration or slow" "$@"
+run_pytest later-slow "slow and not integration" ${slow_args[@]+"${slow_args[@]}"} "$@"
+SLOW_RC=$PYTEST_RC
+run_pytest later-integration "integration" "$@"
 INTEG_RC=$PYTEST_RC
+# The later phase as one: it failed if either part failed, and selected nothing if neither did.
+if [[ "$SLOW_RC" -ne 0 && "$SLOW_RC" -ne 5 ]]; then
+    INTEG_RC=$SLOW_RC
+elif [[ "$INTEG_RC" -eq 5 && "$SLOW_RC" -eq 0 ]]; then
+    INTEG_RC=0
+fi
 
 fail=0
 if [[ "$LINT_FAIL" -ne 0 ]]; then log "ruff/mypy FAILED (see above)"; fail=1; fi

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,34 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return ws
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding ``run.rec`` and ``compiled.cache``: a run of TRAIN recorded cold with
+    ``--save-compile-cache``, as each test's ``project`` would record it, made once for the tests
+    that only need such a record and its cache (the cold compile is most of a test's time). The
+    test of the recording itself records its own."""
+    needs_tool("g++")
+    root = tmp_path_factory.mktemp("recorded")
+    ws = root / "ws"
+    ws.mkdir()
+    (ws / "train.py").write_text(TRAIN)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ws)
+        mp.setenv("PYTHONPATH", str(REPO))
+        mp.setenv("COUNTERS", str(root / "counters.json"))
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "cold"))
+        assert main(["record", "run.rec", "--save-compile-cache", "compiled.cache", "--",
+                     sys.executable, "train.py"]) == 0
+    assert _counters(ws)["inductor"].get("fxgraph_cache_miss") == 1  # it compiled cold
+    return ws
+
+
+def _take(recorded: Path, project: Path) -> None:
+    """The shared record and its cache, copied into this test's project."""
+    for name in ("run.rec", "compiled.cache"):
+        shutil.copyfile(recorded / name, project / name)
+
+
 def _counters(project: Path) -> dict[str, Any]:
     path = project.parent / "counters.json"
     found: dict[str, Any] = json.loads(path.read_text())
@@ -98,11 +127,9 @@ def test_a_saved_cache_makes_the_replay_compile_warm_with_the_same_bits(
     assert _counters(project)["inductor"].get("fxgraph_cache_miss") == 1
 
 
-def test_load_compile_cache_in_process_then_compile_hits(project: Path, tmp_path: Path,
+def test_load_compile_cache_in_process_then_compile_hits(project: Path, tmp_path: Path, recorded: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    assert main(["record", "run.rec", "--save-compile-cache", "compiled.cache", "--",
-                 sys.executable, "train.py"]) == 0
-    _counters(project)
+    _take(recorded, project)
     digest = compilecache.read("compiled.cache")[2]
     env = {**os.environ, "LOAD_IN_PROCESS": "compiled.cache", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "fresh")}
     proc = subprocess.run([sys.executable, "train.py"], env=env, capture_output=True, text=True, timeout=600,
@@ -119,12 +146,10 @@ def test_load_compile_cache_in_process_then_compile_hits(project: Path, tmp_path
 
 
 def test_a_cache_of_another_torch_is_refused_by_the_commands_own_torch(
-        project: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+        project: Path, tmp_path: Path, recorded: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """No lock to judge it by: the loader, under the command's torch, refuses it (exit 2) and
     the command never starts."""
-    assert main(["record", "run.rec", "--save-compile-cache", "compiled.cache", "--",
-                 sys.executable, "train.py"]) == 0
-    _counters(project)
+    _take(recorded, project)
     header, payload, _ = compilecache.read("compiled.cache")
     assert payload is not None
     compilecache.write(str(tmp_path / "foreign.cache"), {**header, "torch": "2.0.0"}, payload)

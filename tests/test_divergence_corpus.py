@@ -124,6 +124,33 @@ def test_the_corpus_has_every_cause_the_issue_asks_for() -> None:
             "rank1_threads"} <= names
 
 
+def test_the_corpus_runs_as_one_piece_per_baseline_holding_each_case_once() -> None:
+    """Every case runs in exactly one piece, its baseline's (whose workspace no other piece
+    touches), in the corpus's order; the longest baseline first."""
+    units = corpus._units(list(corpus.CASES))
+    assert [kind for kind, _ in units] == list(corpus.BASELINES) == ["compile", "main", "ranks"]
+    for kind, part in units:
+        assert part == [c for c in corpus.CASES if c.baseline == kind]
+    assert corpus._units([c for c in corpus.CASES if c.baseline != "compile"])[0][0] == "main"
+
+
+def test_a_controls_first_pass_is_the_baselines_own_replay_and_second_witness(tmp_path: Path) -> None:
+    """A control induces nothing: its first pass is judged on the baseline's replay (checked to
+    reproduce) and its second witness (checked to print the same numbers), not run again. A case
+    that induces a cause is never taken from the baseline, nor is its cause induced here."""
+    ws = corpus.Workspace(tmp_path, tmp_path, {}, "main")
+    controls = [c for c in corpus.CASES if not c.expect]
+    assert {c.baseline for c in controls} == set(corpus.BASELINES)
+    for case in controls:
+        result = corpus.control_result(ws, case, REPRODUCED)
+        assert result is not None and (result.status, result.effect, result.verdict) == (
+            "no effect here", False, REPRODUCED)
+        diverged = corpus.control_result(ws, case, DIVERGED)
+        assert diverged is not None and diverged.status == "false divergence"
+    edited = next(c for c in corpus.CASES if c.name == "edited_script")
+    assert corpus.control_result(ws, edited, REPRODUCED) is None  # train.py does not exist: not induced
+
+
 @pytest.mark.slow
 def test_the_whole_corpus_twice_with_the_shared_cache_written_between(tmp_path: Path) -> None:
     """Every case, the compile and numpy ones too, then all of them again with another job
@@ -137,7 +164,9 @@ def test_the_whole_corpus_twice_with_the_shared_cache_written_between(tmp_path: 
     must diverge here, named or not; the second pass must judge every case as the first did."""
     alt = os.environ.get("ENVLOCK_TEST_NUMPY_ALT")
     assert alt, "ENVLOCK_TEST_NUMPY_ALT is not set: scripts/test.sh installs numpy 1.26.4 for numpy_blas"
-    results = corpus.run_corpus(numpy_alt=Path(alt), keep=tmp_path, twice=True)
+    # Two baselines at a time (``corpus._units``), each in its own workspace: each case is still
+    # judged against its own baseline and witness.
+    results = corpus.run_corpus(numpy_alt=Path(alt), keep=tmp_path, twice=True, workers=2)
     first = [r for r in results if not r.shared]
     assert {r.case.name for r in first} == {c.name for c in corpus.CASES}
 

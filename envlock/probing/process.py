@@ -199,6 +199,7 @@ class ProbeProcess:
         self.on_stderr = on_stderr
         self._pending = bytearray()
         self._finished = False
+        self._killed = False  # kill(): stopped on purpose (Ctrl-C), not failed on its own
         self.argv = [self.python, str(PROBE_PATH), *args]
         import secrets  # here: a command that starts no probe (a warm verify) does not pay it
 
@@ -226,6 +227,7 @@ class ProbeProcess:
         """Kill the probe's whole group now, from anywhere (a signal handler included): its
         pipes then close, and whoever waits on it sees it end."""
         if not self._finished:
+            self._killed = True
             self._kill_group()
 
     def _finish(self) -> None:
@@ -319,7 +321,8 @@ class ProbeProcess:
     def result(self) -> dict[str, Any]:
         out, err = self._collect()
         if self.proc.returncode != 0:
-            self._not_python(err)
+            if not self._killed:  # killed, it says nothing of the interpreter: no need to start it again
+                self._not_python(err)
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             if b"SyntaxError" in err:
                 tail = ["this interpreter is too old for the probe (Python >= 3.8 needed)"]
