@@ -126,7 +126,10 @@ def test_an_edited_installed_file_is_never_packed_as_the_locks_build(
 
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No pip or uv configuration or cache of this machine takes part."""
+    """No pip or uv configuration or cache of this machine takes part, nor envlock's own cache: a
+    test's stand-in for envlock's wheel written into the user's cache replaced, in place, the
+    wheel a restore's build context had linked from it."""
+    monkeypatch.setenv("ENVLOCK_CACHE_DIR", str(tmp_path / "envlock-cache"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
