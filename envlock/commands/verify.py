@@ -43,7 +43,7 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
     plain = not node and not args.deep and not args.record and not args.no_cache
     key = document = own = None
     head: Header | None = None
-    here = want_torch = False
+    here = False
     chosen = target
     if plain:
         from envlock.check import kept as answers
@@ -53,7 +53,8 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
 
         torch_option = False if args.no_torch else None
         here = answers.probe_here(target.python, target.prefix, program=is_program())
-        lock_text, ran_here = None, False
+        lock_text = None
+        ran_with: bool | None = None  # the torch choice the probe here ran with, if it ran
         if here:
             # This interpreter is the one to probe: the probe runs here, before the one in
             # another interpreter that judges a miss, and the lock is named by its text, whose
@@ -62,15 +63,17 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
             key = _kept_key(args, chosen, {"text": answers.text_digest(lock_text)}, here)
             found = answers.find(key)
             if found is not None and found.lock is not None:
-                want_torch = probe_wanted(found.lock.tables, torch_option)[0]
-                own, ran_here = _own_document(args, want_torch), True
+                ran_with = probe_wanted(found.lock.tables, torch_option)[0]
+                own = _own_document(args, ran_with)
                 if own is not None and _kept_inputs(args, chosen, found.lock.prefix, own) == found.inputs:
                     out(found.output)
                     return EXIT_OK
-        head = _header_of(args.lock, lock_text)
+        from envlock.lock import header  # not before: a kept answer found by the text needs none
+
+        head = header(args.lock, text=lock_text)  # refused as load() refuses it, before anything starts
         wanted, want_canary = probe_wanted(head.tables, torch_option)
         if here and not want_canary:
-            if not ran_here or wanted != want_torch:
+            if ran_with != wanted:
                 own = _own_document(args, wanted)
         else:
             here, own = False, None
@@ -84,7 +87,6 @@ def _verify(args: argparse.Namespace, *, node: bool = False) -> int:
                 if _kept_inputs(args, chosen, head.python.prefix, document) == found.inputs:
                     out(found.output)
                     return EXIT_OK
-        want_torch = wanted
     result = check(args.lock, python=target.python, torch=False if args.no_torch else None,
                    in_process=False, strict=args.strict, deep=args.deep, cache=not args.no_cache,
                    limit=None if args.all else 10, document=document)
@@ -144,13 +146,6 @@ def _own_document(args: argparse.Namespace, want_torch: bool) -> dict[str, Any] 
     from envlock.probing.capture import run_probe_as_fresh
 
     return run_probe_as_fresh(torch=want_torch, git_exclude=[args.lock])
-
-
-def _header_of(path: str, text: str | None) -> Header:
-    """The lock's sealed header (``lock.header``), from ``text`` when it was read already."""
-    from envlock.lock import header
-
-    return header(path, text=text)  # refused as load() refuses it, before anything starts
 
 
 def _kept_key(args: argparse.Namespace, target: Target, lock: dict[str, str | None], here: bool) -> str:
