@@ -23,7 +23,7 @@ from envlock.errors import (
 from envlock.restore.dockerengine import DockerEngine, tar_files
 from envlock.restore.endpoint import connect
 from envlock.restore.engine import RunSpec
-from envlock.restore.image import LABEL_CONTEXT, LABEL_SHORT_ID
+from envlock.restore.image import LABEL_CONTEXT, LABEL_OPTIONS, LABEL_SHORT_ID, Options, options_key
 from envlock.restore.progress import PlainProgress
 
 IMAGE_ID = "sha256:" + "cd" * 32
@@ -292,7 +292,6 @@ def test_a_cache_hit_is_the_image_envlock_tagged_not_one_that_inherits_its_label
     does Podman's labelled build stage carry the context label. The cache hit is the image the
     lock's tag names, checked by its labels: never the user's image (tagged as the lock's and
     given its verdict). With the lock's tag gone, the restore builds again."""
-    from envlock.restore.image import Options
     from envlock.restore.restore import restore
 
     monkeypatch.setenv("ENVLOCK_BUILDER", "sdk")
@@ -338,7 +337,6 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
     from envlock.commands.restore import hint_earlier_image
     from envlock.errors import EngineUnavailable, UsageError
-    from envlock.restore.image import LABEL_OPTIONS, Options, options_key
 
     earlier = Options(base="envlock-test/base@sha256:" + "a" * 64, wheelhouse=Path("/srv/wheels"))
     bare = Options()
@@ -384,7 +382,6 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
 def test_the_options_key_names_the_options_not_the_paths_spelling(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from envlock.restore.image import Options, options_key
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w").mkdir()

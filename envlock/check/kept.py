@@ -27,8 +27,9 @@ is never newer than what was judged), and only when the one in another interpret
 environment. Such an entry names the lock by its text (``text_digest``) rather than its
 header's hashes, and holds what a verify needs of the header before its probe runs
 (``KeptLock``): the header is read from that very text when the answer is kept, and a header is
-a function of the text, so a hit reads the file but parses nothing. A change the other probe would see is one this one sees (the same interpreter,
-files, variables and caches), so it is a miss, and the miss is judged as ever. No torch facts
+a function of the text, so a hit reads the file but parses nothing. A change the other probe
+would see is one this one sees (the same interpreter, files, variables and caches), so it is a
+miss, and the miss is judged as ever. No torch facts
 kept, a canary to run, torch imported, a host calling ``main``: the probe runs elsewhere.
 
 Only a verify that passed is kept (a drift is reported by the models, every time), and only

@@ -175,7 +175,6 @@ def _restore(args: argparse.Namespace, kind: str, venv_dir: Path | None) -> int:
 
         from envlock.lock import load
         from envlock.restore import clibuild, dockerfile
-        from envlock.restore.image import image_name
         from envlock.restore.restore import write_dockerfile_only
 
         lock = load(lock_path)

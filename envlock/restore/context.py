@@ -50,8 +50,6 @@ class BaseChoice:
     display: str  # what a human would recognise (a tag), for comments and labels
 
 
-
-
 @dataclass(frozen=True)
 class Layer:
     name: LayerName
@@ -197,7 +195,6 @@ def _env(lock: Lock) -> tuple[tuple[str, str], ...]:
         for key, value in CUDA_ENV.items():
             out.setdefault(key, value)
     return tuple(out.items())
-
 
 
 # `python -m venv /usr/local` in a python image would replace the image's own interpreter and

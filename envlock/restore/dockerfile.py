@@ -552,7 +552,6 @@ def write_context(plan: Plan, directory: Path, rendered: Mapping[str, str] | Non
                         say=say)
 
 
-
 def image_tag_name(plan: Plan) -> str:
     """The tag's <name> for the rebuild comment; only tag-safe characters ever reach the file."""
     name = plan.image_name

@@ -47,7 +47,6 @@ class RestoreResult:
     size: int | None
 
 
-
 def cache_dir() -> Path:
     """Restore's part of envlock's one cache directory (``probe.cache_dir``)."""
     from envlock.probe.statcache import cache_dir as envlock_cache
@@ -127,7 +126,6 @@ def write_dockerfile_only(lock: Lock, options: Options, directory: Path, *,
     plan, rendered = prepare(lock, options, None)
     dockerfile.write_context(plan, directory, rendered, force=force, say=say)
     return plan
-
 
 
 def cache_labels(plan: ctx.Plan, key: str) -> dict[str, str]:

@@ -29,6 +29,7 @@ from envlock.restore.image import (
     LABEL_OPTIONS,
     LABEL_SHORT_ID,
     WORKDIR,
+    Options,
     image_tag,
     numerics_env,
     options_key,
@@ -38,7 +39,6 @@ from envlock.text.terminal import Tail
 
 if TYPE_CHECKING:
     from envlock.lock import Header, Lock
-    from envlock.restore.image import Options
 
 JUPYTER_PORT = 8888
 _PORT_RE = re.compile(r"^(?:(\d{1,3}(?:\.\d{1,3}){3}):)?(\d{1,5}):(\d{1,5})(?:/(tcp|udp))?$")
