@@ -199,7 +199,9 @@ def test_ctrl_c_beside_the_probe_stops_it_and_is_answered_when_envlock_waits(tmp
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), StartedProbe(str(fake), torch=False) as probe:
         deadline = time.monotonic() + 60
-        while not started.exists():  # it runs: a second start would add a line
+        # It runs once the line is there (the shell creates the file before it writes to it, and
+        # a Ctrl-C between the two would leave it empty); a second start would add a line.
+        while not (started.exists() and started.read_text()):
             assert time.monotonic() < deadline, "the probe never started"
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
