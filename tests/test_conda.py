@@ -401,3 +401,39 @@ def test_pip_packages_on_top_of_conda_are_packed_and_restored(conda_channel: Any
                           "import demo_pip, foopy; print(demo_pip.VERSION)"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "1.0"
+
+
+class _FailingEngine:
+    """A builder whose build writes its log and fails, as a crashed build step does."""
+
+    def build(self, context: Path, *, tag: str, labels: dict[str, str], log_path: Path, progress: Any,
+              network: bool) -> str:
+        from envlock.errors import BuildFailed
+
+        assert (context / "Dockerfile").is_file() and not network
+        Path(log_path).write_text("Fatal Python error: Segmentation fault\n", encoding="utf-8")
+        raise BuildFailed("image build failed at step 5/5", step="5/5", log_tail=[], log_path=str(log_path),
+                          hint=f"full build log: {log_path}")
+
+
+@pytest.mark.slow
+def test_a_failed_conda_image_build_names_a_log_that_is_still_there(conda_lock_file: Path, tmp_path: Path) -> None:
+    """The build context is a temporary directory, gone when the restore ends; the log its
+    failure names is kept beside it, so the hint points at a file a user can open."""
+    from envlock.errors import BuildFailed
+    from envlock.restore.condatarget import restore_conda_image
+    from envlock.restore.packdir import open_pack
+
+    pack_dir = tmp_path / "pack"
+    res = run_cli("pack", str(conda_lock_file), "-o", str(pack_dir), "--no-image", "--no-download", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    pack = open_pack(pack_dir, tmp_path)
+    assert pack.conda_channel is not None
+    workdir = tmp_path / "cache"
+    workdir.mkdir()
+    with pytest.raises(BuildFailed) as exc:
+        restore_conda_image(_FailingEngine(), load(conda_lock_file), pack.conda_channel, pack.wheels,
+                            base="envlock-test/base:1", tag="envlock/t:1", workdir=workdir, quiet=True)
+    named = Path((exc.value.hint or "").removeprefix("full build log: "))
+    assert named.parent == workdir and named.read_text() == "Fatal Python error: Segmentation fault\n"
+    assert [p.name for p in workdir.iterdir()] == [named.name]  # the context itself is gone

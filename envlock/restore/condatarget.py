@@ -260,6 +260,11 @@ if (here / "pip.txt").stat().st_size:
                     "install", "--no-deps", "--no-index", "--no-cache-dir", "--require-hashes",
                     "--disable-pip-version-check", "--find-links", str(here / "wheels"),
                     "-r", str(here / "pip.txt")], check=True)
+# Done: leave without the interpreter's teardown, where an extension's runtime threads can still
+# be running (a crash there would fail an install that has finished; the check inside judges it).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 '''
 
 
@@ -291,7 +296,7 @@ def image_context(lock: Lock, pack_channel: Path, pack_wheels: Path, base: str, 
         f"COPY pixi.lock pip.txt install.py {_IMAGE_DIR}/\n"
         f"RUN python3 -m pip install --no-index --no-deps --no-cache-dir --disable-pip-version-check "
         f"--target {_IMAGE_DIR}/rattler {_IMAGE_DIR}/wheels/py_rattler-*.whl"
-        f" && PYTHONPATH={_IMAGE_DIR}/rattler python3 {_IMAGE_DIR}/install.py {prefix} {_IMAGE_DIR}\n"
+        f" && PYTHONPATH={_IMAGE_DIR}/rattler python3 -X faulthandler {_IMAGE_DIR}/install.py {prefix} {_IMAGE_DIR}\n"
         f"FROM {base}\n"
         f"COPY --from=build {prefix} {prefix}\n"
         f"ENV PATH={prefix}/bin:$PATH\n", encoding="utf-8")
@@ -309,12 +314,14 @@ def restore_conda_image(engine: Any, lock: Lock, pack_channel: Path, pack_wheels
     prefix = lock.python.prefix
     if not prefix:
         raise UsageError("the lock records no prefix to restore the conda environment at")
+    # The build log outlives the context (a temporary directory): a failed build's hint names it.
+    log_path = workdir / f"conda-image-{lock.short_id}.build.log"
     with tempfile.TemporaryDirectory(prefix="envlock-conda-image-", dir=workdir) as tmp:
         context = Path(tmp)
         image_context(lock, pack_channel, pack_wheels, base, prefix, context)
         say(f"building {tag} from {base}: {len(conda_packages(lock))} conda package(s) into {prefix}, no network")
         image_id = engine.build(context, tag=tag, labels={"org.envlock.lock": lock.short_id},
-                                log_path=context / "build.log", progress=make_progress(quiet=quiet),
+                                log_path=log_path, progress=make_progress(quiet=quiet, log=log_path),
                                 network=False)
     comparison = None
     if verify:
