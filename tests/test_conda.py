@@ -421,6 +421,7 @@ def test_a_failed_conda_image_build_names_a_log_that_is_still_there(conda_lock_f
     """The build context is a temporary directory, gone when the restore ends; the log its
     failure names is kept beside it, so the hint points at a file a user can open."""
     from envlock.errors import BuildFailed
+    from envlock.restore.cachedir import entries
     from envlock.restore.condatarget import restore_conda_image
     from envlock.restore.packdir import open_pack
 
@@ -435,5 +436,7 @@ def test_a_failed_conda_image_build_names_a_log_that_is_still_there(conda_lock_f
         restore_conda_image(_FailingEngine(), load(conda_lock_file), pack.conda_channel, pack.wheels,
                             base="envlock-test/base:1", tag="envlock/t:1", workdir=workdir, quiet=True)
     named = Path((exc.value.hint or "").removeprefix("full build log: "))
-    assert named.parent == workdir and named.read_text() == "Fatal Python error: Segmentation fault\n"
-    assert [p.name for p in workdir.iterdir()] == [named.name]  # the context itself is gone
+    assert named.read_text() == "Fatal Python error: Segmentation fault\n"
+    assert [p.name for p in workdir.iterdir()] == [named.parent.name]  # the context itself is gone
+    # Kept where `envlock cache` sees it, so a prune removes it with restore's other contexts.
+    assert [(e.kind, e.path) for e in entries(workdir)] == [("context", named.parent)]
