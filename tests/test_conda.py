@@ -430,13 +430,15 @@ def test_a_failed_conda_image_build_names_a_log_that_is_still_there(conda_lock_f
     assert res.returncode == 0, res.stderr
     pack = open_pack(pack_dir, tmp_path)
     assert pack.conda_channel is not None
-    workdir = tmp_path / "cache"
-    workdir.mkdir()
+    lock = load(conda_lock_file)
+    cache = tmp_path / "cache"
+    workdir = cache / f"t-{lock.short_id}"  # as `envlock restore` names a lock's directory
     with pytest.raises(BuildFailed) as exc:
-        restore_conda_image(_FailingEngine(), load(conda_lock_file), pack.conda_channel, pack.wheels,
-                            base="envlock-test/base:1", tag="envlock/t:1", workdir=workdir, quiet=True)
+        restore_conda_image(_FailingEngine(), lock, pack.conda_channel, pack.wheels,
+                            base="envlock-test/base:1", tag=f"envlock/t:{lock.short_id}", workdir=workdir,
+                            quiet=True)
     named = Path((exc.value.hint or "").removeprefix("full build log: "))
     assert named.read_text() == "Fatal Python error: Segmentation fault\n"
-    assert [p.name for p in workdir.iterdir()] == [named.parent.name]  # the context itself is gone
+    assert [p.name for p in workdir.iterdir()] == [named.name]  # the context itself is gone
     # Kept where `envlock cache` sees it, so a prune removes it with restore's other contexts.
-    assert [(e.kind, e.path) for e in entries(workdir)] == [("context", named.parent)]
+    assert [(e.kind, e.path) for e in entries(cache)] == [("context", workdir)]

@@ -382,7 +382,6 @@ def test_a_failed_restore_points_at_the_image_restored_with_other_options() -> N
 
 def test_the_options_key_names_the_options_not_the_paths_spelling(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w").mkdir()
     same = options_key(Options(wheelhouse=Path("w"))) == options_key(Options(wheelhouse=tmp_path / "w"))

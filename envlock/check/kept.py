@@ -29,8 +29,8 @@ header's hashes, and holds what a verify needs of the header before its probe ru
 (``KeptLock``): the header is read from that very text when the answer is kept, and a header is
 a function of the text, so a hit reads the file but parses nothing. A change the other probe
 would see is one this one sees (the same interpreter, files, variables and caches), so it is a
-miss, and the miss is judged as ever. No torch facts
-kept, a canary to run, torch imported, a host calling ``main``: the probe runs elsewhere.
+miss, and the miss is judged as ever. No torch facts kept, a canary to run, torch imported, a
+host calling ``main``: the probe runs elsewhere.
 
 Only a verify that passed is kept (a drift is reported by the models, every time), and only
 the plain one: ``--deep``, ``--record``, ``--fleet``, ``--requirements`` and ``--no-cache``

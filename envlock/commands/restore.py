@@ -287,9 +287,11 @@ def _conda_image(args: argparse.Namespace, lock_path: Path, pack: Pack) -> int:
                          "which the pack does not hold: pass --base REF")
     channel = pack.conda_channel
     assert channel is not None
-    tag = f"envlock/{image_name(Path(args.lock), args.name)}:{lock.short_id}"
-    workdir = cache_dir()
-    workdir.mkdir(parents=True, exist_ok=True)
+    name = image_name(Path(args.lock), args.name)
+    tag = image_tag(name, lock.short_id)
+    # The lock's own directory in restore's cache, named as a pip lock's is (``restore``): its
+    # build log outlives the temporary context, and `envlock cache` lists and prunes it.
+    workdir = cache_dir() / f"{name}-{lock.short_id}"
     with connect(args.engine) as engine:
         image_id, comparison = restore_conda_image(engine, lock, channel, pack.wheels, base=args.base, tag=tag,
                                                    workdir=workdir, verify=not args.no_verify,

@@ -314,11 +314,10 @@ def restore_conda_image(engine: Any, lock: Lock, pack_channel: Path, pack_wheels
     prefix = lock.python.prefix
     if not prefix:
         raise UsageError("the lock records no prefix to restore the conda environment at")
-    # The build log outlives the context (a temporary directory): a failed build's hint names it.
-    # Its directory is named as restore's contexts are, so `envlock cache` lists and prunes it.
-    log_dir = workdir / f"conda-image-{lock.short_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / "build.log"
+    # The build log outlives the context (a temporary directory in ``workdir``): a failed
+    # build's hint names it.
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "build.log"
     with tempfile.TemporaryDirectory(prefix="envlock-conda-image-", dir=workdir) as tmp:
         context = Path(tmp)
         image_context(lock, pack_channel, pack_wheels, base, prefix, context)
